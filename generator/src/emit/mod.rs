@@ -1,0 +1,248 @@
+//! Emission: [`Plan`] + registry sources + templates → the files of a crate, in memory.
+//!
+//! Nothing here touches the file system: [`emit`] returns a map from relative path to
+//! contents, and `write` decides what reaches the disk. Rust files are built with `quote`
+//! (or parsed from `templates/runtime/` and the registry with `syn`) and printed by
+//! prettyplease; the other files come from the minijinja templates in `templates/`. Every
+//! file starts with an `@generated` header carrying a hash of the rest of the file, so
+//! that hand edits are detected.
+
+mod header;
+mod llama;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde::Serialize;
+
+pub use header::{check_header, with_header, HeaderStatus};
+
+use crate::plan::{human_bytes, Plan};
+use crate::registry::{sha256_hex, Registry};
+use crate::rust_source;
+use crate::Error;
+
+/// The version written into every header and lock file.
+pub const MONOGEN_VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// The generated crate: relative path → contents (header included, LF line endings).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Output {
+    pub files: BTreeMap<PathBuf, String>,
+}
+
+/// The contents of `templates/`, loaded once.
+#[derive(Debug, Clone)]
+pub struct Templates {
+    /// File name → text, for every file under templates/ (runtime sources as `runtime/x.rs`).
+    files: BTreeMap<String, String>,
+}
+
+impl Templates {
+    pub fn load(root: &Path) -> Result<Templates, Error> {
+        let dir = root.join("templates");
+        let mut files = BTreeMap::new();
+        let mut stack = vec![dir.clone()];
+        while let Some(d) = stack.pop() {
+            let entries = std::fs::read_dir(&d).map_err(|e| Error::io(&d, e))?;
+            for entry in entries {
+                let path = entry.map_err(|e| Error::io(&d, e))?.path();
+                if path.is_dir() {
+                    stack.push(path);
+                    continue;
+                }
+                let text = std::fs::read_to_string(&path).map_err(|e| Error::io(&path, e))?;
+                let name = path.strip_prefix(&dir).unwrap_or(&path).to_string_lossy().replace('\\', "/");
+                files.insert(name, text);
+            }
+        }
+        Ok(Templates { files })
+    }
+
+    pub fn get(&self, name: &str) -> Result<&str, Error> {
+        self.files
+            .get(name)
+            .map(String::as_str)
+            .ok_or_else(|| Error::Template { name: name.into(), message: "missing from templates/".into() })
+    }
+
+    /// Renders a minijinja template with `context`.
+    pub fn render(&self, name: &str, context: &impl Serialize) -> Result<String, Error> {
+        let mut env = minijinja::Environment::new();
+        let syntax = minijinja::syntax::SyntaxConfig::builder()
+            .keep_trailing_newline(true)
+            .build()
+            .map_err(|e| template_error(name, e))?;
+        env.set_syntax(syntax);
+        env.add_filter("toml", toml_filter);
+        env.add_template(name, self.get(name)?).map_err(|e| template_error(name, e))?;
+        let template = env.get_template(name).map_err(|e| template_error(name, e))?;
+        template
+            .render(minijinja::Value::from(minijinja::value::Serde(context)))
+            .map_err(|e| template_error(name, e))
+    }
+
+    /// Parses a Rust source of `templates/runtime/`, with `__crate` standing for the
+    /// generated crate's library name.
+    pub fn runtime(&self, file: &str, crate_ident: &str) -> Result<syn::File, Error> {
+        let name = format!("runtime/{file}");
+        let source = self.get(&name)?.replace("__crate", crate_ident);
+        rust_source::parse_with_comments(&source).map_err(|e| Error::Template {
+            name,
+            message: format!("line {}: {}", e.line, e.message),
+        })
+    }
+}
+
+fn template_error(name: &str, e: minijinja::Error) -> Error {
+    Error::Template { name: name.into(), message: format!("{e:#}") }
+}
+
+/// `{{ value | toml }}`: the value as a TOML literal (strings quoted and escaped).
+fn toml_filter(value: minijinja::Value) -> Result<String, minijinja::Error> {
+    let json = serde_json::to_value(&value)
+        .map_err(|e| minijinja::Error::new(minijinja::ErrorKind::InvalidOperation, e.to_string()))?;
+    let toml_value: toml::Value = serde_json::from_value(json)
+        .map_err(|e| minijinja::Error::new(minijinja::ErrorKind::InvalidOperation, e.to_string()))?;
+    Ok(toml_value.to_string())
+}
+
+/// The name of the library crate for a package name (`a-b` → `a_b`).
+pub fn crate_ident(name: &str) -> String {
+    name.replace('-', "_")
+}
+
+/// Generates every file of the crate for `plan`.
+pub fn emit(plan: &Plan, registry: &Registry, templates: &Templates) -> Result<Output, Error> {
+    let name = &plan.workload.name;
+    let mut files: BTreeMap<PathBuf, String> = BTreeMap::new();
+    let mut add = |path: &str, body: String| {
+        files.insert(PathBuf::from(path), with_header(Path::new(path), &body, name));
+    };
+
+    for (path, body) in llama::rust_files(plan, registry, templates)? {
+        add(&path, body);
+    }
+
+    let context = ReadmeContext::new(plan, templates)?;
+    add("Cargo.toml", templates.render("Cargo.toml.j2", &context)?);
+    add("README.md", templates.render("README.md.j2", &context)?);
+    add(".gitignore", templates.render("gitignore.j2", &context)?);
+
+    let lock = LockContext {
+        monogen_version: MONOGEN_VERSION,
+        workload_sha256: &plan.workload_sha256,
+        interfaces: &plan.interfaces,
+        shared: plan.shared_modules.iter().map(|m| &registry.shared[m]).collect(),
+        files: files.iter().map(|(p, c)| LockFile { path: p.to_string_lossy().replace('\\', "/"), sha256: sha256_hex(c.as_bytes()) }).collect(),
+        workload_toml: toml::to_string(&WorkloadTable { workload: &plan.workload }).expect("a workload always serializes"),
+    };
+    let lock_body = templates.render("monogen.lock.j2", &lock)?;
+    files.insert(PathBuf::from(LOCK_FILE), with_header(Path::new(LOCK_FILE), &lock_body, name));
+    Ok(Output { files })
+}
+
+/// The lock file's name inside a generated crate.
+pub const LOCK_FILE: &str = "monogen.lock";
+
+#[derive(Serialize)]
+struct WorkloadTable<'a> {
+    workload: &'a crate::workload::Workload,
+}
+
+#[derive(Serialize)]
+struct LockContext<'a> {
+    monogen_version: &'a str,
+    workload_sha256: &'a str,
+    interfaces: &'a [crate::plan::InterfacePlan],
+    shared: Vec<&'a crate::registry::SharedModule>,
+    files: Vec<LockFile>,
+    workload_toml: String,
+}
+
+#[derive(Serialize)]
+struct LockFile {
+    path: String,
+    sha256: String,
+}
+
+/// What the Cargo.toml and README templates see.
+#[derive(Serialize)]
+struct ReadmeContext<'a> {
+    name: &'a str,
+    crate_ident: String,
+    description: String,
+    monogen_version: &'a str,
+    architecture: &'a str,
+    dtype: &'a str,
+    device: &'a str,
+    arch: &'a str,
+    threads: usize,
+    consts: &'a crate::plan::Consts,
+    interfaces: &'a [crate::plan::InterfacePlan],
+    cpu_features: &'a [String],
+    footprint: BTreeMap<&'static str, String>,
+    dependencies: Vec<Dependency>,
+}
+
+#[derive(Serialize)]
+struct Dependency {
+    name: String,
+    spec: String,
+}
+
+impl<'a> ReadmeContext<'a> {
+    fn new(plan: &'a Plan, templates: &Templates) -> Result<ReadmeContext<'a>, Error> {
+        let w = &plan.workload;
+        let f = &plan.footprint;
+        let description = w.description.clone().unwrap_or_else(|| {
+            format!("{} inference for workload {}, generated by monogen", w.model.architecture().as_str(), w.name)
+        });
+        Ok(ReadmeContext {
+            name: &w.name,
+            crate_ident: crate_ident(&w.name),
+            description,
+            monogen_version: MONOGEN_VERSION,
+            architecture: w.model.architecture().as_str(),
+            dtype: w.weights.dtype.as_str(),
+            device: w.target.device.as_str(),
+            arch: &w.target.arch,
+            threads: w.target.threads,
+            consts: &plan.consts,
+            interfaces: &plan.interfaces,
+            cpu_features: &plan.cpu_features,
+            footprint: BTreeMap::from([
+                ("parameters", f.parameters.to_string()),
+                ("weights", human_bytes(f.weight_bytes)),
+                ("kv_cache", human_bytes(f.kv_cache_bytes)),
+                ("scratch", human_bytes(f.scratch_bytes)),
+            ]),
+            dependencies: dependencies(llama::DEPENDENCIES, templates)?,
+        })
+    }
+}
+
+/// The dependency lines of Cargo.toml for `names`, from `templates/dependencies.toml`.
+fn dependencies(names: &[&str], templates: &Templates) -> Result<Vec<Dependency>, Error> {
+    let table: toml::Table = toml::from_str(templates.get("dependencies.toml")?)
+        .map_err(|e| Error::Template { name: "dependencies.toml".into(), message: e.to_string() })?;
+    let mut names: Vec<&str> = names.to_vec();
+    names.sort_unstable();
+    names
+        .into_iter()
+        .map(|name| {
+            let spec = table.get(name).ok_or_else(|| Error::Template {
+                name: "dependencies.toml".into(),
+                message: format!("no entry for crate `{name}`"),
+            })?;
+            let spec = match spec {
+                toml::Value::Table(t) => {
+                    let parts: Vec<String> = t.iter().map(|(k, v)| format!("{k} = {v}")).collect();
+                    format!("{{ {} }}", parts.join(", "))
+                }
+                other => other.to_string(),
+            };
+            Ok(Dependency { name: name.to_string(), spec })
+        })
+        .collect()
+}

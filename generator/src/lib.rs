@@ -1,0 +1,152 @@
+//! monogen: a code-generating monomorphizer for ML inference.
+//!
+//! A workload signature (a TOML file) and the registry of interfaces and implementations go
+//! in; a standalone Rust crate in which every choice is resolved comes out. The pipeline has
+//! four stages, each usable on its own:
+//!
+//! 1. [`workload`]: parse and check the workload file (errors point into it);
+//! 2. [`resolve`]: pick an implementation per interface, keeping every reason → [`plan::Plan`];
+//! 3. [`emit`]: plan + sources + templates → a map from path to file contents, no I/O;
+//! 4. [`write`]: write only what changed, atomically, never over a hand edit.
+//!
+//! [`Project`] ties them to a repository checkout (its `interfaces/`, `implementations/`
+//! and `templates/`).
+
+pub mod check;
+pub mod cpu;
+pub mod diagnostics;
+pub mod emit;
+pub mod init;
+pub mod plan;
+pub mod registry;
+pub mod resolve;
+pub mod rust_source;
+pub mod workload;
+pub mod write;
+
+use std::path::{Path, PathBuf};
+
+use diagnostics::Diagnostic;
+use emit::{Output, Templates};
+use plan::Plan;
+use registry::Registry;
+use workload::{Workload, WorkloadSource};
+
+/// Everything that can stop monogen.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// Problems with an input file: a workload, a manifest, a kernel source.
+    #[error("{}", .0.iter().map(|d| d.to_string()).collect::<Vec<_>>().join("\n"))]
+    Diagnostics(Vec<Diagnostic>),
+    /// A template or runtime source of `templates/` is broken.
+    #[error("template {name}: {message}")]
+    Template { name: String, message: String },
+    #[error("{}: {source}", path.display())]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// monogen will not do what was asked, and says why.
+    #[error("{0}")]
+    Refused(String),
+}
+
+impl Error {
+    pub fn io(path: &Path, source: std::io::Error) -> Error {
+        Error::Io { path: path.to_path_buf(), source }
+    }
+
+    /// The full, multi-line rendering (rustc-style snippets for diagnostics).
+    pub fn render(&self, styled: bool) -> String {
+        match self {
+            Error::Diagnostics(ds) => ds
+                .iter()
+                .map(|d| if styled { d.render_styled() } else { d.render() })
+                .collect::<Vec<_>>()
+                .join("\n"),
+            other => format!("error: {other}"),
+        }
+    }
+}
+
+impl From<Vec<Diagnostic>> for Error {
+    fn from(ds: Vec<Diagnostic>) -> Error {
+        Error::Diagnostics(ds)
+    }
+}
+
+impl From<Diagnostic> for Error {
+    fn from(d: Diagnostic) -> Error {
+        Error::Diagnostics(vec![d])
+    }
+}
+
+/// A monogen repository: the registry and the templates, loaded and checked.
+#[derive(Debug, Clone)]
+pub struct Project {
+    pub root: PathBuf,
+    pub registry: Registry,
+    pub templates: Templates,
+}
+
+impl Project {
+    /// Loads the registry and templates under `root`.
+    pub fn load(root: &Path) -> Result<Project, Error> {
+        let registry = Registry::load(root)?;
+        let templates = Templates::load(root)?;
+        Ok(Project { root: root.to_path_buf(), registry, templates })
+    }
+
+    /// The nearest folder at or above `start` that holds `interfaces/`, `implementations/`
+    /// and `templates/`.
+    pub fn discover(start: &Path) -> Option<PathBuf> {
+        let start = std::fs::canonicalize(start).ok()?;
+        start.ancestors().find(|dir| is_root(dir)).map(Path::to_path_buf)
+    }
+
+    /// Reads and checks a workload file.
+    pub fn read_workload(&self, path: &Path) -> Result<Workload, Error> {
+        Ok(WorkloadSource::read(path)?.parse()?)
+    }
+
+    /// Resolves a workload against the registry.
+    pub fn plan(&self, workload: &Workload, path: &Path) -> Result<Plan, Error> {
+        Ok(resolve::resolve(workload, &self.registry, path)?)
+    }
+
+    /// Emits the crate for a plan.
+    pub fn emit(&self, plan: &Plan) -> Result<Output, Error> {
+        emit::emit(plan, &self.registry, &self.templates)
+    }
+
+    /// Parse, resolve and emit: the crate `monogen build` would write for `path`.
+    pub fn generate(&self, path: &Path) -> Result<(Plan, Output), Error> {
+        let workload = self.read_workload(path)?;
+        let plan = self.plan(&workload, path)?;
+        let output = self.emit(&plan)?;
+        Ok((plan, output))
+    }
+
+    /// Where a workload's crate goes unless `--out` says otherwise.
+    pub fn default_out_dir(&self, workload: &Workload) -> PathBuf {
+        self.root.join("generated").join(&workload.name)
+    }
+
+    /// Every workload under `workloads/`, sorted.
+    pub fn workloads(&self) -> Result<Vec<PathBuf>, Error> {
+        let dir = self.root.join("workloads");
+        let entries = std::fs::read_dir(&dir).map_err(|e| Error::io(&dir, e))?;
+        let mut paths: Vec<PathBuf> = entries
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| p.extension().is_some_and(|x| x == "toml"))
+            .collect();
+        paths.sort();
+        Ok(paths)
+    }
+}
+
+fn is_root(dir: &Path) -> bool {
+    ["interfaces", "implementations", "templates"].iter().all(|d| dir.join(d).is_dir())
+}

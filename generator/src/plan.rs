@@ -1,0 +1,120 @@
+//! The resolved plan: plain data saying what will be generated and why.
+//!
+//! A [`Plan`] is what `monogen explain` prints (as text or JSON) and the only input of the
+//! emitters besides the registry's sources and the templates. It holds no `Option`s that
+//! emitters have to interpret: every choice is already made.
+
+use serde::Serialize;
+
+use crate::workload::Workload;
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Plan {
+    pub workload: Workload,
+    /// sha256 of the workload's canonical TOML.
+    pub workload_sha256: String,
+    /// The derived constants the generated crate bakes in.
+    pub consts: Consts,
+    /// One entry per interface the architecture needs, in the order the forward pass uses them.
+    pub interfaces: Vec<InterfacePlan>,
+    /// CPU features the chosen kernels enable, in canonical order: the start-up check.
+    pub cpu_features: Vec<String>,
+    /// Shared helper modules the chosen kernels use, sorted.
+    pub shared_modules: Vec<String>,
+    pub footprint: Footprint,
+}
+
+/// Shapes and constants of a LLaMA crate, all resolved.
+#[derive(Debug, Clone, Serialize)]
+pub struct Consts {
+    pub dim: usize,
+    pub hidden_dim: usize,
+    pub n_layers: usize,
+    pub n_heads: usize,
+    pub n_kv_heads: usize,
+    pub head_dim: usize,
+    pub q_dim: usize,
+    pub kv_dim: usize,
+    pub vocab_size: usize,
+    pub max_seq_len: usize,
+    /// Rows processed at once during prefill.
+    pub prefill_chunk: usize,
+    pub rope_theta: f32,
+    pub rms_norm_eps: f32,
+    pub bos_id: u32,
+    pub eos_ids: Vec<u32>,
+    pub threads: usize,
+    pub tie_word_embeddings: bool,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct InterfacePlan {
+    pub interface: String,
+    pub summary: String,
+    pub chosen: Chosen,
+    pub candidates: Vec<Candidate>,
+}
+
+/// The implementation picked for an interface.
+#[derive(Debug, Clone, Serialize)]
+pub struct Chosen {
+    pub name: String,
+    pub version: String,
+    pub source_sha256: String,
+    pub cpu_features: Vec<String>,
+    pub shared: Vec<String>,
+    /// Why it won, in one sentence.
+    pub reason: String,
+}
+
+/// Every implementation of an interface, and what resolution made of it.
+#[derive(Debug, Clone, Serialize)]
+pub struct Candidate {
+    pub name: String,
+    pub version: String,
+    pub priority: i64,
+    pub verdict: Verdict,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(tag = "verdict", rename_all = "snake_case")]
+pub enum Verdict {
+    Chosen { reason: String },
+    /// Compatible, but another compatible candidate ranks higher.
+    Outranked { by: String, reason: String },
+    /// Compatible, but a compatible candidate declares that it replaces this one.
+    Shadowed { by: String },
+    /// Does not fit the workload.
+    Rejected { reasons: Vec<String> },
+}
+
+/// Memory the generated crate needs at run time.
+#[derive(Debug, Clone, Serialize)]
+pub struct Footprint {
+    pub parameters: u64,
+    pub weight_bytes: u64,
+    pub kv_cache_bytes: u64,
+    /// Activation buffers of one session.
+    pub scratch_bytes: u64,
+}
+
+impl Plan {
+    pub fn interface(&self, name: &str) -> &InterfacePlan {
+        self.interfaces
+            .iter()
+            .find(|i| i.interface == name)
+            .unwrap_or_else(|| panic!("the plan has no interface `{name}`"))
+    }
+}
+
+/// `1234567` → `1.2 MiB`.
+pub fn human_bytes(bytes: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut value = bytes as f64;
+    let mut unit = 0;
+    while value >= 1024.0 && unit + 1 < UNITS.len() {
+        value /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 { format!("{bytes} B") } else { format!("{value:.1} {}", UNITS[unit]) }
+}

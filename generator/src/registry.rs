@@ -1,0 +1,763 @@
+//! The registry: interfaces (`interfaces/<name>.toml`), their implementations
+//! (`implementations/<interface>/<name>/{manifest.toml, kernel.rs}`) and helper modules
+//! that implementations share (`implementations/_shared/<module>.rs`).
+//!
+//! Loading checks everything that can be checked without a workload: manifests against their
+//! schema, every kernel's public items against its interface's declared Rust signatures
+//! (with syn), that the CPU features a kernel enables are declared, and that its comments
+//! survive re-printing. A registry with any problem does not load: a build never silently
+//! leaves out a broken candidate.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use quote::ToTokens;
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use crate::cpu;
+use crate::diagnostics::{nearest, offset_of, Diagnostic};
+use crate::rust_source;
+use crate::workload::{Device, Dtype};
+
+/// Folder of `implementations/` that holds shared helper modules instead of an interface.
+pub const SHARED_DIR: &str = "_shared";
+
+/// The file of an implementation that holds its Rust source.
+pub const KERNEL_FILE: &str = "kernel.rs";
+
+/// Workload shape parameters that manifests may constrain.
+pub const SHAPE_PARAMETERS: &[&str] = &[
+    "hidden_size",
+    "intermediate_size",
+    "num_layers",
+    "num_heads",
+    "num_kv_heads",
+    "head_dim",
+    "vocab_size",
+    "max_seq_len",
+];
+
+/// Target arches a manifest may name.
+pub const ARCHES: &[&str] = &["x86_64", "aarch64"];
+
+#[derive(Debug, Clone)]
+pub struct Registry {
+    pub interfaces: BTreeMap<String, Interface>,
+    /// Implementations by interface, each list sorted by name.
+    pub implementations: BTreeMap<String, Vec<Implementation>>,
+    pub shared: BTreeMap<String, SharedModule>,
+}
+
+/// An interface: what every implementation of it must expose.
+#[derive(Debug, Clone, Serialize)]
+pub struct Interface {
+    pub name: String,
+    pub summary: String,
+    pub description: String,
+    /// The implementation every other one is checked against.
+    pub reference: String,
+    pub functions: Vec<FnDecl>,
+    pub types: Vec<TypeDecl>,
+    /// Path relative to the project root.
+    pub path: PathBuf,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FnDecl {
+    pub signature: String,
+    pub doc: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TypeDecl {
+    pub declaration: String,
+    pub doc: String,
+    #[serde(default)]
+    pub methods: Vec<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct InterfaceFile {
+    name: String,
+    summary: String,
+    description: String,
+    reference: String,
+    #[serde(default)]
+    functions: Vec<FnDecl>,
+    #[serde(default)]
+    types: Vec<TypeDecl>,
+}
+
+/// One implementation of an interface.
+#[derive(Debug, Clone, Serialize)]
+pub struct Implementation {
+    pub interface: String,
+    pub name: String,
+    pub version: String,
+    pub summary: String,
+    pub priority: i64,
+    pub shadows: Vec<String>,
+    pub shared: Vec<String>,
+    pub constraints: Constraints,
+    /// Folder relative to the project root.
+    pub dir: PathBuf,
+    #[serde(skip)]
+    pub source: Arc<str>,
+    /// sha256 of kernel.rs, hex.
+    pub source_sha256: String,
+}
+
+/// What an implementation needs from a workload.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Constraints {
+    /// Devices it runs on; absent means any.
+    #[serde(default)]
+    pub devices: Option<Vec<Device>>,
+    /// `target_arch` values it compiles for; absent means any.
+    #[serde(default)]
+    pub arches: Option<Vec<String>>,
+    /// CPU features it needs, all of them.
+    #[serde(default)]
+    pub cpu_features: Vec<String>,
+    /// Weight dtypes it supports; absent means any.
+    #[serde(default)]
+    pub dtypes: Option<Vec<Dtype>>,
+    /// Bounds on the workload's shape parameters.
+    #[serde(default)]
+    pub shapes: BTreeMap<String, ShapeBound>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ShapeBound {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min: Option<usize>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max: Option<usize>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub multiple_of: Option<usize>,
+}
+
+impl ShapeBound {
+    /// Why `value` violates the bound, if it does.
+    pub fn violation(&self, value: usize) -> Option<String> {
+        if let Some(min) = self.min.filter(|&m| value < m) {
+            return Some(format!("is {value}, below the minimum {min}"));
+        }
+        if let Some(max) = self.max.filter(|&m| value > m) {
+            return Some(format!("is {value}, above the maximum {max}"));
+        }
+        if let Some(m) = self.multiple_of.filter(|&m| m > 0 && value % m != 0) {
+            return Some(format!("is {value}, not a multiple of {m}"));
+        }
+        None
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ManifestFile {
+    interface: String,
+    name: String,
+    version: String,
+    summary: String,
+    priority: i64,
+    #[serde(default)]
+    shadows: Vec<String>,
+    #[serde(default)]
+    shared: Vec<String>,
+    #[serde(default)]
+    constraints: Constraints,
+}
+
+/// A helper module that several implementations use.
+#[derive(Debug, Clone, Serialize)]
+pub struct SharedModule {
+    pub name: String,
+    pub path: PathBuf,
+    #[serde(skip)]
+    pub source: Arc<str>,
+    pub source_sha256: String,
+}
+
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    let digest = Sha256::digest(bytes);
+    digest.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+impl Registry {
+    /// Loads and checks the registry under `root`.
+    pub fn load(root: &Path) -> Result<Registry, Vec<Diagnostic>> {
+        let mut problems = Vec::new();
+        let interfaces = load_interfaces(root, &mut problems);
+        let shared = load_shared(root, &mut problems);
+        let mut implementations: BTreeMap<String, Vec<Implementation>> = BTreeMap::new();
+        let impl_root = root.join("implementations");
+        for interface_dir in sorted_dirs(&impl_root, &mut problems) {
+            let interface_name = file_name(&interface_dir);
+            if interface_name == SHARED_DIR {
+                continue;
+            }
+            if !interfaces.contains_key(&interface_name) {
+                let hint = match nearest(&interface_name, interfaces.keys().map(String::as_str)) {
+                    Some(near) => format!("did you mean `{near}`?"),
+                    None => format!("interfaces: {}", interfaces.keys().cloned().collect::<Vec<_>>().join(", ")),
+                };
+                problems.push(
+                    Diagnostic::new(format!("implementations/{interface_name} names no interface"))
+                        .at_path(&relative(root, &interface_dir))
+                        .hint(format!("add interfaces/{interface_name}.toml, or move the folder; {hint}")),
+                );
+                continue;
+            }
+            for dir in sorted_dirs(&interface_dir, &mut problems) {
+                if let Some(imp) = load_implementation(root, &dir, &interfaces, &shared, &mut problems) {
+                    implementations.entry(imp.interface.clone()).or_default().push(imp);
+                }
+            }
+        }
+        for (name, imps) in &implementations {
+            let names: BTreeSet<&str> = imps.iter().map(|i| i.name.as_str()).collect();
+            for imp in imps {
+                for shadowed in &imp.shadows {
+                    if shadowed == &imp.name || !names.contains(shadowed.as_str()) {
+                        problems.push(
+                            Diagnostic::new(format!(
+                                "{}/{} shadows `{shadowed}`, which is not another implementation of `{name}`",
+                                imp.interface, imp.name
+                            ))
+                            .at_path(&imp.dir.join("manifest.toml")),
+                        );
+                    }
+                }
+            }
+        }
+        for interface in interfaces.values() {
+            let has_reference = implementations
+                .get(&interface.name)
+                .is_some_and(|imps| imps.iter().any(|i| i.name == interface.reference));
+            if !has_reference {
+                problems.push(
+                    Diagnostic::new(format!(
+                        "interface `{}` names `{}` as its reference, but implementations/{}/{} does not exist or was rejected",
+                        interface.name, interface.reference, interface.name, interface.reference
+                    ))
+                    .at_path(&interface.path),
+                );
+            }
+        }
+        if problems.is_empty() {
+            Ok(Registry { interfaces, implementations, shared })
+        } else {
+            Err(problems)
+        }
+    }
+
+    pub fn implementations_of(&self, interface: &str) -> &[Implementation] {
+        self.implementations.get(interface).map_or(&[], Vec::as_slice)
+    }
+
+    pub fn implementation(&self, interface: &str, name: &str) -> Option<&Implementation> {
+        self.implementations_of(interface).iter().find(|i| i.name == name)
+    }
+}
+
+fn relative(root: &Path, path: &Path) -> PathBuf {
+    path.strip_prefix(root).unwrap_or(path).to_path_buf()
+}
+
+fn file_name(path: &Path) -> String {
+    path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default()
+}
+
+fn sorted_dirs(dir: &Path, problems: &mut Vec<Diagnostic>) -> Vec<PathBuf> {
+    let mut dirs = Vec::new();
+    match std::fs::read_dir(dir) {
+        Ok(entries) => {
+            for entry in entries.flatten() {
+                if entry.file_type().is_ok_and(|t| t.is_dir()) {
+                    dirs.push(entry.path());
+                }
+            }
+        }
+        Err(e) => problems.push(Diagnostic::new(format!("cannot read the registry folder: {e}")).at_path(dir)),
+    }
+    dirs.sort();
+    dirs
+}
+
+fn read_text(root: &Path, path: &Path, problems: &mut Vec<Diagnostic>) -> Option<Arc<str>> {
+    match std::fs::read_to_string(path) {
+        Ok(text) => Some(Arc::from(text)),
+        Err(e) => {
+            problems.push(Diagnostic::new(format!("cannot read: {e}")).at_path(&relative(root, path)));
+            None
+        }
+    }
+}
+
+fn toml_diag(path: &Path, text: &Arc<str>, e: &toml::de::Error) -> Diagnostic {
+    let message = e.message().lines().next().unwrap_or("invalid TOML").to_string();
+    Diagnostic::new(message).in_file(path, text).primary(e.span().unwrap_or(0..0), "")
+}
+
+fn load_interfaces(root: &Path, problems: &mut Vec<Diagnostic>) -> BTreeMap<String, Interface> {
+    let mut out = BTreeMap::new();
+    let dir = root.join("interfaces");
+    let mut files: Vec<PathBuf> = match std::fs::read_dir(&dir) {
+        Ok(entries) => entries.flatten().map(|e| e.path()).filter(|p| p.extension().is_some_and(|x| x == "toml")).collect(),
+        Err(e) => {
+            problems.push(Diagnostic::new(format!("cannot read the interfaces folder: {e}")).at_path(&dir));
+            return out;
+        }
+    };
+    files.sort();
+    for path in files {
+        let rel = relative(root, &path);
+        let Some(text) = read_text(root, &path, problems) else { continue };
+        let file: InterfaceFile = match toml::from_str(&text) {
+            Ok(f) => f,
+            Err(e) => {
+                problems.push(toml_diag(&rel, &text, &e));
+                continue;
+            }
+        };
+        let stem = path.file_stem().unwrap_or_default().to_string_lossy().into_owned();
+        if file.name != stem {
+            problems.push(Diagnostic::new(format!("interface name `{}` differs from its file name `{stem}.toml`", file.name)).at_path(&rel));
+            continue;
+        }
+        let mut ok = true;
+        for f in &file.functions {
+            if let Err(e) = parse_fn_decl(&f.signature) {
+                problems.push(Diagnostic::new(format!("interface `{}`: signature does not parse: {e}", file.name)).at_path(&rel).note(f.signature.clone()));
+                ok = false;
+            }
+        }
+        for t in &file.types {
+            if let Err(e) = syn::parse_str::<syn::ItemStruct>(&format!("{};", t.declaration)) {
+                problems.push(Diagnostic::new(format!("interface `{}`: type declaration does not parse: {e}", file.name)).at_path(&rel).note(t.declaration.clone()));
+                ok = false;
+            }
+            for m in &t.methods {
+                if let Err(e) = parse_fn_decl(m) {
+                    problems.push(Diagnostic::new(format!("interface `{}`: method does not parse: {e}", file.name)).at_path(&rel).note(m.clone()));
+                    ok = false;
+                }
+            }
+        }
+        if ok {
+            out.insert(
+                file.name.clone(),
+                Interface {
+                    name: file.name,
+                    summary: file.summary,
+                    description: file.description,
+                    reference: file.reference,
+                    functions: file.functions,
+                    types: file.types,
+                    path: rel,
+                },
+            );
+        }
+    }
+    out
+}
+
+fn load_shared(root: &Path, problems: &mut Vec<Diagnostic>) -> BTreeMap<String, SharedModule> {
+    let mut out = BTreeMap::new();
+    let dir = root.join("implementations").join(SHARED_DIR);
+    let Ok(entries) = std::fs::read_dir(&dir) else { return out };
+    let mut files: Vec<PathBuf> =
+        entries.flatten().map(|e| e.path()).filter(|p| p.extension().is_some_and(|x| x == "rs")).collect();
+    files.sort();
+    for path in files {
+        let rel = relative(root, &path);
+        let Some(source) = read_text(root, &path, problems) else { continue };
+        if let Err(e) = rust_source::parse_with_comments(&source) {
+            problems.push(source_diag(&rel, &source, &e));
+            continue;
+        }
+        let name = path.file_stem().unwrap_or_default().to_string_lossy().into_owned();
+        let source_sha256 = sha256_hex(source.as_bytes());
+        out.insert(name.clone(), SharedModule { name, path: rel, source, source_sha256 });
+    }
+    out
+}
+
+fn source_diag(rel: &Path, source: &Arc<str>, e: &rust_source::SourceError) -> Diagnostic {
+    let offset = offset_of(source, e.line, e.column);
+    Diagnostic::new(e.message.clone()).in_file(rel, source).primary(offset..offset + 1, "")
+}
+
+fn parse_fn_decl(signature: &str) -> syn::Result<syn::ForeignItemFn> {
+    syn::parse_str::<syn::ForeignItemFn>(&format!("{signature};"))
+}
+
+fn load_implementation(
+    root: &Path,
+    dir: &Path,
+    interfaces: &BTreeMap<String, Interface>,
+    shared: &BTreeMap<String, SharedModule>,
+    problems: &mut Vec<Diagnostic>,
+) -> Option<Implementation> {
+    let rel_dir = relative(root, dir);
+    let manifest_path = dir.join("manifest.toml");
+    let rel_manifest = rel_dir.join("manifest.toml");
+    let text = read_text(root, &manifest_path, problems)?;
+    let m: ManifestFile = match toml::from_str(&text) {
+        Ok(m) => m,
+        Err(e) => {
+            problems.push(toml_diag(&rel_manifest, &text, &e));
+            return None;
+        }
+    };
+    let before = problems.len();
+    let doc = toml::de::DeTable::parse(&text).ok();
+    let span = |path: &[&str]| doc.as_ref().and_then(|d| crate::workload::span_of(d, path)).unwrap_or(0..0);
+    let diag = |message: String, path: &[&str]| Diagnostic::new(message).in_file(&rel_manifest, &text).primary(span(path), "");
+
+    let folder_interface = file_name(dir.parent().unwrap_or(dir));
+    if m.interface != folder_interface {
+        problems.push(diag(format!("manifest says interface `{}`, but it lives under implementations/{folder_interface}/", m.interface), &["interface"]));
+    }
+    if m.name != file_name(dir) {
+        problems.push(diag(format!("manifest says name `{}`, but its folder is `{}`", m.name, file_name(dir)), &["name"]));
+    }
+    if !is_version(&m.version) {
+        problems.push(diag(format!("version `{}` is not of the form MAJOR.MINOR.PATCH", m.version), &["version"]));
+    }
+    for f in &m.constraints.cpu_features {
+        if !cpu::X86_64_FEATURES.contains(&f.as_str()) {
+            problems.push(diag(format!("unknown CPU feature `{f}`"), &["constraints", "cpu_features"]).hint(format!("known: {}", cpu::X86_64_FEATURES.join(", "))));
+        }
+    }
+    if !m.constraints.cpu_features.is_empty() && m.constraints.arches.is_none() {
+        problems.push(diag("CPU features are declared without `arches`".into(), &["constraints"]).hint("add `arches = [\"x86_64\"]`"));
+    }
+    for a in m.constraints.arches.iter().flatten() {
+        if !ARCHES.contains(&a.as_str()) {
+            problems.push(diag(format!("unknown arch `{a}`"), &["constraints", "arches"]).hint(format!("known: {}", ARCHES.join(", "))));
+        }
+    }
+    for key in m.constraints.shapes.keys() {
+        if !SHAPE_PARAMETERS.contains(&key.as_str()) {
+            let hint = nearest(key, SHAPE_PARAMETERS.iter().copied()).map_or_else(|| format!("known: {}", SHAPE_PARAMETERS.join(", ")), |n| format!("did you mean `{n}`?"));
+            problems.push(diag(format!("unknown shape parameter `{key}`"), &["constraints", "shapes", key]).hint(hint));
+        }
+    }
+    for s in &m.shared {
+        if !shared.contains_key(s) {
+            problems.push(diag(format!("shared module `{s}` does not exist in implementations/{SHARED_DIR}/"), &["shared"]));
+        }
+    }
+
+    let kernel_path = dir.join(KERNEL_FILE);
+    let rel_kernel = rel_dir.join(KERNEL_FILE);
+    let source = read_text(root, &kernel_path, problems)?;
+    if let Some(interface) = interfaces.get(&m.interface) {
+        match rust_source::parse_with_comments(&source) {
+            Ok(file) => {
+                problems.extend(check_against_interface(&file, interface, &rel_kernel, &source));
+                problems.extend(check_target_features(&file, &m.constraints.cpu_features, &rel_kernel, &source));
+            }
+            Err(e) => problems.push(source_diag(&rel_kernel, &source, &e)),
+        }
+    }
+    if problems.len() > before {
+        return None;
+    }
+    let source_sha256 = sha256_hex(source.as_bytes());
+    Some(Implementation {
+        interface: m.interface,
+        name: m.name,
+        version: m.version,
+        summary: m.summary,
+        priority: m.priority,
+        shadows: m.shadows,
+        shared: m.shared,
+        constraints: m.constraints,
+        dir: rel_dir,
+        source,
+        source_sha256,
+    })
+}
+
+fn is_version(v: &str) -> bool {
+    let parts: Vec<&str> = v.split('.').collect();
+    parts.len() == 3 && parts.iter().all(|p| !p.is_empty() && p.chars().all(|c| c.is_ascii_digit()))
+}
+
+/// A signature in canonical form (printed by prettyplease), for comparison: trailing commas
+/// and line breaks do not count, tokens do.
+fn sig_key(vis: &syn::Visibility, sig: &syn::Signature) -> String {
+    pretty_signature(vis, sig)
+}
+
+/// A signature as a person would write it.
+pub fn pretty_signature(vis: &syn::Visibility, sig: &syn::Signature) -> String {
+    let file: syn::File = syn::parse_quote!(#vis #sig {});
+    let printed = prettyplease::unparse(&file);
+    let flat = printed.trim().trim_end_matches("{}").trim().split_whitespace().collect::<Vec<_>>().join(" ");
+    flat.replace("< ", "<").replace("( ", "(").replace(", >", ">").replace(", )", ")")
+}
+
+fn span_offset(source: &str, span: proc_macro2::Span) -> std::ops::Range<usize> {
+    let start = span.start();
+    let offset = offset_of(source, start.line, start.column + 1);
+    offset..offset + 1
+}
+
+/// Checks that `file` exposes exactly the interface's items, with exactly its signatures.
+pub fn check_against_interface(file: &syn::File, interface: &Interface, rel: &Path, source: &Arc<str>) -> Vec<Diagnostic> {
+    let mut problems = Vec::new();
+    let here = |span: proc_macro2::Span| span_offset(source, span);
+    let mut declared: BTreeSet<String> = BTreeSet::new();
+
+    for decl in &interface.functions {
+        let expected = parse_fn_decl(&decl.signature).expect("checked when the interface loaded");
+        let name = expected.sig.ident.to_string();
+        declared.insert(name.clone());
+        let found = file.items.iter().find_map(|item| match item {
+            syn::Item::Fn(f) if f.sig.ident == name => Some(f),
+            _ => None,
+        });
+        match found {
+            None => problems.push(
+                Diagnostic::new(format!("missing `{name}`, which interface `{}` requires", interface.name))
+                    .at_path(rel)
+                    .note(format!("expected: {}", pretty_signature(&expected.vis, &expected.sig))),
+            ),
+            Some(f) if sig_key(&f.vis, &f.sig) != sig_key(&expected.vis, &expected.sig) => problems.push(
+                Diagnostic::new(format!("`{name}` does not match the signature that interface `{}` declares", interface.name))
+                    .in_file(rel, source)
+                    .primary(here(f.sig.ident.span()), "this signature differs")
+                    .note(format!("expected: {}", pretty_signature(&expected.vis, &expected.sig)))
+                    .note(format!("   found: {}", pretty_signature(&f.vis, &f.sig)))
+                    .hint(format!("implementations must expose exactly the signatures of {}", interface.path.display())),
+            ),
+            Some(_) => {}
+        }
+    }
+
+    for decl in &interface.types {
+        let expected: syn::ItemStruct = syn::parse_str(&format!("{};", decl.declaration)).expect("checked when the interface loaded");
+        let name = expected.ident.to_string();
+        declared.insert(name.clone());
+        let found = file.items.iter().find_map(|item| match item {
+            syn::Item::Struct(s) if s.ident == name => Some(s),
+            _ => None,
+        });
+        let header = |s: &syn::ItemStruct| format!("{} struct {}{}", s.vis.to_token_stream(), s.ident, s.generics.to_token_stream());
+        match found {
+            None => problems.push(
+                Diagnostic::new(format!("missing `{name}`, which interface `{}` requires", interface.name))
+                    .at_path(rel)
+                    .note(format!("expected: {}", decl.declaration)),
+            ),
+            Some(s) if header(s) != header(&expected) => problems.push(
+                Diagnostic::new(format!("`{name}` does not match the declaration of interface `{}`", interface.name))
+                    .in_file(rel, source)
+                    .primary(here(s.ident.span()), "this declaration differs")
+                    .note(format!("expected: {}", decl.declaration)),
+            ),
+            Some(_) => {}
+        }
+        let methods: Vec<&syn::ImplItemFn> = file
+            .items
+            .iter()
+            .filter_map(|item| match item {
+                syn::Item::Impl(i) if i.trait_.is_none() && self_type_name(&i.self_ty).as_deref() == Some(name.as_str()) => Some(i),
+                _ => None,
+            })
+            .flat_map(|i| i.items.iter())
+            .filter_map(|item| match item {
+                syn::ImplItem::Fn(f) => Some(f),
+                _ => None,
+            })
+            .collect();
+        let mut declared_methods = BTreeSet::new();
+        for m in &decl.methods {
+            let expected = parse_fn_decl(m).expect("checked when the interface loaded");
+            let method = expected.sig.ident.to_string();
+            declared_methods.insert(method.clone());
+            match methods.iter().find(|f| f.sig.ident == method) {
+                None => problems.push(
+                    Diagnostic::new(format!("missing method `{name}::{method}`, which interface `{}` requires", interface.name))
+                        .at_path(rel)
+                        .note(format!("expected: {m}")),
+                ),
+                Some(f) if sig_key(&f.vis, &f.sig) != sig_key(&expected.vis, &expected.sig) => problems.push(
+                    Diagnostic::new(format!("`{name}::{method}` does not match the signature that interface `{}` declares", interface.name))
+                        .in_file(rel, source)
+                        .primary(here(f.sig.ident.span()), "this signature differs")
+                        .note(format!("expected: {}", pretty_signature(&expected.vis, &expected.sig)))
+                        .note(format!("   found: {}", pretty_signature(&f.vis, &f.sig))),
+                ),
+                Some(_) => {}
+            }
+        }
+        for f in &methods {
+            if is_pub(&f.vis) && !declared_methods.contains(&f.sig.ident.to_string()) {
+                problems.push(
+                    Diagnostic::new(format!("`{name}::{}` is public but not part of interface `{}`", f.sig.ident, interface.name))
+                        .in_file(rel, source)
+                        .primary(here(f.sig.ident.span()), "extra public method")
+                        .hint("make it private: an implementation exposes exactly its interface"),
+                );
+            }
+        }
+    }
+
+    for item in &file.items {
+        let (vis, ident) = match item {
+            syn::Item::Fn(f) => (&f.vis, &f.sig.ident),
+            syn::Item::Struct(s) => (&s.vis, &s.ident),
+            syn::Item::Enum(e) => (&e.vis, &e.ident),
+            syn::Item::Const(c) => (&c.vis, &c.ident),
+            syn::Item::Static(s) => (&s.vis, &s.ident),
+            syn::Item::Type(t) => (&t.vis, &t.ident),
+            syn::Item::Trait(t) => (&t.vis, &t.ident),
+            syn::Item::Mod(m) => (&m.vis, &m.ident),
+            _ => continue,
+        };
+        if is_pub(vis) && !declared.contains(&ident.to_string()) {
+            problems.push(
+                Diagnostic::new(format!("`{ident}` is public but not part of interface `{}`", interface.name))
+                    .in_file(rel, source)
+                    .primary(here(ident.span()), "extra public item")
+                    .hint("make it private (or move shared helpers to implementations/_shared/): an implementation exposes exactly its interface"),
+            );
+        }
+    }
+    problems
+}
+
+fn is_pub(vis: &syn::Visibility) -> bool {
+    matches!(vis, syn::Visibility::Public(_))
+}
+
+fn self_type_name(ty: &syn::Type) -> Option<String> {
+    match ty {
+        syn::Type::Path(p) => p.path.segments.last().map(|s| s.ident.to_string()),
+        _ => None,
+    }
+}
+
+/// Every feature a kernel enables with `#[target_feature(enable = "...")]` must be declared.
+fn check_target_features(file: &syn::File, declared: &[String], rel: &Path, source: &Arc<str>) -> Vec<Diagnostic> {
+    struct Visitor<'a> {
+        declared: &'a [String],
+        problems: Vec<Diagnostic>,
+        rel: &'a Path,
+        source: &'a Arc<str>,
+    }
+    impl<'ast> syn::visit::Visit<'ast> for Visitor<'_> {
+        fn visit_attribute(&mut self, attr: &'ast syn::Attribute) {
+            if attr.path().is_ident("target_feature") {
+                let _ = attr.parse_nested_meta(|meta| {
+                    if meta.path.is_ident("enable") {
+                        let lit: syn::LitStr = meta.value()?.parse()?;
+                        for feature in lit.value().split(',').map(str::trim) {
+                            if !self.declared.iter().any(|d| d == feature) {
+                                self.problems.push(
+                                    Diagnostic::new(format!("the kernel enables CPU feature `{feature}`, which its manifest does not declare"))
+                                        .in_file(self.rel, self.source)
+                                        .primary(span_offset(self.source, lit.span()), "enabled here")
+                                        .hint(format!("add \"{feature}\" to constraints.cpu_features in manifest.toml, so that resolution and the start-up check know about it")),
+                                );
+                            }
+                        }
+                    }
+                    Ok(())
+                });
+            }
+            syn::visit::visit_attribute(self, attr);
+        }
+    }
+    let mut v = Visitor { declared, problems: Vec::new(), rel, source };
+    syn::visit::Visit::visit_file(&mut v, file);
+    v.problems
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn matmul_interface() -> Interface {
+        Interface {
+            name: "matmul".into(),
+            summary: String::new(),
+            description: String::new(),
+            reference: "scalar".into(),
+            functions: vec![FnDecl {
+                signature: "pub fn matmul<const N: usize, const K: usize>(out: &mut [f32], x: &[f32], w: &[f32], rows: usize)".into(),
+                doc: String::new(),
+            }],
+            types: vec![],
+            path: "interfaces/matmul.toml".into(),
+        }
+    }
+
+    fn check(src: &str) -> Vec<String> {
+        let source: Arc<str> = Arc::from(src);
+        let file = rust_source::parse_with_comments(src).unwrap();
+        check_against_interface(&file, &matmul_interface(), Path::new("kernel.rs"), &source)
+            .iter()
+            .map(|d| d.render())
+            .collect()
+    }
+
+    #[test]
+    fn exact_signature_passes() {
+        let errors = check("pub fn matmul<const N: usize, const K: usize>(out: &mut [f32], x: &[f32], w: &[f32], rows: usize) {}\nfn helper() {}\n");
+        assert!(errors.is_empty(), "{errors:?}");
+    }
+
+    #[test]
+    fn wrong_signature_is_rejected_with_both_forms() {
+        let errors = check("\npub fn matmul<const N: usize>(out: &mut [f32], x: &[f32], w: &[f32], rows: usize) {}\n");
+        assert_eq!(errors.len(), 1);
+        let e = &errors[0];
+        assert!(e.contains("`matmul` does not match the signature that interface `matmul` declares"), "{e}");
+        assert!(e.contains("kernel.rs:2:8"), "{e}");
+        assert!(e.contains("expected: pub fn matmul<const N: usize, const K: usize>("), "{e}");
+        assert!(e.contains("found: pub fn matmul<const N: usize>("), "{e}");
+    }
+
+    #[test]
+    fn missing_unsafe_or_private_items_are_rejected() {
+        assert!(check("fn other() {}\n")[0].contains("missing `matmul`"));
+        let e = check("pub unsafe fn matmul<const N: usize, const K: usize>(out: &mut [f32], x: &[f32], w: &[f32], rows: usize) {}\n");
+        assert!(e[0].contains("does not match"), "{e:?}");
+        let e = check("fn matmul<const N: usize, const K: usize>(out: &mut [f32], x: &[f32], w: &[f32], rows: usize) {}\n");
+        assert!(e[0].contains("does not match"), "{e:?}");
+        let e = check("pub fn matmul<const N: usize, const K: usize>(out: &mut [f32], x: &[f32], w: &[f32], rows: usize) {}\npub fn extra() {}\n");
+        assert!(e[0].contains("`extra` is public but not part of interface `matmul`"), "{e:?}");
+    }
+
+    #[test]
+    fn undeclared_target_features_are_rejected() {
+        let src = "#[target_feature(enable = \"avx2,fma\")]\nfn k() {}\n";
+        let source: Arc<str> = Arc::from(src);
+        let file = rust_source::parse_with_comments(src).unwrap();
+        let e = check_target_features(&file, &["avx2".to_string()], Path::new("kernel.rs"), &source);
+        assert_eq!(e.len(), 1);
+        assert!(e[0].message.contains("`fma`"));
+    }
+
+    #[test]
+    fn shape_bounds_explain_violations() {
+        let b = ShapeBound { min: Some(2), max: Some(64), multiple_of: Some(8) };
+        assert_eq!(b.violation(16), None);
+        assert_eq!(b.violation(1).unwrap(), "is 1, below the minimum 2");
+        assert_eq!(b.violation(128).unwrap(), "is 128, above the maximum 64");
+        assert_eq!(b.violation(12).unwrap(), "is 12, not a multiple of 8");
+    }
+}

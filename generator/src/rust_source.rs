@@ -1,0 +1,381 @@
+//! Rust source in, formatted Rust source out, with the plain `//` comments kept.
+//!
+//! syn drops plain comments, and prettyplease prints only what syn keeps. To keep the shape
+//! comments of the forward pass and the comments of kernel sources, a comment that stands
+//! on its own line where a statement or an item may stand is turned into a marker macro,
+//! `__monogen_comment!("text");`, before parsing; after prettyplease has printed the file,
+//! every marker line is turned back into `// text`. The emitters write the same marker with
+//! [`comment`].
+//!
+//! Comments that cannot be kept this way (after code on the same line, inside an
+//! expression, between match arms or struct fields, block comments) are rejected with
+//! their line number instead of being dropped silently.
+
+use proc_macro2::TokenStream;
+use quote::quote;
+
+const MARKER: &str = "__monogen_comment";
+const BLANK: &str = "__monogen_blank";
+
+/// A `// text` comment as a statement or item, for `quote!` emitters.
+pub fn comment(text: &str) -> TokenStream {
+    quote! { __monogen_comment!(#text); }
+}
+
+/// A problem that keeps a source from being re-printed faithfully.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SourceError {
+    /// 1-based line, 1-based column.
+    pub line: usize,
+    pub column: usize,
+    pub message: String,
+}
+
+/// Lexer state at the start of a character.
+#[derive(Clone, Copy, PartialEq)]
+enum State {
+    Code,
+    Str,
+    RawStr(usize),
+}
+
+/// Turns own-line `//` comments into markers; rejects comments that would be lost.
+pub fn encode_comments(source: &str) -> Result<String, SourceError> {
+    let mut out = String::with_capacity(source.len() + source.len() / 4);
+    let mut state = State::Code;
+    for (index, line) in source.split_inclusive('\n').enumerate() {
+        let line_no = index + 1;
+        let body = line.trim_end_matches(['\n', '\r']);
+        let trimmed = body.trim_start();
+        if state == State::Code && trimmed.starts_with("//") && !is_doc(trimmed) {
+            let indent = &body[..body.len() - trimmed.len()];
+            let text = trimmed[2..].strip_prefix(' ').unwrap_or(&trimmed[2..]);
+            out.push_str(&format!("{indent}{MARKER}!({text:?});\n"));
+            continue;
+        }
+        state = scan_line(body, state, line_no)?;
+        out.push_str(line);
+    }
+    Ok(out)
+}
+
+fn is_doc(trimmed: &str) -> bool {
+    (trimmed.starts_with("///") && !trimmed.starts_with("////")) || trimmed.starts_with("//!")
+}
+
+/// Scans one line of code, returning the state at its end; errors on comments after code.
+fn scan_line(line: &str, mut state: State, line_no: usize) -> Result<State, SourceError> {
+    let bytes = line.as_bytes();
+    let mut i = 0;
+    let err = |i: usize, message: &str| SourceError {
+        line: line_no,
+        column: line[..i].chars().count() + 1,
+        message: message.into(),
+    };
+    while i < bytes.len() {
+        match state {
+            State::Code => match bytes[i] {
+                b'/' if bytes.get(i + 1) == Some(&b'/') => {
+                    let rest = &line[i..];
+                    if is_doc(rest) && line[..i].trim().is_empty() {
+                        return Ok(State::Code);
+                    }
+                    return Err(err(i, "comment after code on the same line would be lost; put it on its own line above the code"));
+                }
+                b'/' if bytes.get(i + 1) == Some(&b'*') => {
+                    return Err(err(i, "block comments (/* */) would be lost; use // comments on their own lines"));
+                }
+                b'"' => {
+                    state = State::Str;
+                    i += 1;
+                }
+                b'r' if starts_raw_string(&bytes[i..]).is_some() && (i == 0 || !is_ident_byte(bytes[i - 1])) => {
+                    let (hashes, len) = starts_raw_string(&bytes[i..]).unwrap();
+                    state = State::RawStr(hashes);
+                    i += len;
+                }
+                b'\'' => i += char_literal_len(&bytes[i..]),
+                _ => i += 1,
+            },
+            State::Str => match bytes[i] {
+                b'\\' => i += 2,
+                b'"' => {
+                    state = State::Code;
+                    i += 1;
+                }
+                _ => i += 1,
+            },
+            State::RawStr(hashes) => {
+                if bytes[i] == b'"' && bytes[i + 1..].iter().take(hashes).filter(|&&b| b == b'#').count() == hashes {
+                    state = State::Code;
+                    i += 1 + hashes;
+                } else {
+                    i += 1;
+                }
+            }
+        }
+    }
+    Ok(state)
+}
+
+fn is_ident_byte(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b == b'_'
+}
+
+/// `r"`, `r#"`, ... → (number of hashes, length of the opener).
+fn starts_raw_string(bytes: &[u8]) -> Option<(usize, usize)> {
+    let hashes = bytes[1..].iter().take_while(|&&b| b == b'#').count();
+    (bytes.get(1 + hashes) == Some(&b'"')).then_some((hashes, 2 + hashes))
+}
+
+/// Length of a char literal starting at `'`, or 1 for a lifetime's quote.
+fn char_literal_len(bytes: &[u8]) -> usize {
+    if bytes.get(1) == Some(&b'\\') {
+        let close = bytes[2..].iter().position(|&b| b == b'\'').map_or(bytes.len(), |p| p + 3);
+        return close.min(bytes.len());
+    }
+    let ch_len = std::str::from_utf8(&bytes[1..bytes.len().min(5)])
+        .ok()
+        .or_else(|| (1..5).rev().find_map(|n| std::str::from_utf8(&bytes[1..bytes.len().min(1 + n)]).ok()))
+        .and_then(|s| s.chars().next())
+        .map_or(1, char::len_utf8);
+    if bytes.get(1 + ch_len) == Some(&b'\'') { 2 + ch_len } else { 1 }
+}
+
+/// Parses a Rust source with its comments encoded as markers.
+pub fn parse_with_comments(source: &str) -> Result<syn::File, SourceError> {
+    let encoded = encode_comments(source)?;
+    syn::parse_file(&encoded).map_err(|e| {
+        let start = e.span().start();
+        let plain = syn::parse_file(source).is_ok();
+        let message = if plain {
+            "a comment stands where no statement or item can (inside an expression, between match arms, struct fields or arguments); move it before the enclosing statement, or use a /// doc comment".to_string()
+        } else {
+            format!("does not parse as Rust: {e}")
+        };
+        SourceError { line: start.line, column: start.column + 1, message }
+    })
+}
+
+/// Prints a file with prettyplease, with blank lines between items (prettyplease puts
+/// none), and turns comment markers back into comments.
+pub fn print(file: &syn::File) -> String {
+    let mut file = file.clone();
+    space_items(&mut file.items);
+    decode_comments(&prettyplease::unparse(&file))
+}
+
+/// Whether an item is a `__monogen_comment!` marker.
+fn is_comment_item(item: &syn::Item) -> bool {
+    matches!(item, syn::Item::Macro(m) if m.mac.path.is_ident(MARKER))
+}
+
+/// Items of these kinds stay together without blank lines: `use` lists, `mod x;` lists.
+fn group_of(item: &syn::Item) -> Option<&'static str> {
+    match item {
+        syn::Item::Use(_) => Some("use"),
+        syn::Item::Mod(m) if m.content.is_none() => Some("mod"),
+        syn::Item::ExternCrate(_) => Some("extern crate"),
+        _ => None,
+    }
+}
+
+/// Inserts blank-line markers between items, recursing into impls, traits and inline modules.
+fn space_items(items: &mut Vec<syn::Item>) {
+    let old = std::mem::take(items);
+    for item in old {
+        let mut item = item;
+        match &mut item {
+            syn::Item::Impl(imp) => space_impl_items(&mut imp.items),
+            syn::Item::Mod(m) => {
+                if let Some((_, content)) = &mut m.content {
+                    space_items(content);
+                }
+            }
+            _ => {}
+        }
+        if let Some(previous) = items.last() {
+            let grouped = group_of(previous).is_some() && group_of(previous) == group_of(&item);
+            if !grouped && !is_comment_item(previous) {
+                items.push(syn::parse_quote!(__monogen_blank!();));
+            }
+        }
+        items.push(item);
+    }
+}
+
+fn space_impl_items(items: &mut Vec<syn::ImplItem>) {
+    let old = std::mem::take(items);
+    for item in old {
+        if let Some(previous) = items.last() {
+            let after_comment = matches!(previous, syn::ImplItem::Macro(m) if m.mac.path.is_ident(MARKER));
+            if !after_comment {
+                items.push(syn::parse_quote!(__monogen_blank!();));
+            }
+        }
+        items.push(item);
+    }
+}
+
+/// Prints tokens as a whole file (see [`print`]).
+pub fn print_tokens(tokens: TokenStream) -> String {
+    let file: syn::File = syn::parse2(tokens.clone())
+        .unwrap_or_else(|e| panic!("emitter produced tokens that are not a Rust file: {e}\n{tokens}"));
+    print(&file)
+}
+
+/// Marker lines back to `// text` (or to blank lines), with a blank line before a comment
+/// that follows code and after the module's inner doc comment.
+pub fn decode_comments(printed: &str) -> String {
+    let mut out: Vec<String> = Vec::new();
+    let mut lines = printed.lines();
+    while let Some(line) = lines.next() {
+        let trimmed = line.trim_start();
+        let indent = &line[..line.len() - trimmed.len()];
+        if trimmed.starts_with(BLANK) {
+            if out.last().is_some_and(|l| !l.is_empty()) {
+                out.push(String::new());
+            }
+            continue;
+        }
+        if let Some(rest) = trimmed.strip_prefix(MARKER).and_then(|r| r.strip_prefix("!(")) {
+            // prettyplease breaks a long marker over several lines: gather it.
+            let mut call = rest.to_string();
+            while !call.trim_end().ends_with(");") {
+                match lines.next() {
+                    Some(next) => call.push_str(next.trim()),
+                    None => break,
+                }
+            }
+            let text = call
+                .trim_end()
+                .strip_suffix(");")
+                .and_then(|lit| syn::parse_str::<syn::LitStr>(lit.trim().trim_end_matches(',')).ok())
+                .map(|lit| lit.value());
+            if let Some(text) = text {
+                let previous = out.last().map(|l| l.trim()).unwrap_or("");
+                let after_code = !(previous.is_empty()
+                    || previous.ends_with('{')
+                    || previous.starts_with("//")
+                    || previous.starts_with("#["));
+                if after_code {
+                    out.push(String::new());
+                }
+                out.push(if text.is_empty() { format!("{indent}//") } else { format!("{indent}// {text}") });
+                continue;
+            }
+        }
+        let previous_is_inner_doc = out.last().is_some_and(|l| l.starts_with("//!"));
+        if previous_is_inner_doc && !trimmed.starts_with("//!") && !trimmed.is_empty() {
+            out.push(String::new());
+        }
+        out.push(line.to_string());
+    }
+    let mut text = join_turbofish(&out).join("\n");
+    text.push('\n');
+    text
+}
+
+/// prettyplease breaks a long call's turbofish one generic argument a line
+/// (`f::<\n A,\n B,\n>(x)`); put the arguments back on the call's line when it fits.
+fn join_turbofish(lines: &[String]) -> Vec<String> {
+    const WIDTH: usize = 100;
+    let mut out = Vec::with_capacity(lines.len());
+    let mut i = 0;
+    while i < lines.len() {
+        let line = &lines[i];
+        if line.ends_with("::<") {
+            let args: Vec<&str> = lines[i + 1..].iter().map(|l| l.trim()).take_while(|l| !l.starts_with('>')).collect();
+            let close = lines.get(i + 1 + args.len()).map(|l| l.trim());
+            if let Some(close) = close.filter(|_| args.iter().all(|a| a.ends_with(',') && !a.contains('('))) {
+                let generics = args.iter().map(|a| a.trim_end_matches(',')).collect::<Vec<_>>().join(", ");
+                let joined = format!("{line}{generics}{close}");
+                if joined.len() <= WIDTH {
+                    out.push(joined);
+                    i += args.len() + 2;
+                    continue;
+                }
+                // Too long on one line: generics on the call's line, one argument a line.
+                let inner = close.strip_prefix(">(").and_then(|c| c.strip_suffix(");"));
+                if let Some(inner) = inner.filter(|a| !a.is_empty() && !a.contains(['(', '[', '{'])) {
+                    let indent = &line[..line.len() - line.trim_start().len()];
+                    out.push(format!("{line}{generics}>("));
+                    out.extend(inner.split(", ").map(|a| format!("{indent}    {a},")));
+                    out.push(format!("{indent});"));
+                    i += args.len() + 2;
+                    continue;
+                }
+            }
+        }
+        out.push(line.clone());
+        i += 1;
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn round_trip(src: &str) -> String {
+        print(&parse_with_comments(src).unwrap())
+    }
+
+    #[test]
+    fn keeps_own_line_comments_at_items_and_statements() {
+        let src = "// about f\nfn f() -> u32 {\n    let a = 1;\n    // the answer: \"42\"\n    a + 41\n}\n";
+        let out = round_trip(src);
+        assert_eq!(out, "// about f\nfn f() -> u32 {\n    let a = 1;\n\n    // the answer: \"42\"\n    a + 41\n}\n");
+        let long = "x".repeat(120);
+        let out = round_trip(&format!("fn f() {{\n    let a = 1;\n    // {long}\n    let b = a;\n}}\n"));
+        assert!(out.contains(&format!("    // {long}\n    let b = a;")), "{out}");
+    }
+
+    #[test]
+    fn keeps_doc_comments_and_strings_with_slashes() {
+        let src = "//! module\n/// doc\npub fn f() -> &'static str {\n    \"http://x\"\n}\n";
+        let out = round_trip(src);
+        assert!(out.contains("//! module") && out.contains("/// doc") && out.contains("\"http://x\""), "{out}");
+    }
+
+    #[test]
+    fn rejects_comments_that_would_be_lost() {
+        let e = parse_with_comments("fn f() {\n    let a = 1; // trailing\n}\n").unwrap_err();
+        assert_eq!((e.line, e.column), (2, 16));
+        let e = parse_with_comments("fn f() {}\n/* block */\n").unwrap_err();
+        assert_eq!(e.line, 2);
+        let e = parse_with_comments("fn f(x: u8) -> u8 {\n    match x {\n        // zero\n        0 => 1,\n        _ => 2,\n    }\n}\n").unwrap_err();
+        assert_eq!(e.line, 3, "{e:?}");
+        assert!(e.message.contains("comment stands where"), "{e:?}");
+    }
+
+    #[test]
+    fn items_are_separated_by_blank_lines_and_uses_grouped() {
+        let src = "//! doc\nuse a::b;\nuse c::d;\nmod m;\nmod n;\n// about S\nstruct S;\nimpl S {\n    fn a() {}\n    fn b() {}\n}\n";
+        let out = round_trip(src);
+        assert_eq!(out, "//! doc\n\nuse a::b;\nuse c::d;\n\nmod m;\nmod n;\n\n// about S\nstruct S;\n\nimpl S {\n    fn a() {}\n\n    fn b() {}\n}\n");
+    }
+
+    #[test]
+    fn broken_turbofish_calls_are_joined_when_they_fit() {
+        let long = "a".repeat(90);
+        let lines: Vec<String> = ["        f::<", "            A,", "            B,", "        >(x, y);", "        g::<", "            C,", "        >(", "            z,", "        );", "    h::<", "        D,", &format!("    >({long}, b);")]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        assert_eq!(join_turbofish(&lines), ["        f::<A, B>(x, y);", "        g::<C>(", "            z,", "        );", "    h::<D>(", &format!("        {long},"), "        b,", "    );"]);
+    }
+
+    #[test]
+    fn lifetimes_and_char_literals_do_not_confuse_the_scanner() {
+        let src = "fn f<'a>(x: &'a str) -> char {\n    let _ = '\"';\n    let _ = '\\'';\n    // still code\n    'x'\n}\n";
+        assert!(round_trip(src).contains("// still code"));
+    }
+
+    #[test]
+    fn emitter_comments_round_trip() {
+        let body = comment("x: [T, DIM]");
+        let out = print_tokens(quote! { fn f() { let a = 1; #body let b = a; } });
+        assert!(out.contains("    let a = 1;\n\n    // x: [T, DIM]\n    let b = a;"), "{out}");
+    }
+}

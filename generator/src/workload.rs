@@ -1,0 +1,713 @@
+//! The workload signature: the TOML file that states everything a generated crate is
+//! specialized for (see `docs/workload.md` for every field).
+//!
+//! Parsing happens in three steps, each with errors that point into the file:
+//! 1. TOML syntax (`toml` reports line and column);
+//! 2. the schema: unknown keys, wrong types and missing fields, per architecture
+//!    (`architecture` is read first, then the whole file is read against that
+//!    architecture's schema with `deny_unknown_fields`);
+//! 3. semantic checks (shapes that do not fit together, values out of range), which find
+//!    the span of the offending value by its key path.
+
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+use toml::de::{DeTable, DeValue};
+
+use crate::cpu;
+use crate::diagnostics::{nearest, Diagnostic};
+
+/// Largest workload file monogen reads; anything bigger is not a workload.
+pub const MAX_WORKLOAD_BYTES: u64 = 1 << 20;
+
+/// A parsed and checked workload signature.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Workload {
+    /// Crate and binary name of the generated crate.
+    pub name: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+    pub model: Model,
+    pub weights: Weights,
+    pub target: Target,
+    pub request: Request,
+}
+
+/// The model architecture with all its shapes and constants.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(tag = "architecture", rename_all = "lowercase")]
+pub enum Model {
+    Llama(Llama),
+}
+
+impl Model {
+    pub fn architecture(&self) -> Architecture {
+        match self {
+            Model::Llama(_) => Architecture::Llama,
+        }
+    }
+}
+
+/// Model architectures monogen can generate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Architecture {
+    Llama,
+}
+
+impl Architecture {
+    pub const ALL: &'static [&'static str] = &["llama"];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Architecture::Llama => "llama",
+        }
+    }
+}
+
+/// A LLaMA-style decoder (RMSNorm, rotary positions, grouped-query attention, SwiGLU MLP).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Llama {
+    /// The `architecture` key of the `[model]` table, already read to pick this schema.
+    #[serde(rename = "architecture", default, skip_serializing)]
+    pub tag: ArchitectureTag,
+    /// Width of the residual stream.
+    pub hidden_size: usize,
+    /// Width of the MLP's gate and up projections.
+    pub intermediate_size: usize,
+    /// Number of decoder layers.
+    pub num_layers: usize,
+    /// Number of query heads.
+    pub num_heads: usize,
+    /// Number of key/value heads (equal to num_heads without grouped-query attention).
+    pub num_kv_heads: usize,
+    /// Width of one attention head.
+    pub head_dim: usize,
+    /// Number of rows of the embedding and of the classifier.
+    pub vocab_size: usize,
+    /// Longest sequence the model was trained for.
+    pub max_position_embeddings: usize,
+    /// Base of the rotary embedding's frequencies.
+    pub rope_theta: f64,
+    /// Epsilon of every RMSNorm.
+    pub rms_norm_eps: f64,
+    /// Whether the classifier reuses the embedding matrix (no `lm_head.weight`).
+    pub tie_word_embeddings: bool,
+    /// Token that starts a sequence.
+    pub bos_token_id: u32,
+    /// Tokens that end generation.
+    pub eos_token_ids: Vec<u32>,
+}
+
+/// How the weights are stored in memory while the model runs.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Weights {
+    pub dtype: Dtype,
+}
+
+/// Weight data types. Only `f32` has implementations today; the others are part of the
+/// schema so that workloads can name them and resolution can say what is missing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Dtype {
+    F32,
+    Bf16,
+    F16,
+    Int8,
+}
+
+impl Dtype {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Dtype::F32 => "f32",
+            Dtype::Bf16 => "bf16",
+            Dtype::F16 => "f16",
+            Dtype::Int8 => "int8",
+        }
+    }
+
+    /// Bytes per weight (int8 counts its payload only; block scales are extra).
+    pub fn size(self) -> usize {
+        match self {
+            Dtype::F32 => 4,
+            Dtype::Bf16 | Dtype::F16 => 2,
+            Dtype::Int8 => 1,
+        }
+    }
+}
+
+/// The hardware the crate runs on.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Target {
+    pub device: Device,
+    /// `target_arch` of the CPU.
+    pub arch: String,
+    /// The CPU features the generated code may use (Rust target_feature names).
+    pub cpu_features: Vec<String>,
+    /// Worker threads the generated kernels may use.
+    pub threads: usize,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Device {
+    Cpu,
+    Cuda,
+}
+
+impl Device {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Device::Cpu => "cpu",
+            Device::Cuda => "cuda",
+        }
+    }
+}
+
+/// The request pattern the crate serves.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Request {
+    /// Sequences processed together (1 until batching exists).
+    pub max_batch: usize,
+    /// Longest sequence (prompt plus generated tokens) a session holds.
+    pub max_seq_len: usize,
+    /// Typical prompt length: the prefill chunk size and the benchmark's prefill shape.
+    pub typical_prompt_len: usize,
+    /// Typical number of generated tokens: the benchmark's decode shape.
+    pub typical_decode_len: usize,
+}
+
+/// The schema of a workload file for one architecture's model table.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct WorkloadFile<M> {
+    name: String,
+    #[serde(default)]
+    description: Option<String>,
+    model: M,
+    weights: Weights,
+    target: Target,
+    request: Request,
+}
+
+/// Stands for the `architecture` key inside an architecture's model table; the key is
+/// read (and checked) before the table, and written back by `Model`'s serde tag.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ArchitectureTag;
+
+impl<'de> Deserialize<'de> for ArchitectureTag {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        serde::de::IgnoredAny::deserialize(d).map(|_| ArchitectureTag)
+    }
+}
+
+/// Reads only what decides the schema: `model.architecture`.
+#[derive(Deserialize)]
+struct ArchitectureProbe {
+    model: Option<ModelProbe>,
+}
+
+#[derive(Deserialize)]
+struct ModelProbe {
+    architecture: Option<toml::Spanned<String>>,
+}
+
+/// A workload file's text, kept for error spans.
+#[derive(Debug, Clone)]
+pub struct WorkloadSource {
+    pub path: PathBuf,
+    pub text: Arc<str>,
+}
+
+impl WorkloadSource {
+    /// Reads a workload file, refusing what cannot be one (unreadable, huge, not UTF-8).
+    pub fn read(path: &Path) -> Result<WorkloadSource, Diagnostic> {
+        let meta = std::fs::metadata(path).map_err(|e| {
+            Diagnostic::new(format!("cannot read workload file: {e}"))
+                .at_path(path)
+                .hint("pass the path of a workload TOML file, e.g. workloads/stories260k-cpu-f32.toml")
+        })?;
+        if meta.is_dir() {
+            return Err(Diagnostic::new("expected a workload file, found a directory").at_path(path));
+        }
+        if meta.len() > MAX_WORKLOAD_BYTES {
+            return Err(Diagnostic::new(format!(
+                "workload file is {} bytes; a workload is a small TOML file (at most {} bytes)",
+                meta.len(),
+                MAX_WORKLOAD_BYTES
+            ))
+            .at_path(path));
+        }
+        let bytes = std::fs::read(path)
+            .map_err(|e| Diagnostic::new(format!("cannot read workload file: {e}")).at_path(path))?;
+        let text = String::from_utf8(bytes).map_err(|e| {
+            Diagnostic::new(format!(
+                "workload file is not UTF-8 text (invalid byte at offset {})",
+                e.utf8_error().valid_up_to()
+            ))
+            .at_path(path)
+            .hint("a workload is a TOML text file; `monogen init --hf DIR` writes one")
+        })?;
+        Ok(WorkloadSource { path: path.to_path_buf(), text: Arc::from(text) })
+    }
+
+    pub fn from_text(path: impl Into<PathBuf>, text: &str) -> WorkloadSource {
+        WorkloadSource { path: path.into(), text: Arc::from(text) }
+    }
+
+    fn diag(&self, message: impl Into<String>) -> Diagnostic {
+        Diagnostic::new(message).in_file(&self.path, &self.text)
+    }
+
+    /// Parses and checks the workload; every problem found is returned.
+    pub fn parse(&self) -> Result<Workload, Vec<Diagnostic>> {
+        let text: &str = &self.text;
+        if text.trim().is_empty() {
+            return Err(vec![Diagnostic::new("workload file is empty")
+                .at_path(&self.path)
+                .hint("`monogen init --hf MODEL_DIR --name NAME` writes a complete workload")]);
+        }
+        let doc = DeTable::parse(text).map_err(|e| vec![self.toml_error(&e)])?;
+        let probe: ArchitectureProbe = toml::from_str(text).map_err(|e| vec![self.toml_error(&e)])?;
+        let Some(architecture) = probe.model.and_then(|m| m.architecture) else {
+            let span = span_of(&doc, &["model"]).unwrap_or(0..0);
+            return Err(vec![self
+                .diag("missing field `model.architecture`")
+                .primary(span, "the [model] table must say which architecture it describes")
+                .hint(format!("add `architecture = \"llama\"` to [model]; known: {}", Architecture::ALL.join(", ")))]);
+        };
+        let workload = match architecture.get_ref().as_str() {
+            "llama" => {
+                let file: WorkloadFile<Llama> = toml::from_str(text).map_err(|e| vec![self.toml_error(&e)])?;
+                Workload {
+                    name: file.name,
+                    description: file.description,
+                    model: Model::Llama(file.model),
+                    weights: file.weights,
+                    target: file.target,
+                    request: file.request,
+                }
+            }
+            other => {
+                let mut d = self
+                    .diag(format!("unknown architecture `{other}`"))
+                    .primary(architecture.span(), "not an architecture monogen generates");
+                d = match nearest(other, Architecture::ALL.iter().copied()) {
+                    Some(near) => d.hint(format!("did you mean `{near}`?")),
+                    None => d.hint(format!("known architectures: {}", Architecture::ALL.join(", "))),
+                };
+                return Err(vec![d]);
+            }
+        };
+        let problems = check(&workload, &|path| span_of(&doc, path), self);
+        if problems.is_empty() {
+            Ok(workload)
+        } else {
+            Err(problems)
+        }
+    }
+
+    /// Turns a `toml` error into a diagnostic, with a hint for misspelt keys and variants.
+    fn toml_error(&self, e: &toml::de::Error) -> Diagnostic {
+        let message = e.message().trim().to_string();
+        let span = e.span().unwrap_or(0..0);
+        let mut d = self.diag(first_line(&message)).primary(span.clone(), label_for(&message));
+        if let Some(hint) = hint_for_toml_error(&message, &self.text[span_clamp(&self.text, &span)]) {
+            d = d.hint(hint);
+        }
+        d
+    }
+}
+
+fn span_clamp(text: &str, span: &Range<usize>) -> Range<usize> {
+    let end = span.end.min(text.len());
+    let start = span.start.min(end);
+    if text.is_char_boundary(start) && text.is_char_boundary(end) {
+        start..end
+    } else {
+        0..0
+    }
+}
+
+fn first_line(message: &str) -> String {
+    message.lines().next().unwrap_or("").to_string()
+}
+
+fn label_for(message: &str) -> String {
+    if message.starts_with("unknown field") {
+        "unknown key".into()
+    } else if message.starts_with("unknown variant") {
+        "unknown value".into()
+    } else if message.starts_with("missing field") {
+        "in this table".into()
+    } else if message.starts_with("invalid type") {
+        "wrong type".into()
+    } else if message.starts_with("invalid value") {
+        "out of range".into()
+    } else {
+        String::new()
+    }
+}
+
+/// `unknown field `hiden_size`, expected one of `a`, `b`` → "did you mean `hidden_size`?".
+fn hint_for_toml_error(message: &str, offending: &str) -> Option<String> {
+    let expected: Vec<&str> = message
+        .split_once("expected")
+        .map(|(_, rest)| rest.split('`').skip(1).step_by(2).collect())
+        .unwrap_or_default();
+    if message.starts_with("unknown field") || message.starts_with("unknown variant") {
+        let word = message.split('`').nth(1).unwrap_or(offending.trim_matches('"'));
+        if let Some(near) = nearest(word, expected.iter().copied()) {
+            return Some(format!("did you mean `{near}`?"));
+        }
+        if !expected.is_empty() {
+            return Some(format!("expected one of: {}", expected.join(", ")));
+        }
+    }
+    if message.starts_with("missing field") {
+        return Some("every field of a workload is required; see docs/workload.md".into());
+    }
+    None
+}
+
+/// The span of the value at `path` (e.g. `["model", "num_heads"]`) in the parsed document.
+pub fn span_of(doc: &toml::Spanned<DeTable<'_>>, path: &[&str]) -> Option<Range<usize>> {
+    let mut table = doc.get_ref();
+    let mut span = doc.span();
+    for (i, key) in path.iter().enumerate() {
+        let (_, value) = table.iter().find(|(k, _)| k.get_ref() == key)?;
+        span = value.span();
+        if i + 1 < path.len() {
+            match value.get_ref() {
+                DeValue::Table(t) => table = t,
+                _ => return None,
+            }
+        }
+    }
+    Some(span)
+}
+
+/// Semantic checks. `span` finds a value's span by key path.
+fn check(
+    w: &Workload,
+    span: &dyn Fn(&[&str]) -> Option<Range<usize>>,
+    src: &WorkloadSource,
+) -> Vec<Diagnostic> {
+    let mut out = Vec::new();
+    let at = |path: &[&str]| span(path).unwrap_or(0..0);
+    let mk = |path: &[&str], message: String, label: &str, hint: String| src.diag(message).primary(at(path), label).hint(hint);
+
+    if !is_crate_name(&w.name) {
+        out.push(mk(
+            &["name"],
+            format!("`{}` cannot name a crate", w.name),
+            "not a valid crate name",
+            "use lowercase letters, digits, `-` and `_`, starting with a letter (at most 64 characters)".into(),
+        ));
+    }
+
+    match &w.model {
+        Model::Llama(m) => {
+            let positive = [
+                ("hidden_size", m.hidden_size),
+                ("intermediate_size", m.intermediate_size),
+                ("num_layers", m.num_layers),
+                ("num_heads", m.num_heads),
+                ("num_kv_heads", m.num_kv_heads),
+                ("head_dim", m.head_dim),
+                ("vocab_size", m.vocab_size),
+                ("max_position_embeddings", m.max_position_embeddings),
+            ];
+            for (key, value) in positive {
+                if value == 0 {
+                    out.push(mk(&["model", key], format!("model.{key} must be at least 1"), "zero", "copy the value from the model's config.json".into()));
+                }
+            }
+            if m.num_heads > 0 && m.num_kv_heads > 0 && m.num_heads % m.num_kv_heads != 0 {
+                let mut d = src
+                    .diag(format!(
+                        "model.num_heads ({}) is not a multiple of model.num_kv_heads ({})",
+                        m.num_heads, m.num_kv_heads
+                    ))
+                    .primary(at(&["model", "num_kv_heads"]), "each kv head must serve the same number of query heads");
+                if let Some(s) = span(&["model", "num_heads"]) {
+                    d = d.secondary(s, "query heads");
+                }
+                out.push(d.hint(format!(
+                    "grouped-query attention needs num_heads divisible by num_kv_heads; divisors of {} are {}",
+                    m.num_heads,
+                    divisors(m.num_heads).iter().map(|d| d.to_string()).collect::<Vec<_>>().join(", ")
+                )));
+            }
+            if m.num_heads > 0 && m.head_dim > 0 && m.num_heads * m.head_dim != m.hidden_size {
+                let mut d = src
+                    .diag(format!(
+                        "model.head_dim ({}) is inconsistent with hidden_size ({}) and num_heads ({})",
+                        m.head_dim, m.hidden_size, m.num_heads
+                    ))
+                    .primary(at(&["model", "head_dim"]), "num_heads × head_dim must equal hidden_size");
+                if let Some(s) = span(&["model", "hidden_size"]) {
+                    d = d.secondary(s, "hidden_size");
+                }
+                let hint = if m.hidden_size % m.num_heads == 0 {
+                    format!("for a LLaMA model, head_dim = hidden_size / num_heads = {}", m.hidden_size / m.num_heads)
+                } else {
+                    "hidden_size must be a multiple of num_heads".to_string()
+                };
+                out.push(d.hint(hint));
+            }
+            if m.head_dim % 2 == 1 {
+                out.push(mk(&["model", "head_dim"], format!("model.head_dim ({}) is odd", m.head_dim), "rotary embeddings rotate pairs of values", "LLaMA head dims are even; check config.json".into()));
+            }
+            if !(m.rope_theta.is_finite() && m.rope_theta > 1.0) {
+                out.push(mk(&["model", "rope_theta"], format!("model.rope_theta ({}) is out of range", m.rope_theta), "must be a finite number above 1", "LLaMA models use 10000.0; Llama 3 uses 500000.0".into()));
+            }
+            if !(m.rms_norm_eps.is_finite() && m.rms_norm_eps > 0.0 && m.rms_norm_eps < 1.0) {
+                out.push(mk(&["model", "rms_norm_eps"], format!("model.rms_norm_eps ({}) is out of range", m.rms_norm_eps), "must be above 0 and below 1", "typical values are 1e-5 and 1e-6".into()));
+            }
+            if m.vocab_size > 0 && m.bos_token_id as usize >= m.vocab_size {
+                out.push(mk(&["model", "bos_token_id"], format!("model.bos_token_id ({}) is not below vocab_size ({})", m.bos_token_id, m.vocab_size), "outside the vocabulary", "check bos_token_id in config.json".into()));
+            }
+            if m.eos_token_ids.is_empty() {
+                out.push(mk(&["model", "eos_token_ids"], "model.eos_token_ids is empty".into(), "generation could never stop at end of sequence", "list the model's end-of-sequence ids, e.g. [2]".into()));
+            }
+            if let Some(bad) = m.eos_token_ids.iter().find(|&&id| m.vocab_size > 0 && id as usize >= m.vocab_size) {
+                out.push(mk(&["model", "eos_token_ids"], format!("model.eos_token_ids holds {bad}, which is not below vocab_size ({})", m.vocab_size), "outside the vocabulary", "check eos_token_id in config.json".into()));
+            }
+            if w.request.max_seq_len > m.max_position_embeddings && m.max_position_embeddings > 0 {
+                let mut d = src
+                    .diag(format!(
+                        "request.max_seq_len ({}) is above model.max_position_embeddings ({})",
+                        w.request.max_seq_len, m.max_position_embeddings
+                    ))
+                    .primary(at(&["request", "max_seq_len"]), "longer than the model was trained for");
+                if let Some(s) = span(&["model", "max_position_embeddings"]) {
+                    d = d.secondary(s, "the model's limit");
+                }
+                out.push(d.hint(format!("set max_seq_len to at most {}", m.max_position_embeddings)));
+            }
+        }
+    }
+
+    match w.target.arch.as_str() {
+        "x86_64" => {
+            let mut seen = std::collections::BTreeSet::new();
+            for (i, f) in w.target.cpu_features.iter().enumerate() {
+                let path_span = span(&["target", "cpu_features"]).map(|s| element_span(&src.text, s, i));
+                if !cpu::X86_64_FEATURES.contains(&f.as_str()) {
+                    let hint = match nearest(f, cpu::X86_64_FEATURES.iter().copied()) {
+                        Some(near) => format!("did you mean `{near}`?"),
+                        None => format!("known x86_64 features: {}", cpu::X86_64_FEATURES.join(", ")),
+                    };
+                    out.push(src.diag(format!("unknown CPU feature `{f}`")).primary(path_span.unwrap_or(0..0), "not an x86_64 feature monogen knows").hint(hint));
+                } else if !seen.insert(f.as_str()) {
+                    out.push(src.diag(format!("CPU feature `{f}` is listed twice")).primary(path_span.unwrap_or(0..0), "duplicate").hint("list each feature once"));
+                }
+            }
+        }
+        other => {
+            let hint = match nearest(other, ["x86_64"]) {
+                Some(near) => format!("did you mean `{near}`?"),
+                None => "monogen generates CPU code for x86_64 only, for now".into(),
+            };
+            out.push(mk(&["target", "arch"], format!("unsupported target arch `{other}`"), "not an arch monogen generates for", hint));
+        }
+    }
+    if w.target.threads == 0 {
+        out.push(mk(&["target", "threads"], "target.threads must be at least 1".into(), "zero threads", "use the number of cores to run on, e.g. 2".into()));
+    } else if w.target.threads > 1024 {
+        out.push(mk(&["target", "threads"], format!("target.threads ({}) is above 1024", w.target.threads), "too many", "use the number of cores to run on".into()));
+    }
+
+    let r = &w.request;
+    if r.max_batch == 0 {
+        out.push(mk(&["request", "max_batch"], "request.max_batch must be at least 1".into(), "zero", "use 1".into()));
+    } else if r.max_batch > 1 {
+        out.push(mk(&["request", "max_batch"], format!("request.max_batch = {} is not supported yet", r.max_batch), "batching does not exist yet", "use max_batch = 1; generated crates serve one sequence per session (run several sessions to serve several requests)".into()));
+    }
+    if r.max_seq_len == 0 {
+        out.push(mk(&["request", "max_seq_len"], "request.max_seq_len must be at least 1".into(), "zero", "use the longest prompt plus generation you serve".into()));
+    }
+    if r.typical_prompt_len == 0 || r.typical_prompt_len > r.max_seq_len {
+        out.push(mk(&["request", "typical_prompt_len"], format!("request.typical_prompt_len ({}) must be between 1 and max_seq_len ({})", r.typical_prompt_len, r.max_seq_len), "out of range", "use the prompt length you expect most often".into()));
+    } else if r.typical_decode_len > r.max_seq_len - r.typical_prompt_len {
+        out.push(mk(&["request", "typical_decode_len"], format!("request.typical_prompt_len + typical_decode_len ({}) is above max_seq_len ({})", r.typical_prompt_len + r.typical_decode_len, r.max_seq_len), "a typical request would not fit", format!("use at most {}", r.max_seq_len - r.typical_prompt_len)));
+    }
+    out
+}
+
+/// The span of the `index`th element of the array whose span is `array` (best effort).
+fn element_span(text: &str, array: Range<usize>, index: usize) -> Range<usize> {
+    let Some(inner) = text.get(array.clone()) else { return array };
+    let mut pos = 0;
+    let mut found = 0;
+    while let Some(start) = inner[pos..].find('"') {
+        let start = pos + start;
+        let Some(len) = inner[start + 1..].find('"') else { break };
+        let end = start + 1 + len + 1;
+        if found == index {
+            return array.start + start..array.start + end;
+        }
+        found += 1;
+        pos = end;
+    }
+    array
+}
+
+fn divisors(n: usize) -> Vec<usize> {
+    (1..=n).filter(|d| n % d == 0).collect()
+}
+
+/// Whether `name` is a valid Cargo package name that monogen accepts.
+pub fn is_crate_name(name: &str) -> bool {
+    let mut chars = name.chars();
+    matches!(chars.next(), Some(c) if c.is_ascii_lowercase())
+        && name.len() <= 64
+        && chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '_')
+}
+
+impl Workload {
+    /// The workload in canonical TOML (field order fixed, no comments): what `monogen.lock`
+    /// records and what the workload hash is taken over.
+    pub fn canonical_toml(&self) -> String {
+        toml::to_string(self).expect("a workload always serializes")
+    }
+
+    pub fn llama(&self) -> &Llama {
+        match &self.model {
+            Model::Llama(m) => m,
+        }
+    }
+}
+
+/// A complete workload for unit tests across the crate.
+#[cfg(test)]
+pub(crate) mod tests_support {
+    pub const GOOD: &str = r#"
+name = "tiny-cpu-f32"
+
+[model]
+architecture = "llama"
+hidden_size = 64
+intermediate_size = 172
+num_layers = 5
+num_heads = 8
+num_kv_heads = 4
+head_dim = 8
+vocab_size = 512
+max_position_embeddings = 512
+rope_theta = 10000.0
+rms_norm_eps = 1e-5
+tie_word_embeddings = true
+bos_token_id = 1
+eos_token_ids = [2]
+
+[weights]
+dtype = "f32"
+
+[target]
+device = "cpu"
+arch = "x86_64"
+cpu_features = ["avx2", "fma"]
+threads = 2
+
+[request]
+max_batch = 1
+max_seq_len = 512
+typical_prompt_len = 128
+typical_decode_len = 128
+"#;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::tests_support::GOOD;
+    use super::*;
+
+
+    fn parse(text: &str) -> Result<Workload, Vec<Diagnostic>> {
+        WorkloadSource::from_text("w.toml", text).parse()
+    }
+
+    fn first_error(text: &str) -> String {
+        parse(text).unwrap_err()[0].to_string()
+    }
+
+    #[test]
+    fn parses_a_complete_workload() {
+        let w = parse(GOOD).unwrap();
+        assert_eq!(w.name, "tiny-cpu-f32");
+        assert_eq!(w.llama().num_kv_heads, 4);
+        assert_eq!(w.target.cpu_features, ["avx2", "fma"]);
+    }
+
+    #[test]
+    fn unknown_key_names_line_column_and_suggests() {
+        let text = GOOD.replace("hidden_size = 64", "hiden_size = 64");
+        let e = first_error(&text);
+        assert!(e.starts_with("w.toml:6:1: unknown field `hiden_size`"), "{e}");
+        assert!(e.contains("did you mean `hidden_size`?"), "{e}");
+    }
+
+    #[test]
+    fn wrong_type_is_located() {
+        let e = first_error(&GOOD.replace("num_layers = 5", "num_layers = \"five\""));
+        assert!(e.starts_with("w.toml:8:14:"), "{e}");
+        assert!(e.contains("invalid type"), "{e}");
+    }
+
+    #[test]
+    fn semantic_errors_name_the_field_and_hint() {
+        let e = first_error(&GOOD.replace("num_kv_heads = 4", "num_kv_heads = 3"));
+        assert!(e.contains("w.toml:10:16: model.num_heads (8) is not a multiple of model.num_kv_heads (3)"), "{e}");
+        assert!(e.contains("divisors of 8 are 1, 2, 4, 8"), "{e}");
+
+        let e = first_error(&GOOD.replace("head_dim = 8", "head_dim = 16"));
+        assert!(e.contains("model.head_dim (16) is inconsistent"), "{e}");
+        assert!(e.contains("head_dim = hidden_size / num_heads = 8"), "{e}");
+
+        let e = first_error(&GOOD.replace("max_seq_len = 512", "max_seq_len = 1024"));
+        assert!(e.contains("request.max_seq_len (1024) is above model.max_position_embeddings (512)"), "{e}");
+
+        let e = first_error(&GOOD.replace("threads = 2", "threads = 0"));
+        assert!(e.contains("target.threads must be at least 1"), "{e}");
+
+        let e = first_error(&GOOD.replace("max_batch = 1", "max_batch = 4"));
+        assert!(e.contains("request.max_batch = 4 is not supported yet"), "{e}");
+    }
+
+    #[test]
+    fn unknown_cpu_feature_points_at_the_element() {
+        let e = first_error(&GOOD.replace("\"fma\"]", "\"fmaa\"]"));
+        assert!(e.contains("unknown CPU feature `fmaa`"), "{e}");
+        assert!(e.contains("did you mean `fma`?"), "{e}");
+        assert!(e.starts_with("w.toml:26:25:"), "{e}");
+    }
+
+    #[test]
+    fn unknown_architecture_and_empty_file() {
+        let e = first_error(&GOOD.replace("\"llama\"", "\"lama\""));
+        assert!(e.contains("unknown architecture `lama`") && e.contains("did you mean `llama`?"), "{e}");
+        assert!(first_error("  \n").contains("workload file is empty"));
+    }
+
+    #[test]
+    fn all_problems_are_reported_at_once() {
+        let text = GOOD.replace("threads = 2", "threads = 0").replace("max_batch = 1", "max_batch = 0");
+        assert_eq!(parse(&text).unwrap_err().len(), 2);
+    }
+
+    #[test]
+    fn canonical_form_round_trips() {
+        let w = parse(GOOD).unwrap();
+        let canonical = w.canonical_toml();
+        assert!(canonical.contains("architecture = \"llama\""), "{canonical}");
+        assert_eq!(parse(&canonical).unwrap(), w);
+    }
+}

@@ -1,0 +1,410 @@
+//! Writing a generated crate to disk: only what changed, never half of it, never over a
+//! hand edit.
+//!
+//! A build is a small transaction inside the output directory:
+//! 1. every new or changed file is written to `.monogen-staging/` and synced;
+//! 2. a journal listing the renames and removals is written and renamed into place: the
+//!    commit point;
+//! 3. the staged files are renamed over their targets and stale files are removed;
+//! 4. the staging directory is deleted.
+//!
+//! A build interrupted before the commit point leaves the previous generation untouched
+//! (the next run discards the staging directory); one interrupted after it is completed by
+//! the next run of `build` or `check`. Files that monogen did not write (`Cargo.lock`,
+//! `target/`, anything else) are never touched.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fs;
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+use crate::emit::{check_header, HeaderStatus, Output, LOCK_FILE};
+use crate::Error;
+
+/// Name of the staging directory inside an output directory.
+pub const STAGING_DIR: &str = ".monogen-staging";
+const JOURNAL: &str = "journal";
+
+/// What a write did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct WriteReport {
+    pub created: Vec<PathBuf>,
+    pub updated: Vec<PathBuf>,
+    pub removed: Vec<PathBuf>,
+    pub unchanged: usize,
+}
+
+impl WriteReport {
+    pub fn changed(&self) -> bool {
+        !(self.created.is_empty() && self.updated.is_empty() && self.removed.is_empty())
+    }
+}
+
+/// How the files on disk differ from a generation.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Diff {
+    /// Files the generation has and the directory lacks.
+    pub missing: Vec<PathBuf>,
+    /// Files whose contents differ.
+    pub modified: Vec<PathBuf>,
+    /// Files an earlier generation wrote that this one does not.
+    pub stale: Vec<PathBuf>,
+    /// Files that differ because someone edited them by hand.
+    pub hand_edited: Vec<PathBuf>,
+}
+
+impl Diff {
+    pub fn is_clean(&self) -> bool {
+        self.missing.is_empty() && self.modified.is_empty() && self.stale.is_empty()
+    }
+}
+
+#[derive(Deserialize)]
+struct LockFiles {
+    #[serde(default)]
+    file: Vec<LockFileEntry>,
+}
+
+#[derive(Deserialize)]
+struct LockFileEntry {
+    path: String,
+}
+
+/// The files the generation in `dir` wrote, from its monogen.lock; `None` without a lock.
+pub fn previous_files(dir: &Path) -> Result<Option<BTreeSet<PathBuf>>, Error> {
+    let lock_path = dir.join(LOCK_FILE);
+    let text = match fs::read_to_string(&lock_path) {
+        Ok(text) => text,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(Error::io(&lock_path, e)),
+    };
+    let body = text.split_once('\n').map_or("", |(_, b)| b);
+    let lock: LockFiles = toml::from_str(body).map_err(|e| {
+        Error::Refused(format!(
+            "{} cannot be read ({}); it is how monogen knows which files it wrote. Restore it, or pass --force to write the crate anyway",
+            lock_path.display(),
+            e.message()
+        ))
+    })?;
+    let mut files: BTreeSet<PathBuf> = lock.file.into_iter().map(|f| PathBuf::from(f.path)).collect();
+    files.insert(PathBuf::from(LOCK_FILE));
+    for f in &files {
+        if f.is_absolute() || f.components().any(|c| matches!(c, std::path::Component::ParentDir)) {
+            return Err(Error::Refused(format!("{} lists a path outside the crate: {}", lock_path.display(), f.display())));
+        }
+    }
+    Ok(Some(files))
+}
+
+/// Compares `output` with what `dir` holds (after completing an interrupted build).
+pub fn diff(dir: &Path, output: &Output) -> Result<Diff, Error> {
+    recover(dir)?;
+    let previous = previous_files(dir)?.unwrap_or_default();
+    let mut d = Diff::default();
+    for (path, contents) in &output.files {
+        match fs::read(dir.join(path)) {
+            Ok(on_disk) if on_disk == contents.as_bytes() => {}
+            Ok(on_disk) => {
+                if check_header(&String::from_utf8_lossy(&on_disk)) != HeaderStatus::Intact {
+                    d.hand_edited.push(path.clone());
+                }
+                d.modified.push(path.clone());
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => d.missing.push(path.clone()),
+            Err(e) => return Err(Error::io(&dir.join(path), e)),
+        }
+    }
+    for path in previous.difference(&output.files.keys().cloned().collect()) {
+        if dir.join(path).exists() {
+            d.stale.push(path.clone());
+        }
+    }
+    Ok(d)
+}
+
+/// Writes `output` into `dir`. Refuses to overwrite hand-edited files, and to write into a
+/// non-empty directory that monogen did not generate, unless `force`.
+pub fn write(dir: &Path, output: &Output, force: bool) -> Result<WriteReport, Error> {
+    recover(dir)?;
+    let previous = match previous_files(dir) {
+        Ok(p) => p,
+        Err(e) if force => {
+            let _ = e;
+            None
+        }
+        Err(e) => return Err(e),
+    };
+    if previous.is_none() && !force && dir_has_entries(dir)? {
+        return Err(Error::Refused(format!(
+            "{} is not empty and holds no {LOCK_FILE}, so it is not a crate monogen generated; refusing to write into it. Choose another --out, empty it, or pass --force (files monogen does not generate are left alone)",
+            dir.display()
+        )));
+    }
+    let previous = previous.unwrap_or_default();
+
+    let mut writes: BTreeMap<&Path, &str> = BTreeMap::new();
+    let mut report = WriteReport::default();
+    let mut edited = Vec::new();
+    for (path, contents) in &output.files {
+        let target = dir.join(path);
+        match fs::read(&target) {
+            Ok(on_disk) if on_disk == contents.as_bytes() => report.unchanged += 1,
+            Ok(on_disk) => {
+                if check_header(&String::from_utf8_lossy(&on_disk)) != HeaderStatus::Intact {
+                    edited.push(path.clone());
+                }
+                report.updated.push(path.clone());
+                writes.insert(path, contents);
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                report.created.push(path.clone());
+                writes.insert(path, contents);
+            }
+            Err(e) => return Err(Error::io(&target, e)),
+        }
+    }
+    let new_paths: BTreeSet<PathBuf> = output.files.keys().cloned().collect();
+    for path in previous.difference(&new_paths) {
+        let target = dir.join(path);
+        match fs::read(&target) {
+            Ok(on_disk) => {
+                if check_header(&String::from_utf8_lossy(&on_disk)) != HeaderStatus::Intact {
+                    edited.push(path.clone());
+                }
+                report.removed.push(path.clone());
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(Error::io(&target, e)),
+        }
+    }
+    if !edited.is_empty() && !force {
+        let list: Vec<String> = edited.iter().map(|p| format!("  {}", dir.join(p).display())).collect();
+        return Err(Error::Refused(format!(
+            "refusing to overwrite {} file{} that {} edited by hand (the @generated header's hash no longer matches):\n{}\nMove the change into the workload, the registry or the templates and rebuild, or pass --force to discard it",
+            edited.len(),
+            if edited.len() == 1 { "" } else { "s" },
+            if edited.len() == 1 { "was" } else { "were" },
+            list.join("\n")
+        )));
+    }
+    if !report.changed() {
+        return Ok(report);
+    }
+    commit(dir, &writes, &report.removed)?;
+    Ok(report)
+}
+
+fn dir_has_entries(dir: &Path) -> Result<bool, Error> {
+    match fs::read_dir(dir) {
+        Ok(mut entries) => Ok(entries.next().is_some()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
+        Err(e) => Err(Error::io(dir, e)),
+    }
+}
+
+/// A test hook: `MONOGEN_FAULT=staged:N` aborts after N staged files, `applied:N` after N
+/// renames past the commit point. It simulates a crash or a kill at that moment.
+fn fault(stage: &str, count: usize) {
+    if let Ok(spec) = std::env::var("MONOGEN_FAULT") {
+        if spec.split_once(':').is_some_and(|(s, n)| s == stage && n.parse() == Ok(count)) {
+            eprintln!("monogen: MONOGEN_FAULT={spec}: aborting");
+            std::process::abort();
+        }
+    }
+}
+
+fn commit(dir: &Path, writes: &BTreeMap<&Path, &str>, removals: &[PathBuf]) -> Result<(), Error> {
+    fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+    let staging = dir.join(STAGING_DIR);
+    fs::create_dir(&staging).map_err(|e| Error::io(&staging, e))?;
+    let mut journal = String::new();
+    for (i, (path, contents)) in writes.iter().enumerate() {
+        let staged = staging.join("files").join(path);
+        if let Some(parent) = staged.parent() {
+            fs::create_dir_all(parent).map_err(|e| Error::io(parent, e))?;
+        }
+        write_synced(&staged, contents.as_bytes())?;
+        journal.push_str(&format!("write {}\n", path_line(path)));
+        fault("staged", i + 1);
+    }
+    for path in removals {
+        journal.push_str(&format!("remove {}\n", path_line(path)));
+    }
+    let journal_tmp = staging.join("journal.tmp");
+    write_synced(&journal_tmp, journal.as_bytes())?;
+    fs::rename(&journal_tmp, staging.join(JOURNAL)).map_err(|e| Error::io(&journal_tmp, e))?;
+    sync_dir(&staging);
+    apply(dir)
+}
+
+fn path_line(path: &Path) -> String {
+    path.to_string_lossy().replace('\\', "/")
+}
+
+fn write_synced(path: &Path, bytes: &[u8]) -> Result<(), Error> {
+    let mut file = fs::File::create(path).map_err(|e| Error::io(path, e))?;
+    file.write_all(bytes).map_err(|e| Error::io(path, e))?;
+    file.sync_all().map_err(|e| Error::io(path, e))
+}
+
+fn sync_dir(dir: &Path) {
+    if let Ok(d) = fs::File::open(dir) {
+        let _ = d.sync_all();
+    }
+}
+
+/// Carries out a committed journal (idempotently), then deletes the staging directory.
+fn apply(dir: &Path) -> Result<(), Error> {
+    let staging = dir.join(STAGING_DIR);
+    let journal_path = staging.join(JOURNAL);
+    let journal = fs::read_to_string(&journal_path).map_err(|e| Error::io(&journal_path, e))?;
+    let mut applied = 0;
+    for line in journal.lines() {
+        let Some((op, path)) = line.split_once(' ') else { continue };
+        let target = dir.join(path);
+        match op {
+            "write" => {
+                let staged = staging.join("files").join(path);
+                if !staged.exists() {
+                    continue;
+                }
+                if let Some(parent) = target.parent() {
+                    fs::create_dir_all(parent).map_err(|e| Error::io(parent, e))?;
+                }
+                fs::rename(&staged, &target).map_err(|e| Error::io(&target, e))?;
+                applied += 1;
+                fault("applied", applied);
+            }
+            "remove" => {
+                match fs::remove_file(&target) {
+                    Ok(()) => {}
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                    Err(e) => return Err(Error::io(&target, e)),
+                }
+                remove_empty_parents(dir, &target);
+            }
+            _ => {}
+        }
+    }
+    sync_dir(dir);
+    fs::remove_dir_all(&staging).map_err(|e| Error::io(&staging, e))
+}
+
+fn remove_empty_parents(dir: &Path, file: &Path) {
+    let mut current = file.parent();
+    while let Some(parent) = current {
+        if parent == dir || !parent.starts_with(dir) || fs::remove_dir(parent).is_err() {
+            break;
+        }
+        current = parent.parent();
+    }
+}
+
+/// Finishes or discards a build that was interrupted in `dir`. Returns whether there was one.
+pub fn recover(dir: &Path) -> Result<bool, Error> {
+    let staging = dir.join(STAGING_DIR);
+    if !staging.exists() {
+        return Ok(false);
+    }
+    if staging.join(JOURNAL).exists() {
+        apply(dir)?;
+    } else {
+        fs::remove_dir_all(&staging).map_err(|e| Error::io(&staging, e))?;
+    }
+    Ok(true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::emit::with_header;
+
+    fn output(files: &[(&str, &str)]) -> Output {
+        let mut out = Output::default();
+        let mut listed = String::new();
+        for (path, body) in files {
+            out.files.insert(PathBuf::from(path), with_header(Path::new(path), body, "w"));
+            listed.push_str(&format!("[[file]]\npath = \"{path}\"\n"));
+        }
+        out.files.insert(PathBuf::from(LOCK_FILE), with_header(Path::new(LOCK_FILE), &listed, "w"));
+        out
+    }
+
+    #[test]
+    fn writes_only_changes_and_removes_stale_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let out_dir = dir.path().join("crate");
+        let first = output(&[("src/a.rs", "fn a() {}"), ("src/old/b.rs", "fn b() {}")]);
+        let r = write(&out_dir, &first, false).unwrap();
+        assert_eq!(r.created.len(), 3);
+        fs::write(out_dir.join("Cargo.lock"), "lock").unwrap();
+        fs::create_dir(out_dir.join("target")).unwrap();
+
+        let second = output(&[("src/a.rs", "fn a() {}"), ("src/c.rs", "fn c() {}")]);
+        let r = write(&out_dir, &second, false).unwrap();
+        assert_eq!(r.created, [PathBuf::from("src/c.rs")]);
+        assert_eq!(r.updated, [PathBuf::from(LOCK_FILE)]);
+        assert_eq!(r.removed, [PathBuf::from("src/old/b.rs")]);
+        assert_eq!(r.unchanged, 1);
+        assert!(!out_dir.join("src/old").exists(), "empty folders of stale files go too");
+        assert_eq!(fs::read_to_string(out_dir.join("Cargo.lock")).unwrap(), "lock");
+        assert!(out_dir.join("target").is_dir());
+        assert!(!out_dir.join(STAGING_DIR).exists());
+        assert!(diff(&out_dir, &second).unwrap().is_clean());
+        assert!(!write(&out_dir, &second, false).unwrap().changed());
+    }
+
+    #[test]
+    fn hand_edits_are_refused_unless_forced() {
+        let dir = tempfile::tempdir().unwrap();
+        let first = output(&[("src/a.rs", "fn a() {}")]);
+        write(dir.path(), &first, false).unwrap();
+        let a = dir.path().join("src/a.rs");
+        let edited = fs::read_to_string(&a).unwrap().replace("fn a", "fn mine");
+        fs::write(&a, &edited).unwrap();
+
+        let second = output(&[("src/a.rs", "fn a2() {}")]);
+        let e = write(dir.path(), &second, false).unwrap_err().to_string();
+        assert!(e.contains("refusing to overwrite 1 file that was edited by hand"), "{e}");
+        assert_eq!(fs::read_to_string(&a).unwrap(), edited);
+        assert_eq!(diff(dir.path(), &second).unwrap().hand_edited, [PathBuf::from("src/a.rs")]);
+
+        write(dir.path(), &second, true).unwrap();
+        assert!(fs::read_to_string(&a).unwrap().contains("fn a2"));
+    }
+
+    #[test]
+    fn foreign_directories_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        fs::write(dir.path().join("notes.txt"), "mine").unwrap();
+        let e = write(dir.path(), &output(&[("src/a.rs", "")]), false).unwrap_err().to_string();
+        assert!(e.contains("not a crate monogen generated"), "{e}");
+        write(dir.path(), &output(&[("src/a.rs", "")]), true).unwrap();
+        assert_eq!(fs::read_to_string(dir.path().join("notes.txt")).unwrap(), "mine");
+    }
+
+    #[test]
+    fn uncommitted_staging_is_discarded_and_committed_staging_completed() {
+        let dir = tempfile::tempdir().unwrap();
+        let first = output(&[("src/a.rs", "fn a() {}")]);
+        write(dir.path(), &first, false).unwrap();
+
+        // Interrupted before the commit point: only staged files, no journal.
+        let staging = dir.path().join(STAGING_DIR);
+        fs::create_dir_all(staging.join("files/src")).unwrap();
+        fs::write(staging.join("files/src/a.rs"), "half").unwrap();
+        assert!(recover(dir.path()).unwrap());
+        assert!(!staging.exists());
+        assert_eq!(fs::read_to_string(dir.path().join("src/a.rs")).unwrap(), first.files[Path::new("src/a.rs")]);
+
+        // Interrupted after it: the journal is carried out.
+        fs::create_dir_all(staging.join("files/src")).unwrap();
+        fs::write(staging.join("files/src/a.rs"), "new").unwrap();
+        fs::write(staging.join(JOURNAL), "write src/a.rs\n").unwrap();
+        assert!(recover(dir.path()).unwrap());
+        assert_eq!(fs::read_to_string(dir.path().join("src/a.rs")).unwrap(), "new");
+        assert!(!staging.exists());
+    }
+}

@@ -1,0 +1,76 @@
+//! Errors of loading a model and running it. Each one names what is wrong (the file, the
+//! tensor, the value) and maps to an exit code of the binary.
+
+use std::path::PathBuf;
+
+/// Everything that can go wrong that is not a bug.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The CPU lacks features that the chosen kernels were compiled for.
+    #[error(
+        "this CPU lacks {missing}, which crate {workload} was generated for (target.cpu_features of its workload); generate a crate for this machine with `monogen init` and `monogen build`"
+    )]
+    UnsupportedCpu { missing: String, workload: &'static str },
+    /// A file or directory of the model cannot be read.
+    #[error("cannot read {}: {source}", path.display())]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The weights file is not a well-formed safetensors file.
+    #[error("{} is not a valid safetensors file: {reason}", path.display())]
+    InvalidWeights { path: PathBuf, reason: String },
+    /// A tensor the model needs is not in the weights file.
+    #[error("tensor `{name}` is missing from {}", path.display())]
+    MissingTensor { path: PathBuf, name: String },
+    /// A tensor has another shape than the one this crate was generated for.
+    #[error("tensor `{name}` has shape {found:?}, but this crate was generated for {expected:?}")]
+    WrongShape { name: String, expected: Vec<usize>, found: Vec<usize> },
+    /// A tensor has another dtype than the one this crate reads.
+    #[error("tensor `{name}` has dtype {found}, but this crate reads {expected}")]
+    WrongDtype { name: String, expected: &'static str, found: String },
+    /// tokenizer.json cannot be loaded or used.
+    #[error("tokenizer {}: {reason}", path.display())]
+    Tokenizer { path: PathBuf, reason: String },
+    /// The tokenizer can produce ids that the model has no embedding for.
+    #[error(
+        "tokenizer {} has {found} tokens, more than the {expected} rows of the model's vocabulary",
+        path.display()
+    )]
+    VocabularyMismatch { path: PathBuf, found: usize, expected: usize },
+    /// A token id is not below the vocabulary size.
+    #[error("token id {id} is outside the vocabulary (ids are below {vocab_size})")]
+    TokenOutOfRange { id: u32, vocab_size: usize },
+    /// The sequence does not fit the positions this crate was generated for.
+    #[error(
+        "the sequence would hold {len} tokens, more than the {max} positions this crate was generated for (request.max_seq_len of its workload)"
+    )]
+    SequenceTooLong { len: usize, max: usize },
+    /// There is nothing to run.
+    #[error("the prompt is empty: give at least one token")]
+    EmptyPrompt,
+    /// A sampling parameter is out of range.
+    #[error("invalid {name}: {reason}")]
+    InvalidParameter { name: &'static str, reason: String },
+}
+
+impl Error {
+    /// The binary's exit code: 2 for bad arguments, 3 for bad model files, 4 for an unsupported CPU.
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            Error::UnsupportedCpu { .. } => 4,
+            Error::Io { .. }
+            | Error::InvalidWeights { .. }
+            | Error::MissingTensor { .. }
+            | Error::WrongShape { .. }
+            | Error::WrongDtype { .. }
+            | Error::Tokenizer { .. }
+            | Error::VocabularyMismatch { .. } => 3,
+            Error::TokenOutOfRange { .. }
+            | Error::SequenceTooLong { .. }
+            | Error::EmptyPrompt
+            | Error::InvalidParameter { .. } => 2,
+        }
+    }
+}

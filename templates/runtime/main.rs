@@ -1,0 +1,140 @@
+//! Command-line text generation: load the model once, run one prompt, stream or print JSON.
+
+use std::io::{self, Write};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Instant;
+
+use clap::Parser;
+use serde_json::json;
+
+use __crate::{Error, GenerateParams, Model, Tokenizer, WORKLOAD};
+
+/// Generates text with the model this crate was generated for.
+#[derive(Parser)]
+#[command(version, about, long_about = None)]
+#[command(group(clap::ArgGroup::new("input").required(true).args(["prompt", "prompt_ids"])))]
+struct Args {
+    /// Model directory holding model.safetensors and tokenizer.json.
+    #[arg(long, value_name = "DIR")]
+    model: PathBuf,
+    /// Prompt text, encoded with the model's tokenizer (which adds BOS where it is configured to).
+    #[arg(long, value_name = "TEXT")]
+    prompt: Option<String>,
+    /// Prompt token ids, comma-separated, used exactly as given.
+    #[arg(long, value_name = "IDS", value_delimiter = ',')]
+    prompt_ids: Option<Vec<u32>>,
+    /// Number of new tokens to generate at most.
+    #[arg(long, value_name = "N", default_value_t = 128)]
+    max_tokens: usize,
+    /// Sampling temperature; 0 is greedy.
+    #[arg(long, value_name = "T", default_value_t = 0.0)]
+    temperature: f32,
+    /// Sample among the K most likely tokens only; 0 keeps all.
+    #[arg(long, value_name = "K", default_value_t = 0)]
+    top_k: usize,
+    /// Sample among the most likely tokens whose probabilities add up to P; 1 keeps all.
+    #[arg(long, value_name = "P", default_value_t = 1.0)]
+    top_p: f32,
+    /// Seed for sampling: the same seed gives the same text.
+    #[arg(long, value_name = "S", default_value_t = 0)]
+    seed: u64,
+    /// Print one JSON object (ids, text, timings) instead of streaming the text.
+    #[arg(long)]
+    json: bool,
+}
+
+fn main() -> ExitCode {
+    let started = Instant::now();
+    let args = Args::parse();
+    match run(&args, started) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::from(e.exit_code())
+        }
+    }
+}
+
+fn run(args: &Args, started: Instant) -> Result<(), Error> {
+    let params = GenerateParams {
+        max_tokens: args.max_tokens,
+        temperature: args.temperature,
+        top_k: args.top_k,
+        top_p: args.top_p,
+        seed: args.seed,
+    };
+    params.validate()?;
+    if let Err(source) = std::fs::read_dir(&args.model) {
+        return Err(Error::Io { path: args.model.clone(), source });
+    }
+    let model = Model::load(&args.model)?;
+    let tokenizer = Tokenizer::load(&args.model)?;
+    for warning in model.warnings() {
+        eprintln!("warning: {warning}");
+    }
+    let prompt_ids = match (&args.prompt, &args.prompt_ids) {
+        (Some(text), _) if text.is_empty() => return Err(Error::EmptyPrompt),
+        (Some(text), _) => tokenizer.encode(text)?,
+        (None, Some(ids)) => ids.clone(),
+        (None, None) => return Err(Error::EmptyPrompt),
+    };
+    let load_ms = started.elapsed().as_secs_f64() * 1000.0;
+    let mut session = model.session();
+
+    if args.json {
+        let generation = session.generate(&prompt_ids, &params, |_| true)?;
+        let text = tokenizer.decode(&generation.generated_ids)?;
+        let report = json!({
+            "workload": WORKLOAD,
+            "prompt_ids": generation.prompt_ids,
+            "generated_ids": generation.generated_ids,
+            "text": text,
+            "stop": generation.stop.as_str(),
+            "load_ms": load_ms,
+            "prefill_ms": generation.prefill_ms,
+            "prefill_tok_s": generation.prefill_tok_s(),
+            "decode_ms": generation.decode_ms,
+            "decode_tok_s": generation.decode_tok_s(),
+        });
+        // A closed stdout (e.g. `| head`) is not an error worth reporting.
+        let _ = writeln!(io::stdout().lock(), "{report}");
+        return Ok(());
+    }
+
+    // Stream: the prompt as the tokenizer reads it, then each new piece as it is generated.
+    let mut out = io::stdout().lock();
+    let mut stream = tokenizer.stream();
+    let mut closed = false;
+    let mut decode_error = None;
+    for &id in &prompt_ids {
+        match stream.push(id) {
+            Ok(Some(piece)) => closed = closed || write!(out, "{piece}").is_err(),
+            Ok(None) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    let generation = session.generate(&prompt_ids, &params, |id| {
+        match stream.push(id) {
+            Ok(Some(piece)) => closed = write!(out, "{piece}").and_then(|()| out.flush()).is_err(),
+            Ok(None) => {}
+            Err(e) => decode_error = Some(e),
+        }
+        !closed && decode_error.is_none()
+    })?;
+    if let Some(e) = decode_error {
+        return Err(e);
+    }
+    if closed || writeln!(out).is_err() {
+        return Ok(());
+    }
+    eprintln!(
+        "[{} prompt tokens: prefill {:.1} tok/s; {} new tokens: decode {:.1} tok/s; stop: {}]",
+        generation.prompt_ids.len(),
+        generation.prefill_tok_s(),
+        generation.generated_ids.len(),
+        generation.decode_tok_s(),
+        generation.stop.as_str(),
+    );
+    Ok(())
+}

@@ -1,0 +1,140 @@
+//! Memory-mapped safetensors. The `safetensors` crate checks the header (size, JSON, offsets
+//! inside the file, no overlaps); this module checks every tensor the model reads for its
+//! name, dtype and shape before handing out a slice of it.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fs::File;
+use std::ops::{Deref, Range};
+use std::path::{Path, PathBuf};
+
+use memmap2::Mmap;
+use safetensors::{Dtype, SafeTensors};
+
+use crate::Error;
+
+/// A safetensors file mapped into memory, with its table of tensors.
+pub struct TensorFile {
+    path: PathBuf,
+    map: Mmap,
+    /// Name → dtype, shape and byte range in `map`.
+    entries: BTreeMap<String, Entry>,
+    /// Names handed out so far.
+    used: BTreeSet<String>,
+    /// Tensors that were not 4-byte aligned in the file, copied.
+    copies: Vec<Box<[f32]>>,
+}
+
+struct Entry {
+    dtype: Dtype,
+    shape: Vec<usize>,
+    bytes: Range<usize>,
+}
+
+/// An f32 tensor: a slice of the mapped file (or of an aligned copy).
+///
+/// It dereferences to `[f32]`. The memory belongs to the [`Storage`] that
+/// [`TensorFile::finish`] returns; whoever holds tensors holds that storage too.
+pub struct Tensor {
+    ptr: *const f32,
+    len: usize,
+}
+
+// SAFETY: a Tensor points into memory that is never written after loading (a read-only
+// mapping or a boxed copy), owned by a Storage that lives as long as the tensor's owner.
+unsafe impl Send for Tensor {}
+// SAFETY: as above; shared reads of immutable memory.
+unsafe impl Sync for Tensor {}
+
+impl Deref for Tensor {
+    type Target = [f32];
+
+    fn deref(&self) -> &[f32] {
+        // SAFETY: ptr is aligned for f32 and points to len initialised f32 values that stay
+        // alive and unchanged while the Storage they came from is alive (see Tensor).
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+}
+
+/// Keeps the memory behind every [`Tensor`] of a file alive.
+pub struct Storage {
+    _map: Mmap,
+    _copies: Vec<Box<[f32]>>,
+}
+
+impl TensorFile {
+    /// Maps `path` and reads its header.
+    pub fn open(path: &Path) -> Result<TensorFile, Error> {
+        let io = |source| Error::Io { path: path.to_path_buf(), source };
+        let file = File::open(path).map_err(io)?;
+        // SAFETY: the file is mapped read-only. Like every memory-mapped loader, this assumes
+        // that no other process truncates or rewrites the file while the model is loaded.
+        let map = unsafe { Mmap::map(&file) }.map_err(io)?;
+        let invalid = |reason: String| Error::InvalidWeights { path: path.to_path_buf(), reason };
+        let parsed = SafeTensors::deserialize(&map).map_err(|e| invalid(e.to_string()))?;
+        let base = map.as_ptr() as usize;
+        let mut entries = BTreeMap::new();
+        for (name, view) in parsed.iter() {
+            let start = view.data().as_ptr() as usize - base;
+            let entry = Entry {
+                dtype: view.dtype(),
+                shape: view.shape().to_vec(),
+                bytes: start..start + view.data().len(),
+            };
+            entries.insert(name.to_string(), entry);
+        }
+        Ok(TensorFile {
+            path: path.to_path_buf(),
+            map,
+            entries,
+            used: BTreeSet::new(),
+            copies: Vec::new(),
+        })
+    }
+
+    /// The f32 tensor `name`, which must have exactly `shape`.
+    pub fn f32(&mut self, name: &str, shape: &[usize]) -> Result<Tensor, Error> {
+        let Some(entry) = self.entries.get(name) else {
+            return Err(Error::MissingTensor { path: self.path.clone(), name: name.to_string() });
+        };
+        if entry.dtype != Dtype::F32 {
+            return Err(Error::WrongDtype {
+                name: name.to_string(),
+                expected: "F32",
+                found: format!("{:?}", entry.dtype),
+            });
+        }
+        if entry.shape != shape {
+            return Err(Error::WrongShape {
+                name: name.to_string(),
+                expected: shape.to_vec(),
+                found: entry.shape.clone(),
+            });
+        }
+        self.used.insert(name.to_string());
+        let bytes = &self.map[entry.bytes.clone()];
+        let len = bytes.len() / 4;
+        if bytes.as_ptr().align_offset(std::mem::align_of::<f32>()) == 0 {
+            return Ok(Tensor { ptr: bytes.as_ptr().cast(), len });
+        }
+        // The file placed this tensor at an offset that is not a multiple of 4: copy it.
+        let copy: Box<[f32]> = bytes
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect();
+        let tensor = Tensor { ptr: copy.as_ptr(), len };
+        self.copies.push(copy);
+        Ok(tensor)
+    }
+
+    /// Ends loading: the storage behind the tensors, and a warning for each tensor in the
+    /// file that the model did not ask for.
+    pub fn finish(self) -> (Storage, Vec<String>) {
+        let warnings = self
+            .entries
+            .keys()
+            .filter(|name| !self.used.contains(*name))
+            .map(|name| format!("tensor `{name}` in {} is not used by this model", self.path.display()))
+            .collect();
+        (Storage { _map: self.map, _copies: self.copies }, warnings)
+    }
+}

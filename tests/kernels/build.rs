@@ -1,0 +1,422 @@
+//! Compiles every implementation in `implementations/` into this crate.
+//!
+//! Scans `implementations/<interface>/<name>/manifest.toml` and writes three files into
+//! OUT_DIR:
+//! - `kernels.rs`: `pub mod kernels`, with the helper modules of `implementations/_shared/`
+//!   in `kernels::shared` and every implementation as `kernels::<interface>__<name>` (dashes
+//!   become underscores), so that a kernel's `super::shared::...` resolves as it does in a
+//!   generated crate;
+//! - `implementations.rs`: a `for_each_<interface>!` macro per interface that lists its
+//!   implementations, the reference first, for the benchmark;
+//! - `conformance.rs`: one `#[test]` per implementation that runs its interface's
+//!   conformance check (`conform_<interface>!`) against the interface's reference.
+//!
+//! Code for another architecture is compiled only on that architecture; an implementation
+//! whose CPU features the host lacks is skipped at run time, saying so.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Write as _;
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+/// The fields of `interfaces/<name>.toml` this crate needs.
+#[derive(Deserialize)]
+struct InterfaceFile {
+    name: String,
+    reference: String,
+}
+
+/// `manifest.toml`, with the generator's schema, so that a manifest the generator would
+/// reject fails this build too. Only some fields matter here.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+#[allow(dead_code)]
+struct Manifest {
+    interface: String,
+    name: String,
+    version: String,
+    summary: String,
+    priority: i64,
+    #[serde(default)]
+    shadows: Vec<String>,
+    #[serde(default)]
+    shared: Vec<String>,
+    #[serde(default)]
+    constraints: Constraints,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+#[allow(dead_code)]
+struct Constraints {
+    devices: Option<Vec<String>>,
+    arches: Option<Vec<String>>,
+    #[serde(default)]
+    cpu_features: Vec<String>,
+    dtypes: Option<Vec<String>>,
+    #[serde(default)]
+    shapes: BTreeMap<String, ShapeBound>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+#[allow(dead_code)]
+struct ShapeBound {
+    min: Option<usize>,
+    max: Option<usize>,
+    multiple_of: Option<usize>,
+}
+
+/// One implementation, as this crate compiles it.
+struct Implementation {
+    interface: String,
+    name: String,
+    kernel: PathBuf,
+    /// `<interface>__<name>`, dashes as underscores.
+    module: String,
+    arches: Option<Vec<String>>,
+    cpu_features: Vec<String>,
+    shared: Vec<String>,
+}
+
+impl Implementation {
+    /// `#[cfg(...)]` limiting code to the implementation's arches, if it has any.
+    fn arch_cfg(&self) -> Option<String> {
+        arch_cfg(self.arches.as_deref())
+    }
+
+    /// An expression that is true when this CPU has the implementation's features.
+    fn available(&self, krate: &str) -> String {
+        if self.cpu_features.is_empty() {
+            "true".to_string()
+        } else {
+            let features: Vec<String> =
+                self.cpu_features.iter().map(|f| format!("{f:?}")).collect();
+            format!("{krate}::cpu_has!({})", features.join(", "))
+        }
+    }
+}
+
+fn main() {
+    let manifest_dir =
+        PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"));
+    let root = manifest_dir
+        .join("../..")
+        .canonicalize()
+        .expect("the project root exists");
+    let interfaces_dir = root.join("interfaces");
+    let implementations_dir = root.join("implementations");
+    let shared_dir = implementations_dir.join("_shared");
+    for dir in [&interfaces_dir, &implementations_dir, &shared_dir] {
+        println!("cargo::rerun-if-changed={}", dir.display());
+    }
+
+    let references = read_interfaces(&interfaces_dir);
+    let shared_modules = read_shared_modules(&shared_dir);
+    let implementations = read_implementations(&implementations_dir, &references, &shared_modules);
+    for (interface, reference) in &references {
+        let found = implementations
+            .iter()
+            .any(|i| &i.interface == interface && &i.name == reference);
+        assert!(
+            found,
+            "interface `{interface}` names `{reference}` as its reference, but implementations/{interface}/{reference} does not exist"
+        );
+    }
+
+    let out_dir = PathBuf::from(std::env::var("OUT_DIR").expect("cargo sets OUT_DIR"));
+    write(
+        &out_dir.join("kernels.rs"),
+        &kernels_module(&implementations, &shared_modules),
+    );
+    write(
+        &out_dir.join("implementations.rs"),
+        &for_each_macros(&implementations, &references),
+    );
+    write(
+        &out_dir.join("conformance.rs"),
+        &conformance_tests(&implementations, &references),
+    );
+}
+
+/// Interface name → the name of its reference implementation.
+fn read_interfaces(dir: &Path) -> BTreeMap<String, String> {
+    let mut references = BTreeMap::new();
+    for path in sorted_entries(dir) {
+        if path.extension().is_none_or(|e| e != "toml") {
+            continue;
+        }
+        let file: InterfaceFile = parse_toml(&path);
+        let stem = path.file_stem().unwrap_or_default().to_string_lossy();
+        assert_eq!(
+            file.name,
+            stem,
+            "{}: the name differs from the file name",
+            path.display()
+        );
+        references.insert(file.name, file.reference);
+    }
+    references
+}
+
+/// Module name → path of every `implementations/_shared/<module>.rs`.
+fn read_shared_modules(dir: &Path) -> BTreeMap<String, PathBuf> {
+    let mut modules = BTreeMap::new();
+    if !dir.is_dir() {
+        return modules;
+    }
+    for path in sorted_entries(dir) {
+        if path.extension().is_some_and(|e| e == "rs") {
+            let name = path
+                .file_stem()
+                .unwrap_or_default()
+                .to_string_lossy()
+                .into_owned();
+            modules.insert(name, path);
+        }
+    }
+    modules
+}
+
+fn read_implementations(
+    dir: &Path,
+    references: &BTreeMap<String, String>,
+    shared_modules: &BTreeMap<String, PathBuf>,
+) -> Vec<Implementation> {
+    let mut implementations = Vec::new();
+    for interface_dir in sorted_entries(dir).into_iter().filter(|p| p.is_dir()) {
+        let interface = file_name(&interface_dir);
+        if interface == "_shared" {
+            continue;
+        }
+        assert!(
+            references.contains_key(&interface),
+            "implementations/{interface} names no interface in interfaces/"
+        );
+        for impl_dir in sorted_entries(&interface_dir)
+            .into_iter()
+            .filter(|p| p.is_dir())
+        {
+            println!("cargo::rerun-if-changed={}", impl_dir.display());
+            let manifest: Manifest = parse_toml(&impl_dir.join("manifest.toml"));
+            let where_ = impl_dir.display();
+            assert_eq!(
+                manifest.interface, interface,
+                "{where_}: manifest interface differs from the folder"
+            );
+            assert_eq!(
+                manifest.name,
+                file_name(&impl_dir),
+                "{where_}: manifest name differs from the folder"
+            );
+            for module in &manifest.shared {
+                assert!(
+                    shared_modules.contains_key(module),
+                    "{where_}: shared module `{module}` is not in implementations/_shared/"
+                );
+            }
+            let kernel = impl_dir.join("kernel.rs");
+            assert!(kernel.is_file(), "{where_}: kernel.rs is missing");
+            implementations.push(Implementation {
+                module: format!("{interface}__{}", manifest.name.replace('-', "_")),
+                interface: interface.clone(),
+                name: manifest.name,
+                kernel,
+                arches: manifest.constraints.arches,
+                cpu_features: manifest.constraints.cpu_features,
+                shared: manifest.shared,
+            });
+        }
+    }
+    implementations
+}
+
+fn kernels_module(
+    implementations: &[Implementation],
+    shared_modules: &BTreeMap<String, PathBuf>,
+) -> String {
+    let mut out = String::new();
+    out.push_str("/// Every implementation of `implementations/`, as `<interface>__<name>`.\n");
+    out.push_str("pub mod kernels {\n");
+    out.push_str("    /// The helper modules of `implementations/_shared/`.\n");
+    out.push_str("    pub mod shared {\n");
+    for (module, path) in shared_modules {
+        // A shared module compiles wherever one of its users does; unused, everywhere.
+        let users: Vec<&Implementation> = implementations
+            .iter()
+            .filter(|i| i.shared.contains(module))
+            .collect();
+        let arches: Option<Vec<String>> =
+            if users.iter().any(|i| i.arches.is_none()) || users.is_empty() {
+                None
+            } else {
+                let union: BTreeSet<String> = users
+                    .iter()
+                    .flat_map(|i| i.arches.iter().flatten().cloned())
+                    .collect();
+                Some(union.into_iter().collect())
+            };
+        if let Some(cfg) = arch_cfg(arches.as_deref()) {
+            writeln!(out, "        {cfg}").unwrap();
+        }
+        writeln!(out, "        #[path = {:?}]", path.display().to_string()).unwrap();
+        writeln!(out, "        pub mod {module};").unwrap();
+    }
+    out.push_str("    }\n");
+    for imp in implementations {
+        writeln!(out, "    /// `{}/{}`", imp.interface, imp.name).unwrap();
+        if let Some(cfg) = imp.arch_cfg() {
+            writeln!(out, "    {cfg}").unwrap();
+        }
+        out.push_str("    #[allow(non_snake_case)]\n");
+        writeln!(out, "    #[path = {:?}]", imp.kernel.display().to_string()).unwrap();
+        writeln!(out, "    pub mod {};", imp.module).unwrap();
+    }
+    out.push_str("}\n");
+    out
+}
+
+fn for_each_macros(
+    implementations: &[Implementation],
+    references: &BTreeMap<String, String>,
+) -> String {
+    let mut out = String::new();
+    for (interface, reference) in references {
+        let mut members: Vec<&Implementation> = implementations
+            .iter()
+            .filter(|i| &i.interface == interface)
+            .collect();
+        members.sort_by_key(|i| &i.name != reference);
+        writeln!(out, "/// Calls `$callback!(name, module, available)` for every implementation of `{interface}`,").unwrap();
+        writeln!(
+            out,
+            "/// the reference (`{reference}`) first; `available` says whether this CPU can run it."
+        )
+        .unwrap();
+        out.push_str("#[macro_export]\n");
+        writeln!(out, "macro_rules! for_each_{interface} {{").unwrap();
+        out.push_str("    ($callback:ident) => {\n");
+        for imp in members {
+            if let Some(cfg) = imp.arch_cfg() {
+                writeln!(out, "        {cfg}").unwrap();
+            }
+            writeln!(
+                out,
+                "        $callback!({:?}, {}, {});",
+                imp.name,
+                imp.module,
+                imp.available("$crate")
+            )
+            .unwrap();
+        }
+        out.push_str("    };\n}\n\n");
+    }
+    out
+}
+
+fn conformance_tests(
+    implementations: &[Implementation],
+    references: &BTreeMap<String, String>,
+) -> String {
+    let mut out = String::new();
+    for imp in implementations {
+        let reference = &references[&imp.interface];
+        let reference_module = format!("{}__{}", imp.interface, reference.replace('-', "_"));
+        let label = format!("{}/{}", imp.interface, imp.name);
+        let check = format!(
+            "crate::conform_{}!({}, {reference_module});",
+            imp.interface, imp.module
+        );
+        writeln!(
+            out,
+            "/// `{label}` against the reference `{}/{reference}`.",
+            imp.interface
+        )
+        .unwrap();
+        out.push_str("#[test]\n#[allow(non_snake_case)]\n");
+        writeln!(out, "fn {}() {{", imp.module).unwrap();
+        match imp.arch_cfg() {
+            Some(cfg) => {
+                writeln!(out, "    {cfg}").unwrap();
+                out.push_str("    {\n");
+                write_feature_gate(&mut out, imp, &label, "        ");
+                writeln!(out, "        {check}").unwrap();
+                out.push_str("    }\n");
+                let arches = imp.arches.as_deref().unwrap_or_default().join(", ");
+                let predicate =
+                    arch_predicate(imp.arches.as_deref()).expect("an arch-limited implementation");
+                writeln!(out, "    #[cfg(not({predicate}))]").unwrap();
+                writeln!(
+                    out,
+                    "    eprintln!(\"skipped {label}: it is for {arches} only\");"
+                )
+                .unwrap();
+            }
+            None => {
+                write_feature_gate(&mut out, imp, &label, "    ");
+                writeln!(out, "    {check}").unwrap();
+            }
+        }
+        out.push_str("}\n\n");
+    }
+    out
+}
+
+/// Returns from the test, saying so, when the CPU lacks the implementation's features.
+fn write_feature_gate(out: &mut String, imp: &Implementation, label: &str, indent: &str) {
+    if imp.cpu_features.is_empty() {
+        return;
+    }
+    let features = imp.cpu_features.join(", ");
+    writeln!(out, "{indent}if !{} {{", imp.available("crate")).unwrap();
+    writeln!(
+        out,
+        "{indent}    eprintln!(\"skipped {label}: this CPU lacks one of {features}\");"
+    )
+    .unwrap();
+    writeln!(out, "{indent}    return;").unwrap();
+    writeln!(out, "{indent}}}").unwrap();
+}
+
+/// `#[cfg(any(target_arch = ...))]` for a list of arches; `None` for any arch.
+fn arch_cfg(arches: Option<&[String]>) -> Option<String> {
+    arch_predicate(arches).map(|predicate| format!("#[cfg({predicate})]"))
+}
+
+/// `any(target_arch = ...)` for a list of arches; `None` for any arch.
+fn arch_predicate(arches: Option<&[String]>) -> Option<String> {
+    let list: Vec<String> = arches?
+        .iter()
+        .map(|a| format!("target_arch = {a:?}"))
+        .collect();
+    Some(format!("any({})", list.join(", ")))
+}
+
+fn sorted_entries(dir: &Path) -> Vec<PathBuf> {
+    let entries =
+        fs::read_dir(dir).unwrap_or_else(|e| panic!("cannot read {}: {e}", dir.display()));
+    let mut paths: Vec<PathBuf> = entries
+        .map(|e| e.expect("a readable directory entry").path())
+        .collect();
+    paths.sort();
+    paths
+}
+
+fn file_name(path: &Path) -> String {
+    path.file_name()
+        .unwrap_or_default()
+        .to_string_lossy()
+        .into_owned()
+}
+
+fn parse_toml<T: serde::de::DeserializeOwned>(path: &Path) -> T {
+    let text =
+        fs::read_to_string(path).unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
+    toml::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+fn write(path: &Path, text: &str) {
+    fs::write(path, text).unwrap_or_else(|e| panic!("cannot write {}: {e}", path.display()));
+}

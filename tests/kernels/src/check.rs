@@ -1,0 +1,596 @@
+//! The conformance checks, one per interface.
+//!
+//! Each check runs a candidate implementation and the interface's reference on the same
+//! random inputs (never zeros) at many shapes, odd sizes included, and compares the outputs
+//! within a tolerance relative to their magnitude. Outputs start as NaN, so a value a kernel
+//! fails to write shows up, and scratch buffers start as NaN and longer than needed. Where
+//! the interface's formula is simple to state, the candidate is also compared with an
+//! independent f64 evaluation of it, so that a reference that drifts from the contract is
+//! caught as well.
+//!
+//! Kernels are generic over const shapes, so every check has a macro,
+//! `conform_<interface>!(candidate_module, reference_module)`, that instantiates both
+//! implementations at a fixed list of shapes and hands them to the generic function of the
+//! same name here, which does the work.
+
+use crate::rng::Rng;
+
+/// Relative tolerance of attention, softmax and element-wise kernels: outputs may differ by
+/// `TOLERANCE · (1 + |expected|)`.
+pub const TOLERANCE: f32 = 1e-5;
+
+/// Panics unless `|actual − expected| ≤ tolerance · (1 + |expected|)` everywhere.
+pub fn assert_close(what: &str, actual: &[f32], expected: &[f32], tolerance: f32) {
+    assert_eq!(actual.len(), expected.len(), "{what}: the lengths differ");
+    for (i, (&a, &e)) in actual.iter().zip(expected).enumerate() {
+        let allowed = tolerance * (1.0 + e.abs());
+        let difference = (a - e).abs();
+        if difference.is_nan() || difference > allowed {
+            panic!(
+                "{what}: at index {i} got {a}, expected {e} (difference {difference:e}, allowed {allowed:e})"
+            );
+        }
+    }
+}
+
+/// Runs `kernel` on an output of `len` NaNs and returns the output.
+fn output_of(len: usize, kernel: impl FnOnce(&mut [f32])) -> Vec<f32> {
+    let mut out = vec![f32::NAN; len];
+    kernel(&mut out);
+    out
+}
+
+/// Scratch space of NaNs, a little longer than the `len` values a kernel may use.
+fn scratch(len: usize) -> Vec<f32> {
+    vec![f32::NAN; len + 3]
+}
+
+fn dot_f64(a: &[f32], b: &[f32]) -> f64 {
+    a.iter()
+        .zip(b)
+        .map(|(&x, &y)| f64::from(x) * f64::from(y))
+        .sum()
+}
+
+/// Checks a `matmul` at `N`, `K` for rows 1, 2, 7 and 32. The tolerance grows with K beyond
+/// 64, as the rounding of a dot product does.
+pub fn matmul<const N: usize, const K: usize>(
+    candidate: impl Fn(&mut [f32], &[f32], &[f32], usize),
+    reference: impl Fn(&mut [f32], &[f32], &[f32], usize),
+) {
+    let mut rng = Rng::for_shape(&[N, K]);
+    let tolerance = TOLERANCE * (K as f32 / 64.0).max(1.0);
+    let w = rng.vec(N * K, 1.0);
+    for rows in [1, 2, 7, 32] {
+        let x = rng.vec(rows * K, 1.0);
+        let what = format!("matmul N={N} K={K} rows={rows}");
+        let got = output_of(rows * N, |out| candidate(out, &x, &w, rows));
+        let want = output_of(rows * N, |out| reference(out, &x, &w, rows));
+        assert_close(
+            &format!("{what}, against the reference"),
+            &got,
+            &want,
+            tolerance,
+        );
+        let exact: Vec<f32> = (0..rows * N)
+            .map(|i| dot_f64(&x[i / N * K..][..K], &w[i % N * K..][..K]) as f32)
+            .collect();
+        assert_close(&format!("{what}, against f64"), &got, &exact, tolerance);
+    }
+    candidate(&mut [], &[], &w, 0);
+}
+
+#[macro_export]
+macro_rules! conform_matmul {
+    ($candidate:ident, $reference:ident) => {
+        $crate::conform_matmul!(@shapes $candidate, $reference,
+            (1, 1) (1, 172) (5, 3) (5, 64) (32, 17) (32, 64) (33, 61) (33, 8)
+            (64, 172) (172, 64) (512, 3) (512, 64) (8, 16) (3, 7));
+    };
+    (@shapes $candidate:ident, $reference:ident, $(($n:literal, $k:literal))*) => {
+        $(
+            $crate::check::matmul::<$n, $k>(
+                $crate::kernels::$candidate::matmul::<$n, $k>,
+                $crate::kernels::$reference::matmul::<$n, $k>,
+            );
+        )*
+    };
+}
+
+/// Attention of one query row (`[n_heads · head_dim]`) over `len` positions, in f64.
+fn attention_f64(
+    q: &[f32],
+    keys: &[f32],
+    values: &[f32],
+    len: usize,
+    heads: [usize; 3],
+) -> Vec<f32> {
+    let [n_heads, n_kv_heads, head_dim] = heads;
+    let kv_dim = n_kv_heads * head_dim;
+    let scale = 1.0 / (head_dim as f64).sqrt();
+    let mut out = Vec::with_capacity(n_heads * head_dim);
+    for h in 0..n_heads {
+        let offset = h / (n_heads / n_kv_heads) * head_dim;
+        let q = &q[h * head_dim..][..head_dim];
+        let scores: Vec<f64> = (0..len)
+            .map(|j| dot_f64(q, &keys[j * kv_dim + offset..][..head_dim]) * scale)
+            .collect();
+        let max = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        let weights: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
+        let sum: f64 = weights.iter().sum();
+        for d in 0..head_dim {
+            let total: f64 = weights
+                .iter()
+                .enumerate()
+                .map(|(j, w)| w * f64::from(values[j * kv_dim + offset + d]))
+                .sum();
+            out.push((total / sum) as f32);
+        }
+    }
+    out
+}
+
+/// Checks an `attention_prefill` at the given heads for chunks from the first one
+/// (`start` 0) to late ones (`start` 250, 300 positions), with inputs of growing magnitude.
+pub fn attention_prefill<const N_HEADS: usize, const N_KV_HEADS: usize, const HEAD_DIM: usize>(
+    candidate: impl Fn(&mut [f32], &[f32], &[f32], &[f32], &mut [f32], usize, usize),
+    reference: impl Fn(&mut [f32], &[f32], &[f32], &[f32], &mut [f32], usize, usize),
+) {
+    let (q_dim, kv_dim) = (N_HEADS * HEAD_DIM, N_KV_HEADS * HEAD_DIM);
+    let mut rng = Rng::for_shape(&[1, N_HEADS, N_KV_HEADS, HEAD_DIM]);
+    let chunks = [
+        (0, 1),
+        (0, 2),
+        (0, 7),
+        (0, 33),
+        (3, 1),
+        (5, 4),
+        (17, 9),
+        (64, 64),
+        (100, 28),
+        (250, 50),
+    ];
+    for (case, (start, rows)) in chunks.into_iter().enumerate() {
+        let len = start + rows;
+        let amplitude = [1.0, 2.0, 6.0][case % 3];
+        let q = rng.vec(rows * q_dim, amplitude);
+        let keys = rng.vec(len * kv_dim, amplitude);
+        let values = rng.vec(len * kv_dim, 1.0);
+        let what = format!(
+            "attention_prefill N_HEADS={N_HEADS} N_KV_HEADS={N_KV_HEADS} HEAD_DIM={HEAD_DIM} start={start} rows={rows}"
+        );
+        let got = output_of(rows * q_dim, |out| {
+            candidate(out, &q, &keys, &values, &mut scratch(len), start, rows)
+        });
+        let want = output_of(rows * q_dim, |out| {
+            reference(out, &q, &keys, &values, &mut scratch(len), start, rows)
+        });
+        assert_close(
+            &format!("{what}, against the reference"),
+            &got,
+            &want,
+            TOLERANCE,
+        );
+        let heads = [N_HEADS, N_KV_HEADS, HEAD_DIM];
+        let exact: Vec<f32> = (0..rows)
+            .flat_map(|r| {
+                attention_f64(
+                    &q[r * q_dim..][..q_dim],
+                    &keys,
+                    &values,
+                    start + r + 1,
+                    heads,
+                )
+            })
+            .collect();
+        assert_close(&format!("{what}, against f64"), &got, &exact, TOLERANCE);
+    }
+}
+
+/// Checks an `attention_decode` at the given heads for contexts of 1 to 300 positions.
+pub fn attention_decode<const N_HEADS: usize, const N_KV_HEADS: usize, const HEAD_DIM: usize>(
+    candidate: impl Fn(&mut [f32], &[f32], &[f32], &[f32], &mut [f32]),
+    reference: impl Fn(&mut [f32], &[f32], &[f32], &[f32], &mut [f32]),
+) {
+    let (q_dim, kv_dim) = (N_HEADS * HEAD_DIM, N_KV_HEADS * HEAD_DIM);
+    let mut rng = Rng::for_shape(&[2, N_HEADS, N_KV_HEADS, HEAD_DIM]);
+    let lens = [1, 2, 3, 7, 8, 9, 15, 16, 17, 31, 64, 100, 192, 300];
+    for (case, len) in lens.into_iter().enumerate() {
+        let amplitude = [1.0, 2.0, 6.0][case % 3];
+        let q = rng.vec(q_dim, amplitude);
+        let keys = rng.vec(len * kv_dim, amplitude);
+        let values = rng.vec(len * kv_dim, 1.0);
+        let what = format!(
+            "attention_decode N_HEADS={N_HEADS} N_KV_HEADS={N_KV_HEADS} HEAD_DIM={HEAD_DIM} len={len}"
+        );
+        let got = output_of(q_dim, |out| {
+            candidate(out, &q, &keys, &values, &mut scratch(len))
+        });
+        let want = output_of(q_dim, |out| {
+            reference(out, &q, &keys, &values, &mut scratch(len))
+        });
+        assert_close(
+            &format!("{what}, against the reference"),
+            &got,
+            &want,
+            TOLERANCE,
+        );
+        let exact = attention_f64(&q, &keys, &values, len, [N_HEADS, N_KV_HEADS, HEAD_DIM]);
+        assert_close(&format!("{what}, against f64"), &got, &exact, TOLERANCE);
+    }
+}
+
+/// The head shapes `(N_HEADS, N_KV_HEADS, HEAD_DIM)` both attention checks run: head counts
+/// that are not powers of two, grouped-query attention, head dims that are not multiples of 8.
+#[macro_export]
+macro_rules! attention_shapes {
+    ($callback:ident!($($args:tt)*)) => {
+        $crate::$callback!($($args)*,
+            (1, 1, 8) (3, 3, 16) (3, 1, 6) (6, 3, 6) (9, 3, 12) (8, 4, 8) (4, 2, 32) (2, 1, 64) (2, 1, 3));
+    };
+}
+
+#[macro_export]
+macro_rules! conform_attention_prefill {
+    ($candidate:ident, $reference:ident) => {
+        $crate::attention_shapes!(conform_attention_prefill!(@shapes $candidate, $reference));
+    };
+    (@shapes $candidate:ident, $reference:ident, $(($h:literal, $kv:literal, $d:literal))*) => {
+        $(
+            $crate::check::attention_prefill::<$h, $kv, $d>(
+                $crate::kernels::$candidate::attention_prefill::<$h, $kv, $d>,
+                $crate::kernels::$reference::attention_prefill::<$h, $kv, $d>,
+            );
+        )*
+    };
+}
+
+#[macro_export]
+macro_rules! conform_attention_decode {
+    ($candidate:ident, $reference:ident) => {
+        $crate::attention_shapes!(conform_attention_decode!(@shapes $candidate, $reference));
+    };
+    (@shapes $candidate:ident, $reference:ident, $(($h:literal, $kv:literal, $d:literal))*) => {
+        $(
+            $crate::check::attention_decode::<$h, $kv, $d>(
+                $crate::kernels::$candidate::attention_decode::<$h, $kv, $d>,
+                $crate::kernels::$reference::attention_decode::<$h, $kv, $d>,
+            );
+        )*
+    };
+}
+
+/// Checks an `rmsnorm` at `DIM`, with rows of ordinary, large and tiny magnitude (where
+/// `eps` matters).
+pub fn rmsnorm<const DIM: usize>(
+    candidate: impl Fn(&mut [f32], &[f32], &[f32], f32, usize),
+    reference: impl Fn(&mut [f32], &[f32], &[f32], f32, usize),
+) {
+    let mut rng = Rng::for_shape(&[3, DIM]);
+    let weight = rng.vec(DIM, 2.0);
+    for (rows, eps, amplitude) in [(1, 1e-5, 1.0), (2, 1e-6, 30.0), (7, 1e-5, 0.01)] {
+        let x = rng.vec(rows * DIM, amplitude);
+        let what = format!("rmsnorm DIM={DIM} rows={rows} eps={eps} amplitude={amplitude}");
+        let got = output_of(rows * DIM, |out| candidate(out, &x, &weight, eps, rows));
+        let want = output_of(rows * DIM, |out| reference(out, &x, &weight, eps, rows));
+        assert_close(
+            &format!("{what}, against the reference"),
+            &got,
+            &want,
+            TOLERANCE,
+        );
+        let mut exact = Vec::with_capacity(rows * DIM);
+        for row in x.chunks_exact(DIM) {
+            let mean_square = dot_f64(row, row) / DIM as f64;
+            let inv = 1.0 / (mean_square + f64::from(eps)).sqrt();
+            exact.extend(
+                row.iter()
+                    .zip(&weight)
+                    .map(|(&v, &w)| (f64::from(w) * f64::from(v) * inv) as f32),
+            );
+        }
+        assert_close(&format!("{what}, against f64"), &got, &exact, TOLERANCE);
+    }
+}
+
+#[macro_export]
+macro_rules! conform_rmsnorm {
+    ($candidate:ident, $reference:ident) => {
+        $crate::conform_rmsnorm!(@shapes $candidate, $reference, 1 3 8 17 64 172 288);
+    };
+    (@shapes $candidate:ident, $reference:ident, $($dim:literal)*) => {
+        $(
+            $crate::check::rmsnorm::<$dim>(
+                $crate::kernels::$candidate::rmsnorm::<$dim>,
+                $crate::kernels::$reference::rmsnorm::<$dim>,
+            );
+        )*
+    };
+}
+
+/// Checks a `rope` implementation at the given heads: its tables against the reference's
+/// (and against angles computed in f64, within the rounding of an f32 angle), and its
+/// rotation, applied with the reference's tables, against the reference's rotation.
+pub fn rope<const N_HEADS: usize, const HEAD_DIM: usize>(
+    candidate_table: impl Fn(f32, usize) -> (Vec<f32>, Vec<f32>),
+    candidate: impl Fn(&mut [f32], &[f32], &[f32], usize, usize),
+    reference_table: impl Fn(f32, usize) -> (Vec<f32>, Vec<f32>),
+    reference: impl Fn(&mut [f32], &[f32], &[f32], usize, usize),
+) {
+    const POSITIONS: usize = 300;
+    let half = HEAD_DIM / 2;
+    let row_len = N_HEADS * HEAD_DIM;
+    let mut rng = Rng::for_shape(&[4, N_HEADS, HEAD_DIM]);
+    for theta in [10_000.0f32, 500_000.0] {
+        let what = format!("rope N_HEADS={N_HEADS} HEAD_DIM={HEAD_DIM} theta={theta}");
+        let (cos, sin) = candidate_table(theta, POSITIONS);
+        let (ref_cos, ref_sin) = reference_table(theta, POSITIONS);
+        assert_close(
+            &format!("{what}: cos table, against the reference"),
+            &cos,
+            &ref_cos,
+            1e-6,
+        );
+        assert_close(
+            &format!("{what}: sin table, against the reference"),
+            &sin,
+            &ref_sin,
+            1e-6,
+        );
+        let angles: Vec<f64> = (0..POSITIONS * half)
+            .map(|at| {
+                let (p, i) = (at / half, at % half);
+                p as f64 * f64::from(theta).powf(-((2 * i) as f64) / HEAD_DIM as f64)
+            })
+            .collect();
+        let exact_cos: Vec<f32> = angles.iter().map(|a| a.cos() as f32).collect();
+        let exact_sin: Vec<f32> = angles.iter().map(|a| a.sin() as f32).collect();
+        assert_close(
+            &format!("{what}: cos table, against f64 angles"),
+            &cos,
+            &exact_cos,
+            1e-4,
+        );
+        assert_close(
+            &format!("{what}: sin table, against f64 angles"),
+            &sin,
+            &exact_sin,
+            1e-4,
+        );
+
+        for (start, rows) in [(0, 1), (0, 7), (5, 3), (290, 10)] {
+            let what = format!("{what} start={start} rows={rows}");
+            let x = rng.vec(rows * row_len, 2.0);
+            let mut got = x.clone();
+            candidate(&mut got, &ref_cos, &ref_sin, start, rows);
+            let mut want = x.clone();
+            reference(&mut want, &ref_cos, &ref_sin, start, rows);
+            assert_close(&format!("{what}, against the reference"), &got, &want, 1e-6);
+            let mut exact = x.clone();
+            for (r, row) in exact.chunks_exact_mut(row_len).enumerate() {
+                let at = (start + r) * half;
+                for head in row.chunks_exact_mut(HEAD_DIM) {
+                    for i in 0..half {
+                        let (c, s) = (f64::from(ref_cos[at + i]), f64::from(ref_sin[at + i]));
+                        let (x0, x1) = (f64::from(head[i]), f64::from(head[i + half]));
+                        head[i] = (x0 * c - x1 * s) as f32;
+                        head[i + half] = (x1 * c + x0 * s) as f32;
+                    }
+                }
+            }
+            assert_close(&format!("{what}, against f64"), &got, &exact, 1e-6);
+        }
+    }
+}
+
+#[macro_export]
+macro_rules! conform_rope {
+    ($candidate:ident, $reference:ident) => {
+        $crate::conform_rope!(@shapes $candidate, $reference, (1, 2) (3, 6) (8, 8) (4, 16) (9, 12) (2, 64));
+    };
+    (@shapes $candidate:ident, $reference:ident, $(($h:literal, $d:literal))*) => {
+        $(
+            $crate::check::rope::<$h, $d>(
+                $crate::kernels::$candidate::rope_table::<$d>,
+                $crate::kernels::$candidate::rope::<$h, $d>,
+                $crate::kernels::$reference::rope_table::<$d>,
+                $crate::kernels::$reference::rope::<$h, $d>,
+            );
+        )*
+    };
+}
+
+/// Checks a `swiglu` at `HIDDEN`, with gates reaching into both tails of the sigmoid.
+pub fn swiglu<const HIDDEN: usize>(
+    candidate: impl Fn(&mut [f32], &[f32], usize),
+    reference: impl Fn(&mut [f32], &[f32], usize),
+) {
+    let mut rng = Rng::for_shape(&[5, HIDDEN]);
+    for rows in [1, 2, 7] {
+        let gate = rng.vec(rows * HIDDEN, 12.0);
+        let up = rng.vec(rows * HIDDEN, 2.0);
+        let what = format!("swiglu HIDDEN={HIDDEN} rows={rows}");
+        let mut got = gate.clone();
+        candidate(&mut got, &up, rows);
+        let mut want = gate.clone();
+        reference(&mut want, &up, rows);
+        assert_close(
+            &format!("{what}, against the reference"),
+            &got,
+            &want,
+            TOLERANCE,
+        );
+        let exact: Vec<f32> = gate
+            .iter()
+            .zip(&up)
+            .map(|(&g, &u)| {
+                let g = f64::from(g);
+                (g / (1.0 + (-g).exp()) * f64::from(u)) as f32
+            })
+            .collect();
+        assert_close(&format!("{what}, against f64"), &got, &exact, TOLERANCE);
+    }
+}
+
+#[macro_export]
+macro_rules! conform_swiglu {
+    ($candidate:ident, $reference:ident) => {
+        $crate::conform_swiglu!(@shapes $candidate, $reference, 1 3 8 17 64 172);
+    };
+    (@shapes $candidate:ident, $reference:ident, $($hidden:literal)*) => {
+        $(
+            $crate::check::swiglu::<$hidden>(
+                $crate::kernels::$candidate::swiglu::<$hidden>,
+                $crate::kernels::$reference::swiglu::<$hidden>,
+            );
+        )*
+    };
+}
+
+/// One step of a script that a KV cache replays.
+pub enum KvStep {
+    /// `store(start, k, v)`.
+    Store {
+        start: usize,
+        k: Vec<f32>,
+        v: Vec<f32>,
+    },
+    /// Read `keys(len)` and `values(len)`.
+    Read(usize),
+}
+
+/// Checks a `KvCache` at `MAX_SEQ`, `KV_DIM`: both replay the same script of stores (a
+/// prompt in chunks, decode steps, a rewind that overwrites) and reads, and every read must
+/// match the reference and a plain model of the cache exactly.
+pub fn kv_cache<const MAX_SEQ: usize, const KV_DIM: usize>(
+    candidate: impl Fn(&[KvStep]) -> Vec<(Vec<f32>, Vec<f32>)>,
+    reference: impl Fn(&[KvStep]) -> Vec<(Vec<f32>, Vec<f32>)>,
+) {
+    let mut rng = Rng::for_shape(&[6, MAX_SEQ, KV_DIM]);
+    let mut script = vec![KvStep::Read(0)];
+    let mut model_keys = vec![0.0; MAX_SEQ * KV_DIM];
+    let mut model_values = vec![0.0; MAX_SEQ * KV_DIM];
+    let mut expected = vec![(Vec::new(), Vec::new())];
+    let mut end = 0;
+    let rewind_at = MAX_SEQ / 2;
+    let mut rewound = false;
+    while end < MAX_SEQ {
+        // A chunk of up to 17 positions, then a rewind to the middle once.
+        let rows = 1 + rng.below((MAX_SEQ - end).min(17));
+        let (k, v) = (rng.vec(rows * KV_DIM, 1.0), rng.vec(rows * KV_DIM, 1.0));
+        model_keys[end * KV_DIM..][..k.len()].copy_from_slice(&k);
+        model_values[end * KV_DIM..][..v.len()].copy_from_slice(&v);
+        script.push(KvStep::Store { start: end, k, v });
+        end += rows;
+        for len in [end, rng.below(end) + 1] {
+            script.push(KvStep::Read(len));
+            expected.push((
+                model_keys[..len * KV_DIM].to_vec(),
+                model_values[..len * KV_DIM].to_vec(),
+            ));
+        }
+        if !rewound && end > rewind_at {
+            rewound = true;
+            end = rewind_at;
+        }
+    }
+    let what = format!("kv_cache MAX_SEQ={MAX_SEQ} KV_DIM={KV_DIM}");
+    let got = candidate(&script);
+    assert!(
+        got == reference(&script),
+        "{what}: the reads differ from the reference's"
+    );
+    assert!(
+        got == expected,
+        "{what}: the reads differ from what was stored"
+    );
+}
+
+#[macro_export]
+macro_rules! conform_kv_cache {
+    ($candidate:ident, $reference:ident) => {
+        $crate::conform_kv_cache!(@shapes $candidate, $reference, (1, 1) (7, 6) (16, 8) (300, 32));
+    };
+    (@shapes $candidate:ident, $reference:ident, $(($max:literal, $dim:literal))*) => {
+        $(
+            $crate::check::kv_cache::<$max, $dim>(
+                $crate::conform_kv_cache!(@replay $candidate, $max, $dim),
+                $crate::conform_kv_cache!(@replay $reference, $max, $dim),
+            );
+        )*
+    };
+    (@replay $module:ident, $max:literal, $dim:literal) => {
+        |script: &[$crate::check::KvStep]| {
+            let mut cache = $crate::kernels::$module::KvCache::<$max, $dim>::new();
+            let mut reads = Vec::new();
+            for step in script {
+                match step {
+                    $crate::check::KvStep::Store { start, k, v } => cache.store(*start, k, v),
+                    $crate::check::KvStep::Read(len) => {
+                        reads.push((cache.keys(*len).to_vec(), cache.values(*len).to_vec()))
+                    }
+                }
+            }
+            reads
+        }
+    };
+}
+
+/// Checks a `sample` at `VOCAB`: over random logits (some with ties) and a grid of
+/// temperatures, top-k, top-p and coins, it must pick exactly the reference's token.
+pub fn sampler<const VOCAB: usize>(
+    candidate: impl Fn(&[f32], f32, usize, f32, f32, &mut Vec<(f32, u32)>) -> u32,
+    reference: impl Fn(&[f32], f32, usize, f32, f32, &mut Vec<(f32, u32)>) -> u32,
+) {
+    let mut rng = Rng::for_shape(&[7, VOCAB]);
+    let (mut scratch, mut reference_scratch) = (Vec::new(), Vec::new());
+    for trial in 0..6 {
+        let mut logits = rng.vec(VOCAB, 4.0);
+        if trial % 2 == 1 {
+            // Logits on a grid of 0.5, so that many are equal.
+            for logit in &mut logits {
+                *logit = (*logit * 2.0).round() / 2.0;
+            }
+        }
+        for temperature in [0.0, 0.5, 1.0, 1.7] {
+            for top_k in [0, 1, 3, 40] {
+                for top_p in [1.0, 0.9, 0.5, 0.05] {
+                    for coin in [0.0, rng.unit(), 0.999_999] {
+                        let id = candidate(&logits, temperature, top_k, top_p, coin, &mut scratch);
+                        let want = reference(
+                            &logits,
+                            temperature,
+                            top_k,
+                            top_p,
+                            coin,
+                            &mut reference_scratch,
+                        );
+                        assert!(
+                            (id as usize) < VOCAB,
+                            "sampler VOCAB={VOCAB}: id {id} is out of range"
+                        );
+                        assert_eq!(
+                            id, want,
+                            "sampler VOCAB={VOCAB} trial={trial} temperature={temperature} top_k={top_k} top_p={top_p} coin={coin}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[macro_export]
+macro_rules! conform_sampler {
+    ($candidate:ident, $reference:ident) => {
+        $crate::conform_sampler!(@shapes $candidate, $reference, 1 2 5 32 512);
+    };
+    (@shapes $candidate:ident, $reference:ident, $($vocab:literal)*) => {
+        $(
+            $crate::check::sampler::<$vocab>(
+                $crate::kernels::$candidate::sample::<$vocab>,
+                $crate::kernels::$reference::sample::<$vocab>,
+            );
+        )*
+    };
+}

@@ -1,0 +1,225 @@
+//! Properties of particular implementations that the conformance checks, which compare
+//! implementations with each other, cannot see.
+
+use crate::check::{TOLERANCE, assert_close};
+use crate::kernels;
+use crate::rng::Rng;
+
+/// Prefill of one row at `start` must equal decode over `start + 1` positions.
+macro_rules! prefill_of_one_row_is_decode {
+    ($prefill:ident, $decode:ident, $(($h:literal, $kv:literal, $d:literal))*) => {
+        $({
+            let (q_dim, kv_dim) = ($h * $d, $kv * $d);
+            let mut rng = Rng::for_shape(&[8, $h, $kv, $d]);
+            for len in [1, 2, 9, 100, 192] {
+                let q = rng.vec(q_dim, 2.0);
+                let keys = rng.vec(len * kv_dim, 2.0);
+                let values = rng.vec(len * kv_dim, 1.0);
+                let mut prefill = vec![f32::NAN; q_dim];
+                let mut scores = vec![f32::NAN; len];
+                kernels::$prefill::attention_prefill::<$h, $kv, $d>(&mut prefill, &q, &keys, &values, &mut scores, len - 1, 1);
+                let mut decode = vec![f32::NAN; q_dim];
+                kernels::$decode::attention_decode::<$h, $kv, $d>(&mut decode, &q, &keys, &values, &mut scores);
+                let what = format!("{} rows=1 against {}, heads ({}, {}, {}) len={len}", stringify!($prefill), stringify!($decode), $h, $kv, $d);
+                assert_close(&what, &prefill, &decode, TOLERANCE);
+            }
+        })*
+    };
+}
+
+#[test]
+fn scalar_prefill_of_one_row_is_decode() {
+    prefill_of_one_row_is_decode!(
+        attention_prefill__scalar,
+        attention_decode__scalar,
+        (8, 4, 8)(9, 3, 12)(2, 1, 64)
+    );
+}
+
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn avx2_prefill_of_one_row_is_decode() {
+    if !crate::cpu_has!("avx2", "fma") {
+        eprintln!("skipped: this CPU lacks avx2 or fma");
+        return;
+    }
+    prefill_of_one_row_is_decode!(
+        attention_prefill__avx2_fma,
+        attention_decode__avx2_fma,
+        (8, 4, 8)(9, 3, 12)(2, 1, 64)(3, 1, 6)
+    );
+}
+
+/// The vectorised exp of `avx2_math` stays within 2 ulp of the exact value in its range.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn avx2_exp_is_accurate() {
+    use std::arch::x86_64::*;
+
+    #[target_feature(enable = "avx2,fma")]
+    fn exp8(x: [f32; 8]) -> [f32; 8] {
+        let mut out = [0.0; 8];
+        // SAFETY: `x` and `out` are 8 floats each.
+        unsafe {
+            _mm256_storeu_ps(
+                out.as_mut_ptr(),
+                kernels::shared::avx2_math::exp(_mm256_loadu_ps(x.as_ptr())),
+            )
+        };
+        out
+    }
+
+    /// The distance from `got` to the exact `e^x`, in units of the last place of `e^x` in f32.
+    fn ulps(got: f32, x: f32) -> f64 {
+        let exact = f64::from(x).exp();
+        let ulp = f64::from(f32::from_bits((exact as f32).to_bits() + 1) - exact as f32);
+        (f64::from(got) - exact).abs() / ulp
+    }
+
+    if !crate::cpu_has!("avx2", "fma") {
+        eprintln!("skipped: this CPU lacks avx2 or fma");
+        return;
+    }
+    // SAFETY (of every `exp8` call): this CPU has AVX2 and FMA, checked above.
+    let exp = |x: [f32; 8]| unsafe { exp8(x) };
+    let (low, high) = (-87.0f32, 88.0f32);
+    let steps = 200_000;
+    let mut worst = (0.0f64, 0.0f32);
+    for chunk in 0..steps / 8 {
+        let x: [f32; 8] =
+            std::array::from_fn(|i| low + (high - low) * (chunk * 8 + i) as f32 / steps as f32);
+        for (&x, got) in x.iter().zip(exp(x)) {
+            let error = ulps(got, x);
+            if error > worst.0 {
+                worst = (error, x);
+            }
+        }
+    }
+    assert!(worst.0 <= 2.0, "exp is {} ulp off at {}", worst.0, worst.1);
+    let special = exp([
+        0.0,
+        -0.0,
+        1.0,
+        -1.0,
+        f32::NAN,
+        -1000.0,
+        1000.0,
+        f32::NEG_INFINITY,
+    ]);
+    assert_eq!(&special[..2], &[1.0, 1.0]);
+    assert!(ulps(special[2], 1.0) <= 1.0 && ulps(special[3], -1.0) <= 1.0);
+    assert!(special[4].is_nan());
+    assert!(
+        special[5] > 0.0 && special[5] < 1e-37,
+        "clamped below: {}",
+        special[5]
+    );
+    assert!(
+        special[6].is_finite() && special[6] > 1e38,
+        "clamped above: {}",
+        special[6]
+    );
+    assert!(special[7] >= 0.0 && special[7] < 1e-37);
+}
+
+mod sampler {
+    use crate::kernels::sampler__scalar::sample;
+    use crate::rng::Rng;
+
+    fn greedy<const VOCAB: usize>(logits: &[f32]) -> u32 {
+        sample::<VOCAB>(logits, 0.0, 0, 1.0, 0.5, &mut Vec::new())
+    }
+
+    #[test]
+    fn greedy_takes_the_first_of_equal_maxima() {
+        assert_eq!(greedy::<5>(&[0.5, 2.0, -1.0, 2.0, 2.0]), 1);
+        assert_eq!(greedy::<4>(&[3.0; 4]), 0);
+        assert_eq!(greedy::<3>(&[f32::NEG_INFINITY, -5.0, -5.0]), 1);
+        assert_eq!(greedy::<1>(&[7.0]), 0);
+    }
+
+    #[test]
+    fn top_k_of_one_is_greedy() {
+        let mut rng = Rng::new(1);
+        let mut scratch = Vec::new();
+        for _ in 0..50 {
+            let logits = rng.vec(512, 5.0);
+            let best = greedy::<512>(&logits);
+            for temperature in [0.3, 1.0, 2.5] {
+                let coin = rng.unit();
+                assert_eq!(
+                    sample::<512>(&logits, temperature, 1, 1.0, coin, &mut scratch),
+                    best
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn a_tiny_top_p_is_greedy() {
+        let mut rng = Rng::new(2);
+        let mut scratch = Vec::new();
+        for _ in 0..50 {
+            let logits = rng.vec(64, 5.0);
+            let coin = rng.unit();
+            assert_eq!(
+                sample::<64>(&logits, 1.0, 0, 1e-6, coin, &mut scratch),
+                greedy::<64>(&logits)
+            );
+        }
+    }
+
+    #[test]
+    fn the_same_coin_gives_the_same_token() {
+        let mut rng = Rng::new(3);
+        let logits = rng.vec(512, 3.0);
+        let mut scratch = Vec::new();
+        for _ in 0..20 {
+            let coin = rng.unit();
+            let first = sample::<512>(&logits, 0.8, 40, 0.9, coin, &mut scratch);
+            for _ in 0..3 {
+                assert_eq!(
+                    sample::<512>(&logits, 0.8, 40, 0.9, coin, &mut scratch),
+                    first
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn different_coins_cover_different_tokens() {
+        // Equal logits: every token is equally likely, in id order, so coin c picks ⌊8c⌋.
+        let mut scratch = Vec::new();
+        for id in 0..8u32 {
+            let coin = (id as f32 + 0.5) / 8.0;
+            assert_eq!(sample::<8>(&[1.5; 8], 1.0, 0, 1.0, coin, &mut scratch), id);
+        }
+        // Random logits: a sweep of coins visits many tokens, most likely first, so the
+        // probability of the picked token never grows along the sweep.
+        let mut rng = Rng::new(4);
+        let logits = rng.vec(32, 1.0);
+        let mut picked = Vec::new();
+        for i in 0..1000 {
+            let id = sample::<32>(&logits, 1.0, 0, 1.0, i as f32 / 1000.0, &mut scratch);
+            if picked.last() != Some(&id) {
+                picked.push(id);
+            }
+        }
+        assert!(
+            picked.len() >= 20,
+            "a sweep of coins visited only {picked:?}"
+        );
+        assert!(
+            picked
+                .windows(2)
+                .all(|w| logits[w[0] as usize] >= logits[w[1] as usize]),
+            "not in order of descending probability: {picked:?}"
+        );
+        // top_k = 3 keeps the sweep to the 3 most likely tokens.
+        let mut kept: Vec<u32> = (0..1000)
+            .map(|i| sample::<32>(&logits, 1.0, 3, 1.0, i as f32 / 1000.0, &mut scratch))
+            .collect();
+        kept.dedup();
+        assert_eq!(kept, picked[..3].to_vec());
+    }
+}
