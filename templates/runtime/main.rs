@@ -28,13 +28,13 @@ struct Args {
     #[arg(long, value_name = "N", default_value_t = 128)]
     max_tokens: usize,
     /// Sampling temperature; 0 is greedy.
-    #[arg(long, value_name = "T", default_value_t = 0.0)]
+    #[arg(long, value_name = "T", default_value_t = 0.0, allow_negative_numbers = true)]
     temperature: f32,
     /// Sample among the K most likely tokens only; 0 keeps all.
     #[arg(long, value_name = "K", default_value_t = 0)]
     top_k: usize,
     /// Sample among the most likely tokens whose probabilities add up to P; 1 keeps all.
-    #[arg(long, value_name = "P", default_value_t = 1.0)]
+    #[arg(long, value_name = "P", default_value_t = 1.0, allow_negative_numbers = true)]
     top_p: f32,
     /// Seed for sampling: the same seed gives the same text.
     #[arg(long, value_name = "S", default_value_t = 0)]

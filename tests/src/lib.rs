@@ -1,0 +1,90 @@
+//! Support for the end-to-end tests: where the workspace and the real models are, and
+//! readers for the reference files (NumPy `.npy`, `reference.json`).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use serde_json::Value;
+
+/// The workspace root (the folder with interfaces/, implementations/, templates/).
+pub fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("tests/ has a parent").to_path_buf()
+}
+
+/// `MONOGEN_MODELS`, else `<workspace root>/../shared/models`.
+pub fn models_root() -> PathBuf {
+    match std::env::var_os("MONOGEN_MODELS") {
+        Some(dir) => PathBuf::from(dir),
+        None => workspace_root().join("../shared/models"),
+    }
+}
+
+/// The folder of a real model, or `None` (with a note) when the models are not here.
+/// Under CI (`CI=true`) a missing model is a failure, not a skip.
+pub fn model_dir(name: &str) -> Option<PathBuf> {
+    let dir = models_root().join(name);
+    if dir.join("model.safetensors").is_file() {
+        return Some(dir);
+    }
+    if std::env::var("CI").is_ok_and(|v| v == "true") {
+        panic!("model {} is missing (set MONOGEN_MODELS); under CI=true this is a failure", dir.display());
+    }
+    eprintln!("skipped: model {} is not present (set MONOGEN_MODELS to run this test)", dir.display());
+    None
+}
+
+/// A little-endian float32 array from a NumPy format 1.0 `.npy` file: (shape, values).
+pub fn read_npy_f32(path: &Path) -> (Vec<usize>, Vec<f32>) {
+    let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    assert_eq!(&bytes[..6], b"\x93NUMPY", "{} is not a .npy file", path.display());
+    assert_eq!(bytes[6], 1, "{}: only .npy format 1.0 is read", path.display());
+    let header_len = u16::from_le_bytes([bytes[8], bytes[9]]) as usize;
+    let header = std::str::from_utf8(&bytes[10..10 + header_len]).expect("the .npy header is ASCII");
+    assert!(header.contains("'descr': '<f4'"), "{}: expected little-endian float32, header {header}", path.display());
+    assert!(header.contains("'fortran_order': False"), "{}: expected C order", path.display());
+    let shape_text = header.split("'shape': (").nth(1).and_then(|s| s.split(')').next()).expect("a shape");
+    let shape: Vec<usize> = shape_text.split(',').map(str::trim).filter(|s| !s.is_empty()).map(|s| s.parse().expect("a dimension")).collect();
+    let data = &bytes[10 + header_len..];
+    let values: Vec<f32> = data.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+    assert_eq!(values.len(), shape.iter().product::<usize>(), "{}: data length does not match the shape", path.display());
+    (shape, values)
+}
+
+/// `reference/reference.json` of a model.
+pub fn reference_json(model: &Path) -> Value {
+    let path = model.join("reference/reference.json");
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// A JSON array of integers as token ids.
+pub fn ids(value: &Value) -> Vec<u32> {
+    value.as_array().expect("an array of ids").iter().map(|v| v.as_u64().expect("an id") as u32).collect()
+}
+
+/// Largest absolute difference, with the index where it occurs.
+pub fn max_abs_diff(a: &[f32], b: &[f32]) -> (f32, usize) {
+    assert_eq!(a.len(), b.len(), "lengths differ");
+    a.iter().zip(b).enumerate().map(|(i, (x, y))| ((x - y).abs(), i)).fold((0.0, 0), |m, d| if d.0 > m.0 { d } else { m })
+}
+
+/// The one target directory that every generated crate built by a test shares, so that
+/// their dependencies compile once.
+pub fn generated_target_dir() -> PathBuf {
+    workspace_root().join("target/generated-crates")
+}
+
+/// `cargo build` of the crate at `dir` into the shared target directory; returns the binary.
+pub fn build_crate(dir: &Path, name: &str) -> PathBuf {
+    let target = generated_target_dir();
+    let status = Command::new(env!("CARGO"))
+        .args(["build", "--quiet", "--manifest-path"])
+        .arg(dir.join("Cargo.toml"))
+        .env("CARGO_TARGET_DIR", &target)
+        .env_remove("RUSTFLAGS")
+        .env_remove("CARGO_ENCODED_RUSTFLAGS")
+        .status()
+        .expect("cargo runs");
+    assert!(status.success(), "cargo build of {} failed", dir.display());
+    target.join("debug").join(name)
+}
