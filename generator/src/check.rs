@@ -59,10 +59,8 @@ pub fn reasons(old_lock: Option<&str>, plan: &Plan, registry: &crate::registry::
                 "{}: the choice changed from {} {} to {} {} ({})",
                 i.interface, old.implementation, old.version, c.name, c.version, c.reason
             )),
-            Some(old) if old.version != c.version => out.push(format!(
-                "{}: {} changed version {} → {}",
-                i.interface, c.name, old.version, c.version
-            )),
+            Some(old) if old.version != c.version => out
+                .push(format!("{}: {} changed version {} → {}", i.interface, c.name, old.version, c.version)),
             Some(old) if old.source_sha256 != c.source_sha256 => {
                 out.push(format!("{}: the source of {} changed", i.interface, c.name))
             }
@@ -83,7 +81,10 @@ pub fn reasons(old_lock: Option<&str>, plan: &Plan, registry: &crate::registry::
         }
     }
     if out.is_empty() {
-        out.push("the generator or the templates changed (the workload and every chosen source are the same)".into());
+        out.push(
+            "the generator or the templates changed (the workload and every chosen source are the same)"
+                .into(),
+        );
     }
     out
 }

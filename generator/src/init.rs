@@ -14,8 +14,8 @@ use serde_json::{Map, Value};
 
 use crate::diagnostics::Diagnostic;
 use crate::emit::Templates;
-use crate::workload::{Device, Dtype, Llama, Request, Target, Weights, Workload, ArchitectureTag, Model};
-use crate::{cpu, Error};
+use crate::workload::{ArchitectureTag, Device, Dtype, Llama, Model, Request, Target, Weights, Workload};
+use crate::{Error, cpu};
 
 /// Which CPU features a new workload may use.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -39,7 +39,8 @@ impl CpuFeatures {
         if let Some(level) = cpu::x86_64_level(text) {
             return Ok(CpuFeatures::List(level.into_iter().map(String::from).collect()));
         }
-        let list: Vec<String> = text.split(',').map(|f| f.trim().to_string()).filter(|f| !f.is_empty()).collect();
+        let list: Vec<String> =
+            text.split(',').map(|f| f.trim().to_string()).filter(|f| !f.is_empty()).collect();
         for f in &list {
             if !cpu::X86_64_FEATURES.contains(&f.as_str()) {
                 let near = crate::diagnostics::nearest(f, cpu::X86_64_FEATURES.iter().copied())
@@ -122,9 +123,15 @@ fn required_default(key: &str, value: &Value) -> Option<Result<(), String>> {
     } else {
         Err(match key {
             "hidden_act" => format!("hidden_act = {value} is not supported: LLaMA's MLP is SwiGLU with silu"),
-            "attention_bias" | "mlp_bias" => format!("{key} = {value}: projection biases are not supported yet (they come with Qwen2-style models)"),
-            "rope_scaling" => format!("rope_scaling = {value}: rope scaling is not supported yet (it comes with Llama 3 and linear scaling)"),
-            _ => format!("pretraining_tp = {value}: only 1 is supported (it changes how the projections are split)"),
+            "attention_bias" | "mlp_bias" => format!(
+                "{key} = {value}: projection biases are not supported yet (they come with Qwen2-style models)"
+            ),
+            "rope_scaling" => format!(
+                "rope_scaling = {value}: rope scaling is not supported yet (it comes with Llama 3 and linear scaling)"
+            ),
+            _ => format!(
+                "pretraining_tp = {value}: only 1 is supported (it changes how the projections are split)"
+            ),
         })
     })
 }
@@ -158,13 +165,22 @@ pub fn workload_from_config(path: &Path, text: &str, opts: &InitOptions) -> Resu
         let needle = format!("\"{key}\"");
         text.find(&needle).map_or(0..0, |i| i..i + needle.len())
     };
-    let diag = |key: &str, message: String| Diagnostic::new(message).in_file(path, &source).primary(key_span(key), "");
+    let diag = |key: &str, message: String| {
+        Diagnostic::new(message).in_file(path, &source).primary(key_span(key), "")
+    };
     let mut problems = Vec::new();
 
     match config.get("model_type").and_then(Value::as_str) {
         Some("llama") => {}
-        Some(other) => problems.push(diag("model_type", format!("model_type `{other}` is not supported: monogen generates `llama` models for now"))),
-        None => problems.push(Diagnostic::new("config.json has no `model_type`").at_path(path).hint("a Hugging Face config.json names its model_type, e.g. \"llama\"")),
+        Some(other) => problems.push(diag(
+            "model_type",
+            format!("model_type `{other}` is not supported: monogen generates `llama` models for now"),
+        )),
+        None => problems.push(
+            Diagnostic::new("config.json has no `model_type`")
+                .at_path(path)
+                .hint("a Hugging Face config.json names its model_type, e.g. \"llama\""),
+        ),
     }
     for (key, value) in &config {
         if HONOURED.contains(&key.as_str()) || BOOKKEEPING.contains(&key.as_str()) {
@@ -186,12 +202,19 @@ pub fn workload_from_config(path: &Path, text: &str, opts: &InitOptions) -> Resu
             Some(v) => match v.as_u64() {
                 Some(n) => n as usize,
                 None => {
-                    problems.push(diag(key, format!("config.json field `{key}` = {v} is not a non-negative integer")));
+                    problems.push(diag(
+                        key,
+                        format!("config.json field `{key}` = {v} is not a non-negative integer"),
+                    ));
                     0
                 }
             },
             None => default.unwrap_or_else(|| {
-                problems.push(Diagnostic::new(format!("config.json has no `{key}`")).at_path(path).hint("monogen does not guess shapes; add the field"));
+                problems.push(
+                    Diagnostic::new(format!("config.json has no `{key}`"))
+                        .at_path(path)
+                        .hint("monogen does not guess shapes; add the field"),
+                );
                 0
             }),
         }
@@ -221,7 +244,10 @@ pub fn workload_from_config(path: &Path, text: &str, opts: &InitOptions) -> Resu
         None => false,
         Some(Value::Bool(b)) => *b,
         Some(v) => {
-            problems.push(diag("tie_word_embeddings", format!("config.json field `tie_word_embeddings` = {v} is not a boolean")));
+            problems.push(diag(
+                "tie_word_embeddings",
+                format!("config.json field `tie_word_embeddings` = {v} is not a boolean"),
+            ));
             false
         }
     };
@@ -232,7 +258,10 @@ pub fn workload_from_config(path: &Path, text: &str, opts: &InitOptions) -> Resu
             items.iter().filter_map(Value::as_u64).map(|n| n as u32).collect()
         }
         Some(v) => {
-            problems.push(diag("eos_token_id", format!("config.json field `eos_token_id` = {v} is not an id or a list of ids")));
+            problems.push(diag(
+                "eos_token_id",
+                format!("config.json field `eos_token_id` = {v} is not an id or a list of ids"),
+            ));
             vec![]
         }
     };
@@ -242,15 +271,19 @@ pub fn workload_from_config(path: &Path, text: &str, opts: &InitOptions) -> Resu
 
     let max_seq_len = opts.max_seq_len.unwrap_or(max_position_embeddings.min(4096));
     let typical_prompt_len = opts.typical_prompt_len.unwrap_or((max_seq_len / 2).clamp(1, 128));
-    let typical_decode_len = opts.typical_decode_len.unwrap_or(max_seq_len.saturating_sub(typical_prompt_len).min(128));
+    let typical_decode_len =
+        opts.typical_decode_len.unwrap_or(max_seq_len.saturating_sub(typical_prompt_len).min(128));
     let cpu_features = match &opts.cpu_features {
         CpuFeatures::Native => cpu::host_features().into_iter().map(String::from).collect(),
-        CpuFeatures::List(list) => {
-            cpu::X86_64_FEATURES.iter().filter(|f| list.iter().any(|l| l == *f)).map(|f| f.to_string()).collect()
-        }
+        CpuFeatures::List(list) => cpu::X86_64_FEATURES
+            .iter()
+            .filter(|f| list.iter().any(|l| l == *f))
+            .map(|f| f.to_string())
+            .collect(),
     };
     let threads = opts.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
-    let model_dir = path.parent().and_then(Path::file_name).map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let model_dir =
+        path.parent().and_then(Path::file_name).map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
     Ok(Workload {
         name: opts.name.clone(),
         description: Some(format!(
@@ -366,7 +399,12 @@ mod tests {
 
     #[test]
     fn unsupported_fields_are_named() {
-        let e = from(&STORIES.replace("\"rope_scaling\": null", "\"rope_scaling\": {\"type\": \"linear\", \"factor\": 2.0}")).unwrap_err();
+        let e =
+            from(&STORIES.replace(
+                "\"rope_scaling\": null",
+                "\"rope_scaling\": {\"type\": \"linear\", \"factor\": 2.0}",
+            ))
+            .unwrap_err();
         assert!(e.contains("m/config.json:14:3: config.json field `rope_scaling` cannot be honoured"), "{e}");
         let e = from(&STORIES.replace("\"attention_bias\": false", "\"attention_bias\": true")).unwrap_err();
         assert!(e.contains("`attention_bias` cannot be honoured"), "{e}");
@@ -380,7 +418,10 @@ mod tests {
 
     #[test]
     fn defaults_follow_transformers() {
-        let text = STORIES.replace("  \"num_key_value_heads\": 4,\n", "").replace("  \"head_dim\": 8,\n", "").replace("\"eos_token_id\": 2", "\"eos_token_id\": [2, 7]");
+        let text = STORIES
+            .replace("  \"num_key_value_heads\": 4,\n", "")
+            .replace("  \"head_dim\": 8,\n", "")
+            .replace("\"eos_token_id\": 2", "\"eos_token_id\": [2, 7]");
         let w = from(&text).unwrap();
         assert_eq!((w.llama().num_kv_heads, w.llama().head_dim), (8, 8));
         assert_eq!(w.llama().eos_token_ids, [2, 7]);
@@ -390,7 +431,10 @@ mod tests {
     fn cpu_feature_option_forms() {
         assert_eq!(CpuFeatures::parse("native").unwrap(), CpuFeatures::Native);
         assert_eq!(CpuFeatures::parse("none").unwrap(), CpuFeatures::List(vec![]));
-        assert_eq!(CpuFeatures::parse("avx2, fma").unwrap(), CpuFeatures::List(vec!["avx2".into(), "fma".into()]));
+        assert_eq!(
+            CpuFeatures::parse("avx2, fma").unwrap(),
+            CpuFeatures::List(vec!["avx2".into(), "fma".into()])
+        );
         assert!(CpuFeatures::parse("avx3").unwrap_err().contains("unknown CPU feature `avx3`"));
     }
 }

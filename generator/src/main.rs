@@ -11,12 +11,16 @@ use clap::{Parser, Subcommand};
 
 use monogen::emit::LOCK_FILE;
 use monogen::init::{CpuFeatures, InitOptions};
-use monogen::plan::{human_bytes, Plan, Verdict};
+use monogen::plan::{Plan, Verdict, human_bytes};
 use monogen::workload::Dtype;
-use monogen::{check, init, write, Error, Project};
+use monogen::{Error, Project, check, init, write};
 
 #[derive(Parser)]
-#[command(name = "monogen", version, about = "Generates monomorphized inference crates from workload signatures")]
+#[command(
+    name = "monogen",
+    version,
+    about = "Generates monomorphized inference crates from workload signatures"
+)]
 struct Cli {
     /// The monogen repository (interfaces/, implementations/, templates/); found from the
     /// current directory when omitted.
@@ -130,7 +134,18 @@ fn find_root(root: Option<PathBuf>) -> Result<PathBuf, Error> {
 
 fn run(cli: Cli) -> Result<ExitCode, Error> {
     match cli.command {
-        Command::Init { hf, name, output, dtype, threads, cpu_features, max_seq_len, prompt_len, decode_len, force } => {
+        Command::Init {
+            hf,
+            name,
+            output,
+            dtype,
+            threads,
+            cpu_features,
+            max_seq_len,
+            prompt_len,
+            decode_len,
+            force,
+        } => {
             let templates = monogen::emit::Templates::load(&find_root(cli.root)?)?;
             if !monogen::workload::is_crate_name(&name) {
                 return Err(Error::Refused(format!(
@@ -150,19 +165,20 @@ fn run(cli: Cli) -> Result<ExitCode, Error> {
             let workload = init::workload_from_hf(&hf, &opts)?;
             let text = init::render(&workload, &templates, &hf)?;
             let label = output.clone().unwrap_or_else(|| PathBuf::from("<standard output>"));
-            monogen::workload::WorkloadSource::from_text(&label, &text)
-                .parse()
-                .map_err(|mut ds| {
-                    for d in &mut ds {
-                        d.notes.push(format!("the workload was written from {}/config.json", hf.display()));
-                    }
-                    Error::Diagnostics(ds)
-                })?;
+            monogen::workload::WorkloadSource::from_text(&label, &text).parse().map_err(|mut ds| {
+                for d in &mut ds {
+                    d.notes.push(format!("the workload was written from {}/config.json", hf.display()));
+                }
+                Error::Diagnostics(ds)
+            })?;
             match output {
                 None => print!("{text}"),
                 Some(path) => {
                     if path.exists() && !force {
-                        return Err(Error::Refused(format!("{} exists; pass --force to overwrite it", path.display())));
+                        return Err(Error::Refused(format!(
+                            "{} exists; pass --force to overwrite it",
+                            path.display()
+                        )));
                     }
                     if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
                         std::fs::create_dir_all(parent).map_err(|e| Error::io(parent, e))?;
@@ -196,14 +212,14 @@ fn run(cli: Cli) -> Result<ExitCode, Error> {
                 if report.changed() {
                     eprintln!(
                         "built {}: {} created, {} updated, {} removed, {} unchanged",
-                        dir.display(),
+                        shown(&dir),
                         report.created.len(),
                         report.updated.len(),
                         report.removed.len(),
                         report.unchanged
                     );
                 } else {
-                    eprintln!("{} is up to date", dir.display());
+                    eprintln!("{} is up to date", shown(&dir));
                 }
             }
             Ok(ExitCode::SUCCESS)
@@ -225,22 +241,24 @@ fn run(cli: Cli) -> Result<ExitCode, Error> {
                 names.push(plan.workload.name.clone());
                 let diff = write::diff(&dir, &output)?;
                 if diff.is_clean() {
-                    println!("ok      {} ({})", dir.display(), path.display());
+                    println!("ok      {} ({})", shown(&dir), shown(path));
                     continue;
                 }
                 stale += 1;
-                println!("STALE   {} ({})", dir.display(), path.display());
+                println!("STALE   {} ({})", shown(&dir), shown(path));
                 let old_lock = std::fs::read_to_string(dir.join(LOCK_FILE)).ok();
                 for reason in check::reasons(old_lock.as_deref(), &plan, &project.registry) {
                     println!("        because {reason}");
                 }
-                for (what, files) in [("missing", &diff.missing), ("differs", &diff.modified), ("stale", &diff.stale)] {
+                for (what, files) in
+                    [("missing", &diff.missing), ("differs", &diff.modified), ("stale", &diff.stale)]
+                {
                     for f in files {
                         let edited = if diff.hand_edited.contains(f) { " (edited by hand)" } else { "" };
                         println!("        {what}: {}{edited}", f.display());
                     }
                 }
-                println!("        fix: monogen build {}", path.display());
+                println!("        fix: monogen build {}", shown(path));
             }
             if all {
                 let generated = project.root.join("generated");
@@ -254,13 +272,23 @@ fn run(cli: Cli) -> Result<ExitCode, Error> {
                     orphans.sort();
                     for orphan in orphans {
                         stale += 1;
-                        println!("ORPHAN  {} has no workload in workloads/", generated.join(&orphan).display());
+                        println!("ORPHAN  {} has no workload in workloads/", shown(&generated.join(&orphan)));
                         println!("        fix: delete it, or add workloads/{orphan}.toml");
                     }
                 }
             }
             Ok(if stale == 0 { ExitCode::SUCCESS } else { ExitCode::from(1) })
         }
+    }
+}
+
+/// `path` relative to the current directory when it is below it (shorter messages).
+fn shown(path: &Path) -> String {
+    let cwd = std::env::current_dir().ok().and_then(|d| std::fs::canonicalize(d).ok());
+    let full = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
+    match cwd.as_deref().and_then(|cwd| full.strip_prefix(cwd).ok()) {
+        Some(relative) if !relative.as_os_str().is_empty() => relative.display().to_string(),
+        _ => path.display().to_string(),
     }
 }
 
@@ -293,7 +321,10 @@ fn explain(plan: &Plan, path: &Path, out_dir: &Path) -> String {
     ));
     s.push_str(&format!(
         "  request: batch {}, up to {} positions (typical prompt {}, decode {})\n",
-        w.request.max_batch, w.request.max_seq_len, w.request.typical_prompt_len, w.request.typical_decode_len
+        w.request.max_batch,
+        w.request.max_seq_len,
+        w.request.typical_prompt_len,
+        w.request.typical_decode_len
     ));
     for i in &plan.interfaces {
         s.push_str(&format!("\n{}: {}\n", i.interface, i.summary));
@@ -302,7 +333,9 @@ fn explain(plan: &Plan, path: &Path, out_dir: &Path) -> String {
             let line = match &cand.verdict {
                 Verdict::Chosen { reason } => format!("{head}: CHOSEN, {reason}"),
                 Verdict::Outranked { reason, .. } => format!("{head}: compatible, not chosen: {reason}"),
-                Verdict::Shadowed { by } => format!("{head}: compatible, replaced by {by} (which shadows it)"),
+                Verdict::Shadowed { by } => {
+                    format!("{head}: compatible, replaced by {by} (which shadows it)")
+                }
                 Verdict::Rejected { reasons } => format!("{head}: rejected: {}", reasons.join("; ")),
             };
             s.push_str(&line);
@@ -312,7 +345,11 @@ fn explain(plan: &Plan, path: &Path, out_dir: &Path) -> String {
     let f = &plan.footprint;
     s.push_str(&format!(
         "\nstart-up check: {}\n",
-        if plan.cpu_features.is_empty() { "none (no kernel needs a CPU feature)".to_string() } else { plan.cpu_features.join(", ") }
+        if plan.cpu_features.is_empty() {
+            "none (no kernel needs a CPU feature)".to_string()
+        } else {
+            plan.cpu_features.join(", ")
+        }
     ));
     s.push_str(&format!(
         "memory: weights {} ({} parameters, {}, memory-mapped); per session: KV cache {}, activations {}\n",
@@ -322,6 +359,6 @@ fn explain(plan: &Plan, path: &Path, out_dir: &Path) -> String {
         human_bytes(f.kv_cache_bytes),
         human_bytes(f.scratch_bytes)
     ));
-    s.push_str(&format!("output: {}\n", out_dir.display()));
+    s.push_str(&format!("output: {}\n", shown(out_dir)));
     s
 }

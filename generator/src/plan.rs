@@ -79,13 +79,22 @@ pub struct Candidate {
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(tag = "verdict", rename_all = "snake_case")]
 pub enum Verdict {
-    Chosen { reason: String },
+    Chosen {
+        reason: String,
+    },
     /// Compatible, but another compatible candidate ranks higher.
-    Outranked { by: String, reason: String },
+    Outranked {
+        by: String,
+        reason: String,
+    },
     /// Compatible, but a compatible candidate declares that it replaces this one.
-    Shadowed { by: String },
+    Shadowed {
+        by: String,
+    },
     /// Does not fit the workload.
-    Rejected { reasons: Vec<String> },
+    Rejected {
+        reasons: Vec<String>,
+    },
 }
 
 /// Memory the generated crate needs at run time.

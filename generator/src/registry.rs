@@ -17,7 +17,7 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use crate::cpu;
-use crate::diagnostics::{nearest, offset_of, Diagnostic};
+use crate::diagnostics::{Diagnostic, nearest, offset_of};
 use crate::rust_source;
 use crate::workload::{Device, Dtype};
 
@@ -207,7 +207,9 @@ impl Registry {
             if !interfaces.contains_key(&interface_name) {
                 let hint = match nearest(&interface_name, interfaces.keys().map(String::as_str)) {
                     Some(near) => format!("did you mean `{near}`?"),
-                    None => format!("interfaces: {}", interfaces.keys().cloned().collect::<Vec<_>>().join(", ")),
+                    None => {
+                        format!("interfaces: {}", interfaces.keys().cloned().collect::<Vec<_>>().join(", "))
+                    }
                 };
                 problems.push(
                     Diagnostic::new(format!("implementations/{interface_name} names no interface"))
@@ -252,11 +254,7 @@ impl Registry {
                 );
             }
         }
-        if problems.is_empty() {
-            Ok(Registry { interfaces, implementations, shared })
-        } else {
-            Err(problems)
-        }
+        if problems.is_empty() { Ok(Registry { interfaces, implementations, shared }) } else { Err(problems) }
     }
 
     pub fn implementations_of(&self, interface: &str) -> &[Implementation] {
@@ -286,7 +284,9 @@ fn sorted_dirs(dir: &Path, problems: &mut Vec<Diagnostic>) -> Vec<PathBuf> {
                 }
             }
         }
-        Err(e) => problems.push(Diagnostic::new(format!("cannot read the registry folder: {e}")).at_path(dir)),
+        Err(e) => {
+            problems.push(Diagnostic::new(format!("cannot read the registry folder: {e}")).at_path(dir))
+        }
     }
     dirs.sort();
     dirs
@@ -311,7 +311,11 @@ fn load_interfaces(root: &Path, problems: &mut Vec<Diagnostic>) -> BTreeMap<Stri
     let mut out = BTreeMap::new();
     let dir = root.join("interfaces");
     let mut files: Vec<PathBuf> = match std::fs::read_dir(&dir) {
-        Ok(entries) => entries.flatten().map(|e| e.path()).filter(|p| p.extension().is_some_and(|x| x == "toml")).collect(),
+        Ok(entries) => entries
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| p.extension().is_some_and(|x| x == "toml"))
+            .collect(),
         Err(e) => {
             problems.push(Diagnostic::new(format!("cannot read the interfaces folder: {e}")).at_path(&dir));
             return out;
@@ -330,24 +334,45 @@ fn load_interfaces(root: &Path, problems: &mut Vec<Diagnostic>) -> BTreeMap<Stri
         };
         let stem = path.file_stem().unwrap_or_default().to_string_lossy().into_owned();
         if file.name != stem {
-            problems.push(Diagnostic::new(format!("interface name `{}` differs from its file name `{stem}.toml`", file.name)).at_path(&rel));
+            problems.push(
+                Diagnostic::new(format!(
+                    "interface name `{}` differs from its file name `{stem}.toml`",
+                    file.name
+                ))
+                .at_path(&rel),
+            );
             continue;
         }
         let mut ok = true;
         for f in &file.functions {
             if let Err(e) = parse_fn_decl(&f.signature) {
-                problems.push(Diagnostic::new(format!("interface `{}`: signature does not parse: {e}", file.name)).at_path(&rel).note(f.signature.clone()));
+                problems.push(
+                    Diagnostic::new(format!("interface `{}`: signature does not parse: {e}", file.name))
+                        .at_path(&rel)
+                        .note(f.signature.clone()),
+                );
                 ok = false;
             }
         }
         for t in &file.types {
             if let Err(e) = syn::parse_str::<syn::ItemStruct>(&format!("{};", t.declaration)) {
-                problems.push(Diagnostic::new(format!("interface `{}`: type declaration does not parse: {e}", file.name)).at_path(&rel).note(t.declaration.clone()));
+                problems.push(
+                    Diagnostic::new(format!(
+                        "interface `{}`: type declaration does not parse: {e}",
+                        file.name
+                    ))
+                    .at_path(&rel)
+                    .note(t.declaration.clone()),
+                );
                 ok = false;
             }
             for m in &t.methods {
                 if let Err(e) = parse_fn_decl(m) {
-                    problems.push(Diagnostic::new(format!("interface `{}`: method does not parse: {e}", file.name)).at_path(&rel).note(m.clone()));
+                    problems.push(
+                        Diagnostic::new(format!("interface `{}`: method does not parse: {e}", file.name))
+                            .at_path(&rel)
+                            .note(m.clone()),
+                    );
                     ok = false;
                 }
             }
@@ -421,40 +446,71 @@ fn load_implementation(
     let before = problems.len();
     let doc = toml::de::DeTable::parse(&text).ok();
     let span = |path: &[&str]| doc.as_ref().and_then(|d| crate::workload::span_of(d, path)).unwrap_or(0..0);
-    let diag = |message: String, path: &[&str]| Diagnostic::new(message).in_file(&rel_manifest, &text).primary(span(path), "");
+    let diag = |message: String, path: &[&str]| {
+        Diagnostic::new(message).in_file(&rel_manifest, &text).primary(span(path), "")
+    };
 
     let folder_interface = file_name(dir.parent().unwrap_or(dir));
     if m.interface != folder_interface {
-        problems.push(diag(format!("manifest says interface `{}`, but it lives under implementations/{folder_interface}/", m.interface), &["interface"]));
+        problems.push(diag(
+            format!(
+                "manifest says interface `{}`, but it lives under implementations/{folder_interface}/",
+                m.interface
+            ),
+            &["interface"],
+        ));
     }
     if m.name != file_name(dir) {
-        problems.push(diag(format!("manifest says name `{}`, but its folder is `{}`", m.name, file_name(dir)), &["name"]));
+        problems.push(diag(
+            format!("manifest says name `{}`, but its folder is `{}`", m.name, file_name(dir)),
+            &["name"],
+        ));
     }
     if !is_version(&m.version) {
-        problems.push(diag(format!("version `{}` is not of the form MAJOR.MINOR.PATCH", m.version), &["version"]));
+        problems.push(diag(
+            format!("version `{}` is not of the form MAJOR.MINOR.PATCH", m.version),
+            &["version"],
+        ));
     }
     for f in &m.constraints.cpu_features {
         if !cpu::X86_64_FEATURES.contains(&f.as_str()) {
-            problems.push(diag(format!("unknown CPU feature `{f}`"), &["constraints", "cpu_features"]).hint(format!("known: {}", cpu::X86_64_FEATURES.join(", "))));
+            problems.push(
+                diag(format!("unknown CPU feature `{f}`"), &["constraints", "cpu_features"])
+                    .hint(format!("known: {}", cpu::X86_64_FEATURES.join(", "))),
+            );
         }
     }
     if !m.constraints.cpu_features.is_empty() && m.constraints.arches.is_none() {
-        problems.push(diag("CPU features are declared without `arches`".into(), &["constraints"]).hint("add `arches = [\"x86_64\"]`"));
+        problems.push(
+            diag("CPU features are declared without `arches`".into(), &["constraints"])
+                .hint("add `arches = [\"x86_64\"]`"),
+        );
     }
     for a in m.constraints.arches.iter().flatten() {
         if !ARCHES.contains(&a.as_str()) {
-            problems.push(diag(format!("unknown arch `{a}`"), &["constraints", "arches"]).hint(format!("known: {}", ARCHES.join(", "))));
+            problems.push(
+                diag(format!("unknown arch `{a}`"), &["constraints", "arches"])
+                    .hint(format!("known: {}", ARCHES.join(", "))),
+            );
         }
     }
     for key in m.constraints.shapes.keys() {
         if !SHAPE_PARAMETERS.contains(&key.as_str()) {
-            let hint = nearest(key, SHAPE_PARAMETERS.iter().copied()).map_or_else(|| format!("known: {}", SHAPE_PARAMETERS.join(", ")), |n| format!("did you mean `{n}`?"));
-            problems.push(diag(format!("unknown shape parameter `{key}`"), &["constraints", "shapes", key]).hint(hint));
+            let hint = nearest(key, SHAPE_PARAMETERS.iter().copied()).map_or_else(
+                || format!("known: {}", SHAPE_PARAMETERS.join(", ")),
+                |n| format!("did you mean `{n}`?"),
+            );
+            problems.push(
+                diag(format!("unknown shape parameter `{key}`"), &["constraints", "shapes", key]).hint(hint),
+            );
         }
     }
     for s in &m.shared {
         if !shared.contains_key(s) {
-            problems.push(diag(format!("shared module `{s}` does not exist in implementations/{SHARED_DIR}/"), &["shared"]));
+            problems.push(diag(
+                format!("shared module `{s}` does not exist in implementations/{SHARED_DIR}/"),
+                &["shared"],
+            ));
         }
     }
 
@@ -465,7 +521,12 @@ fn load_implementation(
         match rust_source::parse_with_comments(&source) {
             Ok(file) => {
                 problems.extend(check_against_interface(&file, interface, &rel_kernel, &source));
-                problems.extend(check_target_features(&file, &m.constraints.cpu_features, &rel_kernel, &source));
+                problems.extend(check_target_features(
+                    &file,
+                    &m.constraints.cpu_features,
+                    &rel_kernel,
+                    &source,
+                ));
             }
             Err(e) => problems.push(source_diag(&rel_kernel, &source, &e)),
         }
@@ -515,7 +576,12 @@ fn span_offset(source: &str, span: proc_macro2::Span) -> std::ops::Range<usize> 
 }
 
 /// Checks that `file` exposes exactly the interface's items, with exactly its signatures.
-pub fn check_against_interface(file: &syn::File, interface: &Interface, rel: &Path, source: &Arc<str>) -> Vec<Diagnostic> {
+pub fn check_against_interface(
+    file: &syn::File,
+    interface: &Interface,
+    rel: &Path,
+    source: &Arc<str>,
+) -> Vec<Diagnostic> {
     let mut problems = Vec::new();
     let here = |span: proc_macro2::Span| span_offset(source, span);
     let mut declared: BTreeSet<String> = BTreeSet::new();
@@ -535,26 +601,35 @@ pub fn check_against_interface(file: &syn::File, interface: &Interface, rel: &Pa
                     .note(format!("expected: {}", pretty_signature(&expected.vis, &expected.sig))),
             ),
             Some(f) if sig_key(&f.vis, &f.sig) != sig_key(&expected.vis, &expected.sig) => problems.push(
-                Diagnostic::new(format!("`{name}` does not match the signature that interface `{}` declares", interface.name))
-                    .in_file(rel, source)
-                    .primary(here(f.sig.ident.span()), "this signature differs")
-                    .note(format!("expected: {}", pretty_signature(&expected.vis, &expected.sig)))
-                    .note(format!("   found: {}", pretty_signature(&f.vis, &f.sig)))
-                    .hint(format!("implementations must expose exactly the signatures of {}", interface.path.display())),
+                Diagnostic::new(format!(
+                    "`{name}` does not match the signature that interface `{}` declares",
+                    interface.name
+                ))
+                .in_file(rel, source)
+                .primary(here(f.sig.ident.span()), "this signature differs")
+                .note(format!("expected: {}", pretty_signature(&expected.vis, &expected.sig)))
+                .note(format!("   found: {}", pretty_signature(&f.vis, &f.sig)))
+                .hint(format!(
+                    "implementations must expose exactly the signatures of {}",
+                    interface.path.display()
+                )),
             ),
             Some(_) => {}
         }
     }
 
     for decl in &interface.types {
-        let expected: syn::ItemStruct = syn::parse_str(&format!("{};", decl.declaration)).expect("checked when the interface loaded");
+        let expected: syn::ItemStruct =
+            syn::parse_str(&format!("{};", decl.declaration)).expect("checked when the interface loaded");
         let name = expected.ident.to_string();
         declared.insert(name.clone());
         let found = file.items.iter().find_map(|item| match item {
             syn::Item::Struct(s) if s.ident == name => Some(s),
             _ => None,
         });
-        let header = |s: &syn::ItemStruct| format!("{} struct {}{}", s.vis.to_token_stream(), s.ident, s.generics.to_token_stream());
+        let header = |s: &syn::ItemStruct| {
+            format!("{} struct {}{}", s.vis.to_token_stream(), s.ident, s.generics.to_token_stream())
+        };
         match found {
             None => problems.push(
                 Diagnostic::new(format!("missing `{name}`, which interface `{}` requires", interface.name))
@@ -562,10 +637,13 @@ pub fn check_against_interface(file: &syn::File, interface: &Interface, rel: &Pa
                     .note(format!("expected: {}", decl.declaration)),
             ),
             Some(s) if header(s) != header(&expected) => problems.push(
-                Diagnostic::new(format!("`{name}` does not match the declaration of interface `{}`", interface.name))
-                    .in_file(rel, source)
-                    .primary(here(s.ident.span()), "this declaration differs")
-                    .note(format!("expected: {}", decl.declaration)),
+                Diagnostic::new(format!(
+                    "`{name}` does not match the declaration of interface `{}`",
+                    interface.name
+                ))
+                .in_file(rel, source)
+                .primary(here(s.ident.span()), "this declaration differs")
+                .note(format!("expected: {}", decl.declaration)),
             ),
             Some(_) => {}
         }
@@ -573,7 +651,11 @@ pub fn check_against_interface(file: &syn::File, interface: &Interface, rel: &Pa
             .items
             .iter()
             .filter_map(|item| match item {
-                syn::Item::Impl(i) if i.trait_.is_none() && self_type_name(&i.self_ty).as_deref() == Some(name.as_str()) => Some(i),
+                syn::Item::Impl(i)
+                    if i.trait_.is_none() && self_type_name(&i.self_ty).as_deref() == Some(name.as_str()) =>
+                {
+                    Some(i)
+                }
                 _ => None,
             })
             .flat_map(|i| i.items.iter())
@@ -589,16 +671,22 @@ pub fn check_against_interface(file: &syn::File, interface: &Interface, rel: &Pa
             declared_methods.insert(method.clone());
             match methods.iter().find(|f| f.sig.ident == method) {
                 None => problems.push(
-                    Diagnostic::new(format!("missing method `{name}::{method}`, which interface `{}` requires", interface.name))
-                        .at_path(rel)
-                        .note(format!("expected: {m}")),
+                    Diagnostic::new(format!(
+                        "missing method `{name}::{method}`, which interface `{}` requires",
+                        interface.name
+                    ))
+                    .at_path(rel)
+                    .note(format!("expected: {m}")),
                 ),
                 Some(f) if sig_key(&f.vis, &f.sig) != sig_key(&expected.vis, &expected.sig) => problems.push(
-                    Diagnostic::new(format!("`{name}::{method}` does not match the signature that interface `{}` declares", interface.name))
-                        .in_file(rel, source)
-                        .primary(here(f.sig.ident.span()), "this signature differs")
-                        .note(format!("expected: {}", pretty_signature(&expected.vis, &expected.sig)))
-                        .note(format!("   found: {}", pretty_signature(&f.vis, &f.sig))),
+                    Diagnostic::new(format!(
+                        "`{name}::{method}` does not match the signature that interface `{}` declares",
+                        interface.name
+                    ))
+                    .in_file(rel, source)
+                    .primary(here(f.sig.ident.span()), "this signature differs")
+                    .note(format!("expected: {}", pretty_signature(&expected.vis, &expected.sig)))
+                    .note(format!("   found: {}", pretty_signature(&f.vis, &f.sig))),
                 ),
                 Some(_) => {}
             }
@@ -606,10 +694,13 @@ pub fn check_against_interface(file: &syn::File, interface: &Interface, rel: &Pa
         for f in &methods {
             if is_pub(&f.vis) && !declared_methods.contains(&f.sig.ident.to_string()) {
                 problems.push(
-                    Diagnostic::new(format!("`{name}::{}` is public but not part of interface `{}`", f.sig.ident, interface.name))
-                        .in_file(rel, source)
-                        .primary(here(f.sig.ident.span()), "extra public method")
-                        .hint("make it private: an implementation exposes exactly its interface"),
+                    Diagnostic::new(format!(
+                        "`{name}::{}` is public but not part of interface `{}`",
+                        f.sig.ident, interface.name
+                    ))
+                    .in_file(rel, source)
+                    .primary(here(f.sig.ident.span()), "extra public method")
+                    .hint("make it private: an implementation exposes exactly its interface"),
                 );
             }
         }
@@ -651,7 +742,12 @@ fn self_type_name(ty: &syn::Type) -> Option<String> {
 }
 
 /// Every feature a kernel enables with `#[target_feature(enable = "...")]` must be declared.
-fn check_target_features(file: &syn::File, declared: &[String], rel: &Path, source: &Arc<str>) -> Vec<Diagnostic> {
+fn check_target_features(
+    file: &syn::File,
+    declared: &[String],
+    rel: &Path,
+    source: &Arc<str>,
+) -> Vec<Diagnostic> {
     struct Visitor<'a> {
         declared: &'a [String],
         problems: Vec<Diagnostic>,
@@ -716,13 +812,16 @@ mod tests {
 
     #[test]
     fn exact_signature_passes() {
-        let errors = check("pub fn matmul<const N: usize, const K: usize>(out: &mut [f32], x: &[f32], w: &[f32], rows: usize) {}\nfn helper() {}\n");
+        let errors = check(
+            "pub fn matmul<const N: usize, const K: usize>(out: &mut [f32], x: &[f32], w: &[f32], rows: usize) {}\nfn helper() {}\n",
+        );
         assert!(errors.is_empty(), "{errors:?}");
     }
 
     #[test]
     fn wrong_signature_is_rejected_with_both_forms() {
-        let errors = check("\npub fn matmul<const N: usize>(out: &mut [f32], x: &[f32], w: &[f32], rows: usize) {}\n");
+        let errors =
+            check("\npub fn matmul<const N: usize>(out: &mut [f32], x: &[f32], w: &[f32], rows: usize) {}\n");
         assert_eq!(errors.len(), 1);
         let e = &errors[0];
         assert!(e.contains("`matmul` does not match the signature that interface `matmul` declares"), "{e}");
@@ -734,11 +833,17 @@ mod tests {
     #[test]
     fn missing_unsafe_or_private_items_are_rejected() {
         assert!(check("fn other() {}\n")[0].contains("missing `matmul`"));
-        let e = check("pub unsafe fn matmul<const N: usize, const K: usize>(out: &mut [f32], x: &[f32], w: &[f32], rows: usize) {}\n");
+        let e = check(
+            "pub unsafe fn matmul<const N: usize, const K: usize>(out: &mut [f32], x: &[f32], w: &[f32], rows: usize) {}\n",
+        );
         assert!(e[0].contains("does not match"), "{e:?}");
-        let e = check("fn matmul<const N: usize, const K: usize>(out: &mut [f32], x: &[f32], w: &[f32], rows: usize) {}\n");
+        let e = check(
+            "fn matmul<const N: usize, const K: usize>(out: &mut [f32], x: &[f32], w: &[f32], rows: usize) {}\n",
+        );
         assert!(e[0].contains("does not match"), "{e:?}");
-        let e = check("pub fn matmul<const N: usize, const K: usize>(out: &mut [f32], x: &[f32], w: &[f32], rows: usize) {}\npub fn extra() {}\n");
+        let e = check(
+            "pub fn matmul<const N: usize, const K: usize>(out: &mut [f32], x: &[f32], w: &[f32], rows: usize) {}\npub fn extra() {}\n",
+        );
         assert!(e[0].contains("`extra` is public but not part of interface `matmul`"), "{e:?}");
     }
 

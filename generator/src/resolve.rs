@@ -13,7 +13,7 @@ use std::path::Path;
 use crate::cpu;
 use crate::diagnostics::Diagnostic;
 use crate::plan::{Candidate, Chosen, Consts, Footprint, InterfacePlan, Plan, Verdict};
-use crate::registry::{sha256_hex, Implementation, Registry};
+use crate::registry::{Implementation, Registry, sha256_hex};
 use crate::workload::{Architecture, Workload};
 
 /// The interfaces an architecture's forward pass calls, in the order it calls them.
@@ -70,12 +70,8 @@ pub fn rejections(imp: &Implementation, w: &Workload) -> Vec<String> {
             ));
         }
     }
-    let missing: Vec<&str> = c
-        .cpu_features
-        .iter()
-        .filter(|f| !w.target.cpu_features.contains(f))
-        .map(String::as_str)
-        .collect();
+    let missing: Vec<&str> =
+        c.cpu_features.iter().filter(|f| !w.target.cpu_features.contains(f)).map(String::as_str).collect();
     if !missing.is_empty() {
         reasons.push(format!(
             "needs CPU feature{} {}, which target.cpu_features does not list",
@@ -141,11 +137,9 @@ pub fn resolve(w: &Workload, registry: &Registry, path: &Path) -> Result<Plan, V
                 candidates,
             }),
             Err(candidates) => {
-                let mut d = Diagnostic::new(format!(
-                    "no implementation of `{name}` fits workload `{}`",
-                    w.name
-                ))
-                .at_path(path);
+                let mut d =
+                    Diagnostic::new(format!("no implementation of `{name}` fits workload `{}`", w.name))
+                        .at_path(path);
                 if candidates.is_empty() {
                     d = d.note(format!("implementations/{name}/ holds no implementation"));
                 }
@@ -229,10 +223,18 @@ fn choose(
                 let win = winner.expect("a compatible, unshadowed candidate implies a winner");
                 Verdict::Outranked {
                     by: win.name.clone(),
-                    reason: format!("declared priority {} is below {}'s {}", imp.priority, win.name, win.priority),
+                    reason: format!(
+                        "declared priority {} is below {}'s {}",
+                        imp.priority, win.name, win.priority
+                    ),
                 }
             };
-            Candidate { name: imp.name.clone(), version: imp.version.clone(), priority: imp.priority, verdict }
+            Candidate {
+                name: imp.name.clone(),
+                version: imp.version.clone(),
+                priority: imp.priority,
+                verdict,
+            }
         })
         .collect();
 
@@ -276,7 +278,8 @@ fn consts(w: &Workload) -> Consts {
 }
 
 fn footprint(w: &Workload, c: &Consts) -> Footprint {
-    let (d, h, v, q, kv) = (c.dim as u64, c.hidden_dim as u64, c.vocab_size as u64, c.q_dim as u64, c.kv_dim as u64);
+    let (d, h, v, q, kv) =
+        (c.dim as u64, c.hidden_dim as u64, c.vocab_size as u64, c.q_dim as u64, c.kv_dim as u64);
     let per_layer = 2 * d + d * q + 2 * d * kv + q * d + 3 * d * h;
     let classifier = if c.tie_word_embeddings { 0 } else { v * d };
     let parameters = v * d + c.n_layers as u64 * per_layer + d + classifier;
@@ -342,7 +345,9 @@ mod tests {
         assert!(chosen.reason.contains("highest declared priority (20) among 2"), "{}", chosen.reason);
         assert_eq!(
             candidates[1].verdict,
-            Verdict::Rejected { reasons: vec!["needs CPU feature avx512f, which target.cpu_features does not list".into()] }
+            Verdict::Rejected {
+                reasons: vec!["needs CPU feature avx512f, which target.cpu_features does not list".into()]
+            }
         );
         assert!(matches!(&candidates[2].verdict, Verdict::Outranked { by, .. } if by == "avx2"));
     }
@@ -350,7 +355,10 @@ mod tests {
     #[test]
     fn shadowing_removes_the_generic_candidate_even_at_higher_priority() {
         let w = workload();
-        let imps = vec![imp("fast", 1, needs(&["avx2"]), &["generic"]), imp("generic", 5, Constraints::default(), &[])];
+        let imps = vec![
+            imp("fast", 1, needs(&["avx2"]), &["generic"]),
+            imp("generic", 5, Constraints::default(), &[]),
+        ];
         let (chosen, candidates) = choose("matmul", &imps, &w).unwrap();
         assert_eq!(chosen.name, "fast");
         assert_eq!(candidates[1].verdict, Verdict::Shadowed { by: "fast".into() });
@@ -359,7 +367,10 @@ mod tests {
     #[test]
     fn a_shadowing_candidate_that_does_not_fit_shadows_nothing() {
         let w = workload();
-        let imps = vec![imp("fast", 1, needs(&["avx512f"]), &["generic"]), imp("generic", 0, Constraints::default(), &[])];
+        let imps = vec![
+            imp("fast", 1, needs(&["avx512f"]), &["generic"]),
+            imp("generic", 0, Constraints::default(), &[]),
+        ];
         let (chosen, _) = choose("matmul", &imps, &w).unwrap();
         assert_eq!(chosen.name, "generic");
     }
@@ -371,11 +382,18 @@ mod tests {
         let mut c = Constraints { dtypes: Some(vec![Dtype::F32]), ..Constraints::default() };
         c.shapes.insert("head_dim".into(), ShapeBound { multiple_of: Some(16), ..ShapeBound::default() });
         let reasons = rejections(&imp("x", 0, c, &[]), &w);
-        assert_eq!(reasons, [
-            "supports weight dtype f32; the workload uses bf16 (weights.dtype)",
-            "needs head_dim a multiple of 16: the workload's head_dim is 8, not a multiple of 16",
-        ]);
-        let err = choose("matmul", &[imp("x", 0, Constraints { dtypes: Some(vec![Dtype::F32]), ..Constraints::default() }, &[])], &w);
+        assert_eq!(
+            reasons,
+            [
+                "supports weight dtype f32; the workload uses bf16 (weights.dtype)",
+                "needs head_dim a multiple of 16: the workload's head_dim is 8, not a multiple of 16",
+            ]
+        );
+        let err = choose(
+            "matmul",
+            &[imp("x", 0, Constraints { dtypes: Some(vec![Dtype::F32]), ..Constraints::default() }, &[])],
+            &w,
+        );
         assert!(err.is_err());
     }
 

@@ -80,16 +80,24 @@ fn scan_line(line: &str, mut state: State, line_no: usize) -> Result<State, Sour
                     if is_doc(rest) && line[..i].trim().is_empty() {
                         return Ok(State::Code);
                     }
-                    return Err(err(i, "comment after code on the same line would be lost; put it on its own line above the code"));
+                    return Err(err(
+                        i,
+                        "comment after code on the same line would be lost; put it on its own line above the code",
+                    ));
                 }
                 b'/' if bytes.get(i + 1) == Some(&b'*') => {
-                    return Err(err(i, "block comments (/* */) would be lost; use // comments on their own lines"));
+                    return Err(err(
+                        i,
+                        "block comments (/* */) would be lost; use // comments on their own lines",
+                    ));
                 }
                 b'"' => {
                     state = State::Str;
                     i += 1;
                 }
-                b'r' if starts_raw_string(&bytes[i..]).is_some() && (i == 0 || !is_ident_byte(bytes[i - 1])) => {
+                b'r' if starts_raw_string(&bytes[i..]).is_some()
+                    && (i == 0 || !is_ident_byte(bytes[i - 1])) =>
+                {
                     let (hashes, len) = starts_raw_string(&bytes[i..]).unwrap();
                     state = State::RawStr(hashes);
                     i += len;
@@ -106,7 +114,9 @@ fn scan_line(line: &str, mut state: State, line_no: usize) -> Result<State, Sour
                 _ => i += 1,
             },
             State::RawStr(hashes) => {
-                if bytes[i] == b'"' && bytes[i + 1..].iter().take(hashes).filter(|&&b| b == b'#').count() == hashes {
+                if bytes[i] == b'"'
+                    && bytes[i + 1..].iter().take(hashes).filter(|&&b| b == b'#').count() == hashes
+                {
                     state = State::Code;
                     i += 1 + hashes;
                 } else {
@@ -285,7 +295,8 @@ fn join_turbofish(lines: &[String]) -> Vec<String> {
     while i < lines.len() {
         let line = &lines[i];
         if line.ends_with("::<") {
-            let args: Vec<&str> = lines[i + 1..].iter().map(|l| l.trim()).take_while(|l| !l.starts_with('>')).collect();
+            let args: Vec<&str> =
+                lines[i + 1..].iter().map(|l| l.trim()).take_while(|l| !l.starts_with('>')).collect();
             let close = lines.get(i + 1 + args.len()).map(|l| l.trim());
             if let Some(close) = close.filter(|_| args.iter().all(|a| a.ends_with(',') && !a.contains('('))) {
                 let generics = args.iter().map(|a| a.trim_end_matches(',')).collect::<Vec<_>>().join(", ");
@@ -325,7 +336,10 @@ mod tests {
     fn keeps_own_line_comments_at_items_and_statements() {
         let src = "// about f\nfn f() -> u32 {\n    let a = 1;\n    // the answer: \"42\"\n    a + 41\n}\n";
         let out = round_trip(src);
-        assert_eq!(out, "// about f\nfn f() -> u32 {\n    let a = 1;\n\n    // the answer: \"42\"\n    a + 41\n}\n");
+        assert_eq!(
+            out,
+            "// about f\nfn f() -> u32 {\n    let a = 1;\n\n    // the answer: \"42\"\n    a + 41\n}\n"
+        );
         let long = "x".repeat(120);
         let out = round_trip(&format!("fn f() {{\n    let a = 1;\n    // {long}\n    let b = a;\n}}\n"));
         assert!(out.contains(&format!("    // {long}\n    let b = a;")), "{out}");
@@ -335,7 +349,10 @@ mod tests {
     fn keeps_doc_comments_and_strings_with_slashes() {
         let src = "//! module\n/// doc\npub fn f() -> &'static str {\n    \"http://x\"\n}\n";
         let out = round_trip(src);
-        assert!(out.contains("//! module") && out.contains("/// doc") && out.contains("\"http://x\""), "{out}");
+        assert!(
+            out.contains("//! module") && out.contains("/// doc") && out.contains("\"http://x\""),
+            "{out}"
+        );
     }
 
     #[test]
@@ -353,17 +370,45 @@ mod tests {
     fn items_are_separated_by_blank_lines_and_uses_grouped() {
         let src = "//! doc\nuse a::b;\nuse c::d;\nmod m;\nmod n;\n// about S\nstruct S;\nimpl S {\n    fn a() {}\n    fn b() {}\n}\n";
         let out = round_trip(src);
-        assert_eq!(out, "//! doc\n\nuse a::b;\nuse c::d;\n\nmod m;\nmod n;\n\n// about S\nstruct S;\n\nimpl S {\n    fn a() {}\n\n    fn b() {}\n}\n");
+        assert_eq!(
+            out,
+            "//! doc\n\nuse a::b;\nuse c::d;\n\nmod m;\nmod n;\n\n// about S\nstruct S;\n\nimpl S {\n    fn a() {}\n\n    fn b() {}\n}\n"
+        );
     }
 
     #[test]
     fn broken_turbofish_calls_are_joined_when_they_fit() {
         let long = "a".repeat(90);
-        let lines: Vec<String> = ["        f::<", "            A,", "            B,", "        >(x, y);", "        g::<", "            C,", "        >(", "            z,", "        );", "    h::<", "        D,", &format!("    >({long}, b);")]
-            .iter()
-            .map(|s| s.to_string())
-            .collect();
-        assert_eq!(join_turbofish(&lines), ["        f::<A, B>(x, y);", "        g::<C>(", "            z,", "        );", "    h::<D>(", &format!("        {long},"), "        b,", "    );"]);
+        let lines: Vec<String> = [
+            "        f::<",
+            "            A,",
+            "            B,",
+            "        >(x, y);",
+            "        g::<",
+            "            C,",
+            "        >(",
+            "            z,",
+            "        );",
+            "    h::<",
+            "        D,",
+            &format!("    >({long}, b);"),
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        assert_eq!(
+            join_turbofish(&lines),
+            [
+                "        f::<A, B>(x, y);",
+                "        g::<C>(",
+                "            z,",
+                "        );",
+                "    h::<D>(",
+                &format!("        {long},"),
+                "        b,",
+                "    );"
+            ]
+        );
     }
 
     #[test]

@@ -17,7 +17,7 @@ use serde::{Deserialize, Serialize};
 use toml::de::{DeTable, DeValue};
 
 use crate::cpu;
-use crate::diagnostics::{nearest, Diagnostic};
+use crate::diagnostics::{Diagnostic, nearest};
 
 /// Largest workload file monogen reads; anything bigger is not a workload.
 pub const MAX_WORKLOAD_BYTES: u64 = 1 << 20;
@@ -269,22 +269,29 @@ impl WorkloadSource {
     pub fn parse(&self) -> Result<Workload, Vec<Diagnostic>> {
         let text: &str = &self.text;
         if text.trim().is_empty() {
-            return Err(vec![Diagnostic::new("workload file is empty")
-                .at_path(&self.path)
-                .hint("`monogen init --hf MODEL_DIR --name NAME` writes a complete workload")]);
+            return Err(vec![
+                Diagnostic::new("workload file is empty")
+                    .at_path(&self.path)
+                    .hint("`monogen init --hf MODEL_DIR --name NAME` writes a complete workload"),
+            ]);
         }
         let doc = DeTable::parse(text).map_err(|e| vec![self.toml_error(&e)])?;
         let probe: ArchitectureProbe = toml::from_str(text).map_err(|e| vec![self.toml_error(&e)])?;
         let Some(architecture) = probe.model.and_then(|m| m.architecture) else {
             let span = span_of(&doc, &["model"]).unwrap_or(0..0);
-            return Err(vec![self
-                .diag("missing field `model.architecture`")
-                .primary(span, "the [model] table must say which architecture it describes")
-                .hint(format!("add `architecture = \"llama\"` to [model]; known: {}", Architecture::ALL.join(", ")))]);
+            return Err(vec![
+                self.diag("missing field `model.architecture`")
+                    .primary(span, "the [model] table must say which architecture it describes")
+                    .hint(format!(
+                        "add `architecture = \"llama\"` to [model]; known: {}",
+                        Architecture::ALL.join(", ")
+                    )),
+            ]);
         };
         let workload = match architecture.get_ref().as_str() {
             "llama" => {
-                let file: WorkloadFile<Llama> = toml::from_str(text).map_err(|e| vec![self.toml_error(&e)])?;
+                let file: WorkloadFile<Llama> =
+                    toml::from_str(text).map_err(|e| vec![self.toml_error(&e)])?;
                 Workload {
                     name: file.name,
                     description: file.description,
@@ -306,11 +313,7 @@ impl WorkloadSource {
             }
         };
         let problems = check(&workload, &|path| span_of(&doc, path), self);
-        if problems.is_empty() {
-            Ok(workload)
-        } else {
-            Err(problems)
-        }
+        if problems.is_empty() { Ok(workload) } else { Err(problems) }
     }
 
     /// Turns a `toml` error into a diagnostic, with a hint for misspelt keys and variants.
@@ -328,11 +331,7 @@ impl WorkloadSource {
 fn span_clamp(text: &str, span: &Range<usize>) -> Range<usize> {
     let end = span.end.min(text.len());
     let start = span.start.min(end);
-    if text.is_char_boundary(start) && text.is_char_boundary(end) {
-        start..end
-    } else {
-        0..0
-    }
+    if text.is_char_boundary(start) && text.is_char_boundary(end) { start..end } else { 0..0 }
 }
 
 fn first_line(message: &str) -> String {
@@ -401,14 +400,17 @@ fn check(
 ) -> Vec<Diagnostic> {
     let mut out = Vec::new();
     let at = |path: &[&str]| span(path).unwrap_or(0..0);
-    let mk = |path: &[&str], message: String, label: &str, hint: String| src.diag(message).primary(at(path), label).hint(hint);
+    let mk = |path: &[&str], message: String, label: &str, hint: String| {
+        src.diag(message).primary(at(path), label).hint(hint)
+    };
 
     if !is_crate_name(&w.name) {
         out.push(mk(
             &["name"],
             format!("`{}` cannot name a crate", w.name),
             "not a valid crate name",
-            "use lowercase letters, digits, `-` and `_`, starting with a letter (at most 64 characters)".into(),
+            "use lowercase letters, digits, `-` and `_`, starting with a letter (at most 64 characters)"
+                .into(),
         ));
     }
 
@@ -426,7 +428,12 @@ fn check(
             ];
             for (key, value) in positive {
                 if value == 0 {
-                    out.push(mk(&["model", key], format!("model.{key} must be at least 1"), "zero", "copy the value from the model's config.json".into()));
+                    out.push(mk(
+                        &["model", key],
+                        format!("model.{key} must be at least 1"),
+                        "zero",
+                        "copy the value from the model's config.json".into(),
+                    ));
                 }
             }
             if m.num_heads > 0 && m.num_kv_heads > 0 && m.num_heads % m.num_kv_heads != 0 {
@@ -435,7 +442,10 @@ fn check(
                         "model.num_heads ({}) is not a multiple of model.num_kv_heads ({})",
                         m.num_heads, m.num_kv_heads
                     ))
-                    .primary(at(&["model", "num_kv_heads"]), "each kv head must serve the same number of query heads");
+                    .primary(
+                        at(&["model", "num_kv_heads"]),
+                        "each kv head must serve the same number of query heads",
+                    );
                 if let Some(s) = span(&["model", "num_heads"]) {
                     d = d.secondary(s, "query heads");
                 }
@@ -456,29 +466,70 @@ fn check(
                     d = d.secondary(s, "hidden_size");
                 }
                 let hint = if m.hidden_size % m.num_heads == 0 {
-                    format!("for a LLaMA model, head_dim = hidden_size / num_heads = {}", m.hidden_size / m.num_heads)
+                    format!(
+                        "for a LLaMA model, head_dim = hidden_size / num_heads = {}",
+                        m.hidden_size / m.num_heads
+                    )
                 } else {
                     "hidden_size must be a multiple of num_heads".to_string()
                 };
                 out.push(d.hint(hint));
             }
             if m.head_dim % 2 == 1 {
-                out.push(mk(&["model", "head_dim"], format!("model.head_dim ({}) is odd", m.head_dim), "rotary embeddings rotate pairs of values", "LLaMA head dims are even; check config.json".into()));
+                out.push(mk(
+                    &["model", "head_dim"],
+                    format!("model.head_dim ({}) is odd", m.head_dim),
+                    "rotary embeddings rotate pairs of values",
+                    "LLaMA head dims are even; check config.json".into(),
+                ));
             }
             if !(m.rope_theta.is_finite() && m.rope_theta > 1.0) {
-                out.push(mk(&["model", "rope_theta"], format!("model.rope_theta ({}) is out of range", m.rope_theta), "must be a finite number above 1", "LLaMA models use 10000.0; Llama 3 uses 500000.0".into()));
+                out.push(mk(
+                    &["model", "rope_theta"],
+                    format!("model.rope_theta ({}) is out of range", m.rope_theta),
+                    "must be a finite number above 1",
+                    "LLaMA models use 10000.0; Llama 3 uses 500000.0".into(),
+                ));
             }
             if !(m.rms_norm_eps.is_finite() && m.rms_norm_eps > 0.0 && m.rms_norm_eps < 1.0) {
-                out.push(mk(&["model", "rms_norm_eps"], format!("model.rms_norm_eps ({}) is out of range", m.rms_norm_eps), "must be above 0 and below 1", "typical values are 1e-5 and 1e-6".into()));
+                out.push(mk(
+                    &["model", "rms_norm_eps"],
+                    format!("model.rms_norm_eps ({}) is out of range", m.rms_norm_eps),
+                    "must be above 0 and below 1",
+                    "typical values are 1e-5 and 1e-6".into(),
+                ));
             }
             if m.vocab_size > 0 && m.bos_token_id as usize >= m.vocab_size {
-                out.push(mk(&["model", "bos_token_id"], format!("model.bos_token_id ({}) is not below vocab_size ({})", m.bos_token_id, m.vocab_size), "outside the vocabulary", "check bos_token_id in config.json".into()));
+                out.push(mk(
+                    &["model", "bos_token_id"],
+                    format!(
+                        "model.bos_token_id ({}) is not below vocab_size ({})",
+                        m.bos_token_id, m.vocab_size
+                    ),
+                    "outside the vocabulary",
+                    "check bos_token_id in config.json".into(),
+                ));
             }
             if m.eos_token_ids.is_empty() {
-                out.push(mk(&["model", "eos_token_ids"], "model.eos_token_ids is empty".into(), "generation could never stop at end of sequence", "list the model's end-of-sequence ids, e.g. [2]".into()));
+                out.push(mk(
+                    &["model", "eos_token_ids"],
+                    "model.eos_token_ids is empty".into(),
+                    "generation could never stop at end of sequence",
+                    "list the model's end-of-sequence ids, e.g. [2]".into(),
+                ));
             }
-            if let Some(bad) = m.eos_token_ids.iter().find(|&&id| m.vocab_size > 0 && id as usize >= m.vocab_size) {
-                out.push(mk(&["model", "eos_token_ids"], format!("model.eos_token_ids holds {bad}, which is not below vocab_size ({})", m.vocab_size), "outside the vocabulary", "check eos_token_id in config.json".into()));
+            if let Some(bad) =
+                m.eos_token_ids.iter().find(|&&id| m.vocab_size > 0 && id as usize >= m.vocab_size)
+            {
+                out.push(mk(
+                    &["model", "eos_token_ids"],
+                    format!(
+                        "model.eos_token_ids holds {bad}, which is not below vocab_size ({})",
+                        m.vocab_size
+                    ),
+                    "outside the vocabulary",
+                    "check eos_token_id in config.json".into(),
+                ));
             }
             if w.request.max_seq_len > m.max_position_embeddings && m.max_position_embeddings > 0 {
                 let mut d = src
@@ -505,9 +556,17 @@ fn check(
                         Some(near) => format!("did you mean `{near}`?"),
                         None => format!("known x86_64 features: {}", cpu::X86_64_FEATURES.join(", ")),
                     };
-                    out.push(src.diag(format!("unknown CPU feature `{f}`")).primary(path_span.unwrap_or(0..0), "not an x86_64 feature monogen knows").hint(hint));
+                    out.push(
+                        src.diag(format!("unknown CPU feature `{f}`"))
+                            .primary(path_span.unwrap_or(0..0), "not an x86_64 feature monogen knows")
+                            .hint(hint),
+                    );
                 } else if !seen.insert(f.as_str()) {
-                    out.push(src.diag(format!("CPU feature `{f}` is listed twice")).primary(path_span.unwrap_or(0..0), "duplicate").hint("list each feature once"));
+                    out.push(
+                        src.diag(format!("CPU feature `{f}` is listed twice"))
+                            .primary(path_span.unwrap_or(0..0), "duplicate")
+                            .hint("list each feature once"),
+                    );
                 }
             }
         }
@@ -516,28 +575,70 @@ fn check(
                 Some(near) => format!("did you mean `{near}`?"),
                 None => "monogen generates CPU code for x86_64 only, for now".into(),
             };
-            out.push(mk(&["target", "arch"], format!("unsupported target arch `{other}`"), "not an arch monogen generates for", hint));
+            out.push(mk(
+                &["target", "arch"],
+                format!("unsupported target arch `{other}`"),
+                "not an arch monogen generates for",
+                hint,
+            ));
         }
     }
     if w.target.threads == 0 {
-        out.push(mk(&["target", "threads"], "target.threads must be at least 1".into(), "zero threads", "use the number of cores to run on, e.g. 2".into()));
+        out.push(mk(
+            &["target", "threads"],
+            "target.threads must be at least 1".into(),
+            "zero threads",
+            "use the number of cores to run on, e.g. 2".into(),
+        ));
     } else if w.target.threads > 1024 {
-        out.push(mk(&["target", "threads"], format!("target.threads ({}) is above 1024", w.target.threads), "too many", "use the number of cores to run on".into()));
+        out.push(mk(
+            &["target", "threads"],
+            format!("target.threads ({}) is above 1024", w.target.threads),
+            "too many",
+            "use the number of cores to run on".into(),
+        ));
     }
 
     let r = &w.request;
     if r.max_batch == 0 {
-        out.push(mk(&["request", "max_batch"], "request.max_batch must be at least 1".into(), "zero", "use 1".into()));
+        out.push(mk(
+            &["request", "max_batch"],
+            "request.max_batch must be at least 1".into(),
+            "zero",
+            "use 1".into(),
+        ));
     } else if r.max_batch > 1 {
         out.push(mk(&["request", "max_batch"], format!("request.max_batch = {} is not supported yet", r.max_batch), "batching does not exist yet", "use max_batch = 1; generated crates serve one sequence per session (run several sessions to serve several requests)".into()));
     }
     if r.max_seq_len == 0 {
-        out.push(mk(&["request", "max_seq_len"], "request.max_seq_len must be at least 1".into(), "zero", "use the longest prompt plus generation you serve".into()));
+        out.push(mk(
+            &["request", "max_seq_len"],
+            "request.max_seq_len must be at least 1".into(),
+            "zero",
+            "use the longest prompt plus generation you serve".into(),
+        ));
     }
     if r.typical_prompt_len == 0 || r.typical_prompt_len > r.max_seq_len {
-        out.push(mk(&["request", "typical_prompt_len"], format!("request.typical_prompt_len ({}) must be between 1 and max_seq_len ({})", r.typical_prompt_len, r.max_seq_len), "out of range", "use the prompt length you expect most often".into()));
+        out.push(mk(
+            &["request", "typical_prompt_len"],
+            format!(
+                "request.typical_prompt_len ({}) must be between 1 and max_seq_len ({})",
+                r.typical_prompt_len, r.max_seq_len
+            ),
+            "out of range",
+            "use the prompt length you expect most often".into(),
+        ));
     } else if r.typical_decode_len > r.max_seq_len - r.typical_prompt_len {
-        out.push(mk(&["request", "typical_decode_len"], format!("request.typical_prompt_len + typical_decode_len ({}) is above max_seq_len ({})", r.typical_prompt_len + r.typical_decode_len, r.max_seq_len), "a typical request would not fit", format!("use at most {}", r.max_seq_len - r.typical_prompt_len)));
+        out.push(mk(
+            &["request", "typical_decode_len"],
+            format!(
+                "request.typical_prompt_len + typical_decode_len ({}) is above max_seq_len ({})",
+                r.typical_prompt_len + r.typical_decode_len,
+                r.max_seq_len
+            ),
+            "a typical request would not fit",
+            format!("use at most {}", r.max_seq_len - r.typical_prompt_len),
+        ));
     }
     out
 }
@@ -630,7 +731,6 @@ mod tests {
     use super::tests_support::GOOD;
     use super::*;
 
-
     fn parse(text: &str) -> Result<Workload, Vec<Diagnostic>> {
         WorkloadSource::from_text("w.toml", text).parse()
     }
@@ -665,7 +765,10 @@ mod tests {
     #[test]
     fn semantic_errors_name_the_field_and_hint() {
         let e = first_error(&GOOD.replace("num_kv_heads = 4", "num_kv_heads = 3"));
-        assert!(e.contains("w.toml:10:16: model.num_heads (8) is not a multiple of model.num_kv_heads (3)"), "{e}");
+        assert!(
+            e.contains("w.toml:10:16: model.num_heads (8) is not a multiple of model.num_kv_heads (3)"),
+            "{e}"
+        );
         assert!(e.contains("divisors of 8 are 1, 2, 4, 8"), "{e}");
 
         let e = first_error(&GOOD.replace("head_dim = 8", "head_dim = 16"));

@@ -20,8 +20,8 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
-use crate::emit::{check_header, HeaderStatus, Output, LOCK_FILE};
 use crate::Error;
+use crate::emit::{HeaderStatus, LOCK_FILE, Output, check_header};
 
 /// Name of the staging directory inside an output directory.
 pub const STAGING_DIR: &str = ".monogen-staging";
@@ -92,7 +92,11 @@ pub fn previous_files(dir: &Path) -> Result<Option<BTreeSet<PathBuf>>, Error> {
     files.insert(PathBuf::from(LOCK_FILE));
     for f in &files {
         if f.is_absolute() || f.components().any(|c| matches!(c, std::path::Component::ParentDir)) {
-            return Err(Error::Refused(format!("{} lists a path outside the crate: {}", lock_path.display(), f.display())));
+            return Err(Error::Refused(format!(
+                "{} lists a path outside the crate: {}",
+                lock_path.display(),
+                f.display()
+            )));
         }
     }
     Ok(Some(files))
@@ -397,7 +401,10 @@ mod tests {
         fs::write(staging.join("files/src/a.rs"), "half").unwrap();
         assert!(recover(dir.path()).unwrap());
         assert!(!staging.exists());
-        assert_eq!(fs::read_to_string(dir.path().join("src/a.rs")).unwrap(), first.files[Path::new("src/a.rs")]);
+        assert_eq!(
+            fs::read_to_string(dir.path().join("src/a.rs")).unwrap(),
+            first.files[Path::new("src/a.rs")]
+        );
 
         // Interrupted after it: the journal is carried out.
         fs::create_dir_all(staging.join("files/src")).unwrap();

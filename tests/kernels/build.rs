@@ -92,8 +92,7 @@ impl Implementation {
         if self.cpu_features.is_empty() {
             "true".to_string()
         } else {
-            let features: Vec<String> =
-                self.cpu_features.iter().map(|f| format!("{f:?}")).collect();
+            let features: Vec<String> = self.cpu_features.iter().map(|f| format!("{f:?}")).collect();
             format!("{krate}::cpu_has!({})", features.join(", "))
         }
     }
@@ -102,10 +101,7 @@ impl Implementation {
 fn main() {
     let manifest_dir =
         PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"));
-    let root = manifest_dir
-        .join("../..")
-        .canonicalize()
-        .expect("the project root exists");
+    let root = manifest_dir.join("../..").canonicalize().expect("the project root exists");
     let interfaces_dir = root.join("interfaces");
     let implementations_dir = root.join("implementations");
     let shared_dir = implementations_dir.join("_shared");
@@ -117,9 +113,7 @@ fn main() {
     let shared_modules = read_shared_modules(&shared_dir);
     let implementations = read_implementations(&implementations_dir, &references, &shared_modules);
     for (interface, reference) in &references {
-        let found = implementations
-            .iter()
-            .any(|i| &i.interface == interface && &i.name == reference);
+        let found = implementations.iter().any(|i| &i.interface == interface && &i.name == reference);
         assert!(
             found,
             "interface `{interface}` names `{reference}` as its reference, but implementations/{interface}/{reference} does not exist"
@@ -127,18 +121,9 @@ fn main() {
     }
 
     let out_dir = PathBuf::from(std::env::var("OUT_DIR").expect("cargo sets OUT_DIR"));
-    write(
-        &out_dir.join("kernels.rs"),
-        &kernels_module(&implementations, &shared_modules),
-    );
-    write(
-        &out_dir.join("implementations.rs"),
-        &for_each_macros(&implementations, &references),
-    );
-    write(
-        &out_dir.join("conformance.rs"),
-        &conformance_tests(&implementations, &references),
-    );
+    write(&out_dir.join("kernels.rs"), &kernels_module(&implementations, &shared_modules));
+    write(&out_dir.join("implementations.rs"), &for_each_macros(&implementations, &references));
+    write(&out_dir.join("conformance.rs"), &conformance_tests(&implementations, &references));
 }
 
 /// Interface name → the name of its reference implementation.
@@ -150,12 +135,7 @@ fn read_interfaces(dir: &Path) -> BTreeMap<String, String> {
         }
         let file: InterfaceFile = parse_toml(&path);
         let stem = path.file_stem().unwrap_or_default().to_string_lossy();
-        assert_eq!(
-            file.name,
-            stem,
-            "{}: the name differs from the file name",
-            path.display()
-        );
+        assert_eq!(file.name, stem, "{}: the name differs from the file name", path.display());
         references.insert(file.name, file.reference);
     }
     references
@@ -169,11 +149,7 @@ fn read_shared_modules(dir: &Path) -> BTreeMap<String, PathBuf> {
     }
     for path in sorted_entries(dir) {
         if path.extension().is_some_and(|e| e == "rs") {
-            let name = path
-                .file_stem()
-                .unwrap_or_default()
-                .to_string_lossy()
-                .into_owned();
+            let name = path.file_stem().unwrap_or_default().to_string_lossy().into_owned();
             modules.insert(name, path);
         }
     }
@@ -195,17 +171,11 @@ fn read_implementations(
             references.contains_key(&interface),
             "implementations/{interface} names no interface in interfaces/"
         );
-        for impl_dir in sorted_entries(&interface_dir)
-            .into_iter()
-            .filter(|p| p.is_dir())
-        {
+        for impl_dir in sorted_entries(&interface_dir).into_iter().filter(|p| p.is_dir()) {
             println!("cargo::rerun-if-changed={}", impl_dir.display());
             let manifest: Manifest = parse_toml(&impl_dir.join("manifest.toml"));
             let where_ = impl_dir.display();
-            assert_eq!(
-                manifest.interface, interface,
-                "{where_}: manifest interface differs from the folder"
-            );
+            assert_eq!(manifest.interface, interface, "{where_}: manifest interface differs from the folder");
             assert_eq!(
                 manifest.name,
                 file_name(&impl_dir),
@@ -233,10 +203,7 @@ fn read_implementations(
     implementations
 }
 
-fn kernels_module(
-    implementations: &[Implementation],
-    shared_modules: &BTreeMap<String, PathBuf>,
-) -> String {
+fn kernels_module(implementations: &[Implementation], shared_modules: &BTreeMap<String, PathBuf>) -> String {
     let mut out = String::new();
     out.push_str("/// Every implementation of `implementations/`, as `<interface>__<name>`.\n");
     out.push_str("pub mod kernels {\n");
@@ -244,20 +211,15 @@ fn kernels_module(
     out.push_str("    pub mod shared {\n");
     for (module, path) in shared_modules {
         // A shared module compiles wherever one of its users does; unused, everywhere.
-        let users: Vec<&Implementation> = implementations
-            .iter()
-            .filter(|i| i.shared.contains(module))
-            .collect();
-        let arches: Option<Vec<String>> =
-            if users.iter().any(|i| i.arches.is_none()) || users.is_empty() {
-                None
-            } else {
-                let union: BTreeSet<String> = users
-                    .iter()
-                    .flat_map(|i| i.arches.iter().flatten().cloned())
-                    .collect();
-                Some(union.into_iter().collect())
-            };
+        let users: Vec<&Implementation> =
+            implementations.iter().filter(|i| i.shared.contains(module)).collect();
+        let arches: Option<Vec<String>> = if users.iter().any(|i| i.arches.is_none()) || users.is_empty() {
+            None
+        } else {
+            let union: BTreeSet<String> =
+                users.iter().flat_map(|i| i.arches.iter().flatten().cloned()).collect();
+            Some(union.into_iter().collect())
+        };
         if let Some(cfg) = arch_cfg(arches.as_deref()) {
             writeln!(out, "        {cfg}").unwrap();
         }
@@ -278,18 +240,17 @@ fn kernels_module(
     out
 }
 
-fn for_each_macros(
-    implementations: &[Implementation],
-    references: &BTreeMap<String, String>,
-) -> String {
+fn for_each_macros(implementations: &[Implementation], references: &BTreeMap<String, String>) -> String {
     let mut out = String::new();
     for (interface, reference) in references {
-        let mut members: Vec<&Implementation> = implementations
-            .iter()
-            .filter(|i| &i.interface == interface)
-            .collect();
+        let mut members: Vec<&Implementation> =
+            implementations.iter().filter(|i| &i.interface == interface).collect();
         members.sort_by_key(|i| &i.name != reference);
-        writeln!(out, "/// Calls `$callback!(name, module, available)` for every implementation of `{interface}`,").unwrap();
+        writeln!(
+            out,
+            "/// Calls `$callback!(name, module, available)` for every implementation of `{interface}`,"
+        )
+        .unwrap();
         writeln!(
             out,
             "/// the reference (`{reference}`) first; `available` says whether this CPU can run it."
@@ -302,39 +263,22 @@ fn for_each_macros(
             if let Some(cfg) = imp.arch_cfg() {
                 writeln!(out, "        {cfg}").unwrap();
             }
-            writeln!(
-                out,
-                "        $callback!({:?}, {}, {});",
-                imp.name,
-                imp.module,
-                imp.available("$crate")
-            )
-            .unwrap();
+            writeln!(out, "        $callback!({:?}, {}, {});", imp.name, imp.module, imp.available("$crate"))
+                .unwrap();
         }
         out.push_str("    };\n}\n\n");
     }
     out
 }
 
-fn conformance_tests(
-    implementations: &[Implementation],
-    references: &BTreeMap<String, String>,
-) -> String {
+fn conformance_tests(implementations: &[Implementation], references: &BTreeMap<String, String>) -> String {
     let mut out = String::new();
     for imp in implementations {
         let reference = &references[&imp.interface];
         let reference_module = format!("{}__{}", imp.interface, reference.replace('-', "_"));
         let label = format!("{}/{}", imp.interface, imp.name);
-        let check = format!(
-            "crate::conform_{}!({}, {reference_module});",
-            imp.interface, imp.module
-        );
-        writeln!(
-            out,
-            "/// `{label}` against the reference `{}/{reference}`.",
-            imp.interface
-        )
-        .unwrap();
+        let check = format!("crate::conform_{}!({}, {reference_module});", imp.interface, imp.module);
+        writeln!(out, "/// `{label}` against the reference `{}/{reference}`.", imp.interface).unwrap();
         out.push_str("#[test]\n#[allow(non_snake_case)]\n");
         writeln!(out, "fn {}() {{", imp.module).unwrap();
         match imp.arch_cfg() {
@@ -348,11 +292,7 @@ fn conformance_tests(
                 let predicate =
                     arch_predicate(imp.arches.as_deref()).expect("an arch-limited implementation");
                 writeln!(out, "    #[cfg(not({predicate}))]").unwrap();
-                writeln!(
-                    out,
-                    "    eprintln!(\"skipped {label}: it is for {arches} only\");"
-                )
-                .unwrap();
+                writeln!(out, "    eprintln!(\"skipped {label}: it is for {arches} only\");").unwrap();
             }
             None => {
                 write_feature_gate(&mut out, imp, &label, "    ");
@@ -371,11 +311,7 @@ fn write_feature_gate(out: &mut String, imp: &Implementation, label: &str, inden
     }
     let features = imp.cpu_features.join(", ");
     writeln!(out, "{indent}if !{} {{", imp.available("crate")).unwrap();
-    writeln!(
-        out,
-        "{indent}    eprintln!(\"skipped {label}: this CPU lacks one of {features}\");"
-    )
-    .unwrap();
+    writeln!(out, "{indent}    eprintln!(\"skipped {label}: this CPU lacks one of {features}\");").unwrap();
     writeln!(out, "{indent}    return;").unwrap();
     writeln!(out, "{indent}}}").unwrap();
 }
@@ -387,33 +323,23 @@ fn arch_cfg(arches: Option<&[String]>) -> Option<String> {
 
 /// `any(target_arch = ...)` for a list of arches; `None` for any arch.
 fn arch_predicate(arches: Option<&[String]>) -> Option<String> {
-    let list: Vec<String> = arches?
-        .iter()
-        .map(|a| format!("target_arch = {a:?}"))
-        .collect();
+    let list: Vec<String> = arches?.iter().map(|a| format!("target_arch = {a:?}")).collect();
     Some(format!("any({})", list.join(", ")))
 }
 
 fn sorted_entries(dir: &Path) -> Vec<PathBuf> {
-    let entries =
-        fs::read_dir(dir).unwrap_or_else(|e| panic!("cannot read {}: {e}", dir.display()));
-    let mut paths: Vec<PathBuf> = entries
-        .map(|e| e.expect("a readable directory entry").path())
-        .collect();
+    let entries = fs::read_dir(dir).unwrap_or_else(|e| panic!("cannot read {}: {e}", dir.display()));
+    let mut paths: Vec<PathBuf> = entries.map(|e| e.expect("a readable directory entry").path()).collect();
     paths.sort();
     paths
 }
 
 fn file_name(path: &Path) -> String {
-    path.file_name()
-        .unwrap_or_default()
-        .to_string_lossy()
-        .into_owned()
+    path.file_name().unwrap_or_default().to_string_lossy().into_owned()
 }
 
 fn parse_toml<T: serde::de::DeserializeOwned>(path: &Path) -> T {
-    let text =
-        fs::read_to_string(path).unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
+    let text = fs::read_to_string(path).unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
     toml::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 

@@ -40,13 +40,28 @@ pub fn read_npy_f32(path: &Path) -> (Vec<usize>, Vec<f32>) {
     assert_eq!(bytes[6], 1, "{}: only .npy format 1.0 is read", path.display());
     let header_len = u16::from_le_bytes([bytes[8], bytes[9]]) as usize;
     let header = std::str::from_utf8(&bytes[10..10 + header_len]).expect("the .npy header is ASCII");
-    assert!(header.contains("'descr': '<f4'"), "{}: expected little-endian float32, header {header}", path.display());
+    assert!(
+        header.contains("'descr': '<f4'"),
+        "{}: expected little-endian float32, header {header}",
+        path.display()
+    );
     assert!(header.contains("'fortran_order': False"), "{}: expected C order", path.display());
     let shape_text = header.split("'shape': (").nth(1).and_then(|s| s.split(')').next()).expect("a shape");
-    let shape: Vec<usize> = shape_text.split(',').map(str::trim).filter(|s| !s.is_empty()).map(|s| s.parse().expect("a dimension")).collect();
+    let shape: Vec<usize> = shape_text
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(|s| s.parse().expect("a dimension"))
+        .collect();
     let data = &bytes[10 + header_len..];
-    let values: Vec<f32> = data.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
-    assert_eq!(values.len(), shape.iter().product::<usize>(), "{}: data length does not match the shape", path.display());
+    let values: Vec<f32> =
+        data.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+    assert_eq!(
+        values.len(),
+        shape.iter().product::<usize>(),
+        "{}: data length does not match the shape",
+        path.display()
+    );
     (shape, values)
 }
 
@@ -65,7 +80,11 @@ pub fn ids(value: &Value) -> Vec<u32> {
 /// Largest absolute difference, with the index where it occurs.
 pub fn max_abs_diff(a: &[f32], b: &[f32]) -> (f32, usize) {
     assert_eq!(a.len(), b.len(), "lengths differ");
-    a.iter().zip(b).enumerate().map(|(i, (x, y))| ((x - y).abs(), i)).fold((0.0, 0), |m, d| if d.0 > m.0 { d } else { m })
+    a.iter()
+        .zip(b)
+        .enumerate()
+        .map(|(i, (x, y))| ((x - y).abs(), i))
+        .fold((0.0, 0), |m, d| if d.0 > m.0 { d } else { m })
 }
 
 /// The one target directory that every generated crate built by a test shares, so that

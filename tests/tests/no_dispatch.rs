@@ -10,8 +10,23 @@ use syn::visit::Visit;
 
 /// Names whose appearance in a `match` means dispatch over what should be resolved already.
 const RESOLVED_NAMES: &[&str] = &[
-    "arch", "architecture", "dtype", "device", "llama", "bert", "f32", "bf16", "f16", "int8", "cpu", "cuda",
-    "avx2", "avx512", "neon", "x86_64", "aarch64",
+    "arch",
+    "architecture",
+    "dtype",
+    "device",
+    "llama",
+    "bert",
+    "f32",
+    "bf16",
+    "f16",
+    "int8",
+    "cpu",
+    "cuda",
+    "avx2",
+    "avx512",
+    "neon",
+    "x86_64",
+    "aarch64",
 ];
 
 struct Finder<'a> {
@@ -29,7 +44,10 @@ impl Finder<'_> {
 fn mentions_resolved_name(tokens: &str) -> Option<&'static str> {
     let lower = tokens.to_lowercase();
     let words: Vec<&str> = lower.split(|c: char| !c.is_alphanumeric() && c != '_').collect();
-    RESOLVED_NAMES.iter().copied().find(|name| words.iter().any(|w| w == name || w.split('_').any(|part| part == *name)))
+    RESOLVED_NAMES
+        .iter()
+        .copied()
+        .find(|name| words.iter().any(|w| w == name || w.split('_').any(|part| part == *name)))
 }
 
 impl<'ast> Visit<'ast> for Finder<'_> {
@@ -55,7 +73,10 @@ impl<'ast> Visit<'ast> for Finder<'_> {
     fn visit_macro(&mut self, mac: &'ast syn::Macro) {
         let name = mac.path.segments.last().map(|s| s.ident.to_string()).unwrap_or_default();
         if name.ends_with("_feature_detected") && !self.file.ends_with("src/cpu.rs") {
-            self.report(mac.path.segments[0].ident.span(), "CPU feature detection outside the start-up check");
+            self.report(
+                mac.path.segments[0].ident.span(),
+                "CPU feature detection outside the start-up check",
+            );
         }
         syn::visit::visit_macro(self, mac);
     }
@@ -119,5 +140,8 @@ fn the_checker_catches_each_kind_of_dispatch() {
         let found = problems_in(Path::new("src/model.rs"), source);
         assert!(!found.is_empty(), "{what} was not caught in {source}");
     }
-    assert!(problems_in(Path::new("src/model.rs"), "fn f(e: E) -> u8 { match e { E::Io => 3, E::Other => 2 } }").is_empty());
+    assert!(
+        problems_in(Path::new("src/model.rs"), "fn f(e: E) -> u8 { match e { E::Io => 3, E::Other => 2 } }")
+            .is_empty()
+    );
 }

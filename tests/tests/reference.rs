@@ -48,7 +48,12 @@ macro_rules! llama_reference_tests {
                 let mut session = model.session();
                 let split = 5;
                 let last = session.prefill(&input[..split]).unwrap().to_vec();
-                check_rows("prefill", &last, &expected[(split - 1) * VOCAB_SIZE..split * VOCAB_SIZE], split - 1);
+                check_rows(
+                    "prefill",
+                    &last,
+                    &expected[(split - 1) * VOCAB_SIZE..split * VOCAB_SIZE],
+                    split - 1,
+                );
                 for (t, &token) in input.iter().enumerate().skip(split) {
                     let got = session.decode(token).unwrap().to_vec();
                     check_rows("decode step", &got, &expected[t * VOCAB_SIZE..(t + 1) * VOCAB_SIZE], t);
@@ -120,7 +125,11 @@ macro_rules! llama_reference_tests {
                 let params = GenerateParams { max_tokens: expected.len(), ..GenerateParams::default() };
                 std::thread::scope(|scope| {
                     let handles: Vec<_> = (0..2)
-                        .map(|_| scope.spawn(|| model.session().generate(&prompt, &params, |_| true).unwrap().generated_ids))
+                        .map(|_| {
+                            scope.spawn(|| {
+                                model.session().generate(&prompt, &params, |_| true).unwrap().generated_ids
+                            })
+                        })
                         .collect();
                     for h in handles {
                         assert_eq!(h.join().unwrap(), expected);
@@ -138,13 +147,15 @@ macro_rules! llama_reference_tests {
                 let Some((_, model, reference, _)) = setup() else { return };
                 let prompt = ids(&reference["greedy"][0]["prompt_ids"]);
                 let run = |seed| {
-                    let params = GenerateParams { max_tokens: 40, temperature: 1.0, top_k: 0, top_p: 1.0, seed };
+                    let params =
+                        GenerateParams { max_tokens: 40, temperature: 1.0, top_k: 0, top_p: 1.0, seed };
                     model.session().generate(&prompt, &params, |_| true).unwrap().generated_ids
                 };
                 assert_eq!(run(7), run(7), "the same seed gives the same tokens");
                 let distinct: std::collections::BTreeSet<Vec<u32>> = (1..=4).map(run).collect();
                 assert!(distinct.len() > 1, "different seeds give different tokens");
-                let params = GenerateParams { max_tokens: 20, temperature: 0.8, top_k: 5, top_p: 0.9, seed: 3 };
+                let params =
+                    GenerateParams { max_tokens: 20, temperature: 0.8, top_k: 5, top_p: 0.9, seed: 3 };
                 let sampled = model.session().generate(&prompt, &params, |_| true).unwrap();
                 assert!(sampled.generated_ids.iter().all(|&id| (id as usize) < VOCAB_SIZE));
             }
@@ -162,11 +173,22 @@ macro_rules! llama_reference_tests {
                 assert!(matches!(session.prefill(&[]).unwrap_err(), ::$krate::Error::EmptyPrompt));
                 assert_eq!(session.position(), 0, "a refused request changes nothing");
                 let bad = GenerateParams { temperature: -1.0, ..GenerateParams::default() };
-                assert!(matches!(session.generate(&[1], &bad, |_| true).unwrap_err(), ::$krate::Error::InvalidParameter { .. }));
+                assert!(matches!(
+                    session.generate(&[1], &bad, |_| true).unwrap_err(),
+                    ::$krate::Error::InvalidParameter { .. }
+                ));
                 // The last position can be filled, and generation stops there.
                 let full = vec![1u32; ::$krate::MAX_SEQ_LEN - 1];
-                let g = session.generate(&full, &GenerateParams { max_tokens: 10, ..GenerateParams::default() }, |_| true).unwrap();
-                assert!(g.generated_ids.len() <= 2 && (g.stop == StopReason::ContextFull || g.stop == StopReason::Eos), "{g:?}");
+                let g = session
+                    .generate(&full, &GenerateParams { max_tokens: 10, ..GenerateParams::default() }, |_| {
+                        true
+                    })
+                    .unwrap();
+                assert!(
+                    g.generated_ids.len() <= 2
+                        && (g.stop == StopReason::ContextFull || g.stop == StopReason::Eos),
+                    "{g:?}"
+                );
             }
         }
     };
@@ -179,9 +201,14 @@ llama_reference_tests!(aidreams260k, aidreams260k_cpu_f32, "aidreams260k");
 fn weights_of_another_shape_are_refused_naming_the_tensor() {
     let Some(stories) = model_dir("stories260k") else { return };
     // aidreams260k has 4 kv heads of 16 where stories260k has 4 of 8.
-    let e = aidreams260k_cpu_f32::Model::load(&stories).err().expect("stories260k weights do not fit aidreams260k");
+    let e = aidreams260k_cpu_f32::Model::load(&stories)
+        .err()
+        .expect("stories260k weights do not fit aidreams260k");
     let message = e.to_string();
-    assert!(message.contains("tensor `model.layers.0.self_attn.k_proj.weight` has shape [32, 64]"), "{message}");
+    assert!(
+        message.contains("tensor `model.layers.0.self_attn.k_proj.weight` has shape [32, 64]"),
+        "{message}"
+    );
     assert!(message.contains("[64, 64]"), "{message}");
     assert_eq!(e.exit_code(), 3);
 }

@@ -19,7 +19,10 @@ fn binary() -> &'static Path {
         copy_dir(&workspace_root().join("generated").join(CRATE), &copy);
         let manifest = std::fs::read_to_string(copy.join("Cargo.toml")).unwrap();
         assert!(manifest.contains("\n[workspace]\n"), "the crate declares its own workspace");
-        assert!(!manifest.contains("path =") && !manifest.contains("git ="), "no path or git dependencies:\n{manifest}");
+        assert!(
+            !manifest.contains("path =") && !manifest.contains("git ="),
+            "no path or git dependencies:\n{manifest}"
+        );
         let binary = build_crate(&copy, CRATE);
         (temp, binary)
     });
@@ -57,7 +60,15 @@ fn json_output_matches_the_reference_greedy_continuation() {
     let reference = reference_json(&model);
     let case = &reference["greedy"][0];
     let m = model.to_str().unwrap();
-    let out = json(&run(&["--model", m, "--prompt", case["prompt"].as_str().unwrap(), "--max-tokens", "32", "--json"]));
+    let out = json(&run(&[
+        "--model",
+        m,
+        "--prompt",
+        case["prompt"].as_str().unwrap(),
+        "--max-tokens",
+        "32",
+        "--json",
+    ]));
     assert_eq!(ids(&out["prompt_ids"]), ids(&case["prompt_ids"]));
     assert_eq!(ids(&out["generated_ids"]), ids(&case["new_ids"]));
     assert_eq!(out["text"], case["new_text"]);
@@ -66,10 +77,19 @@ fn json_output_matches_the_reference_greedy_continuation() {
     }
 
     let prompt_ids: Vec<String> = ids(&case["prompt_ids"]).iter().map(u32::to_string).collect();
-    let by_ids = json(&run(&["--model", m, "--prompt-ids", &prompt_ids.join(","), "--max-tokens", "32", "--json"]));
+    let by_ids =
+        json(&run(&["--model", m, "--prompt-ids", &prompt_ids.join(","), "--max-tokens", "32", "--json"]));
     assert_eq!(by_ids["generated_ids"], out["generated_ids"]);
     // Ids are used exactly as given: without BOS the continuation differs.
-    let no_bos = json(&run(&["--model", m, "--prompt-ids", &prompt_ids[1..].join(","), "--max-tokens", "8", "--json"]));
+    let no_bos = json(&run(&[
+        "--model",
+        m,
+        "--prompt-ids",
+        &prompt_ids[1..].join(","),
+        "--max-tokens",
+        "8",
+        "--json",
+    ]));
     assert_eq!(ids(&no_bos["prompt_ids"]).len(), prompt_ids.len() - 1);
 }
 
@@ -91,10 +111,28 @@ fn seeds_make_sampling_reproducible() {
     let Some(model) = model_dir("stories260k") else { return };
     let m = model.to_str().unwrap();
     let sample = |seed: &str| {
-        json(&run(&["--model", m, "--prompt", "Once upon a time", "--max-tokens", "40", "--temperature", "1.0", "--top-p", "0.95", "--seed", seed, "--json"]))["generated_ids"].clone()
+        json(&run(&[
+            "--model",
+            m,
+            "--prompt",
+            "Once upon a time",
+            "--max-tokens",
+            "40",
+            "--temperature",
+            "1.0",
+            "--top-p",
+            "0.95",
+            "--seed",
+            seed,
+            "--json",
+        ]))["generated_ids"]
+            .clone()
     };
     assert_eq!(sample("11"), sample("11"));
-    assert!((12..16).any(|s| sample(&s.to_string()) != sample("11")), "different seeds should give different text");
+    assert!(
+        (12..16).any(|s| sample(&s.to_string()) != sample("11")),
+        "different seeds should give different text"
+    );
 }
 
 #[test]

@@ -4,20 +4,25 @@
 use proc_macro2::{Literal, Span, TokenStream};
 use quote::{format_ident, quote};
 
-use super::{crate_ident, Templates};
+use super::{Templates, crate_ident};
+use crate::Error;
 use crate::plan::Plan;
 use crate::registry::Registry;
 use crate::rust_source::{self, comment};
-use crate::Error;
 
 /// The crates every LLaMA crate depends on (versions in templates/dependencies.toml).
-pub const DEPENDENCIES: &[&str] = &["clap", "memmap2", "safetensors", "serde_json", "thiserror", "tokenizers"];
+pub const DEPENDENCIES: &[&str] =
+    &["clap", "memmap2", "safetensors", "serde_json", "thiserror", "tokenizers"];
 
 /// The fixed runtime files, copied through syn and prettyplease.
 const RUNTIME_FILES: &[&str] = &["error.rs", "generate.rs", "main.rs", "tensor_file.rs", "tokenizer.rs"];
 
 /// Every `.rs` file of the crate: (relative path, formatted body without header).
-pub fn rust_files(plan: &Plan, registry: &Registry, templates: &Templates) -> Result<Vec<(String, String)>, Error> {
+pub fn rust_files(
+    plan: &Plan,
+    registry: &Registry,
+    templates: &Templates,
+) -> Result<Vec<(String, String)>, Error> {
     let krate = crate_ident(&plan.workload.name);
     let mut files = vec![
         ("src/lib.rs".to_string(), rust_source::print_tokens(lib_rs(plan))),
@@ -48,11 +53,10 @@ pub fn rust_files(plan: &Plan, registry: &Registry, templates: &Templates) -> Re
     }
     for name in &plan.shared_modules {
         let module = &registry.shared[name];
-        let file = rust_source::parse_with_comments(&module.source).map_err(|e| Error::Template {
-            name: module.path.display().to_string(),
-            message: e.message,
-        })?;
-        let provenance = format!("// shared helpers, from {}\n", module.path.display().to_string().replace('\\', "/"));
+        let file = rust_source::parse_with_comments(&module.source)
+            .map_err(|e| Error::Template { name: module.path.display().to_string(), message: e.message })?;
+        let provenance =
+            format!("// shared helpers, from {}\n", module.path.display().to_string().replace('\\', "/"));
         files.push((format!("src/kernels/shared/{name}.rs"), provenance + &rust_source::print(&file)));
     }
     Ok(files)
@@ -113,7 +117,8 @@ fn lib_rs(plan: &Plan) -> TokenStream {
             compile_error!(#message);
         }
     });
-    let endian_message = format!("{name} reads little-endian safetensors data in place and needs a little-endian target");
+    let endian_message =
+        format!("{name} reads little-endian safetensors data in place and needs a little-endian target");
 
     let dim = usize_lit(c.dim);
     let hidden_dim = usize_lit(c.hidden_dim);
@@ -197,7 +202,10 @@ fn model_rs(plan: &Plan) -> TokenStream {
     let c = &plan.consts;
     let name = &plan.workload.name;
     let module_doc = [
-        format!(" The forward pass of `{name}`: a LLaMA decoder of {} layers, written out with every", c.n_layers),
+        format!(
+            " The forward pass of `{name}`: a LLaMA decoder of {} layers, written out with every",
+            c.n_layers
+        ),
         " shape a constant and every kernel chosen.".to_string(),
         String::new(),
         " In the shape comments, T is the number of positions run at once: 1 for a decode step,".to_string(),
@@ -206,7 +214,9 @@ fn model_rs(plan: &Plan) -> TokenStream {
     let (classifier, classifier_comment) = if c.tie_word_embeddings {
         (
             quote!(&w.embed_tokens),
-            comment("logits = xb · embed_tokensᵀ (tied embeddings: the embedding matrix is the classifier): [VOCAB_SIZE]"),
+            comment(
+                "logits = xb · embed_tokensᵀ (tied embeddings: the embedding matrix is the classifier): [VOCAB_SIZE]",
+            ),
         )
     } else {
         (quote!(&w.lm_head), comment("logits = xb · lm_headᵀ: [VOCAB_SIZE]"))
@@ -218,7 +228,8 @@ fn model_rs(plan: &Plan) -> TokenStream {
     let c_kv = comment("k = xb · k_projᵀ, v = xb · v_projᵀ: [T, KV_DIM]");
     let c_rope = comment("rotate q and k by their positions start..start + T");
     let c_store = comment("append k and v to this layer's cache: it now holds positions 0..start + T");
-    let c_att = comment("att = softmax(q · kᵀ / √HEAD_DIM) · v, each row over positions 0..=its own: [T, Q_DIM]");
+    let c_att =
+        comment("att = softmax(q · kᵀ / √HEAD_DIM) · v, each row over positions 0..=its own: [T, Q_DIM]");
     let c_o = comment("xb = att · o_projᵀ: [T, DIM]");
     let c_res1 = comment("x = x + xb (residual)");
     let c_norm2 = comment("xb = rmsnorm(x) · post_attention_layernorm: [T, DIM]");
@@ -227,7 +238,8 @@ fn model_rs(plan: &Plan) -> TokenStream {
     let c_down = comment("xb = gate · down_projᵀ: [T, DIM]");
     let c_res2 = comment("x = x + xb (residual)");
     let c_final = comment("xb = rmsnorm(x[row]) · norm: [1, DIM]");
-    let c_chunks = comment("the layers run PREFILL_CHUNK positions at a time; only the last position needs logits");
+    let c_chunks =
+        comment("the layers run PREFILL_CHUNK positions at a time; only the last position needs logits");
 
     quote! {
         #(#![doc = #module_doc])*
@@ -472,7 +484,8 @@ fn weights_rs(plan: &Plan) -> TokenStream {
     let name = &plan.workload.name;
     let module_doc = [
         format!(" The weights of `{name}`, checked against the baked shapes as they load. Each tensor"),
-        " is a slice of the memory-mapped model.safetensors (copied only if the file misaligns it).".to_string(),
+        " is a slice of the memory-mapped model.safetensors (copied only if the file misaligns it)."
+            .to_string(),
     ];
     let embed_doc = if c.tie_word_embeddings {
         doc("`model.embed_tokens.weight`: [VOCAB_SIZE, DIM]; also the classifier (tied embeddings).")
@@ -503,7 +516,11 @@ fn weights_rs(plan: &Plan) -> TokenStream {
         LayerTensor { field: "k_proj", hf: "self_attn.k_proj", shape: ("KV_DIM", Some("DIM")) },
         LayerTensor { field: "v_proj", hf: "self_attn.v_proj", shape: ("KV_DIM", Some("DIM")) },
         LayerTensor { field: "o_proj", hf: "self_attn.o_proj", shape: ("DIM", Some("Q_DIM")) },
-        LayerTensor { field: "post_attention_layernorm", hf: "post_attention_layernorm", shape: ("DIM", None) },
+        LayerTensor {
+            field: "post_attention_layernorm",
+            hf: "post_attention_layernorm",
+            shape: ("DIM", None),
+        },
         LayerTensor { field: "gate_proj", hf: "mlp.gate_proj", shape: ("HIDDEN_DIM", Some("DIM")) },
         LayerTensor { field: "up_proj", hf: "mlp.up_proj", shape: ("HIDDEN_DIM", Some("DIM")) },
         LayerTensor { field: "down_proj", hf: "mlp.down_proj", shape: ("DIM", Some("HIDDEN_DIM")) },

@@ -46,11 +46,7 @@ struct Candidate {
 
 impl Candidate {
     fn new(name: &'static str, available: bool, run: impl FnMut() + 'static) -> Self {
-        Self {
-            name,
-            available,
-            run: Box::new(run),
-        }
+        Self { name, available, run: Box::new(run) }
     }
 }
 
@@ -88,19 +84,9 @@ struct Timing {
 fn main() {
     let full = std::env::args().any(|a| a == "--bench");
     let timing = if full {
-        Timing {
-            full,
-            warm_up: Duration::from_millis(20),
-            sample: Duration::from_millis(1),
-            rounds: 51,
-        }
+        Timing { full, warm_up: Duration::from_millis(20), sample: Duration::from_millis(1), rounds: 51 }
     } else {
-        Timing {
-            full,
-            warm_up: Duration::from_millis(1),
-            sample: Duration::from_micros(100),
-            rounds: 3,
-        }
+        Timing { full, warm_up: Duration::from_millis(1), sample: Duration::from_micros(100), rounds: 3 }
     };
     println!(
         "monogen kernels at the shapes of stories260k: hidden {DIM}, intermediate {HIDDEN}, {N_HEADS} heads / {N_KV_HEADS} kv heads of {HEAD_DIM}, vocab {VOCAB}, {LAYERS} layers"
@@ -127,11 +113,7 @@ fn main() {
     let mut single = Vec::new();
     for (interface, groups) in interfaces {
         let mut groups = groups();
-        let names: Vec<&str> = groups[0].cases[0]
-            .candidates
-            .iter()
-            .map(|c| c.name)
-            .collect();
+        let names: Vec<&str> = groups[0].cases[0].candidates.iter().map(|c| c.name).collect();
         if names.len() < 2 {
             single.push(format!("{interface} ({})", names.join(", ")));
             continue;
@@ -141,10 +123,7 @@ fn main() {
         }
     }
     if !single.is_empty() {
-        println!(
-            "\nnot compared, one implementation each: {}",
-            single.join(", ")
-        );
+        println!("\nnot compared, one implementation each: {}", single.join(", "));
     }
     println!("\nforward-pass totals, reference / candidate:");
     for line in summary {
@@ -173,11 +152,8 @@ fn bench_group(interface: &str, group: &mut Group, timing: &Timing) -> Vec<Strin
         for (s, total) in stats.iter().zip(&mut totals) {
             match s {
                 Some(s) => {
-                    let spread = format!(
-                        "[{:+.0}%, {:+.0}%]",
-                        percent(s.p10, s.median),
-                        percent(s.p90, s.median)
-                    );
+                    let spread =
+                        format!("[{:+.0}%, {:+.0}%]", percent(s.p10, s.median), percent(s.p90, s.median));
                     line += &format!("  {:>12} {:>13}", format_time(s.median), spread);
                     *total = total.map(|t| t + s.median * case.calls as f64);
                 }
@@ -205,11 +181,7 @@ fn bench_group(interface: &str, group: &mut Group, timing: &Timing) -> Vec<Strin
         match (totals[0], total) {
             (Some(r), Some(t)) => {
                 line += &format!("  {:>13.2}x", r / t);
-                let verdict = if !timing.full || r / t >= 2.0 {
-                    ""
-                } else {
-                    "  (below the 2x goal)"
-                };
+                let verdict = if !timing.full || r / t >= 2.0 { "" } else { "  (below the 2x goal)" };
                 summary.push(format!(
                     "{interface:<18} {:<26} {reference} {:>10}  {name} {:>10}  {:>6.2}x{verdict}",
                     group.title,
@@ -245,8 +217,7 @@ fn measure(candidates: &mut [Candidate], timing: &Timing) -> Vec<Option<Stats>> 
         .collect();
     let mut samples = vec![Vec::with_capacity(timing.rounds); candidates.len()];
     for _ in 0..timing.rounds {
-        for ((candidate, &batch), samples) in candidates.iter_mut().zip(&batches).zip(&mut samples)
-        {
+        for ((candidate, &batch), samples) in candidates.iter_mut().zip(&batches).zip(&mut samples) {
             if batch == 0 {
                 continue;
             }
@@ -265,11 +236,7 @@ fn measure(candidates: &mut [Candidate], timing: &Timing) -> Vec<Option<Stats>> 
             }
             s.sort_by(f64::total_cmp);
             let at = |q: f64| s[((s.len() - 1) as f64 * q).round() as usize];
-            Some(Stats {
-                median: at(0.5),
-                p10: at(0.1),
-                p90: at(0.9),
-            })
+            Some(Stats { median: at(0.5), p10: at(0.1), p90: at(0.9) })
         })
         .collect()
 }
@@ -289,22 +256,19 @@ fn format_time(ns: f64) -> String {
 }
 
 fn matmul_groups() -> Vec<Group> {
-    [
-        (1, "decode step (rows = 1)"),
-        (PROMPT, "prefill (rows = 128)"),
-    ]
-    .into_iter()
-    .map(|(rows, title)| Group {
-        title: title.to_string(),
-        cases: vec![
-            matmul_case::<DIM, DIM>("q/o-proj", 2 * LAYERS, rows),
-            matmul_case::<KV_DIM, DIM>("k/v-proj", 2 * LAYERS, rows),
-            matmul_case::<HIDDEN, DIM>("gate/up-proj", 2 * LAYERS, rows),
-            matmul_case::<DIM, HIDDEN>("down-proj", LAYERS, rows),
-            matmul_case::<VOCAB, DIM>("lm_head", 1, rows),
-        ],
-    })
-    .collect()
+    [(1, "decode step (rows = 1)"), (PROMPT, "prefill (rows = 128)")]
+        .into_iter()
+        .map(|(rows, title)| Group {
+            title: title.to_string(),
+            cases: vec![
+                matmul_case::<DIM, DIM>("q/o-proj", 2 * LAYERS, rows),
+                matmul_case::<KV_DIM, DIM>("k/v-proj", 2 * LAYERS, rows),
+                matmul_case::<HIDDEN, DIM>("gate/up-proj", 2 * LAYERS, rows),
+                matmul_case::<DIM, HIDDEN>("down-proj", LAYERS, rows),
+                matmul_case::<VOCAB, DIM>("lm_head", 1, rows),
+            ],
+        })
+        .collect()
 }
 
 fn matmul_case<const N: usize, const K: usize>(name: &str, calls: usize, rows: usize) -> Case {
@@ -327,11 +291,7 @@ fn matmul_case<const N: usize, const K: usize>(name: &str, calls: usize, rows: u
         }};
     }
     for_each_matmul!(candidate);
-    Case {
-        label: format!("{name} N={N} K={K}"),
-        calls,
-        candidates,
-    }
+    Case { label: format!("{name} N={N} K={K}"), calls, candidates }
 }
 
 fn attention_prefill_groups() -> Vec<Group> {
@@ -359,15 +319,8 @@ fn attention_prefill_groups() -> Vec<Group> {
         }};
     }
     for_each_attention_prefill!(candidate);
-    let case = Case {
-        label: format!("start=0 rows={PROMPT}"),
-        calls: LAYERS,
-        candidates,
-    };
-    vec![Group {
-        title: "prefill (rows = 128)".to_string(),
-        cases: vec![case],
-    }]
+    let case = Case { label: format!("start=0 rows={PROMPT}"), calls: LAYERS, candidates };
+    vec![Group { title: "prefill (rows = 128)".to_string(), cases: vec![case] }]
 }
 
 fn attention_decode_groups() -> Vec<Group> {
@@ -393,71 +346,48 @@ fn attention_decode_groups() -> Vec<Group> {
         }};
     }
     for_each_attention_decode!(candidate);
-    let case = Case {
-        label: format!("len={CONTEXT}"),
-        calls: LAYERS,
-        candidates,
-    };
-    vec![Group {
-        title: "decode step (rows = 1)".to_string(),
-        cases: vec![case],
-    }]
+    let case = Case { label: format!("len={CONTEXT}"), calls: LAYERS, candidates };
+    vec![Group { title: "decode step (rows = 1)".to_string(), cases: vec![case] }]
 }
 
 fn rmsnorm_groups() -> Vec<Group> {
-    [
-        (1, "decode step (rows = 1)"),
-        (PROMPT, "prefill (rows = 128)"),
-    ]
-    .into_iter()
-    .map(|(rows, title)| {
-        let mut rng = Rng::new(13);
-        let x = Rc::new(rng.vec(rows * DIM, 1.0));
-        let weight = Rc::new(rng.vec(DIM, 1.0));
-        let mut candidates = Vec::new();
-        macro_rules! candidate {
-            ($name:literal, $module:ident, $available:expr) => {{
-                let (x, weight) = (Rc::clone(&x), Rc::clone(&weight));
-                let mut out = vec![0.0; rows * DIM];
-                candidates.push(Candidate::new($name, $available, move || {
-                    kernels::$module::rmsnorm::<DIM>(
-                        black_box(&mut out),
-                        black_box(&x),
-                        black_box(&weight),
-                        1e-5,
-                        black_box(rows),
-                    )
-                }));
-            }};
-        }
-        for_each_rmsnorm!(candidate);
-        let case = Case {
-            label: format!("DIM={DIM}"),
-            calls: 2 * LAYERS + 1,
-            candidates,
-        };
-        Group {
-            title: title.to_string(),
-            cases: vec![case],
-        }
-    })
-    .collect()
+    [(1, "decode step (rows = 1)"), (PROMPT, "prefill (rows = 128)")]
+        .into_iter()
+        .map(|(rows, title)| {
+            let mut rng = Rng::new(13);
+            let x = Rc::new(rng.vec(rows * DIM, 1.0));
+            let weight = Rc::new(rng.vec(DIM, 1.0));
+            let mut candidates = Vec::new();
+            macro_rules! candidate {
+                ($name:literal, $module:ident, $available:expr) => {{
+                    let (x, weight) = (Rc::clone(&x), Rc::clone(&weight));
+                    let mut out = vec![0.0; rows * DIM];
+                    candidates.push(Candidate::new($name, $available, move || {
+                        kernels::$module::rmsnorm::<DIM>(
+                            black_box(&mut out),
+                            black_box(&x),
+                            black_box(&weight),
+                            1e-5,
+                            black_box(rows),
+                        )
+                    }));
+                }};
+            }
+            for_each_rmsnorm!(candidate);
+            let case = Case { label: format!("DIM={DIM}"), calls: 2 * LAYERS + 1, candidates };
+            Group { title: title.to_string(), cases: vec![case] }
+        })
+        .collect()
 }
 
 fn rope_groups() -> Vec<Group> {
-    [
-        (1, CONTEXT - 1, "decode step (rows = 1)"),
-        (PROMPT, 0, "prefill (rows = 128)"),
-    ]
-    .into_iter()
-    .map(|(rows, start, title)| Group {
-        title: title.to_string(),
-        cases: vec![
-            rope_case::<N_HEADS>("q", rows, start),
-            rope_case::<N_KV_HEADS>("k", rows, start),
-        ],
-    })
-    .collect()
+    [(1, CONTEXT - 1, "decode step (rows = 1)"), (PROMPT, 0, "prefill (rows = 128)")]
+        .into_iter()
+        .map(|(rows, start, title)| Group {
+            title: title.to_string(),
+            cases: vec![rope_case::<N_HEADS>("q", rows, start), rope_case::<N_KV_HEADS>("k", rows, start)],
+        })
+        .collect()
 }
 
 fn rope_case<const HEADS: usize>(name: &str, rows: usize, start: usize) -> Case {
@@ -479,86 +409,62 @@ fn rope_case<const HEADS: usize>(name: &str, rows: usize, start: usize) -> Case 
         }};
     }
     for_each_rope!(candidate);
-    Case {
-        label: format!("{name}, {HEADS} heads"),
-        calls: LAYERS,
-        candidates,
-    }
+    Case { label: format!("{name}, {HEADS} heads"), calls: LAYERS, candidates }
 }
 
 fn swiglu_groups() -> Vec<Group> {
-    [
-        (1, "decode step (rows = 1)"),
-        (PROMPT, "prefill (rows = 128)"),
-    ]
-    .into_iter()
-    .map(|(rows, title)| {
-        let mut rng = Rng::new(15);
-        let gate = Rc::new(rng.vec(rows * HIDDEN, 4.0));
-        let up = Rc::new(rng.vec(rows * HIDDEN, 1.0));
-        let mut candidates = Vec::new();
-        macro_rules! candidate {
-            ($name:literal, $module:ident, $available:expr) => {{
-                let (gate, up) = (Rc::clone(&gate), Rc::clone(&up));
-                let mut out = gate.to_vec();
-                candidates.push(Candidate::new($name, $available, move || {
-                    // Every call starts from the same gate, so that the values stay in range.
-                    out.copy_from_slice(&gate);
-                    kernels::$module::swiglu::<HIDDEN>(
-                        black_box(&mut out),
-                        black_box(&up),
-                        black_box(rows),
-                    )
-                }));
-            }};
-        }
-        for_each_swiglu!(candidate);
-        let case = Case {
-            label: format!("HIDDEN={HIDDEN}"),
-            calls: LAYERS,
-            candidates,
-        };
-        Group {
-            title: title.to_string(),
-            cases: vec![case],
-        }
-    })
-    .collect()
+    [(1, "decode step (rows = 1)"), (PROMPT, "prefill (rows = 128)")]
+        .into_iter()
+        .map(|(rows, title)| {
+            let mut rng = Rng::new(15);
+            let gate = Rc::new(rng.vec(rows * HIDDEN, 4.0));
+            let up = Rc::new(rng.vec(rows * HIDDEN, 1.0));
+            let mut candidates = Vec::new();
+            macro_rules! candidate {
+                ($name:literal, $module:ident, $available:expr) => {{
+                    let (gate, up) = (Rc::clone(&gate), Rc::clone(&up));
+                    let mut out = gate.to_vec();
+                    candidates.push(Candidate::new($name, $available, move || {
+                        // Every call starts from the same gate, so that the values stay in range.
+                        out.copy_from_slice(&gate);
+                        kernels::$module::swiglu::<HIDDEN>(
+                            black_box(&mut out),
+                            black_box(&up),
+                            black_box(rows),
+                        )
+                    }));
+                }};
+            }
+            for_each_swiglu!(candidate);
+            let case = Case { label: format!("HIDDEN={HIDDEN}"), calls: LAYERS, candidates };
+            Group { title: title.to_string(), cases: vec![case] }
+        })
+        .collect()
 }
 
 fn kv_cache_groups() -> Vec<Group> {
-    [
-        (1, CONTEXT - 1, "decode step (rows = 1)"),
-        (PROMPT, 0, "prefill (rows = 128)"),
-    ]
-    .into_iter()
-    .map(|(rows, start, title)| {
-        let mut rng = Rng::new(16);
-        let k = Rc::new(rng.vec(rows * KV_DIM, 1.0));
-        let v = Rc::new(rng.vec(rows * KV_DIM, 1.0));
-        let mut candidates = Vec::new();
-        macro_rules! candidate {
-            ($name:literal, $module:ident, $available:expr) => {{
-                let (k, v) = (Rc::clone(&k), Rc::clone(&v));
-                let mut cache = kernels::$module::KvCache::<MAX_SEQ, KV_DIM>::new();
-                candidates.push(Candidate::new($name, $available, move || {
-                    cache.store(black_box(start), black_box(&k), black_box(&v));
-                    black_box((cache.keys(start + rows), cache.values(start + rows)));
-                }));
-            }};
-        }
-        for_each_kv_cache!(candidate);
-        let case = Case {
-            label: "store, then keys and values".to_string(),
-            calls: LAYERS,
-            candidates,
-        };
-        Group {
-            title: title.to_string(),
-            cases: vec![case],
-        }
-    })
-    .collect()
+    [(1, CONTEXT - 1, "decode step (rows = 1)"), (PROMPT, 0, "prefill (rows = 128)")]
+        .into_iter()
+        .map(|(rows, start, title)| {
+            let mut rng = Rng::new(16);
+            let k = Rc::new(rng.vec(rows * KV_DIM, 1.0));
+            let v = Rc::new(rng.vec(rows * KV_DIM, 1.0));
+            let mut candidates = Vec::new();
+            macro_rules! candidate {
+                ($name:literal, $module:ident, $available:expr) => {{
+                    let (k, v) = (Rc::clone(&k), Rc::clone(&v));
+                    let mut cache = kernels::$module::KvCache::<MAX_SEQ, KV_DIM>::new();
+                    candidates.push(Candidate::new($name, $available, move || {
+                        cache.store(black_box(start), black_box(&k), black_box(&v));
+                        black_box((cache.keys(start + rows), cache.values(start + rows)));
+                    }));
+                }};
+            }
+            for_each_kv_cache!(candidate);
+            let case = Case { label: "store, then keys and values".to_string(), calls: LAYERS, candidates };
+            Group { title: title.to_string(), cases: vec![case] }
+        })
+        .collect()
 }
 
 fn sampler_groups() -> Vec<Group> {
@@ -581,13 +487,6 @@ fn sampler_groups() -> Vec<Group> {
         }};
     }
     for_each_sampler!(candidate);
-    let case = Case {
-        label: "temperature 0.8, top-k 40, top-p 0.9".to_string(),
-        calls: 1,
-        candidates,
-    };
-    vec![Group {
-        title: "decode step".to_string(),
-        cases: vec![case],
-    }]
+    let case = Case { label: "temperature 0.8, top-k 40, top-p 0.9".to_string(), calls: 1, candidates };
+    vec![Group { title: "decode step".to_string(), cases: vec![case] }]
 }

@@ -46,10 +46,7 @@ fn scratch(len: usize) -> Vec<f32> {
 }
 
 fn dot_f64(a: &[f32], b: &[f32]) -> f64 {
-    a.iter()
-        .zip(b)
-        .map(|(&x, &y)| f64::from(x) * f64::from(y))
-        .sum()
+    a.iter().zip(b).map(|(&x, &y)| f64::from(x) * f64::from(y)).sum()
 }
 
 /// Checks a `matmul` at `N`, `K` for rows 1, 2, 7 and 32. The tolerance grows with K beyond
@@ -66,15 +63,9 @@ pub fn matmul<const N: usize, const K: usize>(
         let what = format!("matmul N={N} K={K} rows={rows}");
         let got = output_of(rows * N, |out| candidate(out, &x, &w, rows));
         let want = output_of(rows * N, |out| reference(out, &x, &w, rows));
-        assert_close(
-            &format!("{what}, against the reference"),
-            &got,
-            &want,
-            tolerance,
-        );
-        let exact: Vec<f32> = (0..rows * N)
-            .map(|i| dot_f64(&x[i / N * K..][..K], &w[i % N * K..][..K]) as f32)
-            .collect();
+        assert_close(&format!("{what}, against the reference"), &got, &want, tolerance);
+        let exact: Vec<f32> =
+            (0..rows * N).map(|i| dot_f64(&x[i / N * K..][..K], &w[i % N * K..][..K]) as f32).collect();
         assert_close(&format!("{what}, against f64"), &got, &exact, tolerance);
     }
     candidate(&mut [], &[], &w, 0);
@@ -98,13 +89,7 @@ macro_rules! conform_matmul {
 }
 
 /// Attention of one query row (`[n_heads · head_dim]`) over `len` positions, in f64.
-fn attention_f64(
-    q: &[f32],
-    keys: &[f32],
-    values: &[f32],
-    len: usize,
-    heads: [usize; 3],
-) -> Vec<f32> {
+fn attention_f64(q: &[f32], keys: &[f32], values: &[f32], len: usize, heads: [usize; 3]) -> Vec<f32> {
     let [n_heads, n_kv_heads, head_dim] = heads;
     let kv_dim = n_kv_heads * head_dim;
     let scale = 1.0 / (head_dim as f64).sqrt();
@@ -112,18 +97,14 @@ fn attention_f64(
     for h in 0..n_heads {
         let offset = h / (n_heads / n_kv_heads) * head_dim;
         let q = &q[h * head_dim..][..head_dim];
-        let scores: Vec<f64> = (0..len)
-            .map(|j| dot_f64(q, &keys[j * kv_dim + offset..][..head_dim]) * scale)
-            .collect();
+        let scores: Vec<f64> =
+            (0..len).map(|j| dot_f64(q, &keys[j * kv_dim + offset..][..head_dim]) * scale).collect();
         let max = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
         let weights: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
         let sum: f64 = weights.iter().sum();
         for d in 0..head_dim {
-            let total: f64 = weights
-                .iter()
-                .enumerate()
-                .map(|(j, w)| w * f64::from(values[j * kv_dim + offset + d]))
-                .sum();
+            let total: f64 =
+                weights.iter().enumerate().map(|(j, w)| w * f64::from(values[j * kv_dim + offset + d])).sum();
             out.push((total / sum) as f32);
         }
     }
@@ -138,18 +119,7 @@ pub fn attention_prefill<const N_HEADS: usize, const N_KV_HEADS: usize, const HE
 ) {
     let (q_dim, kv_dim) = (N_HEADS * HEAD_DIM, N_KV_HEADS * HEAD_DIM);
     let mut rng = Rng::for_shape(&[1, N_HEADS, N_KV_HEADS, HEAD_DIM]);
-    let chunks = [
-        (0, 1),
-        (0, 2),
-        (0, 7),
-        (0, 33),
-        (3, 1),
-        (5, 4),
-        (17, 9),
-        (64, 64),
-        (100, 28),
-        (250, 50),
-    ];
+    let chunks = [(0, 1), (0, 2), (0, 7), (0, 33), (3, 1), (5, 4), (17, 9), (64, 64), (100, 28), (250, 50)];
     for (case, (start, rows)) in chunks.into_iter().enumerate() {
         let len = start + rows;
         let amplitude = [1.0, 2.0, 6.0][case % 3];
@@ -159,29 +129,14 @@ pub fn attention_prefill<const N_HEADS: usize, const N_KV_HEADS: usize, const HE
         let what = format!(
             "attention_prefill N_HEADS={N_HEADS} N_KV_HEADS={N_KV_HEADS} HEAD_DIM={HEAD_DIM} start={start} rows={rows}"
         );
-        let got = output_of(rows * q_dim, |out| {
-            candidate(out, &q, &keys, &values, &mut scratch(len), start, rows)
-        });
-        let want = output_of(rows * q_dim, |out| {
-            reference(out, &q, &keys, &values, &mut scratch(len), start, rows)
-        });
-        assert_close(
-            &format!("{what}, against the reference"),
-            &got,
-            &want,
-            TOLERANCE,
-        );
+        let got =
+            output_of(rows * q_dim, |out| candidate(out, &q, &keys, &values, &mut scratch(len), start, rows));
+        let want =
+            output_of(rows * q_dim, |out| reference(out, &q, &keys, &values, &mut scratch(len), start, rows));
+        assert_close(&format!("{what}, against the reference"), &got, &want, TOLERANCE);
         let heads = [N_HEADS, N_KV_HEADS, HEAD_DIM];
         let exact: Vec<f32> = (0..rows)
-            .flat_map(|r| {
-                attention_f64(
-                    &q[r * q_dim..][..q_dim],
-                    &keys,
-                    &values,
-                    start + r + 1,
-                    heads,
-                )
-            })
+            .flat_map(|r| attention_f64(&q[r * q_dim..][..q_dim], &keys, &values, start + r + 1, heads))
             .collect();
         assert_close(&format!("{what}, against f64"), &got, &exact, TOLERANCE);
     }
@@ -203,18 +158,9 @@ pub fn attention_decode<const N_HEADS: usize, const N_KV_HEADS: usize, const HEA
         let what = format!(
             "attention_decode N_HEADS={N_HEADS} N_KV_HEADS={N_KV_HEADS} HEAD_DIM={HEAD_DIM} len={len}"
         );
-        let got = output_of(q_dim, |out| {
-            candidate(out, &q, &keys, &values, &mut scratch(len))
-        });
-        let want = output_of(q_dim, |out| {
-            reference(out, &q, &keys, &values, &mut scratch(len))
-        });
-        assert_close(
-            &format!("{what}, against the reference"),
-            &got,
-            &want,
-            TOLERANCE,
-        );
+        let got = output_of(q_dim, |out| candidate(out, &q, &keys, &values, &mut scratch(len)));
+        let want = output_of(q_dim, |out| reference(out, &q, &keys, &values, &mut scratch(len)));
+        assert_close(&format!("{what}, against the reference"), &got, &want, TOLERANCE);
         let exact = attention_f64(&q, &keys, &values, len, [N_HEADS, N_KV_HEADS, HEAD_DIM]);
         assert_close(&format!("{what}, against f64"), &got, &exact, TOLERANCE);
     }
@@ -273,21 +219,12 @@ pub fn rmsnorm<const DIM: usize>(
         let what = format!("rmsnorm DIM={DIM} rows={rows} eps={eps} amplitude={amplitude}");
         let got = output_of(rows * DIM, |out| candidate(out, &x, &weight, eps, rows));
         let want = output_of(rows * DIM, |out| reference(out, &x, &weight, eps, rows));
-        assert_close(
-            &format!("{what}, against the reference"),
-            &got,
-            &want,
-            TOLERANCE,
-        );
+        assert_close(&format!("{what}, against the reference"), &got, &want, TOLERANCE);
         let mut exact = Vec::with_capacity(rows * DIM);
         for row in x.chunks_exact(DIM) {
             let mean_square = dot_f64(row, row) / DIM as f64;
             let inv = 1.0 / (mean_square + f64::from(eps)).sqrt();
-            exact.extend(
-                row.iter()
-                    .zip(&weight)
-                    .map(|(&v, &w)| (f64::from(w) * f64::from(v) * inv) as f32),
-            );
+            exact.extend(row.iter().zip(&weight).map(|(&v, &w)| (f64::from(w) * f64::from(v) * inv) as f32));
         }
         assert_close(&format!("{what}, against f64"), &got, &exact, TOLERANCE);
     }
@@ -325,18 +262,8 @@ pub fn rope<const N_HEADS: usize, const HEAD_DIM: usize>(
         let what = format!("rope N_HEADS={N_HEADS} HEAD_DIM={HEAD_DIM} theta={theta}");
         let (cos, sin) = candidate_table(theta, POSITIONS);
         let (ref_cos, ref_sin) = reference_table(theta, POSITIONS);
-        assert_close(
-            &format!("{what}: cos table, against the reference"),
-            &cos,
-            &ref_cos,
-            1e-6,
-        );
-        assert_close(
-            &format!("{what}: sin table, against the reference"),
-            &sin,
-            &ref_sin,
-            1e-6,
-        );
+        assert_close(&format!("{what}: cos table, against the reference"), &cos, &ref_cos, 1e-6);
+        assert_close(&format!("{what}: sin table, against the reference"), &sin, &ref_sin, 1e-6);
         let angles: Vec<f64> = (0..POSITIONS * half)
             .map(|at| {
                 let (p, i) = (at / half, at % half);
@@ -345,18 +272,8 @@ pub fn rope<const N_HEADS: usize, const HEAD_DIM: usize>(
             .collect();
         let exact_cos: Vec<f32> = angles.iter().map(|a| a.cos() as f32).collect();
         let exact_sin: Vec<f32> = angles.iter().map(|a| a.sin() as f32).collect();
-        assert_close(
-            &format!("{what}: cos table, against f64 angles"),
-            &cos,
-            &exact_cos,
-            1e-4,
-        );
-        assert_close(
-            &format!("{what}: sin table, against f64 angles"),
-            &sin,
-            &exact_sin,
-            1e-4,
-        );
+        assert_close(&format!("{what}: cos table, against f64 angles"), &cos, &exact_cos, 1e-4);
+        assert_close(&format!("{what}: sin table, against f64 angles"), &sin, &exact_sin, 1e-4);
 
         for (start, rows) in [(0, 1), (0, 7), (5, 3), (290, 10)] {
             let what = format!("{what} start={start} rows={rows}");
@@ -414,12 +331,7 @@ pub fn swiglu<const HIDDEN: usize>(
         candidate(&mut got, &up, rows);
         let mut want = gate.clone();
         reference(&mut want, &up, rows);
-        assert_close(
-            &format!("{what}, against the reference"),
-            &got,
-            &want,
-            TOLERANCE,
-        );
+        assert_close(&format!("{what}, against the reference"), &got, &want, TOLERANCE);
         let exact: Vec<f32> = gate
             .iter()
             .zip(&up)
@@ -450,11 +362,7 @@ macro_rules! conform_swiglu {
 /// One step of a script that a KV cache replays.
 pub enum KvStep {
     /// `store(start, k, v)`.
-    Store {
-        start: usize,
-        k: Vec<f32>,
-        v: Vec<f32>,
-    },
+    Store { start: usize, k: Vec<f32>, v: Vec<f32> },
     /// Read `keys(len)` and `values(len)`.
     Read(usize),
 }
@@ -484,10 +392,7 @@ pub fn kv_cache<const MAX_SEQ: usize, const KV_DIM: usize>(
         end += rows;
         for len in [end, rng.below(end) + 1] {
             script.push(KvStep::Read(len));
-            expected.push((
-                model_keys[..len * KV_DIM].to_vec(),
-                model_values[..len * KV_DIM].to_vec(),
-            ));
+            expected.push((model_keys[..len * KV_DIM].to_vec(), model_values[..len * KV_DIM].to_vec()));
         }
         if !rewound && end > rewind_at {
             rewound = true;
@@ -496,14 +401,8 @@ pub fn kv_cache<const MAX_SEQ: usize, const KV_DIM: usize>(
     }
     let what = format!("kv_cache MAX_SEQ={MAX_SEQ} KV_DIM={KV_DIM}");
     let got = candidate(&script);
-    assert!(
-        got == reference(&script),
-        "{what}: the reads differ from the reference's"
-    );
-    assert!(
-        got == expected,
-        "{what}: the reads differ from what was stored"
-    );
+    assert!(got == reference(&script), "{what}: the reads differ from the reference's");
+    assert!(got == expected, "{what}: the reads differ from what was stored");
 }
 
 #[macro_export]
@@ -557,18 +456,9 @@ pub fn sampler<const VOCAB: usize>(
                 for top_p in [1.0, 0.9, 0.5, 0.05] {
                     for coin in [0.0, rng.unit(), 0.999_999] {
                         let id = candidate(&logits, temperature, top_k, top_p, coin, &mut scratch);
-                        let want = reference(
-                            &logits,
-                            temperature,
-                            top_k,
-                            top_p,
-                            coin,
-                            &mut reference_scratch,
-                        );
-                        assert!(
-                            (id as usize) < VOCAB,
-                            "sampler VOCAB={VOCAB}: id {id} is out of range"
-                        );
+                        let want =
+                            reference(&logits, temperature, top_k, top_p, coin, &mut reference_scratch);
+                        assert!((id as usize) < VOCAB, "sampler VOCAB={VOCAB}: id {id} is out of range");
                         assert_eq!(
                             id, want,
                             "sampler VOCAB={VOCAB} trial={trial} temperature={temperature} top_k={top_k} top_p={top_p} coin={coin}"

@@ -61,10 +61,7 @@ fn avx2_exp_is_accurate() {
         let mut out = [0.0; 8];
         // SAFETY: `x` and `out` are 8 floats each.
         unsafe {
-            _mm256_storeu_ps(
-                out.as_mut_ptr(),
-                kernels::shared::avx2_math::exp(_mm256_loadu_ps(x.as_ptr())),
-            )
+            _mm256_storeu_ps(out.as_mut_ptr(), kernels::shared::avx2_math::exp(_mm256_loadu_ps(x.as_ptr())))
         };
         out
     }
@@ -86,8 +83,7 @@ fn avx2_exp_is_accurate() {
     let steps = 200_000;
     let mut worst = (0.0f64, 0.0f32);
     for chunk in 0..steps / 8 {
-        let x: [f32; 8] =
-            std::array::from_fn(|i| low + (high - low) * (chunk * 8 + i) as f32 / steps as f32);
+        let x: [f32; 8] = std::array::from_fn(|i| low + (high - low) * (chunk * 8 + i) as f32 / steps as f32);
         for (&x, got) in x.iter().zip(exp(x)) {
             let error = ulps(got, x);
             if error > worst.0 {
@@ -96,29 +92,12 @@ fn avx2_exp_is_accurate() {
         }
     }
     assert!(worst.0 <= 2.0, "exp is {} ulp off at {}", worst.0, worst.1);
-    let special = exp([
-        0.0,
-        -0.0,
-        1.0,
-        -1.0,
-        f32::NAN,
-        -1000.0,
-        1000.0,
-        f32::NEG_INFINITY,
-    ]);
+    let special = exp([0.0, -0.0, 1.0, -1.0, f32::NAN, -1000.0, 1000.0, f32::NEG_INFINITY]);
     assert_eq!(&special[..2], &[1.0, 1.0]);
     assert!(ulps(special[2], 1.0) <= 1.0 && ulps(special[3], -1.0) <= 1.0);
     assert!(special[4].is_nan());
-    assert!(
-        special[5] > 0.0 && special[5] < 1e-37,
-        "clamped below: {}",
-        special[5]
-    );
-    assert!(
-        special[6].is_finite() && special[6] > 1e38,
-        "clamped above: {}",
-        special[6]
-    );
+    assert!(special[5] > 0.0 && special[5] < 1e-37, "clamped below: {}", special[5]);
+    assert!(special[6].is_finite() && special[6] > 1e38, "clamped above: {}", special[6]);
     assert!(special[7] >= 0.0 && special[7] < 1e-37);
 }
 
@@ -147,10 +126,7 @@ mod sampler {
             let best = greedy::<512>(&logits);
             for temperature in [0.3, 1.0, 2.5] {
                 let coin = rng.unit();
-                assert_eq!(
-                    sample::<512>(&logits, temperature, 1, 1.0, coin, &mut scratch),
-                    best
-                );
+                assert_eq!(sample::<512>(&logits, temperature, 1, 1.0, coin, &mut scratch), best);
             }
         }
     }
@@ -162,10 +138,7 @@ mod sampler {
         for _ in 0..50 {
             let logits = rng.vec(64, 5.0);
             let coin = rng.unit();
-            assert_eq!(
-                sample::<64>(&logits, 1.0, 0, 1e-6, coin, &mut scratch),
-                greedy::<64>(&logits)
-            );
+            assert_eq!(sample::<64>(&logits, 1.0, 0, 1e-6, coin, &mut scratch), greedy::<64>(&logits));
         }
     }
 
@@ -178,10 +151,7 @@ mod sampler {
             let coin = rng.unit();
             let first = sample::<512>(&logits, 0.8, 40, 0.9, coin, &mut scratch);
             for _ in 0..3 {
-                assert_eq!(
-                    sample::<512>(&logits, 0.8, 40, 0.9, coin, &mut scratch),
-                    first
-                );
+                assert_eq!(sample::<512>(&logits, 0.8, 40, 0.9, coin, &mut scratch), first);
             }
         }
     }
@@ -205,20 +175,14 @@ mod sampler {
                 picked.push(id);
             }
         }
+        assert!(picked.len() >= 20, "a sweep of coins visited only {picked:?}");
         assert!(
-            picked.len() >= 20,
-            "a sweep of coins visited only {picked:?}"
-        );
-        assert!(
-            picked
-                .windows(2)
-                .all(|w| logits[w[0] as usize] >= logits[w[1] as usize]),
+            picked.windows(2).all(|w| logits[w[0] as usize] >= logits[w[1] as usize]),
             "not in order of descending probability: {picked:?}"
         );
         // top_k = 3 keeps the sweep to the 3 most likely tokens.
-        let mut kept: Vec<u32> = (0..1000)
-            .map(|i| sample::<32>(&logits, 1.0, 3, 1.0, i as f32 / 1000.0, &mut scratch))
-            .collect();
+        let mut kept: Vec<u32> =
+            (0..1000).map(|i| sample::<32>(&logits, 1.0, 3, 1.0, i as f32 / 1000.0, &mut scratch)).collect();
         kept.dedup();
         assert_eq!(kept, picked[..3].to_vec());
     }

@@ -10,9 +10,7 @@ impl Rng {
 
     /// A seed made of shape parameters, so that every shape gets its own inputs.
     pub fn for_shape(parts: &[usize]) -> Self {
-        let seed = parts.iter().fold(0x243f_6a88_85a3_08d3_u64, |s, &p| {
-            s.rotate_left(17) ^ p as u64
-        });
+        let seed = parts.iter().fold(0x243f_6a88_85a3_08d3_u64, |s, &p| s.rotate_left(17) ^ p as u64);
         Self::new(seed)
     }
 
@@ -33,11 +31,7 @@ impl Rng {
     pub fn value(&mut self, amplitude: f32) -> f32 {
         let bits = self.next_u64();
         let magnitude = ((bits >> 41) as f32 + 0.5) / (1u64 << 23) as f32;
-        if bits & 1 == 0 {
-            amplitude * magnitude
-        } else {
-            -amplitude * magnitude
-        }
+        if bits & 1 == 0 { amplitude * magnitude } else { -amplitude * magnitude }
     }
 
     /// `len` values from [`Rng::value`].

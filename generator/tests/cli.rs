@@ -1,0 +1,333 @@
+//! The `monogen` command line, end to end, on copies of the repository.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+}
+
+fn models_root() -> PathBuf {
+    std::env::var_os("MONOGEN_MODELS")
+        .map_or_else(|| workspace_root().join("../shared/models"), PathBuf::from)
+}
+
+fn monogen(root: &Path, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_monogen"))
+        .args(args)
+        .current_dir(root)
+        .env_remove("MONOGEN_ROOT")
+        .env_remove("MONOGEN_FAULT")
+        .output()
+        .expect("monogen runs")
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap().flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            copy_dir(&path, &to.join(entry.file_name()));
+        } else {
+            std::fs::copy(&path, to.join(entry.file_name())).unwrap();
+        }
+    }
+}
+
+/// A scratch repository: the registry, the templates and the default workload.
+fn scratch_repo() -> tempfile::TempDir {
+    let temp = tempfile::tempdir().unwrap();
+    for dir in ["interfaces", "implementations", "templates"] {
+        copy_dir(&workspace_root().join(dir), &temp.path().join(dir));
+    }
+    std::fs::create_dir(temp.path().join("workloads")).unwrap();
+    std::fs::copy(
+        workspace_root().join("workloads/stories260k-cpu-f32.toml"),
+        temp.path().join("workloads/stories260k-cpu-f32.toml"),
+    )
+    .unwrap();
+    temp
+}
+
+const WORKLOAD: &str = "workloads/stories260k-cpu-f32.toml";
+
+fn read_tree(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for entry in std::fs::read_dir(&d).unwrap().flatten() {
+            let p = entry.path();
+            if p.is_dir() {
+                stack.push(p);
+            } else {
+                out.push((p.strip_prefix(dir).unwrap().to_path_buf(), std::fs::read(&p).unwrap()));
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+#[test]
+fn init_reproduces_the_committed_workloads() {
+    let root = workspace_root();
+    for (model, name) in [("stories260k", "stories260k-cpu-f32"), ("aidreams260k", "aidreams260k-cpu-f32")] {
+        let dir = models_root().join(model);
+        if !dir.join("config.json").is_file() {
+            assert!(
+                std::env::var("CI").map_or(true, |v| v != "true"),
+                "{} is missing under CI",
+                dir.display()
+            );
+            eprintln!("skipped: {} is not present", dir.display());
+            continue;
+        }
+        // config.json alone is enough.
+        let alone = tempfile::tempdir().unwrap();
+        let hf = alone.path().join(model);
+        std::fs::create_dir(&hf).unwrap();
+        std::fs::copy(dir.join("config.json"), hf.join("config.json")).unwrap();
+        let out = monogen(
+            &root,
+            &[
+                "init",
+                "--hf",
+                hf.to_str().unwrap(),
+                "--name",
+                name,
+                "--threads",
+                "2",
+                "--cpu-features",
+                "x86-64-v3",
+            ],
+        );
+        assert!(out.status.success(), "{}", stderr(&out));
+        let committed = std::fs::read_to_string(root.join(format!("workloads/{name}.toml"))).unwrap();
+        let strip =
+            |s: &str| s.lines().filter(|l| !l.starts_with("# Written by")).collect::<Vec<_>>().join("\n");
+        assert_eq!(strip(&stdout(&out)), strip(&committed), "init output differs from workloads/{name}.toml");
+    }
+}
+
+#[test]
+fn init_refuses_configs_it_cannot_honour() {
+    let temp = tempfile::tempdir().unwrap();
+    let config = r#"{"model_type": "llama", "hidden_size": 64, "intermediate_size": 172, "num_hidden_layers": 2,
+        "num_attention_heads": 8, "vocab_size": 512, "rope_scaling": {"rope_type": "llama3", "factor": 8.0}}"#;
+    std::fs::write(temp.path().join("config.json"), config).unwrap();
+    let out = monogen(&workspace_root(), &["init", "--hf", temp.path().to_str().unwrap(), "--name", "x"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("config.json field `rope_scaling` cannot be honoured"), "{}", stderr(&out));
+    assert!(stderr(&out).contains("config.json:2:"), "{}", stderr(&out));
+}
+
+#[test]
+fn explain_shows_every_candidate_and_why() {
+    let repo = scratch_repo();
+    let out = monogen(repo.path(), &["explain", WORKLOAD]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    for expected in [
+        "matmul: ",
+        "  avx2-fma 1.0.0 (priority 20): CHOSEN, highest declared priority (20) among 2 compatible implementations",
+        "  scalar 1.0.0 (priority 0): compatible, not chosen: declared priority 0 is below avx2-fma's 20",
+        "start-up check: avx2, fma",
+        "memory: weights 1015.8 KiB (260032 parameters, f32, memory-mapped); per session: KV cache 640.0 KiB",
+    ] {
+        assert!(text.contains(expected), "missing {expected:?} in\n{text}");
+    }
+
+    // Without AVX2 the scalar kernels are chosen, and the reason is given.
+    let path = repo.path().join(WORKLOAD);
+    let text = std::fs::read_to_string(&path).unwrap();
+    let start = text.find("cpu_features = [").unwrap();
+    let end = start + text[start..].find(']').unwrap() + 1;
+    std::fs::write(&path, format!("{}cpu_features = [\"sse4.2\"]{}", &text[..start], &text[end..])).unwrap();
+    let out = monogen(repo.path(), &["explain", WORKLOAD]);
+    let text = stdout(&out);
+    assert!(text.contains("  avx2-fma 1.0.0 (priority 20): rejected: needs CPU features avx2, fma, which target.cpu_features does not list"), "{text}");
+    assert!(text.contains("  scalar 1.0.0 (priority 0): CHOSEN"), "{text}");
+    assert!(text.contains("start-up check: none"), "{text}");
+
+    let out = monogen(repo.path(), &["explain", WORKLOAD, "--json"]);
+    let plan: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(plan["interfaces"][1]["chosen"]["name"], "scalar");
+}
+
+#[test]
+fn a_workload_no_implementation_fits_is_refused_with_every_reason() {
+    let repo = scratch_repo();
+    let path = repo.path().join(WORKLOAD);
+    let text = std::fs::read_to_string(&path).unwrap().replace("dtype = \"f32\"", "dtype = \"bf16\"");
+    std::fs::write(&path, text).unwrap();
+    let out = monogen(repo.path(), &["build", WORKLOAD]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = stderr(&out);
+    assert!(err.contains("no implementation of `matmul` fits workload `stories260k-cpu-f32`"), "{err}");
+    assert!(
+        err.contains("matmul/scalar: supports weight dtype f32; the workload uses bf16 (weights.dtype)"),
+        "{err}"
+    );
+}
+
+#[test]
+fn bad_workloads_are_located_and_explained() {
+    let repo = scratch_repo();
+    let path = repo.path().join(WORKLOAD);
+    let text = std::fs::read_to_string(&path).unwrap().replace("num_kv_heads = 4", "num_kv_heads = 3");
+    std::fs::write(&path, text).unwrap();
+    let out = monogen(repo.path(), &["build", WORKLOAD]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = stderr(&out);
+    assert!(err.contains("error: model.num_heads (8) is not a multiple of model.num_kv_heads (3)"), "{err}");
+    assert!(err.contains("workloads/stories260k-cpu-f32.toml:16:16"), "{err}");
+    assert!(err.contains("help: grouped-query attention needs num_heads divisible by num_kv_heads"), "{err}");
+    assert!(!repo.path().join("generated").exists(), "nothing is written for a bad workload");
+}
+
+#[test]
+fn a_kernel_that_breaks_its_interface_is_rejected() {
+    let repo = scratch_repo();
+    let kernel = repo.path().join("implementations/matmul/avx2-fma/kernel.rs");
+    let source = std::fs::read_to_string(&kernel).unwrap();
+    let broken = source.replacen("w: &[f32], rows: usize)", "w: &[f32], rows: u32)", 1);
+    assert_ne!(source, broken);
+    std::fs::write(&kernel, broken).unwrap();
+    let out = monogen(repo.path(), &["explain", WORKLOAD]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = stderr(&out);
+    assert!(err.contains("`matmul` does not match the signature that interface `matmul` declares"), "{err}");
+    assert!(err.contains("implementations/matmul/avx2-fma/kernel.rs:"), "{err}");
+    assert!(err.contains("rows: usize") && err.contains("rows: u32"), "{err}");
+}
+
+#[test]
+fn build_writes_only_changes_refuses_hand_edits_and_check_says_why() {
+    let repo = scratch_repo();
+    let out = monogen(repo.path(), &["build", WORKLOAD]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let crate_dir = repo.path().join("generated/stories260k-cpu-f32");
+    assert!(stderr(&out).contains("24 created"), "{}", stderr(&out));
+    assert_eq!(monogen(repo.path(), &["check", "--all"]).status.code(), Some(0));
+    std::fs::write(crate_dir.join("Cargo.lock"), "# user's lock\n").unwrap();
+    std::fs::create_dir_all(crate_dir.join("target/debug")).unwrap();
+    std::fs::write(crate_dir.join("target/debug/x"), "artifact").unwrap();
+
+    let out = monogen(repo.path(), &["build", WORKLOAD]);
+    assert!(stderr(&out).contains("is up to date"), "{}", stderr(&out));
+
+    // A changed workload: check fails and says why, build rewrites only what changed.
+    let path = repo.path().join(WORKLOAD);
+    std::fs::write(&path, std::fs::read_to_string(&path).unwrap().replace("threads = 2", "threads = 3"))
+        .unwrap();
+    let check = monogen(repo.path(), &["check", WORKLOAD]);
+    assert_eq!(check.status.code(), Some(1));
+    let report = stdout(&check);
+    assert!(report.contains("because the workload changed"), "{report}");
+    assert!(report.contains("differs: src/lib.rs"), "{report}");
+    assert!(report.contains("fix: monogen build workloads/stories260k-cpu-f32.toml"), "{report}");
+    let out = monogen(repo.path(), &["build", WORKLOAD]);
+    assert!(out.status.success());
+    assert!(stderr(&out).contains("0 created, 3 updated, 0 removed, 21 unchanged"), "{}", stderr(&out));
+    assert_eq!(std::fs::read_to_string(crate_dir.join("Cargo.lock")).unwrap(), "# user's lock\n");
+    assert_eq!(std::fs::read_to_string(crate_dir.join("target/debug/x")).unwrap(), "artifact");
+
+    // A hand edit is refused, and kept, unless --force.
+    let lib = crate_dir.join("src/lib.rs");
+    let edited = std::fs::read_to_string(&lib)
+        .unwrap()
+        .replace("pub const THREADS: usize = 3;", "pub const THREADS: usize = 64;");
+    std::fs::write(&lib, &edited).unwrap();
+    std::fs::write(&path, std::fs::read_to_string(&path).unwrap().replace("threads = 3", "threads = 2"))
+        .unwrap();
+    let out = monogen(repo.path(), &["build", WORKLOAD]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).contains("refusing to overwrite 1 file that was edited by hand"),
+        "{}",
+        stderr(&out)
+    );
+    assert_eq!(std::fs::read_to_string(&lib).unwrap(), edited);
+    assert!(
+        stdout(&monogen(repo.path(), &["check", WORKLOAD])).contains("differs: src/lib.rs (edited by hand)")
+    );
+    assert!(monogen(repo.path(), &["build", WORKLOAD, "--force"]).status.success());
+    assert_eq!(monogen(repo.path(), &["check", "--all"]).status.code(), Some(0));
+}
+
+#[test]
+fn an_interrupted_build_leaves_the_previous_generation_whole() {
+    let repo = scratch_repo();
+    assert!(monogen(repo.path(), &["build", WORKLOAD]).status.success());
+    let crate_dir = repo.path().join("generated/stories260k-cpu-f32");
+    let before = read_tree(&crate_dir);
+    let path = repo.path().join(WORKLOAD);
+    std::fs::write(&path, std::fs::read_to_string(&path).unwrap().replace("threads = 2", "threads = 5"))
+        .unwrap();
+
+    for fault in ["staged:1", "staged:3"] {
+        let out = Command::new(env!("CARGO_BIN_EXE_monogen"))
+            .args(["build", WORKLOAD])
+            .current_dir(repo.path())
+            .env("MONOGEN_FAULT", fault)
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "the fault stops the build");
+        assert!(crate_dir.join(".monogen-staging").exists(), "the new files were staged, not written");
+        let after: Vec<_> =
+            read_tree(&crate_dir).into_iter().filter(|(p, _)| !p.starts_with(".monogen-staging")).collect();
+        assert_eq!(after, before, "after {fault}: the previous generation is untouched");
+    }
+
+    // A run killed after its commit point is completed by the next one.
+    let out = Command::new(env!("CARGO_BIN_EXE_monogen"))
+        .args(["build", WORKLOAD])
+        .current_dir(repo.path())
+        .env("MONOGEN_FAULT", "applied:1")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let out = monogen(repo.path(), &["check", WORKLOAD]);
+    assert_eq!(out.status.code(), Some(0), "{}", stdout(&out));
+    assert!(!crate_dir.join(".monogen-staging").exists());
+    assert!(std::fs::read_to_string(crate_dir.join("src/lib.rs")).unwrap().contains("THREADS: usize = 5"));
+}
+
+#[test]
+fn foreign_output_directories_are_refused() {
+    let repo = scratch_repo();
+    let out_dir = repo.path().join("mine");
+    std::fs::create_dir(&out_dir).unwrap();
+    std::fs::write(out_dir.join("notes.md"), "keep me").unwrap();
+    let out = monogen(repo.path(), &["build", WORKLOAD, "--out", "mine"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("is not empty and holds no monogen.lock"), "{}", stderr(&out));
+    assert_eq!(read_tree(&out_dir).len(), 1);
+}
+
+#[test]
+fn stale_files_of_an_older_generation_are_removed() {
+    let repo = scratch_repo();
+    assert!(monogen(repo.path(), &["build", WORKLOAD]).status.success());
+    let crate_dir = repo.path().join("generated/stories260k-cpu-f32");
+    assert!(crate_dir.join("src/kernels/shared/avx2_math.rs").exists());
+    // Without AVX2 no kernel uses the shared AVX2 helpers any more.
+    let path = repo.path().join(WORKLOAD);
+    let text = std::fs::read_to_string(&path).unwrap();
+    let start = text.find("cpu_features = [").unwrap();
+    let end = start + text[start..].find(']').unwrap() + 1;
+    std::fs::write(&path, format!("{}cpu_features = []{}", &text[..start], &text[end..])).unwrap();
+    let out = monogen(repo.path(), &["build", WORKLOAD]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(!crate_dir.join("src/kernels/shared/avx2_math.rs").exists());
+    assert!(!crate_dir.join("src/kernels/shared/avx2_attention.rs").exists());
+    assert_eq!(monogen(repo.path(), &["check", "--all"]).status.code(), Some(0));
+}
