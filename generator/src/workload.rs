@@ -65,6 +65,13 @@ impl Architecture {
             Architecture::Llama => "llama",
         }
     }
+
+    /// The name as people write it.
+    pub fn title(self) -> &'static str {
+        match self {
+            Architecture::Llama => "LLaMA",
+        }
+    }
 }
 
 /// A LLaMA-style decoder (RMSNorm, rotary positions, grouped-query attention, SwiGLU MLP).

@@ -107,3 +107,48 @@ pub fn build_crate(dir: &Path, name: &str) -> PathBuf {
     assert!(status.success(), "cargo build of {} failed", dir.display());
     target.join("debug").join(name)
 }
+
+/// A copy of stories260k whose weights also hold `lm_head.weight` (a copy of the
+/// embedding), so that a crate generated with untied embeddings computes exactly the
+/// reference logits. Made once per test process under target/; `None` without the model.
+pub fn untied_stories260k() -> Option<PathBuf> {
+    static DIR: std::sync::OnceLock<Option<PathBuf>> = std::sync::OnceLock::new();
+    DIR.get_or_init(|| {
+        let source = model_dir("stories260k")?;
+        let dir =
+            workspace_root().join(format!("target/test-models/stories260k-untied-{}", std::process::id()));
+        std::fs::create_dir_all(dir.join("reference")).unwrap();
+        for file in ["tokenizer.json", "reference/logits.npy", "reference/reference.json"] {
+            std::fs::copy(source.join(file), dir.join(file)).unwrap();
+        }
+        let weights = std::fs::read(source.join("model.safetensors")).unwrap();
+        let with_head = add_tensor_copy(&weights, "model.embed_tokens.weight", "lm_head.weight");
+        std::fs::write(dir.join("model.safetensors"), with_head).unwrap();
+        Some(dir)
+    })
+    .clone()
+}
+
+/// A safetensors file with one more tensor, `to`, holding the same data as `from`.
+pub fn add_tensor_copy(file: &[u8], from: &str, to: &str) -> Vec<u8> {
+    let header_len = u64::from_le_bytes(file[..8].try_into().unwrap()) as usize;
+    let mut header: serde_json::Map<String, Value> =
+        serde_json::from_slice(&file[8..8 + header_len]).unwrap();
+    let data = &file[8 + header_len..];
+    let entry = header[from].clone();
+    let offsets = &entry["data_offsets"];
+    let (start, end) = (offsets[0].as_u64().unwrap() as usize, offsets[1].as_u64().unwrap() as usize);
+    let mut copy = entry.clone();
+    copy["data_offsets"] = serde_json::json!([data.len(), data.len() + (end - start)]);
+    header.insert(to.to_string(), copy);
+    let mut header_bytes = serde_json::to_vec(&header).unwrap();
+    while header_bytes.len() % 8 != 0 {
+        header_bytes.push(b' ');
+    }
+    let mut out = Vec::with_capacity(file.len() + (end - start) + 64);
+    out.extend_from_slice(&(header_bytes.len() as u64).to_le_bytes());
+    out.extend_from_slice(&header_bytes);
+    out.extend_from_slice(data);
+    out.extend_from_slice(&data[start..end]);
+    out
+}

@@ -1,12 +1,12 @@
 //! The committed generated crates against reference outputs of the real models: logits
 //! from one forward and from prefill + decode steps, greedy continuations, tokenizer ids.
 
-use monogen_tests::{ids, max_abs_diff, model_dir, read_npy_f32, reference_json};
+use monogen_tests::{ids, max_abs_diff, model_dir, read_npy_f32, reference_json, untied_stories260k};
 
 /// The tests every generated LLaMA crate runs, instantiated per crate (the crates share
 /// one API, with different constants).
 macro_rules! llama_reference_tests {
-    ($test_module:ident, $krate:ident, $model:literal) => {
+    ($test_module:ident, $krate:ident, $model_dir:expr) => {
         mod $test_module {
             use super::*;
             use ::$krate::{GenerateParams, Model, StopReason, Tokenizer, VOCAB_SIZE};
@@ -14,7 +14,7 @@ macro_rules! llama_reference_tests {
             const TOLERANCE: f32 = 1e-4;
 
             fn setup() -> Option<(std::path::PathBuf, Model, serde_json::Value, Vec<f32>)> {
-                let dir = model_dir($model)?;
+                let dir = $model_dir?;
                 let model = Model::load(&dir).expect("the model loads");
                 assert!(model.warnings().is_empty(), "{:?}", model.warnings());
                 let reference = reference_json(&dir);
@@ -39,6 +39,12 @@ macro_rules! llama_reference_tests {
                 let input = ids(&reference["logits"]["input_ids"]);
                 let got = model.session().logits_all(&input).unwrap();
                 check_rows("one forward", &got, &expected, 0);
+                eprintln!(
+                    "{}: one forward over {} tokens, max abs diff {:e}",
+                    stringify!($krate),
+                    input.len(),
+                    max_abs_diff(&got, &expected).0
+                );
             }
 
             #[test]
@@ -81,7 +87,7 @@ macro_rules! llama_reference_tests {
             #[test]
             fn greedy_continuations_match_the_reference() {
                 let Some((_, model, reference, _)) = setup() else { return };
-                let tokenizer = Tokenizer::load(model_dir($model).unwrap()).unwrap();
+                let tokenizer = Tokenizer::load($model_dir.unwrap()).unwrap();
                 for case in reference["greedy"].as_array().unwrap() {
                     let prompt_ids = ids(&case["prompt_ids"]);
                     assert_eq!(tokenizer.encode(case["prompt"].as_str().unwrap()).unwrap(), prompt_ids);
@@ -194,8 +200,24 @@ macro_rules! llama_reference_tests {
     };
 }
 
-llama_reference_tests!(stories260k, stories260k_cpu_f32, "stories260k");
-llama_reference_tests!(aidreams260k, aidreams260k_cpu_f32, "aidreams260k");
+llama_reference_tests!(stories260k, stories260k_cpu_f32, model_dir("stories260k"));
+llama_reference_tests!(aidreams260k, aidreams260k_cpu_f32, model_dir("aidreams260k"));
+// Untied embeddings (the classifier is lm_head.weight) and the scalar reference kernels.
+llama_reference_tests!(stories260k_untied, stories260k_untied_scalar, untied_stories260k());
+
+#[test]
+fn untied_crates_need_lm_head_and_tied_crates_warn_about_it() {
+    let (Some(tied), Some(untied)) = (model_dir("stories260k"), untied_stories260k()) else { return };
+    let e = stories260k_untied_scalar::Model::load(&tied).err().expect("stories260k has no lm_head.weight");
+    assert!(e.to_string().contains("tensor `lm_head.weight` is missing"), "{e}");
+    let model = stories260k_cpu_f32::Model::load(&untied).unwrap();
+    assert_eq!(model.warnings().len(), 1);
+    assert!(
+        model.warnings()[0].contains("tensor `lm_head.weight`") && model.warnings()[0].contains("not used"),
+        "{:?}",
+        model.warnings()
+    );
+}
 
 #[test]
 fn weights_of_another_shape_are_refused_naming_the_tensor() {
