@@ -225,7 +225,7 @@ pub fn workload_from_config(path: &Path, text: &str, opts: &InitOptions) -> Resu
     let num_heads = usize_field("num_attention_heads", None);
     let vocab_size = usize_field("vocab_size", None);
     let num_kv_heads = usize_field("num_key_value_heads", Some(num_heads));
-    let head_dim = usize_field("head_dim", Some(if num_heads > 0 { hidden_size / num_heads } else { 0 }));
+    let head_dim = usize_field("head_dim", Some(hidden_size.checked_div(num_heads).unwrap_or(0)));
     let max_position_embeddings = usize_field("max_position_embeddings", Some(2048));
     let bos_token_id = usize_field("bos_token_id", Some(1)) as u32;
 

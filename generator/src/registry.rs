@@ -153,7 +153,7 @@ impl ShapeBound {
         if let Some(max) = self.max.filter(|&m| value > m) {
             return Some(format!("is {value}, above the maximum {max}"));
         }
-        if let Some(m) = self.multiple_of.filter(|&m| m > 0 && value % m != 0) {
+        if let Some(m) = self.multiple_of.filter(|&m| m > 0 && !value.is_multiple_of(m)) {
             return Some(format!("is {value}, not a multiple of {m}"));
         }
         None
@@ -565,7 +565,7 @@ fn sig_key(vis: &syn::Visibility, sig: &syn::Signature) -> String {
 pub fn pretty_signature(vis: &syn::Visibility, sig: &syn::Signature) -> String {
     let file: syn::File = syn::parse_quote!(#vis #sig {});
     let printed = prettyplease::unparse(&file);
-    let flat = printed.trim().trim_end_matches("{}").trim().split_whitespace().collect::<Vec<_>>().join(" ");
+    let flat = printed.trim().trim_end_matches("{}").split_whitespace().collect::<Vec<_>>().join(" ");
     flat.replace("< ", "<").replace("( ", "(").replace(", >", ">").replace(", )", ")")
 }
 

@@ -51,24 +51,24 @@ pub fn shape_parameters(w: &Workload) -> BTreeMap<&'static str, usize> {
 pub fn rejections(imp: &Implementation, w: &Workload) -> Vec<String> {
     let c = &imp.constraints;
     let mut reasons = Vec::new();
-    if let Some(devices) = &c.devices {
-        if !devices.contains(&w.target.device) {
-            let list: Vec<&str> = devices.iter().map(|d| d.as_str()).collect();
-            reasons.push(format!(
-                "runs on {}; the workload targets {} (target.device)",
-                list.join(", "),
-                w.target.device.as_str()
-            ));
-        }
+    if let Some(devices) = &c.devices
+        && !devices.contains(&w.target.device)
+    {
+        let list: Vec<&str> = devices.iter().map(|d| d.as_str()).collect();
+        reasons.push(format!(
+            "runs on {}; the workload targets {} (target.device)",
+            list.join(", "),
+            w.target.device.as_str()
+        ));
     }
-    if let Some(arches) = &c.arches {
-        if !arches.contains(&w.target.arch) {
-            reasons.push(format!(
-                "compiles for {} only; the workload targets {} (target.arch)",
-                arches.join(", "),
-                w.target.arch
-            ));
-        }
+    if let Some(arches) = &c.arches
+        && !arches.contains(&w.target.arch)
+    {
+        reasons.push(format!(
+            "compiles for {} only; the workload targets {} (target.arch)",
+            arches.join(", "),
+            w.target.arch
+        ));
     }
     let missing: Vec<&str> =
         c.cpu_features.iter().filter(|f| !w.target.cpu_features.contains(f)).map(String::as_str).collect();
@@ -79,22 +79,22 @@ pub fn rejections(imp: &Implementation, w: &Workload) -> Vec<String> {
             missing.join(", ")
         ));
     }
-    if let Some(dtypes) = &c.dtypes {
-        if !dtypes.contains(&w.weights.dtype) {
-            let list: Vec<&str> = dtypes.iter().map(|d| d.as_str()).collect();
-            reasons.push(format!(
-                "supports weight dtype {}; the workload uses {} (weights.dtype)",
-                list.join(", "),
-                w.weights.dtype.as_str()
-            ));
-        }
+    if let Some(dtypes) = &c.dtypes
+        && !dtypes.contains(&w.weights.dtype)
+    {
+        let list: Vec<&str> = dtypes.iter().map(|d| d.as_str()).collect();
+        reasons.push(format!(
+            "supports weight dtype {}; the workload uses {} (weights.dtype)",
+            list.join(", "),
+            w.weights.dtype.as_str()
+        ));
     }
     let shapes = shape_parameters(w);
     for (name, bound) in &c.shapes {
-        if let Some(&value) = shapes.get(name.as_str()) {
-            if let Some(why) = bound.violation(value) {
-                reasons.push(format!("needs {name} {}: the workload's {name} {why}", describe_bound(bound)));
-            }
+        if let Some(&value) = shapes.get(name.as_str())
+            && let Some(why) = bound.violation(value)
+        {
+            reasons.push(format!("needs {name} {}: the workload's {name} {why}", describe_bound(bound)));
         }
     }
     reasons

@@ -234,6 +234,7 @@ pub struct WorkloadSource {
 
 impl WorkloadSource {
     /// Reads a workload file, refusing what cannot be one (unreadable, huge, not UTF-8).
+    #[allow(clippy::result_large_err)]
     pub fn read(path: &Path) -> Result<WorkloadSource, Diagnostic> {
         let meta = std::fs::metadata(path).map_err(|e| {
             Diagnostic::new(format!("cannot read workload file: {e}"))
@@ -669,7 +670,7 @@ fn element_span(text: &str, array: Range<usize>, index: usize) -> Range<usize> {
 }
 
 fn divisors(n: usize) -> Vec<usize> {
-    (1..=n).filter(|d| n % d == 0).collect()
+    (1..=n).filter(|d| n.is_multiple_of(*d)).collect()
 }
 
 /// Whether `name` is a valid Cargo package name that monogen accepts.

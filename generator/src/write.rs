@@ -104,6 +104,7 @@ pub fn previous_files(dir: &Path) -> Result<Option<BTreeSet<PathBuf>>, Error> {
 
 /// Compares `output` with what `dir` holds (after completing an interrupted build).
 pub fn diff(dir: &Path, output: &Output) -> Result<Diff, Error> {
+    let _lock = if dir.is_dir() { Some(DirLock::acquire(dir)?) } else { None };
     recover(dir)?;
     let previous = previous_files(dir)?.unwrap_or_default();
     let mut d = Diff::default();
@@ -128,9 +129,35 @@ pub fn diff(dir: &Path, output: &Output) -> Result<Diff, Error> {
     Ok(d)
 }
 
+/// Holds an advisory lock on an output directory, so that two monogen processes never
+/// write (or recover) the same crate at once. Released when dropped.
+struct DirLock(fs::File);
+
+impl DirLock {
+    fn acquire(dir: &Path) -> Result<DirLock, Error> {
+        let handle = fs::File::open(dir).map_err(|e| Error::io(dir, e))?;
+        match handle.try_lock() {
+            Ok(()) => Ok(DirLock(handle)),
+            Err(fs::TryLockError::WouldBlock) => Err(Error::Refused(format!(
+                "another monogen process is writing {}; wait for it to finish",
+                dir.display()
+            ))),
+            Err(fs::TryLockError::Error(e)) => Err(Error::io(dir, e)),
+        }
+    }
+}
+
+impl Drop for DirLock {
+    fn drop(&mut self) {
+        let _ = self.0.unlock();
+    }
+}
+
 /// Writes `output` into `dir`. Refuses to overwrite hand-edited files, and to write into a
 /// non-empty directory that monogen did not generate, unless `force`.
 pub fn write(dir: &Path, output: &Output, force: bool) -> Result<WriteReport, Error> {
+    fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+    let _lock = DirLock::acquire(dir)?;
     recover(dir)?;
     let previous = match previous_files(dir) {
         Ok(p) => p,
@@ -211,16 +238,15 @@ fn dir_has_entries(dir: &Path) -> Result<bool, Error> {
 /// A test hook: `MONOGEN_FAULT=staged:N` aborts after N staged files, `applied:N` after N
 /// renames past the commit point. It simulates a crash or a kill at that moment.
 fn fault(stage: &str, count: usize) {
-    if let Ok(spec) = std::env::var("MONOGEN_FAULT") {
-        if spec.split_once(':').is_some_and(|(s, n)| s == stage && n.parse() == Ok(count)) {
-            eprintln!("monogen: MONOGEN_FAULT={spec}: aborting");
-            std::process::abort();
-        }
+    if let Ok(spec) = std::env::var("MONOGEN_FAULT")
+        && spec.split_once(':').is_some_and(|(s, n)| s == stage && n.parse() == Ok(count))
+    {
+        eprintln!("monogen: MONOGEN_FAULT={spec}: aborting");
+        std::process::abort();
     }
 }
 
 fn commit(dir: &Path, writes: &BTreeMap<&Path, &str>, removals: &[PathBuf]) -> Result<(), Error> {
-    fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
     let staging = dir.join(STAGING_DIR);
     fs::create_dir(&staging).map_err(|e| Error::io(&staging, e))?;
     let mut journal = String::new();
@@ -387,6 +413,16 @@ mod tests {
         assert!(e.contains("not a crate monogen generated"), "{e}");
         write(dir.path(), &output(&[("src/a.rs", "")]), true).unwrap();
         assert_eq!(fs::read_to_string(dir.path().join("notes.txt")).unwrap(), "mine");
+    }
+
+    #[test]
+    fn a_directory_being_written_is_refused_to_a_second_writer() {
+        let dir = tempfile::tempdir().unwrap();
+        let held = DirLock::acquire(dir.path()).unwrap();
+        let e = write(dir.path(), &output(&[("src/a.rs", "")]), false).unwrap_err().to_string();
+        assert!(e.contains("another monogen process is writing"), "{e}");
+        drop(held);
+        write(dir.path(), &output(&[("src/a.rs", "")]), false).unwrap();
     }
 
     #[test]

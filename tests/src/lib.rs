@@ -142,7 +142,7 @@ pub fn add_tensor_copy(file: &[u8], from: &str, to: &str) -> Vec<u8> {
     copy["data_offsets"] = serde_json::json!([data.len(), data.len() + (end - start)]);
     header.insert(to.to_string(), copy);
     let mut header_bytes = serde_json::to_vec(&header).unwrap();
-    while header_bytes.len() % 8 != 0 {
+    while !header_bytes.len().is_multiple_of(8) {
         header_bytes.push(b' ');
     }
     let mut out = Vec::with_capacity(file.len() + (end - start) + 64);
