@@ -41,6 +41,11 @@ enum State {
 
 /// Turns own-line `//` comments into markers; rejects comments that would be lost.
 pub fn encode_comments(source: &str) -> Result<String, SourceError> {
+    encode(source, false)
+}
+
+/// As [`encode_comments`], and blank lines between statements or items become markers too.
+fn encode(source: &str, keep_blank_lines: bool) -> Result<String, SourceError> {
     let mut out = String::with_capacity(source.len() + source.len() / 4);
     let mut state = State::Code;
     for (index, line) in source.split_inclusive('\n').enumerate() {
@@ -51,6 +56,10 @@ pub fn encode_comments(source: &str) -> Result<String, SourceError> {
             let indent = &body[..body.len() - trimmed.len()];
             let text = trimmed[2..].strip_prefix(' ').unwrap_or(&trimmed[2..]);
             out.push_str(&format!("{indent}{MARKER}!({text:?});\n"));
+            continue;
+        }
+        if keep_blank_lines && state == State::Code && trimmed.is_empty() {
+            out.push_str(&format!("{BLANK}!();\n"));
             continue;
         }
         state = scan_line(body, state, line_no)?;
@@ -152,8 +161,12 @@ fn char_literal_len(bytes: &[u8]) -> usize {
     if bytes.get(1 + ch_len) == Some(&b'\'') { 2 + ch_len } else { 1 }
 }
 
-/// Parses a Rust source with its comments encoded as markers.
+/// Parses a Rust source with its comments encoded as markers, and its blank lines too where
+/// they all stand between statements or items (otherwise prettyplease's spacing is used).
 pub fn parse_with_comments(source: &str) -> Result<syn::File, SourceError> {
+    if let Ok(file) = syn::parse_file(&encode(source, true)?) {
+        return Ok(file);
+    }
     let encoded = encode_comments(source)?;
     syn::parse_file(&encoded).map_err(|e| {
         let start = e.span().start();
@@ -409,6 +422,18 @@ mod tests {
                 "    );"
             ]
         );
+    }
+
+    #[test]
+    fn blank_lines_between_statements_are_kept() {
+        let src = "fn f() {\n    let a = 1;\n\n    let b = a;\n    let c = S {\n        x: 1,\n\n        y: 2,\n    };\n}\n";
+        // The blank line inside the struct literal cannot be a marker: spacing falls back.
+        assert_eq!(
+            round_trip(src),
+            "fn f() {\n    let a = 1;\n    let b = a;\n    let c = S { x: 1, y: 2 };\n}\n"
+        );
+        let src = "fn f() {\n    let a = 1;\n\n    let b = a;\n}\n";
+        assert_eq!(round_trip(src), src);
     }
 
     #[test]

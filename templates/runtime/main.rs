@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use clap::Parser;
-use serde_json::json;
+use serde_json::{Map, Value, json};
 
 use __crate::{Error, GenerateParams, Model, Tokenizer, WORKLOAD};
 
@@ -85,18 +85,19 @@ fn run(args: &Args, started: Instant) -> Result<(), Error> {
     if args.json {
         let generation = session.generate(&prompt_ids, &params, |_| true)?;
         let text = tokenizer.decode(&generation.generated_ids)?;
-        let report = json!({
-            "workload": WORKLOAD,
-            "prompt_ids": generation.prompt_ids,
-            "generated_ids": generation.generated_ids,
-            "text": text,
-            "stop": generation.stop.as_str(),
-            "load_ms": load_ms,
-            "prefill_ms": generation.prefill_ms,
-            "prefill_tok_s": generation.prefill_tok_s(),
-            "decode_ms": generation.decode_ms,
-            "decode_tok_s": generation.decode_tok_s(),
-        });
+        let report = Value::Object(Map::from_iter([
+            ("workload".to_string(), json!(WORKLOAD)),
+            ("prompt_ids".to_string(), json!(generation.prompt_ids)),
+            ("generated_ids".to_string(), json!(generation.generated_ids)),
+            ("text".to_string(), json!(text)),
+            ("stop".to_string(), json!(generation.stop.as_str())),
+            ("load_ms".to_string(), json!(load_ms)),
+            ("prefill_ms".to_string(), json!(generation.prefill_ms)),
+            ("prefill_tok_s".to_string(), json!(generation.prefill_tok_s())),
+            ("decode_ms".to_string(), json!(generation.decode_ms)),
+            ("decode_tok_s".to_string(), json!(generation.decode_tok_s())),
+        ]));
+
         // A closed stdout (e.g. `| head`) is not an error worth reporting.
         let _ = writeln!(io::stdout().lock(), "{report}");
         return Ok(());
@@ -114,27 +115,26 @@ fn run(args: &Args, started: Instant) -> Result<(), Error> {
             Err(e) => return Err(e),
         }
     }
-    let generation = session.generate(&prompt_ids, &params, |id| {
+    let on_token = |id| {
         match stream.push(id) {
             Ok(Some(piece)) => closed = write!(out, "{piece}").and_then(|()| out.flush()).is_err(),
             Ok(None) => {}
             Err(e) => decode_error = Some(e),
         }
         !closed && decode_error.is_none()
-    })?;
+    };
+    let generation = session.generate(&prompt_ids, &params, on_token)?;
     if let Some(e) = decode_error {
         return Err(e);
     }
     if closed || writeln!(out).is_err() {
         return Ok(());
     }
-    eprintln!(
-        "[{} prompt tokens: prefill {:.1} tok/s; {} new tokens: decode {:.1} tok/s; stop: {}]",
-        generation.prompt_ids.len(),
-        generation.prefill_tok_s(),
-        generation.generated_ids.len(),
-        generation.decode_tok_s(),
-        generation.stop.as_str(),
-    );
+    let prompt_tokens = generation.prompt_ids.len();
+    let new_tokens = generation.generated_ids.len();
+    let prefill = generation.prefill_tok_s();
+    let decode = generation.decode_tok_s();
+    let stop = generation.stop.as_str();
+    eprintln!("[{prompt_tokens} prompt tokens: prefill {prefill:.1} tok/s; {new_tokens} new tokens: decode {decode:.1} tok/s; stop: {stop}]");
     Ok(())
 }
