@@ -36,7 +36,12 @@ struct LockShared {
 }
 
 /// The causes of a difference, given the old lock file's text (header included).
-pub fn reasons(old_lock: Option<&str>, plan: &Plan, registry: &crate::registry::Registry) -> Vec<String> {
+pub fn reasons(
+    old_lock: Option<&str>,
+    plan: &Plan,
+    registry: &crate::registry::Registry,
+    diff: &crate::write::Diff,
+) -> Vec<String> {
     let Some(text) = old_lock else {
         return vec!["the crate has not been generated yet (no monogen.lock)".into()];
     };
@@ -79,6 +84,14 @@ pub fn reasons(old_lock: Option<&str>, plan: &Plan, registry: &crate::registry::
             Some(_) => out.push(format!("shared module {module} changed")),
             None => out.push(format!("shared module {module} is newly used")),
         }
+    }
+    if !diff.hand_edited.is_empty() {
+        out.push(format!("{} file(s) were edited by hand", diff.hand_edited.len()));
+    }
+    let lock_path = std::path::Path::new(crate::emit::LOCK_FILE);
+    let deleted = diff.missing.iter().filter(|p| *p != lock_path).count();
+    if deleted > 0 {
+        out.push(format!("{deleted} generated file(s) are missing"));
     }
     if out.is_empty() {
         out.push(

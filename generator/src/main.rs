@@ -233,11 +233,20 @@ fn run(cli: Cli) -> Result<ExitCode, Error> {
             if paths.is_empty() {
                 return Err(Error::Refused("name the workloads to check, or pass --all".into()));
             }
+            let mut seen = std::collections::BTreeSet::new();
+            paths.retain(|p| seen.insert(std::fs::canonicalize(p).unwrap_or_else(|_| p.clone())));
             let mut stale = 0;
-            let mut names = Vec::new();
+            let mut names: Vec<String> = Vec::new();
             for path in &paths {
                 let (plan, output) = project.generate(path)?;
                 let dir = project.default_out_dir(&plan.workload);
+                if names.contains(&plan.workload.name) {
+                    return Err(Error::Refused(format!(
+                        "two workloads are named `{}` (the second is {}); each crate needs its own name",
+                        plan.workload.name,
+                        shown(path)
+                    )));
+                }
                 names.push(plan.workload.name.clone());
                 let diff = write::diff(&dir, &output)?;
                 if diff.is_clean() {
@@ -247,7 +256,7 @@ fn run(cli: Cli) -> Result<ExitCode, Error> {
                 stale += 1;
                 println!("STALE   {} ({})", shown(&dir), shown(path));
                 let old_lock = std::fs::read_to_string(dir.join(LOCK_FILE)).ok();
-                for reason in check::reasons(old_lock.as_deref(), &plan, &project.registry) {
+                for reason in check::reasons(old_lock.as_deref(), &plan, &project.registry, &diff) {
                     println!("        because {reason}");
                 }
                 for (what, files) in

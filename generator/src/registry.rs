@@ -181,6 +181,8 @@ struct ManifestFile {
 pub struct SharedModule {
     pub name: String,
     pub path: PathBuf,
+    /// CPU features its functions enable with `#[target_feature]`.
+    pub enabled_features: Vec<String>,
     #[serde(skip)]
     pub source: Arc<str>,
     pub source_sha256: String,
@@ -225,6 +227,14 @@ impl Registry {
             }
         }
         for (name, imps) in &implementations {
+            let cycle = shadow_cycles(imps);
+            if !cycle.is_empty() {
+                problems.push(Diagnostic::new(format!(
+                    "implementations of `{name}` shadow each other in a cycle: {}",
+                    cycle.join(", ")
+                ))
+                .hint("shadowing says which implementation replaces which; it must not go round in a circle"));
+            }
             let names: BTreeSet<&str> = imps.iter().map(|i| i.name.as_str()).collect();
             for imp in imps {
                 for shadowed in &imp.shadows {
@@ -405,13 +415,17 @@ fn load_shared(root: &Path, problems: &mut Vec<Diagnostic>) -> BTreeMap<String, 
     for path in files {
         let rel = relative(root, &path);
         let Some(source) = read_text(root, &path, problems) else { continue };
-        if let Err(e) = rust_source::parse_with_comments(&source) {
-            problems.push(source_diag(&rel, &source, &e));
-            continue;
-        }
+        let file = match rust_source::parse_with_comments(&source) {
+            Ok(file) => file,
+            Err(e) => {
+                problems.push(source_diag(&rel, &source, &e));
+                continue;
+            }
+        };
         let name = path.file_stem().unwrap_or_default().to_string_lossy().into_owned();
         let source_sha256 = sha256_hex(source.as_bytes());
-        out.insert(name.clone(), SharedModule { name, path: rel, source, source_sha256 });
+        let enabled_features = enabled_features(&file).into_iter().map(|(f, _)| f).collect();
+        out.insert(name.clone(), SharedModule { name, path: rel, enabled_features, source, source_sha256 });
     }
     out
 }
@@ -741,34 +755,18 @@ fn self_type_name(ty: &syn::Type) -> Option<String> {
     }
 }
 
-/// Every feature a kernel enables with `#[target_feature(enable = "...")]` must be declared.
-fn check_target_features(
-    file: &syn::File,
-    declared: &[String],
-    rel: &Path,
-    source: &Arc<str>,
-) -> Vec<Diagnostic> {
-    struct Visitor<'a> {
-        declared: &'a [String],
-        problems: Vec<Diagnostic>,
-        rel: &'a Path,
-        source: &'a Arc<str>,
-    }
-    impl<'ast> syn::visit::Visit<'ast> for Visitor<'_> {
+/// Every CPU feature the functions of `file` enable with `#[target_feature(enable = "...")]`,
+/// with the span of the string that names it, in order of appearance.
+fn enabled_features(file: &syn::File) -> Vec<(String, proc_macro2::Span)> {
+    struct Visitor(Vec<(String, proc_macro2::Span)>);
+    impl<'ast> syn::visit::Visit<'ast> for Visitor {
         fn visit_attribute(&mut self, attr: &'ast syn::Attribute) {
             if attr.path().is_ident("target_feature") {
                 let _ = attr.parse_nested_meta(|meta| {
                     if meta.path.is_ident("enable") {
                         let lit: syn::LitStr = meta.value()?.parse()?;
                         for feature in lit.value().split(',').map(str::trim) {
-                            if !self.declared.iter().any(|d| d == feature) {
-                                self.problems.push(
-                                    Diagnostic::new(format!("the kernel enables CPU feature `{feature}`, which its manifest does not declare"))
-                                        .in_file(self.rel, self.source)
-                                        .primary(span_offset(self.source, lit.span()), "enabled here")
-                                        .hint(format!("add \"{feature}\" to constraints.cpu_features in manifest.toml, so that resolution and the start-up check know about it")),
-                                );
-                            }
+                            self.0.push((feature.to_string(), lit.span()));
                         }
                     }
                     Ok(())
@@ -777,9 +775,49 @@ fn check_target_features(
             syn::visit::visit_attribute(self, attr);
         }
     }
-    let mut v = Visitor { declared, problems: Vec::new(), rel, source };
+    let mut v = Visitor(Vec::new());
     syn::visit::Visit::visit_file(&mut v, file);
-    v.problems
+    v.0
+}
+
+/// Every feature a kernel enables with `#[target_feature(enable = "...")]` must be declared.
+fn check_target_features(
+    file: &syn::File,
+    declared: &[String],
+    rel: &Path,
+    source: &Arc<str>,
+) -> Vec<Diagnostic> {
+    enabled_features(file)
+        .into_iter()
+        .filter(|(feature, _)| !declared.contains(feature))
+        .map(|(feature, span)| {
+            Diagnostic::new(format!("the kernel enables CPU feature `{feature}`, which its manifest does not declare"))
+                .in_file(rel, source)
+                .primary(span_offset(source, span), "enabled here")
+                .hint(format!("add \"{feature}\" to constraints.cpu_features in manifest.toml, so that resolution and the start-up check know about it"))
+        })
+        .collect()
+}
+
+/// Names of implementations that take part in a cycle of `shadows` (A shadows B shadows A):
+/// with both compatible, neither could be chosen.
+fn shadow_cycles(imps: &[Implementation]) -> Vec<String> {
+    let shadows = |name: &str| imps.iter().find(|i| i.name == name).map_or(&[][..], |i| i.shadows.as_slice());
+    let mut in_cycle = Vec::new();
+    for start in imps {
+        let mut seen = BTreeSet::new();
+        let mut frontier: Vec<&str> = start.shadows.iter().map(String::as_str).collect();
+        while let Some(name) = frontier.pop() {
+            if name == start.name {
+                in_cycle.push(start.name.clone());
+                break;
+            }
+            if seen.insert(name) {
+                frontier.extend(shadows(name).iter().map(String::as_str));
+            }
+        }
+    }
+    in_cycle
 }
 
 #[cfg(test)]
@@ -855,6 +893,25 @@ mod tests {
         let e = check_target_features(&file, &["avx2".to_string()], Path::new("kernel.rs"), &source);
         assert_eq!(e.len(), 1);
         assert!(e[0].message.contains("`fma`"));
+    }
+
+    #[test]
+    fn shadow_cycles_are_found() {
+        let imp = |name: &str, shadows: &[&str]| Implementation {
+            interface: "matmul".into(),
+            name: name.into(),
+            version: "1.0.0".into(),
+            summary: String::new(),
+            priority: 0,
+            shadows: shadows.iter().map(|s| s.to_string()).collect(),
+            shared: vec![],
+            constraints: Constraints::default(),
+            dir: PathBuf::new(),
+            source: Arc::from(""),
+            source_sha256: String::new(),
+        };
+        assert!(shadow_cycles(&[imp("a", &["b"]), imp("b", &[])]).is_empty());
+        assert_eq!(shadow_cycles(&[imp("a", &["b"]), imp("b", &["c"]), imp("c", &["a"])]), ["a", "b", "c"]);
     }
 
     #[test]

@@ -165,10 +165,12 @@ fn char_literal_len(bytes: &[u8]) -> usize {
 /// they all stand between statements or items (otherwise prettyplease's spacing is used).
 pub fn parse_with_comments(source: &str) -> Result<syn::File, SourceError> {
     if let Ok(file) = syn::parse_file(&encode(source, true)?) {
-        return Ok(file);
+        if misplaced_marker(&file).is_none() {
+            return Ok(file);
+        }
     }
     let encoded = encode_comments(source)?;
-    syn::parse_file(&encoded).map_err(|e| {
+    let file = syn::parse_file(&encoded).map_err(|e| {
         let start = e.span().start();
         let plain = syn::parse_file(source).is_ok();
         let message = if plain {
@@ -177,7 +179,65 @@ pub fn parse_with_comments(source: &str) -> Result<syn::File, SourceError> {
             format!("does not parse as Rust: {e}")
         };
         SourceError { line: start.line, column: start.column + 1, message }
-    })
+    })?;
+    match misplaced_marker(&file) {
+        None => Ok(file),
+        Some(start) => Err(SourceError {
+            line: start.line,
+            column: start.column + 1,
+            message: "a comment stands inside an expression (after `=`, in a literal or an argument list), where it would be lost; move it before the statement".into(),
+        }),
+    }
+}
+
+/// The position of a marker macro that is not a whole statement or item: a comment that
+/// landed inside an expression parses (as a macro call) but would not print as a comment.
+fn misplaced_marker(file: &syn::File) -> Option<proc_macro2::LineColumn> {
+    use syn::visit::Visit;
+    struct Finder {
+        placed: usize,
+        misplaced: Option<proc_macro2::LineColumn>,
+    }
+    fn is_marker(mac: &syn::Macro) -> bool {
+        mac.path.is_ident(MARKER) || mac.path.is_ident(BLANK)
+    }
+    impl<'ast> Visit<'ast> for Finder {
+        fn visit_stmt(&mut self, stmt: &'ast syn::Stmt) {
+            if let syn::Stmt::Macro(m) = stmt {
+                if is_marker(&m.mac) {
+                    self.placed += 1;
+                    return;
+                }
+            }
+            syn::visit::visit_stmt(self, stmt);
+        }
+        fn visit_item(&mut self, item: &'ast syn::Item) {
+            if let syn::Item::Macro(m) = item {
+                if is_marker(&m.mac) {
+                    self.placed += 1;
+                    return;
+                }
+            }
+            syn::visit::visit_item(self, item);
+        }
+        fn visit_impl_item(&mut self, item: &'ast syn::ImplItem) {
+            if let syn::ImplItem::Macro(m) = item {
+                if is_marker(&m.mac) {
+                    self.placed += 1;
+                    return;
+                }
+            }
+            syn::visit::visit_impl_item(self, item);
+        }
+        fn visit_macro(&mut self, mac: &'ast syn::Macro) {
+            if is_marker(mac) && self.misplaced.is_none() {
+                self.misplaced = Some(mac.path.segments[0].ident.span().start());
+            }
+        }
+    }
+    let mut finder = Finder { placed: 0, misplaced: None };
+    finder.visit_file(file);
+    finder.misplaced
 }
 
 /// Prints a file with prettyplease, with blank lines between items (prettyplease puts
@@ -321,7 +381,9 @@ fn join_turbofish(lines: &[String]) -> Vec<String> {
                 }
                 // Too long on one line: generics on the call's line, one argument a line.
                 let inner = close.strip_prefix(">(").and_then(|c| c.strip_suffix(");"));
-                if let Some(inner) = inner.filter(|a| !a.is_empty() && !a.contains(['(', '[', '{'])) {
+                if let Some(inner) =
+                    inner.filter(|a| !a.is_empty() && !a.contains(['(', '[', '{', '"', '\'']))
+                {
                     let indent = &line[..line.len() - line.trim_start().len()];
                     out.push(format!("{line}{generics}>("));
                     out.extend(inner.split(", ").map(|a| format!("{indent}    {a},")));
@@ -434,6 +496,19 @@ mod tests {
         );
         let src = "fn f() {\n    let a = 1;\n\n    let b = a;\n}\n";
         assert_eq!(round_trip(src), src);
+    }
+
+    #[test]
+    fn comments_inside_expressions_are_rejected_not_mangled() {
+        let e = parse_with_comments("fn f() {\n    let s =\n        // note\n        1.0;\n}\n").unwrap_err();
+        assert_eq!(e.line, 3, "{e:?}");
+        assert!(e.message.contains("inside an expression"), "{e:?}");
+        let e = parse_with_comments("fn f() {\n    let a = [\n        // first\n        1.0,\n    ];\n}\n")
+            .unwrap_err();
+        assert!((3..=4).contains(&e.line) && e.message.contains("comment stands"), "{e:?}");
+        // A blank line inside an expression only falls back to prettyplease's spacing.
+        let out = round_trip("fn f() {\n    let s =\n\n        1.0;\n}\n");
+        assert_eq!(out, "fn f() {\n    let s = 1.0;\n}\n");
     }
 
     #[test]

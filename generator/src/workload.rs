@@ -424,17 +424,20 @@ fn check(
 
     match &w.model {
         Model::Llama(m) => {
-            let positive = [
-                ("hidden_size", m.hidden_size),
-                ("intermediate_size", m.intermediate_size),
-                ("num_layers", m.num_layers),
-                ("num_heads", m.num_heads),
-                ("num_kv_heads", m.num_kv_heads),
-                ("head_dim", m.head_dim),
-                ("vocab_size", m.vocab_size),
-                ("max_position_embeddings", m.max_position_embeddings),
+            // (field, value, largest value monogen accepts): far above real models, low enough
+            // that no product of shapes overflows.
+            let sizes = [
+                ("hidden_size", m.hidden_size, 1 << 20),
+                ("intermediate_size", m.intermediate_size, 1 << 22),
+                ("num_layers", m.num_layers, 4096),
+                ("num_heads", m.num_heads, 4096),
+                ("num_kv_heads", m.num_kv_heads, 4096),
+                ("head_dim", m.head_dim, 4096),
+                ("vocab_size", m.vocab_size, 1 << 24),
+                ("max_position_embeddings", m.max_position_embeddings, 1 << 27),
             ];
-            for (key, value) in positive {
+            let mut sizes_ok = true;
+            for (key, value, max) in sizes {
                 if value == 0 {
                     out.push(mk(
                         &["model", key],
@@ -442,7 +445,19 @@ fn check(
                         "zero",
                         "copy the value from the model's config.json".into(),
                     ));
+                    sizes_ok = false;
+                } else if value > max {
+                    out.push(mk(
+                        &["model", key],
+                        format!("model.{key} ({value}) is above {max}, the largest monogen accepts"),
+                        "too large",
+                        "copy the value from the model's config.json".into(),
+                    ));
+                    sizes_ok = false;
                 }
+            }
+            if !sizes_ok {
+                return out;
             }
             if m.num_heads > 0 && m.num_kv_heads > 0 && m.num_heads % m.num_kv_heads != 0 {
                 let mut d = src
@@ -617,6 +632,19 @@ fn check(
         ));
     } else if r.max_batch > 1 {
         out.push(mk(&["request", "max_batch"], format!("request.max_batch = {} is not supported yet", r.max_batch), "batching does not exist yet", "use max_batch = 1; generated crates serve one sequence per session (run several sessions to serve several requests)".into()));
+    }
+    if r.max_seq_len > 1 << 24 {
+        out.push(mk(
+            &["request", "max_seq_len"],
+            format!(
+                "request.max_seq_len ({}) is above {}, the largest monogen accepts",
+                r.max_seq_len,
+                1 << 24
+            ),
+            "too large",
+            "use the longest prompt plus generation you serve".into(),
+        ));
+        return out;
     }
     if r.max_seq_len == 0 {
         out.push(mk(
@@ -806,6 +834,21 @@ mod tests {
         let e = first_error(&GOOD.replace("\"llama\"", "\"lama\""));
         assert!(e.contains("unknown architecture `lama`") && e.contains("did you mean `llama`?"), "{e}");
         assert!(first_error("  \n").contains("workload file is empty"));
+    }
+
+    #[test]
+    fn absurd_sizes_are_refused_without_overflow() {
+        let text = GOOD
+            .replace("num_heads = 8", "num_heads = 4294967296")
+            .replace("head_dim = 8", "head_dim = 4294967296");
+        let e = first_error(&text);
+        assert!(e.contains("model.num_heads (4294967296) is above 4096"), "{e}");
+        let all: Vec<String> = parse(&GOOD.replace("max_seq_len = 512", "max_seq_len = 100000000000"))
+            .unwrap_err()
+            .iter()
+            .map(|d| d.to_string())
+            .collect();
+        assert!(all.iter().any(|e| e.contains("is above 16777216")), "{all:?}");
     }
 
     #[test]

@@ -65,6 +65,19 @@ impl Diff {
 struct LockFiles {
     #[serde(default)]
     file: Vec<LockFileEntry>,
+    #[serde(default)]
+    workload: Option<LockWorkload>,
+}
+
+#[derive(Deserialize)]
+struct LockWorkload {
+    name: String,
+}
+
+/// The workload name a lock file's text (header included) records.
+fn lock_workload_name(text: &str) -> Option<String> {
+    let body = text.split_once('\n').map_or("", |(_, b)| b);
+    toml::from_str::<LockFiles>(body).ok()?.workload.map(|w| w.name)
 }
 
 #[derive(Deserialize)]
@@ -106,7 +119,8 @@ pub fn previous_files(dir: &Path) -> Result<Option<BTreeSet<PathBuf>>, Error> {
 pub fn diff(dir: &Path, output: &Output) -> Result<Diff, Error> {
     let _lock = if dir.is_dir() { Some(DirLock::acquire(dir)?) } else { None };
     recover(dir)?;
-    let previous = previous_files(dir)?.unwrap_or_default();
+    // An unreadable lock shows up as a modified monogen.lock; `check` says why.
+    let previous = previous_files(dir).ok().flatten().unwrap_or_default();
     let mut d = Diff::default();
     for (path, contents) in &output.files {
         match fs::read(dir.join(path)) {
@@ -172,6 +186,18 @@ pub fn write(dir: &Path, output: &Output, force: bool) -> Result<WriteReport, Er
             "{} is not empty and holds no {LOCK_FILE}, so it is not a crate monogen generated; refusing to write into it. Choose another --out, empty it, or pass --force (files monogen does not generate are left alone)",
             dir.display()
         )));
+    }
+    if let (Some(_), false) = (&previous, force) {
+        let old = fs::read_to_string(dir.join(LOCK_FILE)).ok().as_deref().and_then(lock_workload_name);
+        let new = output.files.get(Path::new(LOCK_FILE)).and_then(|t| lock_workload_name(t));
+        if let (Some(old), Some(new)) = (old, new) {
+            if old != new {
+                return Err(Error::Refused(format!(
+                    "{} holds the crate of workload `{old}`, not `{new}`; refusing to replace it. Give the workload its own name or --out, or pass --force",
+                    dir.display()
+                )));
+            }
+        }
     }
     let previous = previous.unwrap_or_default();
 
@@ -403,6 +429,22 @@ mod tests {
 
         write(dir.path(), &second, true).unwrap();
         assert!(fs::read_to_string(&a).unwrap().contains("fn a2"));
+    }
+
+    #[test]
+    fn another_workloads_crate_is_not_replaced() {
+        let dir = tempfile::tempdir().unwrap();
+        let with_name = |name: &str| {
+            let mut out = Output::default();
+            let lock = format!("[[file]]\npath = \"src/a.rs\"\n\n[workload]\nname = \"{name}\"\n");
+            out.files.insert(PathBuf::from("src/a.rs"), with_header(Path::new("src/a.rs"), name, name));
+            out.files.insert(PathBuf::from(LOCK_FILE), with_header(Path::new(LOCK_FILE), &lock, name));
+            out
+        };
+        write(dir.path(), &with_name("a"), false).unwrap();
+        let e = write(dir.path(), &with_name("b"), false).unwrap_err().to_string();
+        assert!(e.contains("holds the crate of workload `a`, not `b`"), "{e}");
+        write(dir.path(), &with_name("b"), true).unwrap();
     }
 
     #[test]

@@ -81,6 +81,7 @@ fn run(args: &Args, started: Instant) -> Result<(), Error> {
     };
     let load_ms = started.elapsed().as_secs_f64() * 1000.0;
     let mut session = model.session();
+    session.check(&prompt_ids)?;
 
     if args.json {
         let generation = session.generate(&prompt_ids, &params, |_| true)?;

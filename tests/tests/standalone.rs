@@ -158,6 +158,7 @@ fn bad_requests_fail_with_a_message_and_an_exit_code() {
     let out = run(&["--model", m, "--prompt", &long_prompt]);
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("more than the 512 positions"), "{out:?}");
+    assert!(out.stdout.is_empty(), "nothing is printed for a prompt that is refused");
 }
 
 #[test]

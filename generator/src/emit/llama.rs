@@ -148,9 +148,9 @@ fn lib_rs(plan: &Plan) -> TokenStream {
         pub mod cpu;
         pub mod error;
         pub mod generate;
-        pub mod kernels;
+        mod kernels;
         pub mod model;
-        pub mod tensor_file;
+        mod tensor_file;
         pub mod tokenizer;
         pub mod weights;
 
@@ -191,7 +191,8 @@ fn lib_rs(plan: &Plan) -> TokenStream {
         pub const BOS_ID: u32 = #bos_id;
         /// The tokens that end generation.
         pub const EOS_IDS: [u32; #n_eos] = [#(#eos_ids),*];
-        /// Threads the kernels may use (`target.threads`).
+        /// Threads the workload allows the kernels (`target.threads`). The kernels of this
+        /// version of monogen run on the calling thread; multi-threaded ones will use this.
         pub const THREADS: usize = #threads;
         /// CPU features the chosen kernels were compiled for, checked by [`cpu::check`].
         pub const CPU_FEATURES: [&str; #n_features] = [#(#cpu_features),*];
@@ -384,7 +385,9 @@ fn model_rs(plan: &Plan) -> TokenStream {
                 Ok(all)
             }
 
-            fn check(&self, tokens: &[u32]) -> Result<(), Error> {
+            /// Whether `tokens` can run at the next positions: not empty, every id in the
+            /// vocabulary, and room for all of them in the KV cache.
+            pub fn check(&self, tokens: &[u32]) -> Result<(), Error> {
                 if tokens.is_empty() {
                     return Err(Error::EmptyPrompt);
                 }

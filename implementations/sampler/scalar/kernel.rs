@@ -32,20 +32,16 @@ pub fn sample<const VOCAB: usize>(
         return argmax(logits);
     }
 
-    // Softmax of logits / temperature, with the maximum subtracted.
+    // Softmax of logits / temperature, with the maximum subtracted before dividing, so that
+    // a tiny temperature cannot overflow (it tends to greedy, as it should).
+    let max = logits.iter().fold(f32::NEG_INFINITY, |max, &l| max.max(l));
     scratch.clear();
     scratch.extend(
         logits
             .iter()
             .zip(0u32..)
-            .map(|(&logit, id)| (logit / temperature, id)),
+            .map(|(&logit, id)| (((logit - max) / temperature).exp(), id)),
     );
-    let max = scratch
-        .iter()
-        .fold(f32::NEG_INFINITY, |max, &(l, _)| max.max(l));
-    for (p, _) in scratch.iter_mut() {
-        *p = (*p - max).exp();
-    }
     renormalise(scratch);
 
     // Most likely first; among equal probabilities, the lower id first.

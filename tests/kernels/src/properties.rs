@@ -132,6 +132,24 @@ mod sampler {
     }
 
     #[test]
+    fn a_tiny_temperature_is_greedy() {
+        let mut rng = Rng::new(3);
+        let mut scratch = Vec::new();
+        for _ in 0..50 {
+            let logits = rng.vec(512, 5.0);
+            let best = greedy::<512>(&logits);
+            for temperature in [1e-40, 1e-30, 1e-6] {
+                let coin = rng.unit();
+                assert_eq!(
+                    sample::<512>(&logits, temperature, 0, 1.0, coin, &mut scratch),
+                    best,
+                    "T = {temperature}"
+                );
+            }
+        }
+    }
+
+    #[test]
     fn a_tiny_top_p_is_greedy() {
         let mut rng = Rng::new(2);
         let mut scratch = Vec::new();
