@@ -175,10 +175,8 @@ pub fn write(dir: &Path, output: &Output, force: bool) -> Result<WriteReport, Er
     recover(dir)?;
     let previous = match previous_files(dir) {
         Ok(p) => p,
-        Err(e) if force => {
-            let _ = e;
-            None
-        }
+        // With --force an unreadable lock is ignored: nothing it lists is protected.
+        Err(_) if force => None,
         Err(e) => return Err(e),
     };
     if previous.is_none() && !force && dir_has_entries(dir)? {
