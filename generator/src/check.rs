@@ -35,6 +35,18 @@ struct LockShared {
     source_sha256: String,
 }
 
+/// The choices recorded in `dir`'s monogen.lock (interface → implementation); empty when
+/// there is none or it cannot be read.
+pub fn locked_choices(dir: &std::path::Path) -> std::collections::BTreeMap<String, String> {
+    let Ok(text) = std::fs::read_to_string(dir.join(crate::emit::LOCK_FILE)) else {
+        return Default::default();
+    };
+    let body = text.split_once('\n').map_or("", |(_, b)| b);
+    toml::from_str::<Lock>(body)
+        .map(|lock| lock.choice.into_iter().map(|c| (c.interface, c.implementation)).collect())
+        .unwrap_or_default()
+}
+
 /// The causes of a difference, given the old lock file's text (header included).
 pub fn reasons(
     old_lock: Option<&str>,

@@ -71,6 +71,8 @@ pub struct InitOptions {
     pub typical_prompt_len: Option<usize>,
     /// Default: min(128, max_seq_len - typical_prompt_len).
     pub typical_decode_len: Option<usize>,
+    /// The hardware class whose measurements choose the kernels (`target.hardware`).
+    pub hardware: Option<String>,
 }
 
 /// config.json keys that do not change what inference computes.
@@ -309,7 +311,13 @@ pub fn workload_from_config(path: &Path, text: &str, opts: &InitOptions) -> Resu
             eos_token_ids,
         }),
         weights: Weights { dtype: opts.dtype },
-        target: Target { device: Device::Cpu, arch: cpu::host_arch().to_string(), cpu_features, threads },
+        target: Target {
+            device: Device::Cpu,
+            arch: cpu::host_arch().to_string(),
+            cpu_features,
+            threads,
+            hardware: opts.hardware.clone(),
+        },
         request: Request { max_batch: 1, max_seq_len, typical_prompt_len, typical_decode_len },
     })
 }
@@ -378,6 +386,7 @@ mod tests {
             max_seq_len: None,
             typical_prompt_len: None,
             typical_decode_len: None,
+            hardware: Some("intel-xeon-2c".into()),
         }
     }
 

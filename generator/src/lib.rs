@@ -12,12 +12,16 @@
 //! [`Project`] ties them to a repository checkout (its `interfaces/`, `implementations/`
 //! and `templates/`).
 
+pub mod affected;
+pub mod bench;
 pub mod check;
 pub mod cpu;
 pub mod diagnostics;
 pub mod emit;
+pub mod host;
 pub mod init;
 pub mod plan;
+pub mod rankings;
 pub mod registry;
 pub mod resolve;
 pub mod rust_source;
@@ -29,6 +33,7 @@ use std::path::{Path, PathBuf};
 use diagnostics::Diagnostic;
 use emit::{Output, Templates};
 use plan::Plan;
+use rankings::Rankings;
 use registry::Registry;
 use workload::{Workload, WorkloadSource};
 
@@ -88,6 +93,7 @@ pub struct Project {
     pub root: PathBuf,
     pub registry: Registry,
     pub templates: Templates,
+    pub rankings: Rankings,
 }
 
 impl Project {
@@ -95,7 +101,8 @@ impl Project {
     pub fn load(root: &Path) -> Result<Project, Error> {
         let registry = Registry::load(root)?;
         let templates = Templates::load(root)?;
-        Ok(Project { root: root.to_path_buf(), registry, templates })
+        let rankings = Rankings::load(root)?;
+        Ok(Project { root: root.to_path_buf(), registry, templates, rankings })
     }
 
     /// The nearest folder at or above `start` that holds `interfaces/`, `implementations/`
@@ -110,9 +117,20 @@ impl Project {
         Ok(WorkloadSource::read(path)?.parse()?)
     }
 
-    /// Resolves a workload against the registry.
+    /// Resolves a workload against the registry and the rankings, with the crate in its
+    /// default output directory as the previous generation.
     pub fn plan(&self, workload: &Workload, path: &Path) -> Result<Plan, Error> {
-        Ok(resolve::resolve(workload, &self.registry, path)?)
+        self.plan_for(workload, path, &self.default_out_dir(workload))
+    }
+
+    /// Resolves a workload whose crate lives in `out_dir`: the choices recorded in its
+    /// monogen.lock are the incumbents of measured rankings.
+    pub fn plan_for(&self, workload: &Workload, path: &Path, out_dir: &Path) -> Result<Plan, Error> {
+        let selection = resolve::Selection {
+            rankings: self.rankings.clone(),
+            incumbents: check::locked_choices(out_dir),
+        };
+        Ok(resolve::resolve(workload, &self.registry, &selection, path)?)
     }
 
     /// Emits the crate for a plan.
@@ -122,8 +140,14 @@ impl Project {
 
     /// Parse, resolve and emit: the crate `monogen build` would write for `path`.
     pub fn generate(&self, path: &Path) -> Result<(Plan, Output), Error> {
+        self.generate_into(path, None)
+    }
+
+    /// [`Project::generate`] for a crate in `out_dir` (default: generated/<name>/).
+    pub fn generate_into(&self, path: &Path, out_dir: Option<&Path>) -> Result<(Plan, Output), Error> {
         let workload = self.read_workload(path)?;
-        let plan = self.plan(&workload, path)?;
+        let dir = out_dir.map_or_else(|| self.default_out_dir(&workload), Path::to_path_buf);
+        let plan = self.plan_for(&workload, path, &dir)?;
         let output = self.emit(&plan)?;
         Ok((plan, output))
     }

@@ -11,7 +11,8 @@ use clap::{Parser, Subcommand};
 
 use monogen::emit::LOCK_FILE;
 use monogen::init::{CpuFeatures, InitOptions};
-use monogen::plan::{Plan, Verdict, human_bytes};
+use monogen::plan::{Plan, Verdict, human_bytes, human_ns};
+use monogen::rankings::Evidence;
 use monogen::workload::Dtype;
 use monogen::{Error, Project, check, init, write};
 
@@ -61,6 +62,10 @@ enum Command {
         /// Typical number of generated tokens (default: min(128, the rest of max_seq_len)).
         #[arg(long, value_name = "N")]
         decode_len: Option<usize>,
+        /// Hardware class whose measurements (rankings/<CLASS>/) choose the kernels: `this`
+        /// (this machine's), `none` (declared priority only), or a class name.
+        #[arg(long, default_value = "this", value_name = "CLASS")]
+        hardware: String,
         /// Overwrite FILE if it exists.
         #[arg(long)]
         force: bool,
@@ -82,6 +87,36 @@ enum Command {
         /// Overwrite hand-edited files, and write into a directory monogen did not generate.
         #[arg(long)]
         force: bool,
+    },
+    /// Measure every competing implementation of each workload on this machine and record the
+    /// results in rankings/<hardware class>/.
+    Bench {
+        #[arg(required = true)]
+        workloads: Vec<PathBuf>,
+        /// Print the results as one JSON document.
+        #[arg(long)]
+        json: bool,
+        /// Timed rounds per candidate.
+        #[arg(long, default_value_t = 21, value_parser = clap::value_parser!(u64).range(3..=10_000))]
+        samples: u64,
+        /// Untimed rounds first.
+        #[arg(long, default_value_t = 3)]
+        warm_up: u64,
+        /// Each timing repeats a pass for at least this long (microseconds).
+        #[arg(long, default_value_t = 2000, value_name = "US")]
+        min_sample_us: u64,
+        /// Measure and report, but do not write rankings/.
+        #[arg(long)]
+        dry_run: bool,
+    },
+    /// List the workloads to regenerate and the benchmarks to re-run after the changes since REV.
+    Affected {
+        /// The git revision to compare with (e.g. origin/main).
+        #[arg(long, value_name = "REV")]
+        base: String,
+        /// Print the result as JSON.
+        #[arg(long)]
+        json: bool,
     },
     /// Exit 0 if every committed crate is what `build` would write now, 1 if not (saying why), 2 on errors.
     Check {
@@ -144,8 +179,19 @@ fn run(cli: Cli) -> Result<ExitCode, Error> {
             max_seq_len,
             prompt_len,
             decode_len,
+            hardware,
             force,
         } => {
+            let hardware = match hardware.as_str() {
+                "this" => Some(monogen::host::this_class()),
+                "none" => None,
+                class if monogen::workload::is_hardware_class(class) => Some(class.to_string()),
+                class => {
+                    return Err(Error::Refused(format!(
+                        "--hardware `{class}` cannot name a hardware class: use lowercase letters, digits and `-`"
+                    )));
+                }
+            };
             let templates = monogen::emit::Templates::load(&find_root(cli.root)?)?;
             if !monogen::workload::is_crate_name(&name) {
                 return Err(Error::Refused(format!(
@@ -161,6 +207,7 @@ fn run(cli: Cli) -> Result<ExitCode, Error> {
                 max_seq_len,
                 typical_prompt_len: prompt_len,
                 typical_decode_len: decode_len,
+                hardware,
             };
             let workload = init::workload_from_hf(&hf, &opts)?;
             let text = init::render(&workload, &templates, &hf)?;
@@ -206,7 +253,7 @@ fn run(cli: Cli) -> Result<ExitCode, Error> {
             }
             let project = project(cli.root)?;
             for path in &workloads {
-                let (plan, output) = project.generate(path)?;
+                let (plan, output) = project.generate_into(path, out.as_deref())?;
                 let dir = out.clone().unwrap_or_else(|| project.default_out_dir(&plan.workload));
                 let report = write::write(&dir, &output, force)?;
                 if report.changed() {
@@ -221,6 +268,38 @@ fn run(cli: Cli) -> Result<ExitCode, Error> {
                 } else {
                     eprintln!("{} is up to date", shown(&dir));
                 }
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Bench { workloads, json, samples, warm_up, min_sample_us, dry_run } => {
+            let mut project = project(cli.root)?;
+            let timing = monogen::bench::Timing {
+                samples: samples as usize,
+                warm_up: warm_up as usize,
+                min_sample_us,
+            };
+            let mut reports = Vec::new();
+            for path in &workloads {
+                reports.push(bench_one(&mut project, path, &timing, json, dry_run)?);
+            }
+            if json {
+                let doc = if reports.len() == 1 {
+                    reports.pop().expect("one report")
+                } else {
+                    serde_json::Value::Array(reports)
+                };
+                println!("{}", serde_json::to_string_pretty(&doc).expect("reports serialize"));
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Affected { base, json } => {
+            let project = project(cli.root)?;
+            let changed = monogen::affected::changed_files(&project.root, &base)?;
+            let result = monogen::affected::affected(&project, &changed)?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&result).expect("results serialize"));
+            } else {
+                print!("{}", result.render(&base));
             }
             Ok(ExitCode::SUCCESS)
         }
@@ -249,15 +328,21 @@ fn run(cli: Cli) -> Result<ExitCode, Error> {
                 }
                 names.push(plan.workload.name.clone());
                 let diff = write::diff(&dir, &output)?;
-                if diff.is_clean() {
+                let unmeasured: Vec<&String> = plan.interfaces.iter().flat_map(|i| &i.unmeasured).collect();
+                if diff.is_clean() && unmeasured.is_empty() {
                     println!("ok      {} ({})", shown(&dir), shown(path));
                     continue;
                 }
                 stale += 1;
                 println!("STALE   {} ({})", shown(&dir), shown(path));
-                let old_lock = std::fs::read_to_string(dir.join(LOCK_FILE)).ok();
-                for reason in check::reasons(old_lock.as_deref(), &plan, &project.registry, &diff) {
-                    println!("        because {reason}");
+                if !diff.is_clean() {
+                    let old_lock = std::fs::read_to_string(dir.join(LOCK_FILE)).ok();
+                    for reason in check::reasons(old_lock.as_deref(), &plan, &project.registry, &diff) {
+                        println!("        because {reason}");
+                    }
+                }
+                for note in &unmeasured {
+                    println!("        because {note}");
                 }
                 for (what, files) in
                     [("missing", &diff.missing), ("differs", &diff.modified), ("stale", &diff.stale)]
@@ -267,7 +352,15 @@ fn run(cli: Cli) -> Result<ExitCode, Error> {
                         println!("        {what}: {}{edited}", f.display());
                     }
                 }
-                println!("        fix: monogen build {}", shown(path));
+                if unmeasured.is_empty() {
+                    println!("        fix: monogen build {}", shown(path));
+                } else {
+                    println!(
+                        "        fix: monogen bench {0} (on hardware class {1}), then monogen build {0}",
+                        shown(path),
+                        plan.workload.target.hardware.as_deref().unwrap_or_default()
+                    );
+                }
             }
             if all {
                 let generated = project.root.join("generated");
@@ -291,6 +384,233 @@ fn run(cli: Cli) -> Result<ExitCode, Error> {
     }
 }
 
+/// `monogen bench` for one workload: returns its JSON report (printed by the caller with
+/// --json) and prints the human one otherwise.
+fn bench_one(
+    project: &mut Project,
+    path: &Path,
+    timing: &monogen::bench::Timing,
+    json: bool,
+    dry_run: bool,
+) -> Result<serde_json::Value, Error> {
+    use monogen::bench;
+    use monogen::rankings;
+
+    let w = project.read_workload(path)?;
+    let plan = project.plan(&w, path)?;
+    let host = monogen::host::Host::detect().map_err(Error::Refused)?;
+    let Some(class) = w.target.hardware.clone() else {
+        return Err(Error::Refused(format!(
+            "{} names no hardware class, so its measurements would choose nothing; add `hardware = \"{}\"` (this machine) to its [target]",
+            shown(path),
+            host.class
+        )));
+    };
+    if class != host.class {
+        return Err(Error::Refused(format!(
+            "{} is tuned for hardware class `{class}`, but this machine is `{}`: run `monogen bench` on a `{class}` machine, or set target.hardware = \"{}\"",
+            shown(path),
+            host.class,
+            host.class
+        )));
+    }
+    let dir = bench::bench_dir(project);
+    let bar = progress_bar(json);
+    bar.set_message(format!("{}: compiling the benchmark harness", w.name));
+    let (crate_dir, crate_name) = bench::write_harness(&*project, &plan, &dir)?;
+    let exe = bench::build_harness(&crate_dir, &bench::bench_target_dir(project), &crate_name)?;
+    bar.set_message(format!("{}: validating", w.name));
+    let raw = bench::run_harness(&exe, timing, |event| match event {
+        bench::Event::Begin { rounds, .. } => {
+            bar.set_length(*rounds as u64);
+            bar.set_position(0);
+        }
+        bench::Event::Round { interface } => {
+            bar.set_message(format!("{}: {interface}", w.name));
+            bar.inc(1);
+        }
+        bench::Event::Result(_) => {}
+    })?;
+    bar.finish_and_clear();
+
+    let outcomes: Vec<bench::Outcome> = raw
+        .iter()
+        .map(|r| {
+            let version = project
+                .registry
+                .implementation(&r.interface, &r.implementation)
+                .map_or_else(String::new, |i| i.version.clone());
+            bench::summarize(r, &version)
+        })
+        .collect();
+    let measured_at = bench::now_utc();
+    let records = bench::records(&outcomes, &plan, &project.registry, &host, &measured_at);
+    let shapes = rankings::shapes_signature(&w);
+    let mut updated = project.rankings.clone();
+    for interface in rankings::interfaces_of(&w) {
+        updated.replace(&class, interface, &shapes, records.get(*interface).cloned().unwrap_or_default());
+    }
+    let mut written = Vec::new();
+    if !dry_run {
+        for interface in rankings::interfaces_of(&w) {
+            let (rel, text) = updated.render(&class, interface);
+            let file = project.root.join(&rel);
+            if std::fs::read_to_string(&file).is_ok_and(|old| old == text) {
+                continue;
+            }
+            write_atomically(&file, &text)?;
+            written.push(rel.display().to_string());
+        }
+    }
+    // What `build` will choose now, against what the crate holds.
+    let new_plan = if dry_run {
+        Project { rankings: updated, ..project.clone() }.plan(&w, path)?
+    } else {
+        project.rankings = updated;
+        project.plan(&w, path)?
+    };
+    finish_bench(
+        project,
+        path,
+        &w,
+        &host,
+        &class,
+        &shapes,
+        &measured_at,
+        outcomes,
+        written,
+        new_plan,
+        json,
+        dry_run,
+    )
+}
+
+/// The report of one `bench` run: what was measured and what `build` will now choose.
+#[allow(clippy::too_many_arguments)]
+fn finish_bench(
+    project: &Project,
+    path: &Path,
+    w: &monogen::workload::Workload,
+    host: &monogen::host::Host,
+    class: &str,
+    shapes: &str,
+    measured_at: &str,
+    outcomes: Vec<monogen::bench::Outcome>,
+    written: Vec<String>,
+    new_plan: Plan,
+    json: bool,
+    dry_run: bool,
+) -> Result<serde_json::Value, Error> {
+    use monogen::bench;
+    use monogen::rankings;
+    let locked = monogen::check::locked_choices(&project.default_out_dir(w));
+    let changes: Vec<serde_json::Value> = new_plan
+        .interfaces
+        .iter()
+        .filter_map(|i| {
+            let old = locked.get(&i.interface)?;
+            (old != &i.chosen.name).then(|| {
+                serde_json::json!({ "interface": i.interface, "from": old, "to": i.chosen.name, "reason": i.chosen.reason })
+            })
+        })
+        .collect();
+
+    if !json {
+        println!("{} on {} ({}, {} cores, {})", w.name, class, host.cpu, host.cores, host.rustc);
+        println!(
+            "  time per typical request: one prefill of {} tokens and {} decode steps",
+            w.request.typical_prompt_len.min(w.request.max_seq_len),
+            w.request.typical_decode_len
+        );
+        for i in &new_plan.interfaces {
+            println!("\n{}", i.interface);
+            let mut mine: Vec<&bench::Outcome> =
+                outcomes.iter().filter(|o| o.interface == i.interface).collect();
+            let median = |o: &bench::Outcome| match o.result {
+                bench::Measured::Ok { median_ns, .. } => median_ns,
+                _ => f64::INFINITY,
+            };
+            mine.sort_by(|a, b| median(a).total_cmp(&median(b)));
+            let reference = &project.registry.interfaces[&i.interface].reference;
+            let reference_median = mine.iter().find(|o| &o.implementation == reference).map(|o| median(o));
+            for o in mine {
+                let mark = if o.implementation == i.chosen.name { "*" } else { " " };
+                let line = match &o.result {
+                    bench::Measured::Ok { median_ns, p90_ns, samples, .. } => {
+                        let ratio = reference_median
+                            .filter(|r| r.is_finite() && &o.implementation != reference)
+                            .map(|r| format!(", {:.2}x the reference's speed", r / median_ns))
+                            .unwrap_or_default();
+                        format!(
+                            "{:>12}  p90 {:>12}  ({samples} samples{ratio})",
+                            human_ns(*median_ns),
+                            human_ns(*p90_ns)
+                        )
+                    }
+                    bench::Measured::Failed { reason } => format!("FAILED against the reference: {reason}"),
+                    bench::Measured::Skipped { reason } => format!("skipped: {reason}"),
+                };
+                println!(" {mark} {:<20} {line}", o.implementation);
+            }
+        }
+        println!();
+        if dry_run {
+            println!("dry run: rankings/ left unchanged");
+        } else if written.is_empty() {
+            println!("rankings/{class}/ unchanged");
+        } else {
+            println!("wrote {}", written.join(", "));
+        }
+        if changes.is_empty() {
+            println!("no choice of {} changes (* marks the choices)", w.name);
+        } else {
+            for c in &changes {
+                println!(
+                    "{}: {} → {} ({})",
+                    c["interface"].as_str().unwrap_or_default(),
+                    c["from"].as_str().unwrap_or_default(),
+                    c["to"].as_str().unwrap_or_default(),
+                    c["reason"].as_str().unwrap_or_default()
+                );
+            }
+            println!("run `monogen build {}` to regenerate the crate", shown(path));
+        }
+    }
+    Ok(serde_json::json!({
+        "workload": w.name,
+        "hardware": host,
+        "shapes": shapes,
+        "build_flags": rankings::BUILD_FLAGS,
+        "measured_at": measured_at,
+        "results": outcomes,
+        "rankings_written": written,
+        "choices_changed": changes,
+    }))
+}
+
+fn progress_bar(hidden: bool) -> indicatif::ProgressBar {
+    if hidden || !std::io::stderr().is_terminal() {
+        return indicatif::ProgressBar::hidden();
+    }
+    let bar = indicatif::ProgressBar::new(1);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template("{spinner} [{bar:30}] {pos}/{len} rounds  {msg}")
+            .expect("the template is valid")
+            .progress_chars("=> "),
+    );
+    bar.enable_steady_tick(std::time::Duration::from_millis(120));
+    bar
+}
+
+fn write_atomically(path: &Path, text: &str) -> Result<(), Error> {
+    if let Some(parent) = path.parent() {
+        std::fs::create_dir_all(parent).map_err(|e| Error::io(parent, e))?;
+    }
+    let tmp = path.with_extension("toml.tmp");
+    std::fs::write(&tmp, text).map_err(|e| Error::io(&tmp, e))?;
+    std::fs::rename(&tmp, path).map_err(|e| Error::io(path, e))
+}
+
 /// `path` relative to the current directory when it is below it (shorter messages).
 fn shown(path: &Path) -> String {
     let cwd = std::env::current_dir().ok().and_then(|d| std::fs::canonicalize(d).ok());
@@ -298,6 +618,31 @@ fn shown(path: &Path) -> String {
     match cwd.as_deref().and_then(|cwd| full.strip_prefix(cwd).ok()) {
         Some(relative) if !relative.as_os_str().is_empty() => relative.display().to_string(),
         _ => path.display().to_string(),
+    }
+}
+
+/// The evidence of one candidate, for `explain`.
+fn evidence_line(evidence: &Evidence) -> Option<String> {
+    let measured = |r: &monogen::rankings::Record| {
+        format!(
+            "{} per request (p90 {}, {} samples; prefill pass {}, decode step {}), measured {} with {}",
+            human_ns(r.median_ns as f64),
+            human_ns(r.p90_ns as f64),
+            r.samples,
+            human_ns(r.prefill_median_ns as f64),
+            human_ns(r.decode_median_ns as f64),
+            r.measured_at,
+            r.rustc
+        )
+    };
+    match evidence {
+        Evidence::NoHardwareClass => None,
+        Evidence::Measured(r) => Some(format!("evidence: {}", measured(r))),
+        Evidence::Failed(r) => Some(format!("evidence: failed validation, measured {}", r.measured_at)),
+        Evidence::Stale { record, why } => {
+            Some(format!("evidence: STALE ({}); was {}", why.join("; "), measured(record)))
+        }
+        Evidence::Missing => None,
     }
 }
 
@@ -320,13 +665,14 @@ fn explain(plan: &Plan, path: &Path, out_dir: &Path) -> String {
         if c.tie_word_embeddings { "tied" } else { "untied" }
     ));
     s.push_str(&format!(
-        "  target:  {} {} [{}], {} thread{}, {} weights\n",
+        "  target:  {} {} [{}], {} thread{}, {} weights, hardware class {}\n",
         w.target.device.as_str(),
         w.target.arch,
         w.target.cpu_features.join(", "),
         w.target.threads,
         if w.target.threads == 1 { "" } else { "s" },
-        w.weights.dtype.as_str()
+        w.weights.dtype.as_str(),
+        w.target.hardware.as_deref().unwrap_or("none (kernels chosen by declared priority)")
     ));
     s.push_str(&format!(
         "  request: batch {}, up to {} positions (typical prompt {}, decode {})\n",
@@ -345,10 +691,21 @@ fn explain(plan: &Plan, path: &Path, out_dir: &Path) -> String {
                 Verdict::Shadowed { by } => {
                     format!("{head}: compatible, replaced by {by} (which shadows it)")
                 }
+                Verdict::Failed { failure } => {
+                    format!("{head}: FAILED against the reference when measured, never chosen: {failure}")
+                }
                 Verdict::Rejected { reasons } => format!("{head}: rejected: {}", reasons.join("; ")),
             };
             s.push_str(&line);
             s.push('\n');
+            if let Some(evidence) = &cand.evidence
+                && let Some(text) = evidence_line(evidence)
+            {
+                s.push_str(&format!("      {text}\n"));
+            }
+        }
+        for note in &i.unmeasured {
+            s.push_str(&format!("  ! {note}\n"));
         }
     }
     let f = &plan.footprint;

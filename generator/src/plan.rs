@@ -6,6 +6,7 @@
 
 use serde::Serialize;
 
+use crate::rankings::Evidence;
 use crate::workload::Workload;
 
 #[derive(Debug, Clone, Serialize)]
@@ -53,6 +54,9 @@ pub struct InterfacePlan {
     pub summary: String,
     pub chosen: Chosen,
     pub candidates: Vec<Candidate>,
+    /// Competing candidates without fresh measurements on the workload's hardware class, each
+    /// with the reason; empty when the choice needs none. `monogen check` reports them.
+    pub unmeasured: Vec<String>,
 }
 
 /// The implementation picked for an interface.
@@ -63,8 +67,11 @@ pub struct Chosen {
     pub source_sha256: String,
     pub cpu_features: Vec<String>,
     pub shared: Vec<String>,
-    /// Why it won, in one sentence.
+    /// Why it won, in one sentence, with the evidence (for `explain`).
     pub reason: String,
+    /// Why it won in words that do not change when the same ranking is measured again (for
+    /// the generated README, which must not change when nothing flipped).
+    pub basis: String,
 }
 
 /// Every implementation of an interface, and what resolution made of it.
@@ -74,6 +81,9 @@ pub struct Candidate {
     pub version: String,
     pub priority: i64,
     pub verdict: Verdict,
+    /// What the ranking database says about it; `None` when it does not compete (rejected
+    /// or shadowed).
+    pub evidence: Option<Evidence>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -86,10 +96,16 @@ pub enum Verdict {
     Outranked {
         by: String,
         reason: String,
+        /// `reason` without figures, for the generated README.
+        basis: String,
     },
     /// Compatible, but a compatible candidate declares that it replaces this one.
     Shadowed {
         by: String,
+    },
+    /// Fits, but its output did not match the reference's when it was measured: never chosen.
+    Failed {
+        failure: String,
     },
     /// Does not fit the workload.
     Rejected {
@@ -113,6 +129,19 @@ impl Plan {
             .iter()
             .find(|i| i.interface == name)
             .unwrap_or_else(|| panic!("the plan has no interface `{name}`"))
+    }
+}
+
+/// `1234567` (nanoseconds) → `1.23 ms`.
+pub fn human_ns(ns: f64) -> String {
+    if ns >= 1e9 {
+        format!("{:.3} s", ns / 1e9)
+    } else if ns >= 1e6 {
+        format!("{:.3} ms", ns / 1e6)
+    } else if ns >= 1e3 {
+        format!("{:.1} µs", ns / 1e3)
+    } else {
+        format!("{ns:.0} ns")
     }
 }
 

@@ -42,7 +42,7 @@ pub const SHAPE_PARAMETERS: &[&str] = &[
 /// Target arches a manifest may name.
 pub const ARCHES: &[&str] = &["x86_64", "aarch64"];
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct Registry {
     pub interfaces: BTreeMap<String, Interface>,
     /// Implementations by interface, each list sorted by name.

@@ -12,7 +12,8 @@ use std::path::Path;
 
 use crate::cpu;
 use crate::diagnostics::Diagnostic;
-use crate::plan::{Candidate, Chosen, Consts, Footprint, InterfacePlan, Plan, Verdict};
+use crate::plan::{Candidate, Chosen, Consts, Footprint, InterfacePlan, Plan, Verdict, human_ns};
+use crate::rankings::{self, Distribution, Evidence, Rankings};
 use crate::registry::{Implementation, Registry, sha256_hex};
 use crate::workload::{Architecture, Workload};
 
@@ -114,8 +115,23 @@ fn describe_bound(b: &crate::registry::ShapeBound) -> String {
     parts.join(", ")
 }
 
+/// What resolution knows beyond the workload and the registry: the ranking database and
+/// the choices of the crate generated before (the incumbents, which keep their place unless
+/// a challenger is faster beyond the noise). Both are repository contents.
+#[derive(Debug, Clone, Default)]
+pub struct Selection {
+    pub rankings: Rankings,
+    /// Interface → implementation chosen by the previous generation (from its monogen.lock).
+    pub incumbents: BTreeMap<String, String>,
+}
+
 /// Resolves `w` against `registry`. `path` is the workload file, for error messages.
-pub fn resolve(w: &Workload, registry: &Registry, path: &Path) -> Result<Plan, Vec<Diagnostic>> {
+pub fn resolve(
+    w: &Workload,
+    registry: &Registry,
+    selection: &Selection,
+    path: &Path,
+) -> Result<Plan, Vec<Diagnostic>> {
     let mut problems = Vec::new();
     let mut interfaces = Vec::new();
     for &name in required_interfaces(w.model.architecture()) {
@@ -129,12 +145,13 @@ pub fn resolve(w: &Workload, registry: &Registry, path: &Path) -> Result<Plan, V
             );
             continue;
         };
-        match choose(name, registry.implementations_of(name), w) {
-            Ok((chosen, candidates)) => interfaces.push(InterfacePlan {
+        match choose(name, registry.implementations_of(name), w, registry, selection) {
+            Ok((chosen, candidates, unmeasured)) => interfaces.push(InterfacePlan {
                 interface: name.to_string(),
                 summary: interface.summary.clone(),
                 chosen,
                 candidates,
+                unmeasured,
             }),
             Err(candidates) => {
                 let mut d =
@@ -144,8 +161,14 @@ pub fn resolve(w: &Workload, registry: &Registry, path: &Path) -> Result<Plan, V
                     d = d.note(format!("implementations/{name}/ holds no implementation"));
                 }
                 for c in &candidates {
-                    if let Verdict::Rejected { reasons } = &c.verdict {
-                        d = d.note(format!("{name}/{}: {}", c.name, reasons.join("; ")));
+                    match &c.verdict {
+                        Verdict::Rejected { reasons } => {
+                            d = d.note(format!("{name}/{}: {}", c.name, reasons.join("; ")))
+                        }
+                        Verdict::Failed { failure } => {
+                            d = d.note(format!("{name}/{}: failed against the reference: {failure}", c.name))
+                        }
+                        _ => {}
                     }
                 }
                 problems.push(d.hint("change the workload's target or dtype, or add an implementation that supports it (see `monogen explain`)"));
@@ -175,65 +198,222 @@ pub fn resolve(w: &Workload, registry: &Registry, path: &Path) -> Result<Plan, V
     })
 }
 
+/// The compatible implementations of an interface that compete for `w` (not shadowed by
+/// another compatible one), in declared-priority order.
+pub fn competitors<'r>(imps: &'r [Implementation], w: &Workload) -> Vec<&'r Implementation> {
+    let compatible: Vec<&Implementation> = imps.iter().filter(|i| rejections(i, w).is_empty()).collect();
+    let mut ranked: Vec<&Implementation> = compatible
+        .iter()
+        .copied()
+        .filter(|imp| !compatible.iter().any(|other| other.shadows.contains(&imp.name)))
+        .collect();
+    ranked.sort_by(|a, b| b.priority.cmp(&a.priority).then_with(|| a.name.cmp(&b.name)));
+    ranked
+}
+
+type Choice = (Chosen, Vec<Candidate>, Vec<String>);
+
 /// Picks one implementation; on failure returns every candidate with its verdict.
+///
+/// Among the competitors that did not fail against the reference: with fresh measurements,
+/// the fastest (an incumbent keeps its place unless [`rankings::beats`] says otherwise);
+/// without, the highest declared priority.
 fn choose(
     interface: &str,
     imps: &[Implementation],
     w: &Workload,
-) -> Result<(Chosen, Vec<Candidate>), Vec<Candidate>> {
+    registry: &Registry,
+    selection: &Selection,
+) -> Result<Choice, Vec<Candidate>> {
     let reasons: Vec<Vec<String>> = imps.iter().map(|i| rejections(i, w)).collect();
     let compatible: Vec<&Implementation> =
         imps.iter().zip(&reasons).filter(|(_, r)| r.is_empty()).map(|(i, _)| i).collect();
     let shadowed_by = |imp: &Implementation| {
         compatible.iter().find(|other| other.shadows.contains(&imp.name)).map(|o| o.name.clone())
     };
-    let mut ranked: Vec<&Implementation> =
-        compatible.iter().copied().filter(|i| shadowed_by(i).is_none()).collect();
-    ranked.sort_by(|a, b| b.priority.cmp(&a.priority).then_with(|| a.name.cmp(&b.name)));
+    let ranked = competitors(imps, w);
+    let evidence: BTreeMap<&str, Evidence> = ranked
+        .iter()
+        .map(|i| i.name.as_str())
+        .zip(rankings::evidence(&selection.rankings, registry, interface, &ranked, w))
+        .collect();
+    let valid: Vec<&Implementation> = ranked
+        .iter()
+        .copied()
+        .filter(|i| !matches!(evidence[i.name.as_str()], Evidence::Failed(_)))
+        .collect();
+    let measured: Vec<(&Implementation, Distribution)> = valid
+        .iter()
+        .filter_map(|i| evidence[i.name.as_str()].fresh_distribution().map(|d| (*i, d)))
+        .collect();
+    let class = w.target.hardware.as_deref();
+    let failed = ranked.len() - valid.len();
+    let failed_note =
+        if failed > 0 { format!(" ({failed} failed against the reference)") } else { String::new() };
 
-    let winner = ranked.first().copied();
-    let reason = winner.map(|win| {
-        let others = ranked.len() - 1;
-        if others == 0 {
-            if compatible.len() > 1 {
-                format!("the only compatible implementation of `{interface}` that no other replaces")
-            } else {
-                format!("the only implementation of `{interface}` that fits this workload")
+    let mut unmeasured = Vec::new();
+    if rankings::needs_measurements(w, valid.len()) {
+        let class = class.unwrap_or_default();
+        for imp in &valid {
+            match &evidence[imp.name.as_str()] {
+                Evidence::Missing => unmeasured.push(format!(
+                    "{interface}/{} has not been measured on {class} at this workload's shapes",
+                    imp.name
+                )),
+                Evidence::Stale { why, .. } => unmeasured.push(format!(
+                    "{interface}/{}'s measurements on {class} are stale: {}",
+                    imp.name,
+                    why.join("; ")
+                )),
+                _ => {}
             }
-        } else {
-            format!(
-                "highest declared priority ({}) among {} compatible implementations (no measurements yet)",
-                win.priority,
-                ranked.len()
-            )
         }
-    });
+    }
+
+    let basis = if valid.len() <= 1 {
+        "the only candidate".to_string()
+    } else if measured.is_empty() {
+        "highest declared priority (not measured)".to_string()
+    } else {
+        format!(
+            "fastest measured on {} (rankings/{}/{interface}.toml)",
+            class.unwrap_or_default(),
+            class.unwrap_or_default()
+        )
+    };
+    // (winner, reason) and, for losers, the reason they lost.
+    let (winner, reason): (Option<&Implementation>, String) = if valid.len() <= 1 {
+        let only = valid.first().copied();
+        let reason = if compatible.len() > 1 && failed == 0 {
+            format!("the only compatible implementation of `{interface}` that no other replaces")
+        } else {
+            format!("the only implementation of `{interface}` that fits this workload{failed_note}")
+        };
+        (only, reason)
+    } else if measured.is_empty() {
+        let win = valid[0];
+        let why = match class {
+            None => {
+                "the workload names no hardware class (target.hardware), so nothing is measured".to_string()
+            }
+            Some(class) => format!("no fresh measurements on {class}; `monogen bench` makes them"),
+        };
+        (
+            Some(win),
+            format!(
+                "highest declared priority ({}) among {} compatible implementations{failed_note}: {why}",
+                win.priority,
+                valid.len()
+            ),
+        )
+    } else {
+        let fastest = measured
+            .iter()
+            .min_by(|a, b| a.1.median_ns.total_cmp(&b.1.median_ns))
+            .copied()
+            .expect("measured is not empty");
+        let incumbent = selection
+            .incumbents
+            .get(interface)
+            .and_then(|name| measured.iter().find(|(i, _)| &i.name == name))
+            .copied();
+        let class = class.unwrap_or_default();
+        match incumbent {
+            Some(inc) if inc.0.name != fastest.0.name && !rankings::beats(&fastest.1, &inc.1) => (
+                Some(inc.0),
+                format!(
+                    "measured {} per request on {class}; {} measured {}, a difference inside the noise margin ({:.0}%), so the previous choice stays",
+                    human_ns(inc.1.median_ns),
+                    fastest.0.name,
+                    human_ns(fastest.1.median_ns),
+                    100.0 * rankings::noise_margin(&fastest.1, &inc.1)
+                ),
+            ),
+            _ => {
+                let runner_up = measured
+                    .iter()
+                    .filter(|(i, _)| i.name != fastest.0.name)
+                    .min_by(|a, b| a.1.median_ns.total_cmp(&b.1.median_ns));
+                let versus = match runner_up {
+                    Some((r, d)) => format!(
+                        ", {:.2}x faster than {} ({})",
+                        d.median_ns / fastest.1.median_ns,
+                        r.name,
+                        human_ns(d.median_ns)
+                    ),
+                    None => String::new(),
+                };
+                let replaced = match incumbent {
+                    Some(inc) if inc.0.name != fastest.0.name => format!(
+                        "; it replaces {}, beyond the noise margin ({:.0}%)",
+                        inc.0.name,
+                        100.0 * rankings::noise_margin(&fastest.1, &inc.1)
+                    ),
+                    _ => String::new(),
+                };
+                (
+                    Some(fastest.0),
+                    format!(
+                        "fastest measured on {class}: {} per request (p90 +{:.0}%, {} samples){versus}{replaced}{failed_note}",
+                        human_ns(fastest.1.median_ns),
+                        100.0 * fastest.1.relative_spread(),
+                        fastest.1.samples
+                    ),
+                )
+            }
+        }
+    };
 
     let candidates: Vec<Candidate> = imps
         .iter()
         .zip(reasons)
         .map(|(imp, reasons)| {
+            let ev = evidence.get(imp.name.as_str()).cloned();
             let verdict = if !reasons.is_empty() {
                 Verdict::Rejected { reasons }
             } else if let Some(by) = shadowed_by(imp) {
                 Verdict::Shadowed { by }
-            } else if winner.is_some_and(|w| w.name == imp.name) {
-                Verdict::Chosen { reason: reason.clone().unwrap_or_default() }
-            } else {
-                let win = winner.expect("a compatible, unshadowed candidate implies a winner");
-                Verdict::Outranked {
-                    by: win.name.clone(),
-                    reason: format!(
-                        "declared priority {} is below {}'s {}",
-                        imp.priority, win.name, win.priority
-                    ),
+            } else if let Some(Evidence::Failed(record)) = &ev {
+                Verdict::Failed {
+                    failure: record.failure.clone().unwrap_or_else(|| "no reason recorded".into()),
                 }
+            } else if winner.is_some_and(|w| w.name == imp.name) {
+                Verdict::Chosen { reason: reason.clone() }
+            } else {
+                let win = winner.expect("a valid candidate implies a winner");
+                let mine = ev.as_ref().and_then(Evidence::fresh_distribution);
+                let theirs = measured.iter().find(|(i, _)| i.name == win.name).map(|(_, d)| *d);
+                let loser_basis = match (mine, theirs) {
+                    (Some(_), Some(_)) => format!("slower when measured on {}", class.unwrap_or_default()),
+                    (_, Some(_)) => "not measured".to_string(),
+                    _ => "lower declared priority".to_string(),
+                };
+                let why = match (mine, theirs, &ev) {
+                    (Some(m), Some(t), _) => format!(
+                        "measured {} per request, {:.2}x {}'s {}",
+                        human_ns(m.median_ns),
+                        m.median_ns / t.median_ns,
+                        win.name,
+                        human_ns(t.median_ns)
+                    ),
+                    (_, Some(_), Some(Evidence::Stale { why, .. })) => {
+                        format!("not ranked: its measurements are stale ({})", why.join("; "))
+                    }
+                    (_, Some(_), _) => {
+                        "not ranked: not measured at this workload's shapes on its hardware class".into()
+                    }
+                    _ => {
+                        format!("declared priority {} is below {}'s {}", imp.priority, win.name, win.priority)
+                    }
+                };
+                Verdict::Outranked { by: win.name.clone(), reason: why, basis: loser_basis }
             };
             Candidate {
                 name: imp.name.clone(),
                 version: imp.version.clone(),
                 priority: imp.priority,
                 verdict,
+                evidence: ev,
             }
         })
         .collect();
@@ -246,9 +426,11 @@ fn choose(
                 source_sha256: win.source_sha256.clone(),
                 cpu_features: win.constraints.cpu_features.clone(),
                 shared: win.shared.clone(),
-                reason: reason.unwrap_or_default(),
+                reason,
+                basis,
             },
             candidates,
+            unmeasured,
         )),
         None => Err(candidates),
     }
@@ -340,7 +522,8 @@ mod tests {
             imp("avx512", 30, needs(&["avx512f"]), &[]),
             imp("scalar", 0, Constraints::default(), &[]),
         ];
-        let (chosen, candidates) = choose("matmul", &imps, &w).unwrap();
+        let (chosen, candidates, _) =
+            choose("matmul", &imps, &w, &Registry::default(), &Selection::default()).unwrap();
         assert_eq!(chosen.name, "avx2");
         assert!(chosen.reason.contains("highest declared priority (20) among 2"), "{}", chosen.reason);
         assert_eq!(
@@ -359,7 +542,8 @@ mod tests {
             imp("fast", 1, needs(&["avx2"]), &["generic"]),
             imp("generic", 5, Constraints::default(), &[]),
         ];
-        let (chosen, candidates) = choose("matmul", &imps, &w).unwrap();
+        let (chosen, candidates, _) =
+            choose("matmul", &imps, &w, &Registry::default(), &Selection::default()).unwrap();
         assert_eq!(chosen.name, "fast");
         assert_eq!(candidates[1].verdict, Verdict::Shadowed { by: "fast".into() });
     }
@@ -371,7 +555,8 @@ mod tests {
             imp("fast", 1, needs(&["avx512f"]), &["generic"]),
             imp("generic", 0, Constraints::default(), &[]),
         ];
-        let (chosen, _) = choose("matmul", &imps, &w).unwrap();
+        let (chosen, _, _) =
+            choose("matmul", &imps, &w, &Registry::default(), &Selection::default()).unwrap();
         assert_eq!(chosen.name, "generic");
     }
 
@@ -393,8 +578,174 @@ mod tests {
             "matmul",
             &[imp("x", 0, Constraints { dtypes: Some(vec![Dtype::F32]), ..Constraints::default() }, &[])],
             &w,
+            &Registry::default(),
+            &Selection::default(),
         );
         assert!(err.is_err());
+    }
+
+    /// A fresh record of `imp` for `w` on class `c-2c`.
+    fn record(imp: &Implementation, w: &Workload, median: u64, p90: u64, ok: bool) -> rankings::Record {
+        rankings::Record {
+            implementation: imp.name.clone(),
+            version: imp.version.clone(),
+            source_sha256: rankings::measured_source_sha256(imp, &Registry::default()),
+            shapes: rankings::shapes_signature(w),
+            cpu: "cpu".into(),
+            cores: 2,
+            cpu_features: vec!["avx2".into()],
+            rustc: "rustc 1.95.0".into(),
+            build_flags: rankings::BUILD_FLAGS.into(),
+            measured_at: "2026-11-29T21:00:00Z".into(),
+            status: if ok { rankings::Status::Ok } else { rankings::Status::Failed },
+            failure: (!ok).then(|| "down_proj at 1 rows: at index 160 got NaN".to_string()),
+            median_ns: median,
+            p90_ns: p90,
+            samples: 21,
+            prefill_median_ns: median / 2,
+            decode_median_ns: median / 200,
+        }
+    }
+
+    fn measured_workload() -> Workload {
+        let mut w = workload();
+        w.target.hardware = Some("c-2c".into());
+        w
+    }
+
+    fn selection(records: Vec<rankings::Record>, incumbent: Option<&str>) -> Selection {
+        let mut r = Rankings::default();
+        let shapes = records.first().map(|r| r.shapes.clone()).unwrap_or_default();
+        r.replace("c-2c", "matmul", &shapes, records);
+        Selection {
+            rankings: r,
+            incumbents: incumbent.map(|i| ("matmul".to_string(), i.to_string())).into_iter().collect(),
+        }
+    }
+
+    fn three() -> Vec<Implementation> {
+        vec![
+            imp("avx2", 20, needs(&["avx2", "fma"]), &[]),
+            imp("blocked", 10, Constraints::default(), &[]),
+            imp("scalar", 0, Constraints::default(), &[]),
+        ]
+    }
+
+    #[test]
+    fn the_fastest_measurement_beats_declared_priority() {
+        let w = measured_workload();
+        let imps = three();
+        let sel = selection(
+            vec![
+                record(&imps[0], &w, 300, 310, true),
+                record(&imps[1], &w, 100, 104, true),
+                record(&imps[2], &w, 900, 950, true),
+            ],
+            None,
+        );
+        let (chosen, candidates, unmeasured) =
+            choose("matmul", &imps, &w, &Registry::default(), &sel).unwrap();
+        assert_eq!(chosen.name, "blocked");
+        assert!(chosen.reason.contains("fastest measured on c-2c"), "{}", chosen.reason);
+        assert!(chosen.reason.contains("3.00x faster than avx2"), "{}", chosen.reason);
+        assert!(unmeasured.is_empty());
+        assert!(
+            matches!(&candidates[0].verdict, Verdict::Outranked { basis, .. } if basis == "slower when measured on c-2c")
+        );
+    }
+
+    #[test]
+    fn a_candidate_that_failed_against_the_reference_is_never_chosen() {
+        let w = measured_workload();
+        let imps = three();
+        // The fastest and highest-priority candidate, wrong in a tail case.
+        let sel = selection(
+            vec![
+                record(&imps[0], &w, 10, 11, false),
+                record(&imps[1], &w, 100, 104, true),
+                record(&imps[2], &w, 900, 950, true),
+            ],
+            Some("avx2"),
+        );
+        let (chosen, candidates, _) = choose("matmul", &imps, &w, &Registry::default(), &sel).unwrap();
+        assert_eq!(chosen.name, "blocked");
+        assert!(
+            matches!(&candidates[0].verdict, Verdict::Failed { failure } if failure.contains("down_proj"))
+        );
+        // Even without any other measurement, declared priority skips it.
+        let sel = selection(vec![record(&imps[0], &w, 10, 11, false)], None);
+        let (chosen, _, unmeasured) = choose("matmul", &imps, &w, &Registry::default(), &sel).unwrap();
+        assert_eq!(chosen.name, "blocked");
+        assert_eq!(unmeasured.len(), 2, "{unmeasured:?}");
+    }
+
+    #[test]
+    fn an_incumbent_within_the_noise_keeps_its_place_and_a_2x_challenger_replaces_it() {
+        let w = measured_workload();
+        let imps = three();
+        let near = vec![
+            record(&imps[0], &w, 102, 106, true),
+            record(&imps[1], &w, 100, 104, true),
+            record(&imps[2], &w, 900, 950, true),
+        ];
+        let (chosen, ..) =
+            choose("matmul", &imps, &w, &Registry::default(), &selection(near.clone(), Some("avx2")))
+                .unwrap();
+        assert_eq!(chosen.name, "avx2", "2% inside the noise: the incumbent stays");
+        assert!(chosen.reason.contains("the previous choice stays"), "{}", chosen.reason);
+        // Measured again the other way round: still no flip.
+        let swapped = vec![
+            record(&imps[0], &w, 100, 104, true),
+            record(&imps[1], &w, 102, 106, true),
+            record(&imps[2], &w, 900, 950, true),
+        ];
+        let (chosen, ..) =
+            choose("matmul", &imps, &w, &Registry::default(), &selection(swapped, Some("avx2"))).unwrap();
+        assert_eq!(chosen.name, "avx2");
+        let (chosen, ..) =
+            choose("matmul", &imps, &w, &Registry::default(), &selection(near, Some("blocked"))).unwrap();
+        assert_eq!(chosen.name, "blocked");
+        // Twice as fast flips.
+        let far = vec![
+            record(&imps[0], &w, 200, 206, true),
+            record(&imps[1], &w, 100, 104, true),
+            record(&imps[2], &w, 900, 950, true),
+        ];
+        let (chosen, ..) =
+            choose("matmul", &imps, &w, &Registry::default(), &selection(far, Some("avx2"))).unwrap();
+        assert_eq!(chosen.name, "blocked");
+        assert!(chosen.reason.contains("it replaces avx2, beyond the noise margin"), "{}", chosen.reason);
+    }
+
+    #[test]
+    fn stale_and_missing_records_are_named_and_never_used() {
+        let w = measured_workload();
+        let mut imps = three();
+        let records = vec![record(&imps[0], &w, 300, 310, true), record(&imps[1], &w, 100, 104, true)];
+        // blocked's kernel changes after it was measured.
+        imps[1].source_sha256 = "edited".into();
+        let (chosen, candidates, unmeasured) =
+            choose("matmul", &imps, &w, &Registry::default(), &selection(records, None)).unwrap();
+        assert_eq!(chosen.name, "avx2", "the only fresh measurement");
+        assert_eq!(
+            unmeasured,
+            [
+                "matmul/blocked's measurements on c-2c are stale: its source (kernel.rs or a shared module it uses) changed since it was measured",
+                "matmul/scalar has not been measured on c-2c at this workload's shapes",
+            ]
+        );
+        assert!(matches!(&candidates[1].evidence, Some(Evidence::Stale { .. })));
+    }
+
+    #[test]
+    fn without_a_hardware_class_priority_decides_and_nothing_is_missing() {
+        let w = workload();
+        let imps = three();
+        let sel = selection(vec![record(&imps[1], &measured_workload(), 1, 1, true)], None);
+        let (chosen, _, unmeasured) = choose("matmul", &imps, &w, &Registry::default(), &sel).unwrap();
+        assert_eq!(chosen.name, "avx2");
+        assert!(chosen.reason.contains("names no hardware class"), "{}", chosen.reason);
+        assert!(unmeasured.is_empty());
     }
 
     #[test]

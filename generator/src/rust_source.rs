@@ -164,10 +164,10 @@ fn char_literal_len(bytes: &[u8]) -> usize {
 /// Parses a Rust source with its comments encoded as markers, and its blank lines too where
 /// they all stand between statements or items (otherwise prettyplease's spacing is used).
 pub fn parse_with_comments(source: &str) -> Result<syn::File, SourceError> {
-    if let Ok(file) = syn::parse_file(&encode(source, true)?) {
-        if misplaced_marker(&file).is_none() {
-            return Ok(file);
-        }
+    if let Ok(file) = syn::parse_file(&encode(source, true)?)
+        && misplaced_marker(&file).is_none()
+    {
+        return Ok(file);
     }
     let encoded = encode_comments(source)?;
     let file = syn::parse_file(&encoded).map_err(|e| {
@@ -203,29 +203,29 @@ fn misplaced_marker(file: &syn::File) -> Option<proc_macro2::LineColumn> {
     }
     impl<'ast> Visit<'ast> for Finder {
         fn visit_stmt(&mut self, stmt: &'ast syn::Stmt) {
-            if let syn::Stmt::Macro(m) = stmt {
-                if is_marker(&m.mac) {
-                    self.placed += 1;
-                    return;
-                }
+            if let syn::Stmt::Macro(m) = stmt
+                && is_marker(&m.mac)
+            {
+                self.placed += 1;
+                return;
             }
             syn::visit::visit_stmt(self, stmt);
         }
         fn visit_item(&mut self, item: &'ast syn::Item) {
-            if let syn::Item::Macro(m) = item {
-                if is_marker(&m.mac) {
-                    self.placed += 1;
-                    return;
-                }
+            if let syn::Item::Macro(m) = item
+                && is_marker(&m.mac)
+            {
+                self.placed += 1;
+                return;
             }
             syn::visit::visit_item(self, item);
         }
         fn visit_impl_item(&mut self, item: &'ast syn::ImplItem) {
-            if let syn::ImplItem::Macro(m) = item {
-                if is_marker(&m.mac) {
-                    self.placed += 1;
-                    return;
-                }
+            if let syn::ImplItem::Macro(m) = item
+                && is_marker(&m.mac)
+            {
+                self.placed += 1;
+                return;
             }
             syn::visit::visit_impl_item(self, item);
         }

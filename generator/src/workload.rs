@@ -158,6 +158,11 @@ pub struct Target {
     pub cpu_features: Vec<String>,
     /// Worker threads the generated kernels may use.
     pub threads: usize,
+    /// The hardware class the crate is tuned for: the folder of `rankings/` whose
+    /// measurements choose its kernels (`monogen init` fills in this machine's). Without
+    /// one, kernels are chosen by declared priority.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hardware: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -606,6 +611,16 @@ fn check(
             ));
         }
     }
+    if let Some(class) = &w.target.hardware
+        && !is_hardware_class(class)
+    {
+        out.push(mk(
+            &["target", "hardware"],
+            format!("`{class}` cannot name a hardware class"),
+            "not a folder name of rankings/",
+            "use lowercase letters, digits and `-`, starting with a letter or digit (e.g. `xeon-8480-2c`); `monogen bench` prints this machine's".into(),
+        ));
+    }
     if w.target.threads == 0 {
         out.push(mk(
             &["target", "threads"],
@@ -721,6 +736,15 @@ impl Workload {
             Model::Llama(m) => m,
         }
     }
+}
+
+/// Whether `s` can name a hardware class (a folder of `rankings/`): lowercase letters, digits
+/// and `-`, at most 64 characters, not starting with `-`.
+pub fn is_hardware_class(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 64
+        && !s.starts_with('-')
+        && s.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
 }
 
 /// A complete workload for unit tests across the crate.

@@ -188,13 +188,13 @@ pub fn write(dir: &Path, output: &Output, force: bool) -> Result<WriteReport, Er
     if let (Some(_), false) = (&previous, force) {
         let old = fs::read_to_string(dir.join(LOCK_FILE)).ok().as_deref().and_then(lock_workload_name);
         let new = output.files.get(Path::new(LOCK_FILE)).and_then(|t| lock_workload_name(t));
-        if let (Some(old), Some(new)) = (old, new) {
-            if old != new {
-                return Err(Error::Refused(format!(
-                    "{} holds the crate of workload `{old}`, not `{new}`; refusing to replace it. Give the workload its own name or --out, or pass --force",
-                    dir.display()
-                )));
-            }
+        if let (Some(old), Some(new)) = (old, new)
+            && old != new
+        {
+            return Err(Error::Refused(format!(
+                "{} holds the crate of workload `{old}`, not `{new}`; refusing to replace it. Give the workload its own name or --out, or pass --force",
+                dir.display()
+            )));
         }
     }
     let previous = previous.unwrap_or_default();

@@ -1,80 +1,10 @@
 //! The `monogen` command line, end to end, on copies of the repository.
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+mod common;
 
-fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
-}
+use std::process::Command;
 
-fn models_root() -> PathBuf {
-    std::env::var_os("MONOGEN_MODELS")
-        .map_or_else(|| workspace_root().join("../shared/models"), PathBuf::from)
-}
-
-fn monogen(root: &Path, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_monogen"))
-        .args(args)
-        .current_dir(root)
-        .env_remove("MONOGEN_ROOT")
-        .env_remove("MONOGEN_FAULT")
-        .output()
-        .expect("monogen runs")
-}
-
-fn stdout(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
-
-fn copy_dir(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for entry in std::fs::read_dir(from).unwrap().flatten() {
-        let path = entry.path();
-        if path.is_dir() {
-            copy_dir(&path, &to.join(entry.file_name()));
-        } else {
-            std::fs::copy(&path, to.join(entry.file_name())).unwrap();
-        }
-    }
-}
-
-/// A scratch repository: the registry, the templates and the default workload.
-fn scratch_repo() -> tempfile::TempDir {
-    let temp = tempfile::tempdir().unwrap();
-    for dir in ["interfaces", "implementations", "templates"] {
-        copy_dir(&workspace_root().join(dir), &temp.path().join(dir));
-    }
-    std::fs::create_dir(temp.path().join("workloads")).unwrap();
-    std::fs::copy(
-        workspace_root().join("workloads/stories260k-cpu-f32.toml"),
-        temp.path().join("workloads/stories260k-cpu-f32.toml"),
-    )
-    .unwrap();
-    temp
-}
-
-const WORKLOAD: &str = "workloads/stories260k-cpu-f32.toml";
-
-fn read_tree(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
-    let mut out = Vec::new();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        for entry in std::fs::read_dir(&d).unwrap().flatten() {
-            let p = entry.path();
-            if p.is_dir() {
-                stack.push(p);
-            } else {
-                out.push((p.strip_prefix(dir).unwrap().to_path_buf(), std::fs::read(&p).unwrap()));
-            }
-        }
-    }
-    out.sort();
-    out
-}
+use common::*;
 
 #[test]
 fn init_reproduces_the_committed_workloads() {
@@ -107,6 +37,8 @@ fn init_reproduces_the_committed_workloads() {
                 "2",
                 "--cpu-features",
                 "x86-64-v3",
+                "--hardware",
+                "intel-xeon-2c",
             ],
         );
         assert!(out.status.success(), "{}", stderr(&out));

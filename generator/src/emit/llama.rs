@@ -67,7 +67,7 @@ fn usize_lit(v: usize) -> Literal {
 }
 
 /// A float literal that reads like the workload file (`1e-5`, `10000.0`).
-fn f32_lit(v: f32) -> syn::LitFloat {
+pub(super) fn f32_lit(v: f32) -> syn::LitFloat {
     let text = format!("{v:?}");
     let text = if text.contains(['.', 'e']) { text } else { format!("{text}.0") };
     syn::LitFloat::new(&text, Span::call_site())

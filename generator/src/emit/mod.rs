@@ -7,6 +7,7 @@
 //! file starts with an `@generated` header carrying a hash of the rest of the file, so
 //! that hand edits are detected.
 
+pub mod harness;
 mod header;
 mod llama;
 

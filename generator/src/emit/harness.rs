@@ -1,0 +1,388 @@
+//! The benchmark harness of a workload: a generated crate that holds every competing
+//! implementation of every interface (and each interface's reference), checks each against
+//! the reference at the workload's shapes, then times them.
+//!
+//! Like the crates `build` writes, it is monomorphized: the shapes are consts, every
+//! candidate is a unit struct implementing its interface's trait of `templates/bench/
+//! harness.rs`, and `main` calls each one by name. `monogen bench` builds it with the
+//! profile [`crate::rankings::BUILD_FLAGS`] describes and reads its JSON lines.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+
+use proc_macro2::{Literal, TokenStream};
+use quote::{format_ident, quote};
+
+use super::{Output, Templates};
+use crate::Error;
+use crate::plan::Plan;
+use crate::registry::{Implementation, Registry, sha256_hex};
+use crate::rust_source;
+
+/// One interface as the harness measures it.
+#[derive(Debug, Clone)]
+pub struct HarnessInterface {
+    pub interface: String,
+    /// The competitors, in declared-priority order.
+    pub candidates: Vec<Implementation>,
+    /// The interface's reference implementation.
+    pub reference: Implementation,
+}
+
+/// The interfaces of `plan` with their competitors and references.
+pub fn interfaces(plan: &Plan, registry: &Registry) -> Vec<HarnessInterface> {
+    plan.interfaces
+        .iter()
+        .map(|i| {
+            let imps = registry.implementations_of(&i.interface);
+            let candidates = crate::resolve::competitors(imps, &plan.workload).into_iter().cloned().collect();
+            let reference_name = &registry.interfaces[&i.interface].reference;
+            let reference = registry
+                .implementation(&i.interface, reference_name)
+                .expect("the registry checks that every interface's reference exists")
+                .clone();
+            HarnessInterface { interface: i.interface.clone(), candidates, reference }
+        })
+        .collect()
+}
+
+/// The crate name of a harness: the workload's name and a hash of the harness's sources, so
+/// that harnesses of different sources sharing one target folder never overwrite each other's
+/// executable.
+pub fn crate_name(plan: &Plan, files: &BTreeMap<PathBuf, String>) -> String {
+    let mut all = String::new();
+    for (path, text) in files {
+        all.push_str(&format!("{}\n{}\n", path.display(), text));
+    }
+    format!("monogen-bench-{}-{}", plan.workload.name, &sha256_hex(all.as_bytes())[..12])
+}
+
+fn module_ident(imp: &Implementation) -> proc_macro2::Ident {
+    format_ident!("{}__{}", imp.interface, imp.name.replace('-', "_"))
+}
+
+fn type_ident(imp: &Implementation) -> proc_macro2::Ident {
+    let camel = |s: &str| -> String {
+        s.split(['_', '-'])
+            .filter(|p| !p.is_empty())
+            .map(|p| {
+                let mut c = p.chars();
+                c.next().map(|f| f.to_ascii_uppercase().to_string() + c.as_str()).unwrap_or_default()
+            })
+            .collect()
+    };
+    format_ident!("{}{}", camel(&imp.interface), camel(&imp.name))
+}
+
+/// Emits the harness crate for `plan`; returns it and its crate name.
+pub fn emit(plan: &Plan, registry: &Registry, templates: &Templates) -> Result<(Output, String), Error> {
+    let harness = interfaces(plan, registry);
+    let mut files = BTreeMap::new();
+    let mut included: BTreeMap<(String, String), Implementation> = BTreeMap::new();
+    for h in &harness {
+        for imp in h.candidates.iter().chain([&h.reference]) {
+            included.insert((imp.interface.clone(), imp.name.clone()), imp.clone());
+        }
+    }
+    let shared: BTreeSet<String> = included.values().flat_map(|i| i.shared.iter().cloned()).collect();
+
+    for imp in included.values() {
+        let file = rust_source::parse_with_comments(&imp.source).map_err(|e| Error::Template {
+            name: imp.dir.join("kernel.rs").display().to_string(),
+            message: e.message,
+        })?;
+        files.insert(
+            PathBuf::from(format!("src/kernels/{}.rs", module_ident(imp))),
+            rust_source::print(&file),
+        );
+    }
+    for name in &shared {
+        let module = &registry.shared[name];
+        let file = rust_source::parse_with_comments(&module.source)
+            .map_err(|e| Error::Template { name: module.path.display().to_string(), message: e.message })?;
+        files.insert(PathBuf::from(format!("src/kernels/shared/{name}.rs")), rust_source::print(&file));
+    }
+    let modules = included.values().map(module_ident);
+    let shared_idents = shared.iter().map(|m| format_ident!("{m}"));
+    files.insert(
+        PathBuf::from("src/kernels/mod.rs"),
+        rust_source::print_tokens(quote! {
+            //! Every competing implementation, and each interface's reference.
+            #![allow(dead_code, non_snake_case)]
+            #(pub mod #modules;)*
+            pub mod shared {
+                #(pub mod #shared_idents;)*
+            }
+        }),
+    );
+    let harness_source = templates.get("bench/harness.rs")?;
+    let harness_file = rust_source::parse_with_comments(harness_source).map_err(|e| Error::Template {
+        name: "bench/harness.rs".into(),
+        message: format!("line {}: {}", e.line, e.message),
+    })?;
+    files.insert(PathBuf::from("src/harness.rs"), rust_source::print(&harness_file));
+    files.insert(PathBuf::from("src/main.rs"), rust_source::print_tokens(main_rs(plan, &harness, &included)));
+    let context = serde_json::json!({ "name": crate_name(plan, &files), "workload": plan.workload.name });
+    let name = crate_name(plan, &files);
+    files.insert(PathBuf::from("Cargo.toml"), templates.render("bench/Cargo.toml.j2", &context)?);
+    Ok((Output { files }, name))
+}
+
+fn usize_lit(v: usize) -> Literal {
+    Literal::usize_unsuffixed(v)
+}
+
+fn main_rs(
+    plan: &Plan,
+    harness: &[HarnessInterface],
+    included: &BTreeMap<(String, String), Implementation>,
+) -> TokenStream {
+    let c = &plan.consts;
+    let r = &plan.workload.request;
+    let prompt = c.prefill_chunk.min(r.typical_prompt_len).max(1);
+    let context = (prompt + r.typical_decode_len / 2).min(c.max_seq_len - 1);
+    let [dim, hidden, layers, heads, kv_heads, head_dim, vocab, max_seq] =
+        [c.dim, c.hidden_dim, c.n_layers, c.n_heads, c.n_kv_heads, c.head_dim, c.vocab_size, c.max_seq_len]
+            .map(usize_lit);
+    let (prompt_lit, decode_lit, context_lit) =
+        (usize_lit(prompt), usize_lit(r.typical_decode_len), usize_lit(context));
+    let rope_theta = super::llama::f32_lit(c.rope_theta);
+    let eps = super::llama::f32_lit(c.rms_norm_eps);
+    let doc = [
+        format!(
+            " Benchmark harness for workload `{}`, generated by `monogen bench`: every",
+            plan.workload.name
+        ),
+        " competing implementation of each interface, checked against the reference and timed at".into(),
+        " the workload's shapes. Prints JSON lines for monogen to read.".into(),
+    ];
+
+    let impls = included.values().map(trait_impl);
+    let calls = harness.iter().map(|h| format_ident!("{}", h.interface));
+    let n_interfaces = usize_lit(harness.len());
+    let benches = harness.iter().map(bench_fn);
+
+    quote! {
+        #(#![doc = #doc])*
+
+        mod harness;
+        mod kernels;
+
+        pub const DIM: usize = #dim;
+        pub const HIDDEN_DIM: usize = #hidden;
+        pub const N_LAYERS: usize = #layers;
+        pub const N_HEADS: usize = #heads;
+        pub const N_KV_HEADS: usize = #kv_heads;
+        pub const HEAD_DIM: usize = #head_dim;
+        pub const Q_DIM: usize = N_HEADS * HEAD_DIM;
+        pub const KV_DIM: usize = N_KV_HEADS * HEAD_DIM;
+        pub const VOCAB_SIZE: usize = #vocab;
+        pub const MAX_SEQ_LEN: usize = #max_seq;
+        pub const ROPE_THETA: f32 = #rope_theta;
+        pub const RMS_NORM_EPS: f32 = #eps;
+        /// Rows of a prefill pass: the typical prompt.
+        pub const PROMPT: usize = #prompt_lit;
+        /// Decode steps of a typical request.
+        pub const DECODE_STEPS: usize = #decode_lit;
+        /// The position of a typical decode step: the prompt and half the decode steps.
+        pub const CONTEXT: usize = #context_lit;
+
+        #(#impls)*
+
+        fn main() {
+            let options = harness::Options::from_args();
+            harness::begin(#n_interfaces, &options);
+            #(#calls(&options);)*
+        }
+
+        #(#benches)*
+    }
+}
+
+/// The unit struct of one implementation and its trait impl, forwarding to the kernel.
+fn trait_impl(imp: &Implementation) -> TokenStream {
+    let ty = type_ident(imp);
+    let m = module_ident(imp);
+    let doc = format!(" {}/{} {}", imp.interface, imp.name, imp.version);
+    let body = match imp.interface.as_str() {
+        "matmul" => quote! {
+            impl harness::Matmul for #ty {
+                #[inline]
+                fn matmul<const N: usize, const K: usize>(out: &mut [f32], x: &[f32], w: &[f32], rows: usize) {
+                    kernels::#m::matmul::<N, K>(out, x, w, rows)
+                }
+            }
+        },
+        "rmsnorm" => quote! {
+            impl harness::Rmsnorm for #ty {
+                #[inline]
+                fn rmsnorm<const D: usize>(out: &mut [f32], x: &[f32], weight: &[f32], eps: f32, rows: usize) {
+                    kernels::#m::rmsnorm::<D>(out, x, weight, eps, rows)
+                }
+            }
+        },
+        "rope" => quote! {
+            impl harness::Rope for #ty {
+                fn rope_table<const HD: usize>(theta: f32, positions: usize) -> (Vec<f32>, Vec<f32>) {
+                    kernels::#m::rope_table::<HD>(theta, positions)
+                }
+                #[inline]
+                fn rope<const H: usize, const HD: usize>(x: &mut [f32], cos: &[f32], sin: &[f32], start: usize, rows: usize) {
+                    kernels::#m::rope::<H, HD>(x, cos, sin, start, rows)
+                }
+            }
+        },
+        "attention_prefill" => quote! {
+            impl harness::AttentionPrefill for #ty {
+                #[inline]
+                fn attention_prefill<const H: usize, const KVH: usize, const HD: usize>(
+                    out: &mut [f32], q: &[f32], keys: &[f32], values: &[f32], scores: &mut [f32], start: usize, rows: usize,
+                ) {
+                    kernels::#m::attention_prefill::<H, KVH, HD>(out, q, keys, values, scores, start, rows)
+                }
+            }
+        },
+        "attention_decode" => quote! {
+            impl harness::AttentionDecode for #ty {
+                #[inline]
+                fn attention_decode<const H: usize, const KVH: usize, const HD: usize>(
+                    out: &mut [f32], q: &[f32], keys: &[f32], values: &[f32], scores: &mut [f32],
+                ) {
+                    kernels::#m::attention_decode::<H, KVH, HD>(out, q, keys, values, scores)
+                }
+            }
+        },
+        "swiglu" => quote! {
+            impl harness::Swiglu for #ty {
+                #[inline]
+                fn swiglu<const HIDDEN: usize>(gate: &mut [f32], up: &[f32], rows: usize) {
+                    kernels::#m::swiglu::<HIDDEN>(gate, up, rows)
+                }
+            }
+        },
+        "kv_cache" => quote! {
+            impl harness::KvCache for #ty {
+                type Cache = kernels::#m::KvCache<MAX_SEQ_LEN, KV_DIM>;
+                fn new() -> Self::Cache {
+                    kernels::#m::KvCache::new()
+                }
+                #[inline]
+                fn store(cache: &mut Self::Cache, start: usize, k: &[f32], v: &[f32]) {
+                    cache.store(start, k, v)
+                }
+                #[inline]
+                fn keys(cache: &Self::Cache, len: usize) -> &[f32] {
+                    cache.keys(len)
+                }
+                #[inline]
+                fn values(cache: &Self::Cache, len: usize) -> &[f32] {
+                    cache.values(len)
+                }
+            }
+        },
+        "sampler" => quote! {
+            impl harness::Sampler for #ty {
+                #[inline]
+                fn sample<const VOCAB: usize>(
+                    logits: &[f32], temperature: f32, top_k: usize, top_p: f32, coin: f32, scratch: &mut Vec<(f32, u32)>,
+                ) -> u32 {
+                    kernels::#m::sample::<VOCAB>(logits, temperature, top_k, top_p, coin, scratch)
+                }
+            }
+        },
+        other => unreachable!("the harness has no trait for interface `{other}`"),
+    };
+    quote! {
+        #[doc = #doc]
+        struct #ty;
+        #body
+    }
+}
+
+/// An expression that is `Ok(())` when this machine has `imp`'s CPU features.
+fn availability(imp: &Implementation) -> TokenStream {
+    if imp.constraints.cpu_features.is_empty() {
+        return quote!(Ok(()));
+    }
+    let checks = imp.constraints.cpu_features.iter().map(|f| quote!(std::arch::is_x86_feature_detected!(#f)));
+    let missing = format!("this machine lacks one of {}", imp.constraints.cpu_features.join(", "));
+    quote! {
+        if #(#checks)&&* { Ok(()) } else { Err(#missing.to_string()) }
+    }
+}
+
+/// `fn <interface>(options)`: validate every candidate, then time them round by round.
+fn bench_fn(h: &HarnessInterface) -> TokenStream {
+    let name = format_ident!("{}", h.interface);
+    let interface = &h.interface;
+    let names: Vec<&str> = h.candidates.iter().map(|c| c.name.as_str()).collect();
+    let reference = type_ident(&h.reference);
+    let doc = format!(" {}: {} (reference: {})", h.interface, names.join(", "), h.reference.name);
+    let (pass_new, pass_ty) = match interface.as_str() {
+        "matmul" => (quote!(harness::MatmulPass::new()), quote!(harness::MatmulPass)),
+        "rmsnorm" => (quote!(harness::RmsnormPass::new()), quote!(harness::RmsnormPass)),
+        "rope" => (quote!(harness::RopePass::new::<#reference>()), quote!(harness::RopePass)),
+        "attention_prefill" => {
+            (quote!(harness::AttentionPrefillPass::new()), quote!(harness::AttentionPrefillPass))
+        }
+        "attention_decode" => {
+            (quote!(harness::AttentionDecodePass::new()), quote!(harness::AttentionDecodePass))
+        }
+        "swiglu" => (quote!(harness::SwigluPass::new()), quote!(harness::SwigluPass)),
+        "sampler" => (quote!(harness::SamplerPass::new()), quote!(harness::SamplerPass)),
+        "kv_cache" => (quote!(()), quote!(())),
+        other => unreachable!("the harness has no pass for interface `{other}`"),
+    };
+    let validations = h.candidates.iter().enumerate().map(|(i, c)| {
+        let ty = type_ident(c);
+        let i = usize_lit(i);
+        let available = availability(c);
+        let check = if interface == "kv_cache" {
+            quote!(harness::check_kv_cache::<#ty, #reference>())
+        } else {
+            quote!(pass.check::<#ty, #reference>())
+        };
+        quote! { bench.validate(#i, #available, || #check); }
+    });
+    let samples = h.candidates.iter().enumerate().map(|(i, c)| {
+        let ty = type_ident(c);
+        let pass_var = format_ident!("cache_{}", i);
+        let i = usize_lit(i);
+        if interface == "kv_cache" {
+            quote! {
+                if bench.live(#i) {
+                    bench.sample(#i, harness::KvCachePass::<#ty>::PHASES, |decode| #pass_var.run(decode));
+                }
+            }
+        } else {
+            quote! {
+                if bench.live(#i) {
+                    bench.sample(#i, #pass_ty::PHASES, |decode| pass.run::<#ty>(decode));
+                }
+            }
+        }
+    });
+    let setup = if interface == "kv_cache" {
+        let caches = h.candidates.iter().enumerate().map(|(i, c)| {
+            let ty = type_ident(c);
+            let var = format_ident!("cache_{}", i);
+            quote! { let mut #var = harness::KvCachePass::<#ty>::new(); }
+        });
+        quote! { #(#caches)* }
+    } else {
+        quote! { let mut pass = #pass_new; }
+    };
+    quote! {
+        #[doc = #doc]
+        fn #name(options: &harness::Options) {
+            let mut bench = harness::Bench::new(#interface, &[#(#names),*], options);
+            #setup
+            #(#validations)*
+            for _ in 0..bench.rounds() {
+                #(#samples)*
+                bench.end_round();
+            }
+            bench.finish();
+        }
+    }
+}

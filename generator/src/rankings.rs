@@ -1,0 +1,407 @@
+//! The ranking database: measurements of implementations, kept in the repository.
+//!
+//! `rankings/<hardware class>/<interface>.toml` holds one `[[record]]` per implementation
+//! and shape signature, sorted, so that a re-measurement changes the lines of the records it
+//! replaces and two branches that measured different workloads merge without conflict. A
+//! record's key is everything that can change its result (see [`Record`]); the functions
+//! here decide, from the repository's contents alone, which records are fresh and whether a
+//! difference between two measurements is beyond their noise ([`beats`]).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::diagnostics::Diagnostic;
+use crate::registry::{Implementation, Registry, sha256_hex};
+use crate::workload::Workload;
+use crate::{Error, resolve};
+
+/// The folder of the database, under the project root.
+pub const RANKINGS_DIR: &str = "rankings";
+
+/// How the benchmark harness is compiled and how it measures. A record made with other flags
+/// (or by another version of the harness) is stale. Change `harness=` whenever the harness's
+/// method of measurement changes.
+pub const BUILD_FLAGS: &str =
+    "harness=1 opt-level=3 codegen-units=1 lto=thin panic=unwind debug-assertions=off";
+
+/// The smallest relative difference that counts as a real one, however quiet the samples.
+pub const MIN_MARGIN: f64 = 0.03;
+
+/// One measurement of one implementation at one workload's shapes on one machine.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Record {
+    // The key: what the result depends on.
+    pub implementation: String,
+    pub version: String,
+    /// [`measured_source_sha256`]: the kernel and the shared modules it uses.
+    pub source_sha256: String,
+    /// [`shapes_signature`] of the workloads it applies to.
+    pub shapes: String,
+    /// The CPU model, core count and features of the machine.
+    pub cpu: String,
+    pub cores: usize,
+    pub cpu_features: Vec<String>,
+    /// `rustc --version`.
+    pub rustc: String,
+    /// [`BUILD_FLAGS`] when it was measured.
+    pub build_flags: String,
+    // The result.
+    /// UTC, RFC 3339.
+    pub measured_at: String,
+    pub status: Status,
+    /// Why the output did not match the reference's (status `failed`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failure: Option<String>,
+    /// Nanoseconds of one typical request spent in this interface: one prefill pass of the
+    /// typical prompt plus `typical_decode_len` decode steps. Median and 90th percentile.
+    #[serde(default)]
+    pub median_ns: u64,
+    #[serde(default)]
+    pub p90_ns: u64,
+    #[serde(default)]
+    pub samples: usize,
+    /// Medians of the parts: one prefill pass, one decode step.
+    #[serde(default)]
+    pub prefill_median_ns: u64,
+    #[serde(default)]
+    pub decode_median_ns: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Status {
+    /// Matched the reference and was timed.
+    Ok,
+    /// Did not match the reference: never ranked.
+    Failed,
+}
+
+impl Record {
+    pub fn distribution(&self) -> Distribution {
+        Distribution { median_ns: self.median_ns as f64, p90_ns: self.p90_ns as f64, samples: self.samples }
+    }
+
+    /// The machine and toolchain part of the key.
+    fn context(&self) -> (&str, usize, &[String], &str) {
+        (&self.cpu, self.cores, &self.cpu_features, &self.rustc)
+    }
+}
+
+/// A timing distribution: what the flip rule looks at.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Distribution {
+    pub median_ns: f64,
+    pub p90_ns: f64,
+    pub samples: usize,
+}
+
+impl Distribution {
+    /// How far the slow tail reaches above the median, relative to it.
+    pub fn relative_spread(&self) -> f64 {
+        if self.median_ns <= 0.0 { 0.0 } else { ((self.p90_ns - self.median_ns) / self.median_ns).max(0.0) }
+    }
+}
+
+/// The noise margin of a comparison: the larger relative spread of the two, and at least
+/// [`MIN_MARGIN`].
+pub fn noise_margin(a: &Distribution, b: &Distribution) -> f64 {
+    MIN_MARGIN.max(a.relative_spread()).max(b.relative_spread())
+}
+
+/// The flip rule: `challenger` replaces `incumbent` only if its median, raised by the noise
+/// margin, is still below the incumbent's median. A difference inside the noise keeps the
+/// incumbent, so two measurements of equally fast code never flip a choice back and forth.
+pub fn beats(challenger: &Distribution, incumbent: &Distribution) -> bool {
+    challenger.median_ns * (1.0 + noise_margin(challenger, incumbent)) < incumbent.median_ns
+}
+
+/// Every record of the repository: hardware class → interface → records.
+#[derive(Debug, Clone, Default)]
+pub struct Rankings {
+    pub classes: BTreeMap<String, BTreeMap<String, Vec<Record>>>,
+}
+
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RankingFile {
+    #[serde(default)]
+    record: Vec<Record>,
+}
+
+impl Rankings {
+    /// Reads `rankings/` under `root` (absent means empty).
+    pub fn load(root: &Path) -> Result<Rankings, Error> {
+        let dir = root.join(RANKINGS_DIR);
+        let mut rankings = Rankings::default();
+        let Ok(classes) = std::fs::read_dir(&dir) else {
+            return Ok(rankings);
+        };
+        let mut problems = Vec::new();
+        for class in classes.flatten() {
+            let class_dir = class.path();
+            if !class_dir.is_dir() {
+                continue;
+            }
+            let class_name = class.file_name().to_string_lossy().into_owned();
+            let entries = std::fs::read_dir(&class_dir).map_err(|e| Error::io(&class_dir, e))?;
+            for entry in entries.flatten() {
+                let path = entry.path();
+                if path.extension().is_none_or(|x| x != "toml") {
+                    continue;
+                }
+                let interface = path.file_stem().unwrap_or_default().to_string_lossy().into_owned();
+                let text = std::fs::read_to_string(&path).map_err(|e| Error::io(&path, e))?;
+                let shown =
+                    Path::new(RANKINGS_DIR).join(&class_name).join(path.file_name().unwrap_or_default());
+                match parse_file(&text, &shown) {
+                    Ok(records) => {
+                        rankings.classes.entry(class_name.clone()).or_default().insert(interface, records);
+                    }
+                    Err(d) => problems.push(*d),
+                }
+            }
+        }
+        if problems.is_empty() { Ok(rankings) } else { Err(Error::Diagnostics(problems)) }
+    }
+
+    /// The records of `interface` on hardware `class`.
+    pub fn records(&self, class: &str, interface: &str) -> &[Record] {
+        self.classes.get(class).and_then(|c| c.get(interface)).map_or(&[], Vec::as_slice)
+    }
+
+    /// Replaces the records of `interface` on `class` for `shapes` with `new`, keeping the
+    /// records of other shapes.
+    pub fn replace(&mut self, class: &str, interface: &str, shapes: &str, new: Vec<Record>) {
+        let records =
+            self.classes.entry(class.to_string()).or_default().entry(interface.to_string()).or_default();
+        records.retain(|r| r.shapes != shapes);
+        records.extend(new);
+        records.sort_by(|a, b| a.shapes.cmp(&b.shapes).then_with(|| a.implementation.cmp(&b.implementation)));
+    }
+
+    /// The path (relative to the project root) and text of the file for `interface` on `class`.
+    pub fn render(&self, class: &str, interface: &str) -> (PathBuf, String) {
+        let path = Path::new(RANKINGS_DIR).join(class).join(format!("{interface}.toml"));
+        let file = RankingFile { record: self.records(class, interface).to_vec() };
+        let body = toml::to_string(&file).expect("records always serialize");
+        let text = format!(
+            "# Measurements of `{interface}` implementations on hardware class `{class}`, written by\n\
+             # `monogen bench`. One record per implementation and shape signature; a record whose key\n\
+             # (version, source, shapes, machine, toolchain, build flags) no longer matches is stale.\n\
+             # docs/rankings.md explains the fields and the rule that ranks them.\n\n{body}"
+        );
+        (path, text)
+    }
+}
+
+fn parse_file(text: &str, shown: &Path) -> Result<Vec<Record>, Box<Diagnostic>> {
+    match toml::from_str::<RankingFile>(text) {
+        Ok(file) => Ok(file.record),
+        Err(e) => {
+            let mut d =
+                Diagnostic::new(format!("{} cannot be read: {}", shown.display(), e.message().trim()))
+                    .in_file(shown, &std::sync::Arc::from(text));
+            if let Some(span) = e.span() {
+                d = d.primary(span, "here");
+            }
+            Err(Box::new(d.hint("fix the file by hand, or delete it and run `monogen bench` again")))
+        }
+    }
+}
+
+/// The shapes that decide a measurement: everything in the workload that changes what the
+/// kernels compute or how often (the model's shapes, the request pattern, threads and dtype).
+pub fn shapes_signature(w: &Workload) -> String {
+    let m = w.llama();
+    let r = &w.request;
+    format!(
+        "llama hidden={} intermediate={} layers={} heads={} kv_heads={} head_dim={} vocab={} max_seq={} prompt={} decode={} threads={} dtype={}",
+        m.hidden_size,
+        m.intermediate_size,
+        m.num_layers,
+        m.num_heads,
+        m.num_kv_heads,
+        m.head_dim,
+        m.vocab_size,
+        r.max_seq_len,
+        r.typical_prompt_len.min(r.max_seq_len),
+        r.typical_decode_len,
+        w.target.threads,
+        w.weights.dtype.as_str()
+    )
+}
+
+/// The hash a record keeps of an implementation: its kernel.rs and every shared module it
+/// uses, so that editing a shared helper makes the records of its users stale too.
+pub fn measured_source_sha256(imp: &Implementation, registry: &Registry) -> String {
+    let mut text = format!("kernel {}\n", imp.source_sha256);
+    for module in &imp.shared {
+        let sha = registry.shared.get(module).map_or("missing", |m| m.source_sha256.as_str());
+        text.push_str(&format!("shared {module} {sha}\n"));
+    }
+    sha256_hex(text.as_bytes())
+}
+
+/// What the database says about one candidate of one workload.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(tag = "state", rename_all = "snake_case")]
+pub enum Evidence {
+    /// The workload names no hardware class: measurements do not apply.
+    NoHardwareClass,
+    /// A fresh record that matched the reference.
+    Measured(Record),
+    /// A fresh record that did not match the reference.
+    Failed(Record),
+    /// A record exists, but its key no longer matches.
+    Stale { record: Record, why: Vec<String> },
+    /// No record for these shapes on this hardware class.
+    Missing,
+}
+
+impl Evidence {
+    pub fn fresh_distribution(&self) -> Option<Distribution> {
+        match self {
+            Evidence::Measured(r) => Some(r.distribution()),
+            _ => None,
+        }
+    }
+}
+
+/// The evidence for each of `candidates` (implementations of one interface) for workload `w`.
+pub fn evidence(
+    rankings: &Rankings,
+    registry: &Registry,
+    interface: &str,
+    candidates: &[&Implementation],
+    w: &Workload,
+) -> Vec<Evidence> {
+    let Some(class) = &w.target.hardware else {
+        return candidates.iter().map(|_| Evidence::NoHardwareClass).collect();
+    };
+    let shapes = shapes_signature(w);
+    let records: Vec<&Record> =
+        rankings.records(class, interface).iter().filter(|r| r.shapes == shapes).collect();
+    // Records are compared only within one machine and toolchain: the newest measurement's.
+    let newest = records.iter().max_by(|a, b| a.measured_at.cmp(&b.measured_at)).map(|r| r.context());
+    candidates
+        .iter()
+        .map(|imp| {
+            let Some(record) = records.iter().find(|r| r.implementation == imp.name) else {
+                return Evidence::Missing;
+            };
+            let mut why = Vec::new();
+            if record.version != imp.version {
+                why.push(format!("it was measured at version {}, the registry has {}", record.version, imp.version));
+            }
+            if record.source_sha256 != measured_source_sha256(imp, registry) {
+                why.push("its source (kernel.rs or a shared module it uses) changed since it was measured".into());
+            }
+            if record.build_flags != BUILD_FLAGS {
+                why.push(format!("it was measured with other build flags ({})", record.build_flags));
+            }
+            if newest.is_some_and(|n| n != record.context()) {
+                why.push(
+                    "it was measured on another machine or toolchain than the newest records of this interface"
+                        .into(),
+                );
+            }
+            if !why.is_empty() {
+                return Evidence::Stale { record: (*record).clone(), why };
+            }
+            match record.status {
+                Status::Ok => Evidence::Measured((*record).clone()),
+                Status::Failed => Evidence::Failed((*record).clone()),
+            }
+        })
+        .collect()
+}
+
+/// Whether `interface` of `w` needs measurements to be chosen: the workload names a hardware
+/// class and more than one implementation competes.
+pub fn needs_measurements(w: &Workload, competing: usize) -> bool {
+    w.target.hardware.is_some() && competing > 1
+}
+
+/// The interfaces of `w`'s architecture, for `bench` and `affected`.
+pub fn interfaces_of(w: &Workload) -> &'static [&'static str] {
+    resolve::required_interfaces(w.model.architecture())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dist(median: f64, p90: f64) -> Distribution {
+        Distribution { median_ns: median, p90_ns: p90, samples: 31 }
+    }
+
+    #[test]
+    fn a_difference_inside_the_noise_does_not_flip() {
+        // 2% apart with 1% spread: inside the 3% floor.
+        assert!(!beats(&dist(98.0, 99.0), &dist(100.0, 101.0)));
+        // 8% apart, but the incumbent's tail reaches 10% above its median.
+        assert!(!beats(&dist(92.0, 93.0), &dist(100.0, 110.0)));
+        // The challenger's own noise counts as well.
+        assert!(!beats(&dist(90.0, 105.0), &dist(100.0, 101.0)));
+        // Equal medians never flip, whatever the spread.
+        assert!(!beats(&dist(100.0, 100.0), &dist(100.0, 100.0)));
+    }
+
+    #[test]
+    fn a_difference_beyond_the_noise_flips() {
+        assert!(beats(&dist(50.0, 55.0), &dist(100.0, 110.0)), "2x with 10% spread");
+        assert!(beats(&dist(90.0, 91.0), &dist(100.0, 101.0)), "10% with 1% spread");
+        assert!(!beats(&dist(100.0, 110.0), &dist(50.0, 55.0)), "slower never flips");
+        // A 2x difference flips unless the spread reaches 100%.
+        assert!(!beats(&dist(50.0, 101.0), &dist(100.0, 110.0)));
+    }
+
+    #[test]
+    fn the_rule_is_antisymmetric_so_choices_cannot_oscillate() {
+        let samples =
+            [dist(100.0, 104.0), dist(97.0, 99.0), dist(60.0, 70.0), dist(130.0, 200.0), dist(101.0, 101.0)];
+        for a in &samples {
+            for b in &samples {
+                assert!(!(beats(a, b) && beats(b, a)), "{a:?} and {b:?} beat each other");
+            }
+        }
+    }
+
+    #[test]
+    fn files_round_trip_sorted() {
+        let record = |name: &str, shapes: &str| Record {
+            implementation: name.into(),
+            version: "1.0.0".into(),
+            source_sha256: "ab".into(),
+            shapes: shapes.into(),
+            cpu: "cpu".into(),
+            cores: 2,
+            cpu_features: vec!["avx2".into()],
+            rustc: "rustc 1.95.0".into(),
+            build_flags: BUILD_FLAGS.into(),
+            measured_at: "2026-11-29T21:00:00Z".into(),
+            status: Status::Ok,
+            failure: None,
+            median_ns: 100,
+            p90_ns: 110,
+            samples: 31,
+            prefill_median_ns: 10,
+            decode_median_ns: 1,
+        };
+        let mut r = Rankings::default();
+        r.replace("c-2c", "matmul", "s1", vec![record("b", "s1"), record("a", "s1")]);
+        r.replace("c-2c", "matmul", "s0", vec![record("z", "s0")]);
+        r.replace("c-2c", "matmul", "s1", vec![record("c", "s1")]);
+        let names: Vec<&str> =
+            r.records("c-2c", "matmul").iter().map(|r| r.implementation.as_str()).collect();
+        assert_eq!(names, ["z", "c"], "a re-measurement replaces the records of its shapes only");
+        let (path, text) = r.render("c-2c", "matmul");
+        assert_eq!(path, Path::new("rankings/c-2c/matmul.toml"));
+        assert_eq!(parse_file(&text, &path).unwrap(), r.records("c-2c", "matmul"));
+        let broken = parse_file("[[record]]\nimplementation = 3\n", &path).unwrap_err();
+        assert!(broken.to_string().contains("rankings/c-2c/matmul.toml cannot be read"), "{broken}");
+    }
+}

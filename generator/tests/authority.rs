@@ -1,0 +1,420 @@
+//! The benchmarking authority, end to end: `bench`, the ranking database, selection by
+//! measurement, `check` and `affected`, on scratch copies of the repository.
+//!
+//! Tests that need a ranking to come out a certain way either use differences far beyond any
+//! noise (a 7x faster kernel, a kernel that fails its check) or write the records themselves,
+//! so that a busy machine cannot make them flaky.
+
+mod common;
+
+use std::path::Path;
+use std::process::Command;
+
+use common::*;
+
+/// Quick timing: enough to tell a 7x difference, short enough for a test.
+const QUICK: &[&str] = &["--samples", "5", "--warm-up", "1", "--min-sample-us", "300"];
+
+fn bench(repo: &Path, extra: &[&str]) -> std::process::Output {
+    let mut args = vec!["bench", WORKLOAD];
+    args.extend_from_slice(QUICK);
+    args.extend_from_slice(extra);
+    monogen(repo, &args)
+}
+
+/// Points the scratch workload at this machine's hardware class, so that `bench` runs.
+fn for_this_machine(repo: &Path) {
+    let path = repo.join(WORKLOAD);
+    let text = std::fs::read_to_string(&path).unwrap();
+    let class = monogen::host::this_class();
+    let text: Vec<String> = text
+        .lines()
+        .map(|l| if l.starts_with("hardware = ") { format!("hardware = \"{class}\"") } else { l.to_string() })
+        .collect();
+    std::fs::write(&path, text.join("\n") + "\n").unwrap();
+}
+
+fn locked_matmul(repo: &Path) -> String {
+    monogen::check::locked_choices(&repo.join("generated/stories260k-cpu-f32"))["matmul"].clone()
+}
+
+fn move_dir(from: &Path, to: &Path) {
+    std::fs::rename(from, to).unwrap();
+}
+
+#[test]
+fn a_faster_implementation_makes_check_stale_until_bench_and_build_adopt_it() {
+    let repo = measured_repo();
+    for_this_machine(repo.path());
+    let parked = tempfile::tempdir().unwrap();
+    let avx2 = repo.path().join("implementations/matmul/avx2-fma");
+    move_dir(&avx2, &parked.path().join("avx2-fma"));
+
+    // Only scalar matmul: measure, build, and all is fresh.
+    let out = bench(repo.path(), &[]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let out = monogen(repo.path(), &["build", WORKLOAD]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(locked_matmul(repo.path()), "scalar");
+    let out = monogen(repo.path(), &["check", "--all"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stdout(&out));
+
+    // A faster candidate arrives: the crate is stale until it is measured.
+    move_dir(&parked.path().join("avx2-fma"), &avx2);
+    let out = monogen(repo.path(), &["check", "--all"]);
+    assert_eq!(out.status.code(), Some(1), "{}", stdout(&out));
+    let report = stdout(&out);
+    assert!(report.contains("STALE   generated/stories260k-cpu-f32"), "{report}");
+    assert!(report.contains("because matmul/avx2-fma has not been measured on"), "{report}");
+    assert!(report.contains("fix: monogen bench workloads/stories260k-cpu-f32.toml"), "{report}");
+
+    // bench measures it, in JSON this time, and says the choice will change.
+    let out = bench(repo.path(), &["--json"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let doc: serde_json::Value =
+        serde_json::from_str(&stdout(&out)).expect("--json prints one JSON document");
+    let results = doc["results"].as_array().unwrap();
+    let avx2_result = results
+        .iter()
+        .find(|r| r["interface"] == "matmul" && r["implementation"] == "avx2-fma")
+        .expect("avx2-fma was measured");
+    assert_eq!(avx2_result["status"], "ok");
+    assert!(avx2_result["median_ns"].as_f64().unwrap() > 0.0);
+    assert_eq!(avx2_result["samples"], 5);
+    assert_eq!(doc["choices_changed"][0]["interface"], "matmul", "{doc}");
+    assert_eq!(doc["choices_changed"][0]["to"], "avx2-fma", "{doc}");
+    assert!(doc["hardware"]["rustc"].as_str().unwrap().starts_with("rustc "));
+
+    let out = monogen(repo.path(), &["check", "--all"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        stdout(&out).contains("the choice changed from scalar 1.0.0 to avx2-fma 1.0.0"),
+        "{}",
+        stdout(&out)
+    );
+    let out = monogen(repo.path(), &["build", WORKLOAD]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(locked_matmul(repo.path()), "avx2-fma");
+    let out = monogen(repo.path(), &["check", "--all"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stdout(&out));
+
+    // The records are in the repository, as text.
+    let class = monogen::host::this_class();
+    let text = std::fs::read_to_string(repo.path().join(format!("rankings/{class}/matmul.toml"))).unwrap();
+    assert!(text.contains("implementation = \"avx2-fma\""), "{text}");
+    assert!(text.contains("build_flags = "), "{text}");
+}
+
+#[test]
+fn the_fastest_candidate_wrong_in_a_tail_case_is_recorded_as_failed_and_never_chosen() {
+    let repo = measured_repo();
+    for_this_machine(repo.path());
+    // avx2-fma without its leftover columns: right whenever N is a multiple of the tile width
+    // (4 for two rows, 8 for one), wrong for the one-row tail of intermediate_size 172. Its
+    // declared priority is the highest, so only the measurement can keep it out.
+    let source = repo.path().join("implementations/matmul/avx2-fma");
+    let dir = repo.path().join("implementations/matmul/avx2-fma-notail");
+    copy_dir(&source, &dir);
+    let kernel = std::fs::read_to_string(dir.join("kernel.rs")).unwrap();
+    let tail = "    while n < N {\n        tile::<N, K, R, 1>(out, x, w, r, n);\n        n += 1;\n    }\n";
+    assert!(kernel.contains(tail));
+    std::fs::write(dir.join("kernel.rs"), kernel.replace(tail, "")).unwrap();
+    let manifest = std::fs::read_to_string(dir.join("manifest.toml")).unwrap();
+    let manifest = manifest
+        .replace("name = \"avx2-fma\"", "name = \"avx2-fma-notail\"")
+        .replace("priority = 20", "priority = 100");
+    std::fs::write(dir.join("manifest.toml"), manifest).unwrap();
+
+    let out = bench(repo.path(), &[]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let report = stdout(&out);
+    assert!(
+        report.contains("avx2-fma-notail      FAILED against the reference: gate_proj at 1 rows"),
+        "{report}"
+    );
+
+    let class = monogen::host::this_class();
+    let text = std::fs::read_to_string(repo.path().join(format!("rankings/{class}/matmul.toml"))).unwrap();
+    assert!(text.contains("status = \"failed\""), "{text}");
+
+    let out = monogen(repo.path(), &["build", WORKLOAD]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(locked_matmul(repo.path()), "avx2-fma");
+    let out = monogen(repo.path(), &["explain", WORKLOAD]);
+    assert!(
+        stdout(&out).contains("avx2-fma-notail 1.0.0 (priority 100): FAILED against the reference when measured, never chosen: gate_proj at 1 rows"),
+        "{}",
+        stdout(&out)
+    );
+    let out = monogen(repo.path(), &["check", "--all"]);
+    assert_eq!(out.status.code(), Some(0), "a failed candidate needs no more measurement: {}", stdout(&out));
+}
+
+#[test]
+fn editing_an_implementation_makes_its_records_stale_and_explain_and_check_name_it() {
+    let repo = measured_repo();
+    let out = monogen(repo.path(), &["build", WORKLOAD]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let out = monogen(repo.path(), &["check", "--all"]);
+    assert_eq!(out.status.code(), Some(0), "the committed rankings are fresh: {}", stdout(&out));
+
+    let kernel = repo.path().join("implementations/matmul/scalar/kernel.rs");
+    let source = std::fs::read_to_string(&kernel).unwrap();
+    std::fs::write(&kernel, source + "\n// A note added after the measurement.\n").unwrap();
+
+    let out = monogen(repo.path(), &["explain", WORKLOAD]);
+    let text = stdout(&out);
+    assert!(
+        text.contains("evidence: STALE (its source (kernel.rs or a shared module it uses) changed since it was measured)"),
+        "{text}"
+    );
+    assert!(text.contains("! matmul/scalar's measurements on intel-xeon-2c are stale"), "{text}");
+    let out = monogen(repo.path(), &["check", "--all"]);
+    assert_eq!(out.status.code(), Some(1));
+    let report = stdout(&out);
+    assert!(
+        report.contains("because matmul/scalar's measurements on intel-xeon-2c are stale: its source"),
+        "{report}"
+    );
+    assert!(
+        report.contains(
+            "fix: monogen bench workloads/stories260k-cpu-f32.toml (on hardware class intel-xeon-2c)"
+        ),
+        "{report}"
+    );
+
+    // A shared module counts as part of every implementation that uses it.
+    std::fs::write(
+        &kernel,
+        std::fs::read_to_string(&kernel).unwrap().replace("\n// A note added after the measurement.\n", ""),
+    )
+    .unwrap();
+    assert_eq!(monogen(repo.path(), &["check", "--all"]).status.code(), Some(0));
+    let shared = repo.path().join("implementations/_shared/avx2_math.rs");
+    std::fs::write(&shared, std::fs::read_to_string(&shared).unwrap() + "\n// Edited.\n").unwrap();
+    let out = monogen(repo.path(), &["check", "--all"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        stdout(&out).contains("matmul/avx2-fma's measurements on intel-xeon-2c are stale"),
+        "{}",
+        stdout(&out)
+    );
+}
+
+/// Rewrites the median and 90th percentile of `implementation`'s matmul record.
+fn set_record(repo: &Path, implementation: &str, median: u64, p90: u64) {
+    let path = repo.join("rankings/intel-xeon-2c/matmul.toml");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let shapes = monogen::rankings::shapes_signature(
+        &monogen::workload::WorkloadSource::read(&repo.join(WORKLOAD)).unwrap().parse().unwrap(),
+    );
+    let mut out = Vec::new();
+    let mut in_target = false;
+    let mut current: Vec<String> = Vec::new();
+    let flush = |block: &mut Vec<String>, out: &mut Vec<String>, target: bool| {
+        for line in block.drain(..) {
+            if target && line.starts_with("median_ns = ") {
+                out.push(format!("median_ns = {median}"));
+            } else if target && line.starts_with("p90_ns = ") {
+                out.push(format!("p90_ns = {p90}"));
+            } else {
+                out.push(line);
+            }
+        }
+    };
+    for line in text.lines() {
+        if line == "[[record]]" {
+            flush(&mut current, &mut out, in_target);
+            in_target = false;
+        }
+        if line == format!("implementation = \"{implementation}\"") {
+            in_target = true;
+        }
+        if line.starts_with("shapes = ") && line != format!("shapes = {shapes:?}") {
+            in_target = false;
+        }
+        current.push(line.to_string());
+    }
+    flush(&mut current, &mut out, in_target);
+    std::fs::write(&path, out.join("\n") + "\n").unwrap();
+}
+
+#[test]
+fn a_difference_inside_the_noise_never_flips_a_choice_and_a_2x_one_does() {
+    // Two implementations of the same speed: avx2-fma and an identical twin.
+    let repo = measured_repo();
+    let twin = repo.path().join("implementations/matmul/avx2-fma-twin");
+    copy_dir(&repo.path().join("implementations/matmul/avx2-fma"), &twin);
+    let manifest = std::fs::read_to_string(twin.join("manifest.toml")).unwrap();
+    std::fs::write(
+        twin.join("manifest.toml"),
+        manifest.replace("name = \"avx2-fma\"", "name = \"avx2-fma-twin\""),
+    )
+    .unwrap();
+    // The twin's record: avx2-fma's, renamed (as a bench run on this class would write it).
+    let path = repo.path().join("rankings/intel-xeon-2c/matmul.toml");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let shapes = monogen::rankings::shapes_signature(
+        &monogen::workload::WorkloadSource::read(&repo.path().join(WORKLOAD)).unwrap().parse().unwrap(),
+    );
+    let block = text
+        .split("[[record]]")
+        .find(|b| b.contains("implementation = \"avx2-fma\"") && b.contains(&format!("shapes = {shapes:?}")))
+        .expect("the committed rankings measure avx2-fma at the default workload's shapes")
+        .replace("implementation = \"avx2-fma\"", "implementation = \"avx2-fma-twin\"");
+    std::fs::write(&path, format!("{}\n[[record]]{}", text.trim_end(), block.trim_end())).unwrap();
+
+    set_record(repo.path(), "avx2-fma", 1_000_000, 1_020_000);
+    set_record(repo.path(), "avx2-fma-twin", 1_010_000, 1_030_000);
+    let out = monogen(repo.path(), &["build", WORKLOAD]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(locked_matmul(repo.path()), "avx2-fma");
+
+    // The next measurement finds the twin 2% faster: inside the noise, nothing changes.
+    set_record(repo.path(), "avx2-fma", 1_010_000, 1_030_000);
+    set_record(repo.path(), "avx2-fma-twin", 990_000, 1_010_000);
+    let out = monogen(repo.path(), &["check", "--all"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stdout(&out));
+    let out = monogen(repo.path(), &["explain", WORKLOAD]);
+    assert!(stdout(&out).contains("the previous choice stays"), "{}", stdout(&out));
+
+    // Twice as fast: the ranking flips, check says so, build adopts it.
+    set_record(repo.path(), "avx2-fma-twin", 500_000, 510_000);
+    let out = monogen(repo.path(), &["check", "--all"]);
+    assert_eq!(out.status.code(), Some(1));
+    let report = stdout(&out);
+    assert!(
+        report.contains("matmul: the choice changed from avx2-fma 1.0.0 to avx2-fma-twin 1.0.0"),
+        "{report}"
+    );
+    assert!(report.contains("it replaces avx2-fma, beyond the noise margin"), "{report}");
+    assert!(monogen(repo.path(), &["build", WORKLOAD]).status.success());
+    assert_eq!(locked_matmul(repo.path()), "avx2-fma-twin");
+}
+
+#[test]
+fn bench_refuses_workloads_for_other_hardware() {
+    let repo = measured_repo();
+    let path = repo.path().join(WORKLOAD);
+    let text = std::fs::read_to_string(&path).unwrap();
+    let text: Vec<String> = text
+        .lines()
+        .map(|l| {
+            if l.starts_with("hardware = ") {
+                "hardware = \"some-other-machine-64c\"".into()
+            } else {
+                l.to_string()
+            }
+        })
+        .collect();
+    std::fs::write(&path, text.join("\n") + "\n").unwrap();
+    let out = bench(repo.path(), &[]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = stderr(&out);
+    assert!(
+        err.contains("is tuned for hardware class `some-other-machine-64c`, but this machine is"),
+        "{err}"
+    );
+    let out = monogen(repo.path(), &["bench", "workloads/missing.toml"]);
+    assert_eq!(out.status.code(), Some(2));
+}
+
+fn git(repo: &Path, args: &[&str]) {
+    let out = Command::new("git")
+        .args(["-c", "user.name=t", "-c", "user.email=t@example.com", "-c", "commit.gpgsign=false"])
+        .args(args)
+        .current_dir(repo)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "git {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+fn affected(repo: &Path) -> serde_json::Value {
+    let out = monogen(repo, &["affected", "--base", "HEAD", "--json"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    serde_json::from_str(&stdout(&out)).unwrap()
+}
+
+#[test]
+fn affected_follows_the_folder_taxonomy() {
+    let repo = measured_repo();
+    std::fs::copy(
+        workspace_root().join("workloads/stories260k-untied-scalar.toml"),
+        repo.path().join("workloads/stories260k-untied-scalar.toml"),
+    )
+    .unwrap();
+    assert!(
+        monogen(repo.path(), &["build", WORKLOAD, "workloads/stories260k-untied-scalar.toml"])
+            .status
+            .success()
+    );
+    git(repo.path(), &["init", "-q"]);
+    git(repo.path(), &["add", "-A"]);
+    git(repo.path(), &["commit", "-q", "-m", "base"]);
+
+    let doc = affected(repo.path());
+    assert_eq!(doc["regenerate"], serde_json::json!([]));
+
+    // avx2-fma: the default workload uses it; the untied scalar-only workload cannot.
+    let kernel = repo.path().join("implementations/matmul/avx2-fma/kernel.rs");
+    std::fs::write(&kernel, std::fs::read_to_string(&kernel).unwrap() + "\n").unwrap();
+    std::fs::write(repo.path().join("NOTES.md"), "unrelated\n").unwrap();
+    let doc = affected(repo.path());
+    assert_eq!(doc["regenerate"].as_array().unwrap().len(), 1, "{doc}");
+    assert_eq!(doc["regenerate"][0]["workload"], WORKLOAD);
+    assert_eq!(doc["regenerate"][0]["reasons"][0], "implementations/matmul/avx2-fma changed (it uses it)");
+    assert_eq!(doc["rebench"][0]["interfaces"], serde_json::json!(["matmul"]));
+    assert_eq!(doc["unaffecting"], serde_json::json!(["NOTES.md"]));
+    git(repo.path(), &["checkout", "-q", "--", "."]);
+
+    // scalar: the default workload could use it, the untied one uses it.
+    let kernel = repo.path().join("implementations/matmul/scalar/kernel.rs");
+    std::fs::write(&kernel, std::fs::read_to_string(&kernel).unwrap() + "\n").unwrap();
+    let doc = affected(repo.path());
+    let reasons: Vec<String> = doc["regenerate"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| format!("{}: {}", e["name"].as_str().unwrap(), e["reasons"][0].as_str().unwrap()))
+        .collect();
+    assert_eq!(
+        reasons,
+        [
+            "stories260k-cpu-f32: implementations/matmul/scalar changed (it could use it)",
+            "stories260k-untied-scalar: implementations/matmul/scalar changed (it uses it)",
+        ]
+    );
+    git(repo.path(), &["checkout", "-q", "--", "."]);
+
+    // A shared module reaches its users' workloads; a template reaches every workload.
+    let shared = repo.path().join("implementations/_shared/avx2_attention.rs");
+    std::fs::write(&shared, std::fs::read_to_string(&shared).unwrap() + "\n").unwrap();
+    let doc = affected(repo.path());
+    assert_eq!(doc["regenerate"].as_array().unwrap().len(), 1, "{doc}");
+    let interfaces = &doc["rebench"][0]["interfaces"];
+    assert_eq!(*interfaces, serde_json::json!(["attention_decode", "attention_prefill"]), "{doc}");
+    let readme = repo.path().join("templates/README.md.j2");
+    std::fs::write(&readme, std::fs::read_to_string(&readme).unwrap() + "\n").unwrap();
+    let doc = affected(repo.path());
+    assert_eq!(doc["regenerate"].as_array().unwrap().len(), 2, "{doc}");
+    git(repo.path(), &["checkout", "-q", "--", "."]);
+
+    // A workload re-measures everything it calls; its rankings file regenerates it.
+    let path = repo.path().join(WORKLOAD);
+    std::fs::write(&path, std::fs::read_to_string(&path).unwrap().replace("threads = 2", "threads = 1"))
+        .unwrap();
+    let doc = affected(repo.path());
+    assert_eq!(doc["rebench"][0]["interfaces"].as_array().unwrap().len(), 8, "{doc}");
+    git(repo.path(), &["checkout", "-q", "--", "."]);
+    let ranking = repo.path().join("rankings/intel-xeon-2c/attention_decode.toml");
+    std::fs::write(&ranking, std::fs::read_to_string(&ranking).unwrap() + "\n").unwrap();
+    let doc = affected(repo.path());
+    let names: Vec<&str> =
+        doc["regenerate"].as_array().unwrap().iter().map(|e| e["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["stories260k-cpu-f32", "stories260k-untied-scalar"]);
+    assert_eq!(doc["rebench"], serde_json::json!([]));
+
+    let out = monogen(repo.path(), &["affected", "--base", "no-such-revision"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("`no-such-revision` is not a git revision"), "{}", stderr(&out));
+}
