@@ -618,7 +618,7 @@ fn check(
             &["target", "hardware"],
             format!("`{class}` cannot name a hardware class"),
             "not a folder name of rankings/",
-            "use lowercase letters, digits and `-`, starting with a letter or digit (e.g. `xeon-8480-2c`); `monogen bench` prints this machine's".into(),
+            "use lowercase letters, digits and `-`, starting with a letter or digit (e.g. `xeon-8480-2c`); `monogen init` writes this machine's".into(),
         ));
     }
     if w.target.threads == 0 {

@@ -13,7 +13,7 @@ use std::time::Instant;
 
 use crate::{
     CONTEXT, DECODE_STEPS, DIM, HEAD_DIM, HIDDEN_DIM, KV_DIM, MAX_SEQ_LEN, N_HEADS, N_KV_HEADS, N_LAYERS,
-    PROMPT, Q_DIM, RMS_NORM_EPS, ROPE_THETA, VOCAB_SIZE,
+    PROMPT, Q_DIM, RMS_NORM_EPS, ROPE_THETA, THREADS, VOCAB_SIZE,
 };
 
 /// How long to measure: `--samples N` (timed rounds), `--warm-up N` (untimed rounds) and
@@ -50,7 +50,7 @@ impl Options {
 /// Announces how many rounds the whole run has, for the progress bar.
 pub fn begin(interfaces: usize, options: &Options) {
     emit(&format!(
-        "{{\"event\":\"begin\",\"interfaces\":{interfaces},\"rounds\":{}}}",
+        "{{\"event\":\"begin\",\"interfaces\":{interfaces},\"threads\":{THREADS},\"rounds\":{}}}",
         interfaces * (options.samples + options.warm_up)
     ));
 }

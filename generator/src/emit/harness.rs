@@ -146,6 +146,7 @@ fn main_rs(
             .map(usize_lit);
     let (prompt_lit, decode_lit, context_lit) =
         (usize_lit(prompt), usize_lit(r.typical_decode_len), usize_lit(context));
+    let threads = usize_lit(c.threads);
     let rope_theta = super::llama::f32_lit(c.rope_theta);
     let eps = super::llama::f32_lit(c.rms_norm_eps);
     let doc = [
@@ -180,6 +181,8 @@ fn main_rs(
         pub const MAX_SEQ_LEN: usize = #max_seq;
         pub const ROPE_THETA: f32 = #rope_theta;
         pub const RMS_NORM_EPS: f32 = #eps;
+        /// Worker threads the kernels may use, as in the generated crate.
+        pub const THREADS: usize = #threads;
         /// Rows of a prefill pass: the typical prompt.
         pub const PROMPT: usize = #prompt_lit;
         /// Decode steps of a typical request.
