@@ -14,7 +14,9 @@ use serde_json::{Map, Value};
 
 use crate::diagnostics::Diagnostic;
 use crate::emit::Templates;
-use crate::workload::{ArchitectureTag, Device, Dtype, Llama, Model, Request, Target, Weights, Workload};
+use crate::workload::{
+    ArchitectureTag, DecoderRequest, Device, Dtype, Llama, Model, Request, Target, Weights, Workload,
+};
 use crate::{Error, cpu};
 
 /// Which CPU features a new workload may use.
@@ -57,6 +59,20 @@ impl CpuFeatures {
     }
 }
 
+impl CpuFeatures {
+    /// The feature names, in canonical order.
+    pub fn resolve(&self) -> Vec<String> {
+        match self {
+            CpuFeatures::Native => cpu::host_features().into_iter().map(String::from).collect(),
+            CpuFeatures::List(list) => cpu::X86_64_FEATURES
+                .iter()
+                .filter(|f| list.iter().any(|l| l == *f))
+                .map(|f| f.to_string())
+                .collect(),
+        }
+    }
+}
+
 /// What `init` needs besides config.json.
 #[derive(Debug, Clone)]
 pub struct InitOptions {
@@ -73,10 +89,12 @@ pub struct InitOptions {
     pub typical_decode_len: Option<usize>,
     /// The hardware class whose measurements choose the kernels (`target.hardware`).
     pub hardware: Option<String>,
+    /// Encoders only: most sentences per call (default 32).
+    pub max_batch: Option<usize>,
 }
 
 /// config.json keys that do not change what inference computes.
-const BOOKKEEPING: &[&str] = &[
+pub(crate) const BOOKKEEPING: &[&str] = &[
     "_name_or_path",
     "architectures",
     "attention_dropout",
@@ -138,6 +156,33 @@ fn required_default(key: &str, value: &Value) -> Option<Result<(), String>> {
     })
 }
 
+/// The non-negative integer `key` of config.json, or `default`; a problem (and 0) when it is
+/// missing without a default or is not such an integer.
+pub(crate) fn usize_field(
+    config: &Map<String, Value>,
+    key: &str,
+    default: Option<usize>,
+    path: &Path,
+    diag: &dyn Fn(&str, String) -> Diagnostic,
+    problems: &mut Vec<Diagnostic>,
+) -> usize {
+    match config.get(key) {
+        Some(v) => v.as_u64().map(|n| n as usize).unwrap_or_else(|| {
+            problems
+                .push(diag(key, format!("config.json field `{key}` = {v} is not a non-negative integer")));
+            0
+        }),
+        None => default.unwrap_or_else(|| {
+            problems.push(
+                Diagnostic::new(format!("config.json has no `{key}`"))
+                    .at_path(path)
+                    .hint("monogen does not guess shapes; add the field"),
+            );
+            0
+        }),
+    }
+}
+
 /// Reads `dir/config.json` and builds a workload from it.
 pub fn workload_from_hf(dir: &Path, opts: &InitOptions) -> Result<Workload, Error> {
     let path = dir.join("config.json");
@@ -174,9 +219,10 @@ pub fn workload_from_config(path: &Path, text: &str, opts: &InitOptions) -> Resu
 
     match config.get("model_type").and_then(Value::as_str) {
         Some("llama") => {}
+        Some("bert") => return crate::init_bert::workload(path, &config, &source, opts),
         Some(other) => problems.push(diag(
             "model_type",
-            format!("model_type `{other}` is not supported: monogen generates `llama` models for now"),
+            format!("model_type `{other}` is not supported: monogen generates `llama` and `bert` models"),
         )),
         None => problems.push(
             Diagnostic::new("config.json has no `model_type`")
@@ -199,28 +245,8 @@ pub fn workload_from_config(path: &Path, text: &str, opts: &InitOptions) -> Resu
         }
     }
 
-    let mut usize_field = |key: &str, default: Option<usize>| -> usize {
-        match config.get(key) {
-            Some(v) => match v.as_u64() {
-                Some(n) => n as usize,
-                None => {
-                    problems.push(diag(
-                        key,
-                        format!("config.json field `{key}` = {v} is not a non-negative integer"),
-                    ));
-                    0
-                }
-            },
-            None => default.unwrap_or_else(|| {
-                problems.push(
-                    Diagnostic::new(format!("config.json has no `{key}`"))
-                        .at_path(path)
-                        .hint("monogen does not guess shapes; add the field"),
-                );
-                0
-            }),
-        }
-    };
+    let mut usize_field =
+        |key: &str, default: Option<usize>| usize_field(&config, key, default, path, &diag, &mut problems);
     let hidden_size = usize_field("hidden_size", None);
     let intermediate_size = usize_field("intermediate_size", None);
     let num_layers = usize_field("num_hidden_layers", None);
@@ -275,14 +301,7 @@ pub fn workload_from_config(path: &Path, text: &str, opts: &InitOptions) -> Resu
     let typical_prompt_len = opts.typical_prompt_len.unwrap_or((max_seq_len / 2).clamp(1, 128));
     let typical_decode_len =
         opts.typical_decode_len.unwrap_or(max_seq_len.saturating_sub(typical_prompt_len).min(128));
-    let cpu_features = match &opts.cpu_features {
-        CpuFeatures::Native => cpu::host_features().into_iter().map(String::from).collect(),
-        CpuFeatures::List(list) => cpu::X86_64_FEATURES
-            .iter()
-            .filter(|f| list.iter().any(|l| l == *f))
-            .map(|f| f.to_string())
-            .collect(),
-    };
+    let cpu_features = opts.cpu_features.resolve();
     let threads = opts.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
     let model_dir =
         path.parent().and_then(Path::file_name).map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
@@ -318,7 +337,12 @@ pub fn workload_from_config(path: &Path, text: &str, opts: &InitOptions) -> Resu
             threads,
             hardware: opts.hardware.clone(),
         },
-        request: Request { max_batch: 1, max_seq_len, typical_prompt_len, typical_decode_len },
+        request: Request::Decoder(DecoderRequest {
+            max_batch: 1,
+            max_seq_len,
+            typical_prompt_len,
+            typical_decode_len,
+        }),
     })
 }
 
@@ -333,6 +357,9 @@ struct WorkloadContext<'a> {
 
 /// The workload as a commented TOML file; `source` says where it came from.
 pub fn render(w: &Workload, templates: &Templates, source: &Path) -> Result<String, Error> {
+    if let Model::Bert(m) = &w.model {
+        return crate::init_bert::render(w, m, templates, source);
+    }
     let m = w.llama();
     let context = WorkloadContext {
         w,
@@ -387,6 +414,7 @@ mod tests {
             typical_prompt_len: None,
             typical_decode_len: None,
             hardware: Some("intel-xeon-2c".into()),
+            max_batch: None,
         }
     }
 
@@ -401,8 +429,8 @@ mod tests {
         assert_eq!((m.hidden_size, m.num_layers, m.num_heads, m.num_kv_heads, m.head_dim), (64, 5, 8, 4, 8));
         assert_eq!(m.eos_token_ids, [2]);
         assert!(m.tie_word_embeddings);
-        assert_eq!(w.request.max_seq_len, 512);
-        assert_eq!((w.request.typical_prompt_len, w.request.typical_decode_len), (128, 128));
+        assert_eq!(w.request.max_seq_len(), 512);
+        assert_eq!((w.decoder().typical_prompt_len, w.decoder().typical_decode_len), (128, 128));
         assert!(w.target.cpu_features.contains(&"avx2".to_string()));
     }
 

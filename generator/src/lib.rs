@@ -20,6 +20,7 @@ pub mod diagnostics;
 pub mod emit;
 pub mod host;
 pub mod init;
+mod init_bert;
 pub mod plan;
 pub mod rankings;
 pub mod registry;

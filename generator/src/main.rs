@@ -11,9 +11,9 @@ use clap::{Parser, Subcommand};
 
 use monogen::emit::LOCK_FILE;
 use monogen::init::{CpuFeatures, InitOptions};
-use monogen::plan::{Plan, Verdict, human_bytes, human_ns};
+use monogen::plan::{Consts, Plan, Verdict, human_bytes, human_ns};
 use monogen::rankings::Evidence;
-use monogen::workload::Dtype;
+use monogen::workload::{Dtype, Request};
 use monogen::{Error, Project, check, init, write};
 
 #[derive(Parser)]
@@ -56,12 +56,16 @@ enum Command {
         /// Longest sequence (default: the model's max positions, at most 4096).
         #[arg(long, value_name = "N")]
         max_seq_len: Option<usize>,
-        /// Typical prompt length (default: min(128, max_seq_len / 2)).
+        /// Typical prompt length (default: min(128, max_seq_len / 2)); for encoders, the typical
+        /// sentence length in tokens (default 12).
         #[arg(long, value_name = "N")]
         prompt_len: Option<usize>,
         /// Typical number of generated tokens (default: min(128, the rest of max_seq_len)).
         #[arg(long, value_name = "N")]
         decode_len: Option<usize>,
+        /// Encoders: most sentences per call (default 32).
+        #[arg(long, value_name = "N")]
+        max_batch: Option<usize>,
         /// Hardware class whose measurements (rankings/<CLASS>/) choose the kernels: `this`
         /// (this machine's), `none` (declared priority only), or a class name.
         #[arg(long, default_value = "this", value_name = "CLASS")]
@@ -179,6 +183,7 @@ fn run(cli: Cli) -> Result<ExitCode, Error> {
             max_seq_len,
             prompt_len,
             decode_len,
+            max_batch,
             hardware,
             force,
         } => {
@@ -208,6 +213,7 @@ fn run(cli: Cli) -> Result<ExitCode, Error> {
                 typical_prompt_len: prompt_len,
                 typical_decode_len: decode_len,
                 hardware,
+                max_batch,
             };
             let workload = init::workload_from_hf(&hf, &opts)?;
             let text = init::render(&workload, &templates, &hf)?;
@@ -448,7 +454,7 @@ fn bench_one(
     let shapes = rankings::shapes_signature(&w);
     let mut updated = project.rankings.clone();
     for interface in rankings::interfaces_of(&w) {
-        updated.replace(&class, interface, &shapes, records.get(*interface).cloned().unwrap_or_default());
+        updated.replace(&class, interface, &shapes, records.get(interface).cloned().unwrap_or_default());
     }
     let mut written = Vec::new();
     if !dry_run {
@@ -517,10 +523,11 @@ fn finish_bench(
 
     if !json {
         println!("{} on {} ({}, {} cores, {})", w.name, class, host.cpu, host.cores, host.rustc);
+        let r = w.decoder();
         println!(
             "  time per typical request: one prefill of {} tokens and {} decode steps",
-            w.request.typical_prompt_len.min(w.request.max_seq_len),
-            w.request.typical_decode_len
+            r.typical_prompt_len.min(r.max_seq_len),
+            r.typical_decode_len
         );
         for i in &new_plan.interfaces {
             println!("\n{}", i.interface);
@@ -649,21 +656,34 @@ fn evidence_line(evidence: &Evidence) -> Option<String> {
 /// The text form of `monogen explain`.
 fn explain(plan: &Plan, path: &Path, out_dir: &Path) -> String {
     let w = &plan.workload;
-    let c = &plan.consts;
     let mut s = String::new();
     s.push_str(&format!("workload {} ({})\n", w.name, path.display()));
-    s.push_str(&format!(
-        "  model:   {} with {} layers, hidden {}, mlp {}, {} heads / {} kv heads of {}, vocab {}, {} embeddings\n",
-        w.model.architecture().as_str(),
-        c.n_layers,
-        c.dim,
-        c.hidden_dim,
-        c.n_heads,
-        c.n_kv_heads,
-        c.head_dim,
-        c.vocab_size,
-        if c.tie_word_embeddings { "tied" } else { "untied" }
-    ));
+    let model = match &plan.consts {
+        Consts::Llama(c) => format!(
+            "llama with {} layers, hidden {}, mlp {}, {} heads / {} kv heads of {}, vocab {}, {} embeddings",
+            c.n_layers,
+            c.dim,
+            c.hidden_dim,
+            c.n_heads,
+            c.n_kv_heads,
+            c.head_dim,
+            c.vocab_size,
+            if c.tie_word_embeddings { "tied" } else { "untied" }
+        ),
+        Consts::Bert(c) => format!(
+            "bert with {} layers, hidden {}, mlp {}, {} heads of {}, vocab {}, {} positions, {} pooling{}",
+            c.n_layers,
+            c.dim,
+            c.hidden_dim,
+            c.n_heads,
+            c.head_dim,
+            c.vocab_size,
+            c.max_positions,
+            c.pooling.as_str(),
+            if c.normalize { ", L2-normalized" } else { "" }
+        ),
+    };
+    s.push_str(&format!("  model:   {model}\n"));
     s.push_str(&format!(
         "  target:  {} {} [{}], {} thread{}, {} weights, hardware class {}\n",
         w.target.device.as_str(),
@@ -674,13 +694,17 @@ fn explain(plan: &Plan, path: &Path, out_dir: &Path) -> String {
         w.weights.dtype.as_str(),
         w.target.hardware.as_deref().unwrap_or("none (kernels chosen by declared priority)")
     ));
-    s.push_str(&format!(
-        "  request: batch {}, up to {} positions (typical prompt {}, decode {})\n",
-        w.request.max_batch,
-        w.request.max_seq_len,
-        w.request.typical_prompt_len,
-        w.request.typical_decode_len
-    ));
+    let request = match &w.request {
+        Request::Decoder(r) => format!(
+            "batch {}, up to {} positions (typical prompt {}, decode {})",
+            r.max_batch, r.max_seq_len, r.typical_prompt_len, r.typical_decode_len
+        ),
+        Request::Encoder(r) => format!(
+            "up to {} sentences of up to {} tokens (typical {} of {})",
+            r.max_batch, r.max_seq_len, r.typical_batch, r.typical_seq_len
+        ),
+    };
+    s.push_str(&format!("  request: {request}\n"));
     for i in &plan.interfaces {
         s.push_str(&format!("\n{}: {}\n", i.interface, i.summary));
         for cand in &i.candidates {
@@ -717,13 +741,21 @@ fn explain(plan: &Plan, path: &Path, out_dir: &Path) -> String {
             plan.cpu_features.join(", ")
         }
     ));
+    let per_run = match &plan.consts {
+        Consts::Llama(_) => format!(
+            "per session: KV cache {}, activations {}",
+            human_bytes(f.kv_cache_bytes),
+            human_bytes(f.scratch_bytes)
+        ),
+        Consts::Bert(_) => {
+            format!("per encoder: activations {} (a full batch)", human_bytes(f.scratch_bytes))
+        }
+    };
     s.push_str(&format!(
-        "memory: weights {} ({} parameters, {}, memory-mapped); per session: KV cache {}, activations {}\n",
+        "memory: weights {} ({} parameters, {}, memory-mapped); {per_run}\n",
         human_bytes(f.weight_bytes),
         f.parameters,
         w.weights.dtype.as_str(),
-        human_bytes(f.kv_cache_bytes),
-        human_bytes(f.scratch_bytes)
     ));
     s.push_str(&format!("output: {}\n", shown(out_dir)));
     s

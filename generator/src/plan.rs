@@ -25,9 +25,39 @@ pub struct Plan {
     pub footprint: Footprint,
 }
 
+/// The constants a generated crate bakes in, per architecture.
+#[derive(Debug, Clone, Serialize)]
+#[serde(untagged)]
+pub enum Consts {
+    Llama(LlamaConsts),
+    Bert(BertConsts),
+}
+
+/// Shapes and constants of a BERT crate, all resolved.
+#[derive(Debug, Clone, Serialize)]
+pub struct BertConsts {
+    pub dim: usize,
+    pub hidden_dim: usize,
+    pub n_layers: usize,
+    pub n_heads: usize,
+    pub head_dim: usize,
+    pub vocab_size: usize,
+    pub type_vocab_size: usize,
+    /// Rows of the position embedding.
+    pub max_positions: usize,
+    /// Longest sequence the crate embeds; longer input is truncated.
+    pub max_seq_len: usize,
+    /// Most sentences per call.
+    pub max_batch: usize,
+    pub layer_norm_eps: f32,
+    pub pooling: crate::workload::Pooling,
+    pub normalize: bool,
+    pub threads: usize,
+}
+
 /// Shapes and constants of a LLaMA crate, all resolved.
 #[derive(Debug, Clone, Serialize)]
-pub struct Consts {
+pub struct LlamaConsts {
     pub dim: usize,
     pub hidden_dim: usize,
     pub n_layers: usize,
@@ -124,6 +154,22 @@ pub struct Footprint {
 }
 
 impl Plan {
+    /// The constants of a LLaMA plan.
+    pub fn llama(&self) -> &LlamaConsts {
+        match &self.consts {
+            Consts::Llama(c) => c,
+            Consts::Bert(_) => panic!("a BERT plan has no LLaMA constants"),
+        }
+    }
+
+    /// The constants of a BERT plan.
+    pub fn bert(&self) -> &BertConsts {
+        match &self.consts {
+            Consts::Bert(c) => c,
+            Consts::Llama(_) => panic!("a LLaMA plan has no BERT constants"),
+        }
+    }
+
     pub fn interface(&self, name: &str) -> &InterfacePlan {
         self.interfaces
             .iter()

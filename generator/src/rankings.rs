@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::diagnostics::Diagnostic;
 use crate::registry::{Implementation, Registry, sha256_hex};
-use crate::workload::Workload;
+use crate::workload::{Model, Request, Workload};
 use crate::{Error, resolve};
 
 /// The folder of the database, under the project root.
@@ -215,23 +215,35 @@ fn parse_file(text: &str, shown: &Path) -> Result<Vec<Record>, Box<Diagnostic>> 
 /// The shapes that decide a measurement: everything in the workload that changes what the
 /// kernels compute or how often (the model's shapes, the request pattern, threads and dtype).
 pub fn shapes_signature(w: &Workload) -> String {
-    let m = w.llama();
-    let r = &w.request;
-    format!(
-        "llama hidden={} intermediate={} layers={} heads={} kv_heads={} head_dim={} vocab={} max_seq={} prompt={} decode={} threads={} dtype={}",
-        m.hidden_size,
-        m.intermediate_size,
-        m.num_layers,
-        m.num_heads,
-        m.num_kv_heads,
-        m.head_dim,
-        m.vocab_size,
-        r.max_seq_len,
-        r.typical_prompt_len.min(r.max_seq_len),
-        r.typical_decode_len,
-        w.target.threads,
-        w.weights.dtype.as_str()
-    )
+    let common = format!("threads={} dtype={}", w.target.threads, w.weights.dtype.as_str());
+    match (&w.model, &w.request) {
+        (Model::Llama(m), Request::Decoder(r)) => format!(
+            "llama hidden={} intermediate={} layers={} heads={} kv_heads={} head_dim={} vocab={} max_seq={} prompt={} decode={} {common}",
+            m.hidden_size,
+            m.intermediate_size,
+            m.num_layers,
+            m.num_heads,
+            m.num_kv_heads,
+            m.head_dim,
+            m.vocab_size,
+            r.max_seq_len,
+            r.typical_prompt_len.min(r.max_seq_len),
+            r.typical_decode_len,
+        ),
+        (Model::Bert(m), Request::Encoder(r)) => format!(
+            "bert hidden={} intermediate={} layers={} heads={} head_dim={} vocab={} max_seq={} seq={} batch={} {common}",
+            m.hidden_size,
+            m.intermediate_size,
+            m.num_layers,
+            m.num_heads,
+            m.head_dim,
+            m.vocab_size,
+            r.max_seq_len,
+            r.typical_seq_len,
+            r.typical_batch,
+        ),
+        (model, _) => format!("{} {common}", model.architecture().as_str()),
+    }
 }
 
 /// The hash a record keeps of an implementation: its kernel.rs and every shared module it
@@ -326,8 +338,8 @@ pub fn needs_measurements(w: &Workload, competing: usize) -> bool {
 }
 
 /// The interfaces of `w`'s architecture, for `bench` and `affected`.
-pub fn interfaces_of(w: &Workload) -> &'static [&'static str] {
-    resolve::required_interfaces(w.model.architecture())
+pub fn interfaces_of(w: &Workload) -> Vec<&'static str> {
+    resolve::required_interfaces(w)
 }
 
 #[cfg(test)]

@@ -12,15 +12,19 @@ use std::path::Path;
 
 use crate::cpu;
 use crate::diagnostics::Diagnostic;
-use crate::plan::{Candidate, Chosen, Consts, Footprint, InterfacePlan, Plan, Verdict, human_ns};
+use crate::plan::{
+    BertConsts, Candidate, Chosen, Consts, Footprint, InterfacePlan, LlamaConsts, Plan, Verdict, human_ns,
+};
 use crate::rankings::{self, Distribution, Evidence, Rankings};
 use crate::registry::{Implementation, Registry, sha256_hex};
-use crate::workload::{Architecture, Workload};
+use crate::workload::{Model, Pooling, Workload};
 
-/// The interfaces an architecture's forward pass calls, in the order it calls them.
-pub fn required_interfaces(architecture: Architecture) -> &'static [&'static str] {
-    match architecture {
-        Architecture::Llama => &[
+/// The interfaces a workload's forward pass calls, in the order it calls them. Options the
+/// workload does not use (no pooling, no normalization) need no interface, so their code is
+/// never generated.
+pub fn required_interfaces(w: &Workload) -> Vec<&'static str> {
+    match &w.model {
+        Model::Llama(_) => vec![
             "rmsnorm",
             "matmul",
             "rope",
@@ -30,22 +34,43 @@ pub fn required_interfaces(architecture: Architecture) -> &'static [&'static str
             "swiglu",
             "sampler",
         ],
+        Model::Bert(m) => {
+            let mut list = vec!["embedding", "layernorm", "matmul", "attention_encoder", "gelu"];
+            if m.pooling == Pooling::Mean {
+                list.push("mean_pooling");
+            }
+            if m.normalize {
+                list.push("l2_normalize");
+            }
+            list
+        }
     }
 }
 
 /// The values of the shape parameters that manifests constrain.
 pub fn shape_parameters(w: &Workload) -> BTreeMap<&'static str, usize> {
-    let m = w.llama();
-    BTreeMap::from([
-        ("hidden_size", m.hidden_size),
-        ("intermediate_size", m.intermediate_size),
-        ("num_layers", m.num_layers),
-        ("num_heads", m.num_heads),
-        ("num_kv_heads", m.num_kv_heads),
-        ("head_dim", m.head_dim),
-        ("vocab_size", m.vocab_size),
-        ("max_seq_len", w.request.max_seq_len),
-    ])
+    match &w.model {
+        Model::Llama(m) => BTreeMap::from([
+            ("hidden_size", m.hidden_size),
+            ("intermediate_size", m.intermediate_size),
+            ("num_layers", m.num_layers),
+            ("num_heads", m.num_heads),
+            ("num_kv_heads", m.num_kv_heads),
+            ("head_dim", m.head_dim),
+            ("vocab_size", m.vocab_size),
+            ("max_seq_len", w.request.max_seq_len()),
+        ]),
+        Model::Bert(m) => BTreeMap::from([
+            ("hidden_size", m.hidden_size),
+            ("intermediate_size", m.intermediate_size),
+            ("num_layers", m.num_layers),
+            ("num_heads", m.num_heads),
+            ("num_kv_heads", m.num_heads),
+            ("head_dim", m.head_dim),
+            ("vocab_size", m.vocab_size),
+            ("max_seq_len", w.request.max_seq_len()),
+        ]),
+    }
 }
 
 /// Why `imp` cannot serve `w`; empty when it can.
@@ -134,7 +159,7 @@ pub fn resolve(
 ) -> Result<Plan, Vec<Diagnostic>> {
     let mut problems = Vec::new();
     let mut interfaces = Vec::new();
-    for &name in required_interfaces(w.model.architecture()) {
+    for name in required_interfaces(w) {
         let Some(interface) = registry.interfaces.get(name) else {
             problems.push(
                 Diagnostic::new(format!(
@@ -437,45 +462,88 @@ fn choose(
 }
 
 fn consts(w: &Workload) -> Consts {
-    let m = w.llama();
-    Consts {
-        dim: m.hidden_size,
-        hidden_dim: m.intermediate_size,
-        n_layers: m.num_layers,
-        n_heads: m.num_heads,
-        n_kv_heads: m.num_kv_heads,
-        head_dim: m.head_dim,
-        q_dim: m.num_heads * m.head_dim,
-        kv_dim: m.num_kv_heads * m.head_dim,
-        vocab_size: m.vocab_size,
-        max_seq_len: w.request.max_seq_len,
-        prefill_chunk: w.request.typical_prompt_len.min(w.request.max_seq_len),
-        rope_theta: m.rope_theta as f32,
-        rms_norm_eps: m.rms_norm_eps as f32,
-        bos_id: m.bos_token_id,
-        eos_ids: m.eos_token_ids.clone(),
-        threads: w.target.threads,
-        tie_word_embeddings: m.tie_word_embeddings,
+    match &w.model {
+        Model::Llama(m) => {
+            let r = w.decoder();
+            Consts::Llama(LlamaConsts {
+                dim: m.hidden_size,
+                hidden_dim: m.intermediate_size,
+                n_layers: m.num_layers,
+                n_heads: m.num_heads,
+                n_kv_heads: m.num_kv_heads,
+                head_dim: m.head_dim,
+                q_dim: m.num_heads * m.head_dim,
+                kv_dim: m.num_kv_heads * m.head_dim,
+                vocab_size: m.vocab_size,
+                max_seq_len: r.max_seq_len,
+                prefill_chunk: r.typical_prompt_len.min(r.max_seq_len),
+                rope_theta: m.rope_theta as f32,
+                rms_norm_eps: m.rms_norm_eps as f32,
+                bos_id: m.bos_token_id,
+                eos_ids: m.eos_token_ids.clone(),
+                threads: w.target.threads,
+                tie_word_embeddings: m.tie_word_embeddings,
+            })
+        }
+        Model::Bert(m) => {
+            let r = w.encoder();
+            Consts::Bert(BertConsts {
+                dim: m.hidden_size,
+                hidden_dim: m.intermediate_size,
+                n_layers: m.num_layers,
+                n_heads: m.num_heads,
+                head_dim: m.head_dim,
+                vocab_size: m.vocab_size,
+                type_vocab_size: m.type_vocab_size,
+                max_positions: m.max_position_embeddings,
+                max_seq_len: r.max_seq_len,
+                max_batch: r.max_batch,
+                layer_norm_eps: m.layer_norm_eps as f32,
+                pooling: m.pooling,
+                normalize: m.normalize,
+                threads: w.target.threads,
+            })
+        }
     }
 }
 
-fn footprint(w: &Workload, c: &Consts) -> Footprint {
-    let (d, h, v, q, kv) =
-        (c.dim as u64, c.hidden_dim as u64, c.vocab_size as u64, c.q_dim as u64, c.kv_dim as u64);
-    let per_layer = 2 * d + d * q + 2 * d * kv + q * d + 3 * d * h;
-    let classifier = if c.tie_word_embeddings { 0 } else { v * d };
-    let parameters = v * d + c.n_layers as u64 * per_layer + d + classifier;
-    let chunk = c.prefill_chunk as u64;
+fn footprint(w: &Workload, consts: &Consts) -> Footprint {
     let f32_size = 4;
-    let kv_cache_bytes = 2 * c.n_layers as u64 * c.max_seq_len as u64 * kv * f32_size;
-    // x, xb: [chunk, DIM]; q, att: [chunk, Q_DIM]; k, v: [chunk, KV_DIM]; gate, up: [chunk, HIDDEN_DIM];
-    // scores: [MAX_SEQ_LEN]; logits: [VOCAB_SIZE]
-    let scratch = chunk * (2 * d + 2 * q + 2 * kv + 2 * h) + c.max_seq_len as u64 + v;
-    Footprint {
-        parameters,
-        weight_bytes: parameters * w.weights.dtype.size() as u64,
-        kv_cache_bytes,
-        scratch_bytes: scratch * f32_size,
+    match consts {
+        Consts::Llama(c) => {
+            let (d, h, v, q, kv) =
+                (c.dim as u64, c.hidden_dim as u64, c.vocab_size as u64, c.q_dim as u64, c.kv_dim as u64);
+            let per_layer = 2 * d + d * q + 2 * d * kv + q * d + 3 * d * h;
+            let classifier = if c.tie_word_embeddings { 0 } else { v * d };
+            let parameters = v * d + c.n_layers as u64 * per_layer + d + classifier;
+            let chunk = c.prefill_chunk as u64;
+            let kv_cache_bytes = 2 * c.n_layers as u64 * c.max_seq_len as u64 * kv * f32_size;
+            // x, xb: [chunk, DIM]; q, att: [chunk, Q_DIM]; k, v: [chunk, KV_DIM]; gate, up: [chunk, HIDDEN_DIM];
+            // scores: [MAX_SEQ_LEN]; logits: [VOCAB_SIZE]
+            let scratch = chunk * (2 * d + 2 * q + 2 * kv + 2 * h) + c.max_seq_len as u64 + v;
+            Footprint {
+                parameters,
+                weight_bytes: parameters * w.weights.dtype.size() as u64,
+                kv_cache_bytes,
+                scratch_bytes: scratch * f32_size,
+            }
+        }
+        Consts::Bert(c) => {
+            let (d, h) = (c.dim as u64, c.hidden_dim as u64);
+            // q, k, v, o with biases, two LayerNorms, the MLP with biases.
+            let per_layer = 4 * (d * d + d) + 4 * d + (d * h + h) + (h * d + d);
+            let embeddings = (c.vocab_size + c.max_positions + c.type_vocab_size) as u64 * d + 2 * d;
+            let parameters = embeddings + c.n_layers as u64 * per_layer;
+            let rows = (c.max_batch * c.max_seq_len) as u64;
+            // x, xb, q, k, v, att: [rows, DIM]; mlp: [rows, HIDDEN_DIM]; scores: [MAX_SEQ_LEN]
+            let scratch = rows * (6 * d + h) + c.max_seq_len as u64;
+            Footprint {
+                parameters,
+                weight_bytes: parameters * w.weights.dtype.size() as u64,
+                kv_cache_bytes: 0,
+                scratch_bytes: scratch * f32_size,
+            }
+        }
     }
 }
 
@@ -751,8 +819,8 @@ mod tests {
     #[test]
     fn footprint_counts_stories260k_parameters() {
         let w = workload();
-        let c = consts(&w);
-        let f = footprint(&w, &c);
+        let consts = consts(&w);
+        let f = footprint(&w, &consts);
         // 512·64 embedding + 5 layers · (2·64 + 64·64 + 2·64·32 + 64·64 + 3·64·172) + 64
         assert_eq!(f.parameters, 32768 + 5 * (128 + 4096 + 4096 + 4096 + 33024) + 64);
         assert_eq!(f.kv_cache_bytes, 2 * 5 * 512 * 32 * 4);

@@ -40,12 +40,14 @@ pub struct Workload {
 #[serde(tag = "architecture", rename_all = "lowercase")]
 pub enum Model {
     Llama(Llama),
+    Bert(Bert),
 }
 
 impl Model {
     pub fn architecture(&self) -> Architecture {
         match self {
             Model::Llama(_) => Architecture::Llama,
+            Model::Bert(_) => Architecture::Bert,
         }
     }
 }
@@ -55,14 +57,16 @@ impl Model {
 #[serde(rename_all = "lowercase")]
 pub enum Architecture {
     Llama,
+    Bert,
 }
 
 impl Architecture {
-    pub const ALL: &'static [&'static str] = &["llama"];
+    pub const ALL: &'static [&'static str] = &["llama", "bert"];
 
     pub fn as_str(self) -> &'static str {
         match self {
             Architecture::Llama => "llama",
+            Architecture::Bert => "bert",
         }
     }
 
@@ -70,6 +74,7 @@ impl Architecture {
     pub fn title(self) -> &'static str {
         match self {
             Architecture::Llama => "LLaMA",
+            Architecture::Bert => "BERT",
         }
     }
 }
@@ -107,6 +112,69 @@ pub struct Llama {
     pub bos_token_id: u32,
     /// Tokens that end generation.
     pub eos_token_ids: Vec<u32>,
+}
+
+/// A BERT encoder (absolute positions, token types, post-LayerNorm, GELU MLP), with the
+/// pooling a sentence-embedding model puts on top.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Bert {
+    #[serde(rename = "architecture", default, skip_serializing)]
+    pub tag: ArchitectureTag,
+    /// Width of the hidden states.
+    pub hidden_size: usize,
+    /// Width of the MLP's intermediate layer.
+    pub intermediate_size: usize,
+    /// Number of encoder layers.
+    pub num_layers: usize,
+    /// Number of attention heads.
+    pub num_heads: usize,
+    /// Width of one attention head.
+    pub head_dim: usize,
+    /// Rows of the word embedding.
+    pub vocab_size: usize,
+    /// Rows of the position embedding: the longest sequence the model takes.
+    pub max_position_embeddings: usize,
+    /// Rows of the token-type (segment) embedding.
+    pub type_vocab_size: usize,
+    /// Epsilon of every LayerNorm.
+    pub layer_norm_eps: f64,
+    /// The MLP's activation.
+    pub hidden_act: Activation,
+    /// How token states become one vector per sentence.
+    pub pooling: Pooling,
+    /// Whether the crate can L2-normalize the pooled vectors (`--normalize`).
+    pub normalize: bool,
+}
+
+/// Activations of encoder MLPs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Activation {
+    /// GELU with the exact erf, as PyTorch's `gelu` and Hugging Face's "gelu".
+    Gelu,
+}
+
+/// Sentence pooling of an encoder.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Pooling {
+    /// The mean of the token states (padding excluded).
+    Mean,
+    /// The state of the first token ([CLS]).
+    Cls,
+    /// No pooling: the crate returns token states only.
+    None,
+}
+
+impl Pooling {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Pooling::Mean => "mean",
+            Pooling::Cls => "cls",
+            Pooling::None => "none",
+        }
+    }
 }
 
 /// How the weights are stored in memory while the model runs.
@@ -181,10 +249,34 @@ impl Device {
     }
 }
 
-/// The request pattern the crate serves.
+/// The request pattern the crate serves: a decoder's or an encoder's.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(untagged)]
+pub enum Request {
+    Decoder(DecoderRequest),
+    Encoder(EncoderRequest),
+}
+
+impl Request {
+    pub fn max_batch(&self) -> usize {
+        match self {
+            Request::Decoder(r) => r.max_batch,
+            Request::Encoder(r) => r.max_batch,
+        }
+    }
+
+    pub fn max_seq_len(&self) -> usize {
+        match self {
+            Request::Decoder(r) => r.max_seq_len,
+            Request::Encoder(r) => r.max_seq_len,
+        }
+    }
+}
+
+/// What a decoder (generation) serves.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct Request {
+pub struct DecoderRequest {
     /// Sequences processed together (1 until batching exists).
     pub max_batch: usize,
     /// Longest sequence (prompt plus generated tokens) a session holds.
@@ -195,17 +287,31 @@ pub struct Request {
     pub typical_decode_len: usize,
 }
 
+/// What an encoder (embedding, classification) serves.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EncoderRequest {
+    /// Most sentences embedded in one call; sizes the activation buffers.
+    pub max_batch: usize,
+    /// Longest sequence, special tokens included; longer input is truncated.
+    pub max_seq_len: usize,
+    /// Typical tokens per sentence: the benchmark's shape.
+    pub typical_seq_len: usize,
+    /// Typical sentences per call: the benchmark's batch.
+    pub typical_batch: usize,
+}
+
 /// The schema of a workload file for one architecture's model table.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-struct WorkloadFile<M> {
+struct WorkloadFile<M, R> {
     name: String,
     #[serde(default)]
     description: Option<String>,
     model: M,
     weights: Weights,
     target: Target,
-    request: Request,
+    request: R,
 }
 
 /// Stands for the `architecture` key inside an architecture's model table; the key is
@@ -303,7 +409,7 @@ impl WorkloadSource {
         };
         let workload = match architecture.get_ref().as_str() {
             "llama" => {
-                let file: WorkloadFile<Llama> =
+                let file: WorkloadFile<Llama, DecoderRequest> =
                     toml::from_str(text).map_err(|e| vec![self.toml_error(&e)])?;
                 Workload {
                     name: file.name,
@@ -311,7 +417,19 @@ impl WorkloadSource {
                     model: Model::Llama(file.model),
                     weights: file.weights,
                     target: file.target,
-                    request: file.request,
+                    request: Request::Decoder(file.request),
+                }
+            }
+            "bert" => {
+                let file: WorkloadFile<Bert, EncoderRequest> =
+                    toml::from_str(text).map_err(|e| vec![self.toml_error(&e)])?;
+                Workload {
+                    name: file.name,
+                    description: file.description,
+                    model: Model::Bert(file.model),
+                    weights: file.weights,
+                    target: file.target,
+                    request: Request::Encoder(file.request),
                 }
             }
             other => {
@@ -429,8 +547,6 @@ fn check(
 
     match &w.model {
         Model::Llama(m) => {
-            // (field, value, largest value monogen accepts): far above real models, low enough
-            // that no product of shapes overflows.
             let sizes = [
                 ("hidden_size", m.hidden_size, 1 << 20),
                 ("intermediate_size", m.intermediate_size, 1 << 22),
@@ -441,27 +557,7 @@ fn check(
                 ("vocab_size", m.vocab_size, 1 << 24),
                 ("max_position_embeddings", m.max_position_embeddings, 1 << 27),
             ];
-            let mut sizes_ok = true;
-            for (key, value, max) in sizes {
-                if value == 0 {
-                    out.push(mk(
-                        &["model", key],
-                        format!("model.{key} must be at least 1"),
-                        "zero",
-                        "copy the value from the model's config.json".into(),
-                    ));
-                    sizes_ok = false;
-                } else if value > max {
-                    out.push(mk(
-                        &["model", key],
-                        format!("model.{key} ({value}) is above {max}, the largest monogen accepts"),
-                        "too large",
-                        "copy the value from the model's config.json".into(),
-                    ));
-                    sizes_ok = false;
-                }
-            }
-            if !sizes_ok {
+            if !check_sizes(&sizes, &mut out, &mk) {
                 return out;
             }
             if m.num_heads > 0 && m.num_kv_heads > 0 && m.num_heads % m.num_kv_heads != 0 {
@@ -559,13 +655,73 @@ fn check(
                     "check eos_token_id in config.json".into(),
                 ));
             }
-            if w.request.max_seq_len > m.max_position_embeddings && m.max_position_embeddings > 0 {
+            if w.request.max_seq_len() > m.max_position_embeddings && m.max_position_embeddings > 0 {
                 let mut d = src
                     .diag(format!(
                         "request.max_seq_len ({}) is above model.max_position_embeddings ({})",
-                        w.request.max_seq_len, m.max_position_embeddings
+                        w.request.max_seq_len(),
+                        m.max_position_embeddings
                     ))
                     .primary(at(&["request", "max_seq_len"]), "longer than the model was trained for");
+                if let Some(s) = span(&["model", "max_position_embeddings"]) {
+                    d = d.secondary(s, "the model's limit");
+                }
+                out.push(d.hint(format!("set max_seq_len to at most {}", m.max_position_embeddings)));
+            }
+        }
+        Model::Bert(m) => {
+            let sizes = [
+                ("hidden_size", m.hidden_size, 1 << 20),
+                ("intermediate_size", m.intermediate_size, 1 << 22),
+                ("num_layers", m.num_layers, 4096),
+                ("num_heads", m.num_heads, 4096),
+                ("head_dim", m.head_dim, 4096),
+                ("vocab_size", m.vocab_size, 1 << 24),
+                ("max_position_embeddings", m.max_position_embeddings, 1 << 20),
+                ("type_vocab_size", m.type_vocab_size, 1 << 16),
+            ];
+            if !check_sizes(&sizes, &mut out, &mk) {
+                return out;
+            }
+            if m.num_heads * m.head_dim != m.hidden_size {
+                let mut d = src
+                    .diag(format!(
+                        "model.head_dim ({}) is inconsistent with hidden_size ({}) and num_heads ({})",
+                        m.head_dim, m.hidden_size, m.num_heads
+                    ))
+                    .primary(at(&["model", "head_dim"]), "num_heads × head_dim must equal hidden_size");
+                if let Some(s) = span(&["model", "hidden_size"]) {
+                    d = d.secondary(s, "hidden_size");
+                }
+                out.push(d.hint(format!(
+                    "for a BERT model, head_dim = hidden_size / num_heads = {}",
+                    m.hidden_size / m.num_heads
+                )));
+            }
+            if !(m.layer_norm_eps.is_finite() && m.layer_norm_eps > 0.0 && m.layer_norm_eps < 1.0) {
+                out.push(mk(
+                    &["model", "layer_norm_eps"],
+                    format!("model.layer_norm_eps ({}) is out of range", m.layer_norm_eps),
+                    "must be above 0 and below 1",
+                    "BERT models use 1e-12".into(),
+                ));
+            }
+            if m.normalize && m.pooling == Pooling::None {
+                out.push(mk(
+                    &["model", "normalize"],
+                    "model.normalize needs a pooled vector, but model.pooling is \"none\"".into(),
+                    "nothing to normalize",
+                    "set pooling = \"mean\" (sentence-transformers) or \"cls\", or normalize = false".into(),
+                ));
+            }
+            if w.request.max_seq_len() > m.max_position_embeddings {
+                let mut d = src
+                    .diag(format!(
+                        "request.max_seq_len ({}) is above model.max_position_embeddings ({})",
+                        w.request.max_seq_len(),
+                        m.max_position_embeddings
+                    ))
+                    .primary(at(&["request", "max_seq_len"]), "the position embedding has no row for it");
                 if let Some(s) = span(&["model", "max_position_embeddings"]) {
                     d = d.secondary(s, "the model's limit");
                 }
@@ -637,7 +793,58 @@ fn check(
         ));
     }
 
-    let r = &w.request;
+    match &w.request {
+        Request::Decoder(r) => check_decoder_request(r, &mut out, &mk),
+        Request::Encoder(r) => check_encoder_request(r, &mut out, &mk),
+    }
+    out
+}
+
+type MakeDiagnostic<'a> = dyn Fn(&[&str], String, &str, String) -> Diagnostic + 'a;
+
+/// Every `(model field, value, largest value monogen accepts)` must be in 1..=max: far above
+/// real models, low enough that no product of shapes overflows. False (with a diagnostic per
+/// field) when one is not.
+fn check_sizes(sizes: &[(&str, usize, usize)], out: &mut Vec<Diagnostic>, mk: &MakeDiagnostic) -> bool {
+    let mut ok = true;
+    for &(key, value, max) in sizes {
+        let (message, label) = match value {
+            0 => (format!("model.{key} must be at least 1"), "zero"),
+            v if v > max => {
+                (format!("model.{key} ({v}) is above {max}, the largest monogen accepts"), "too large")
+            }
+            _ => continue,
+        };
+        out.push(mk(&["model", key], message, label, "copy the value from the model's config.json".into()));
+        ok = false;
+    }
+    ok
+}
+
+/// `max_seq_len` within 1..=2^24; false (with a diagnostic) when not.
+fn check_max_seq_len(max_seq_len: usize, out: &mut Vec<Diagnostic>, mk: &MakeDiagnostic) -> bool {
+    if max_seq_len > 1 << 24 {
+        out.push(mk(
+            &["request", "max_seq_len"],
+            format!("request.max_seq_len ({max_seq_len}) is above {}, the largest monogen accepts", 1 << 24),
+            "too large",
+            "use the longest sequence you serve".into(),
+        ));
+        return false;
+    }
+    if max_seq_len == 0 {
+        out.push(mk(
+            &["request", "max_seq_len"],
+            "request.max_seq_len must be at least 1".into(),
+            "zero",
+            "use the longest sequence you serve".into(),
+        ));
+        return false;
+    }
+    true
+}
+
+fn check_decoder_request(r: &DecoderRequest, out: &mut Vec<Diagnostic>, mk: &MakeDiagnostic) {
     if r.max_batch == 0 {
         out.push(mk(
             &["request", "max_batch"],
@@ -648,26 +855,8 @@ fn check(
     } else if r.max_batch > 1 {
         out.push(mk(&["request", "max_batch"], format!("request.max_batch = {} is not supported yet", r.max_batch), "batching does not exist yet", "use max_batch = 1; generated crates serve one sequence per session (run several sessions to serve several requests)".into()));
     }
-    if r.max_seq_len > 1 << 24 {
-        out.push(mk(
-            &["request", "max_seq_len"],
-            format!(
-                "request.max_seq_len ({}) is above {}, the largest monogen accepts",
-                r.max_seq_len,
-                1 << 24
-            ),
-            "too large",
-            "use the longest prompt plus generation you serve".into(),
-        ));
-        return out;
-    }
-    if r.max_seq_len == 0 {
-        out.push(mk(
-            &["request", "max_seq_len"],
-            "request.max_seq_len must be at least 1".into(),
-            "zero",
-            "use the longest prompt plus generation you serve".into(),
-        ));
+    if !check_max_seq_len(r.max_seq_len, out, mk) {
+        return;
     }
     if r.typical_prompt_len == 0 || r.typical_prompt_len > r.max_seq_len {
         out.push(mk(
@@ -691,7 +880,42 @@ fn check(
             format!("use at most {}", r.max_seq_len - r.typical_prompt_len),
         ));
     }
-    out
+}
+
+fn check_encoder_request(r: &EncoderRequest, out: &mut Vec<Diagnostic>, mk: &MakeDiagnostic) {
+    if r.max_batch == 0 || r.max_batch > 1 << 16 {
+        out.push(mk(
+            &["request", "max_batch"],
+            format!("request.max_batch ({}) must be between 1 and {}", r.max_batch, 1 << 16),
+            "out of range",
+            "use the most sentences you embed in one call, e.g. 32".into(),
+        ));
+    }
+    if !check_max_seq_len(r.max_seq_len, out, mk) {
+        return;
+    }
+    if r.typical_seq_len == 0 || r.typical_seq_len > r.max_seq_len {
+        out.push(mk(
+            &["request", "typical_seq_len"],
+            format!(
+                "request.typical_seq_len ({}) must be between 1 and max_seq_len ({})",
+                r.typical_seq_len, r.max_seq_len
+            ),
+            "out of range",
+            "use the sentence length you expect most often, in tokens".into(),
+        ));
+    }
+    if r.typical_batch == 0 || r.typical_batch > r.max_batch {
+        out.push(mk(
+            &["request", "typical_batch"],
+            format!(
+                "request.typical_batch ({}) must be between 1 and max_batch ({})",
+                r.typical_batch, r.max_batch
+            ),
+            "out of range",
+            "use the batch size you expect most often".into(),
+        ));
+    }
 }
 
 /// The span of the `index`th element of the array whose span is `array` (best effort).
@@ -731,9 +955,35 @@ impl Workload {
         toml::to_string(self).expect("a workload always serializes")
     }
 
+    /// The LLaMA model of a workload resolved for that architecture.
     pub fn llama(&self) -> &Llama {
         match &self.model {
             Model::Llama(m) => m,
+            other => panic!("a {} workload has no LLaMA model", other.architecture().as_str()),
+        }
+    }
+
+    /// The BERT model of a workload resolved for that architecture.
+    pub fn bert(&self) -> &Bert {
+        match &self.model {
+            Model::Bert(m) => m,
+            other => panic!("a {} workload has no BERT model", other.architecture().as_str()),
+        }
+    }
+
+    /// The request of a decoder workload.
+    pub fn decoder(&self) -> &DecoderRequest {
+        match &self.request {
+            Request::Decoder(r) => r,
+            Request::Encoder(_) => panic!("an encoder workload has no decoder request"),
+        }
+    }
+
+    /// The request of an encoder workload.
+    pub fn encoder(&self) -> &EncoderRequest {
+        match &self.request {
+            Request::Encoder(r) => r,
+            Request::Decoder(_) => panic!("a decoder workload has no encoder request"),
         }
     }
 }

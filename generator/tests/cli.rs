@@ -9,7 +9,18 @@ use common::*;
 #[test]
 fn init_reproduces_the_committed_workloads() {
     let root = workspace_root();
-    for (model, name) in [("stories260k", "stories260k-cpu-f32"), ("aidreams260k", "aidreams260k-cpu-f32")] {
+    // (model, workload, hardware class, files beside config.json that init reads)
+    let cases: [(&str, &str, &str, &[&str]); 3] = [
+        ("stories260k", "stories260k-cpu-f32", "intel-xeon-2c", &[]),
+        ("aidreams260k", "aidreams260k-cpu-f32", "intel-xeon-2c", &[]),
+        (
+            "all-minilm-l6-v2",
+            "all-minilm-l6-v2-cpu-f32",
+            "none",
+            &["modules.json", "1_Pooling/config.json", "sentence_bert_config.json"],
+        ),
+    ];
+    for (model, name, hardware, extra) in cases {
         let dir = models_root().join(model);
         if !dir.join("config.json").is_file() {
             assert!(
@@ -20,11 +31,13 @@ fn init_reproduces_the_committed_workloads() {
             eprintln!("skipped: {} is not present", dir.display());
             continue;
         }
-        // config.json alone is enough.
+        // config.json (and, for sentence-transformers models, their small JSON files) is enough.
         let alone = tempfile::tempdir().unwrap();
         let hf = alone.path().join(model);
-        std::fs::create_dir(&hf).unwrap();
-        std::fs::copy(dir.join("config.json"), hf.join("config.json")).unwrap();
+        for file in ["config.json"].iter().chain(extra) {
+            std::fs::create_dir_all(hf.join(file).parent().unwrap()).unwrap();
+            std::fs::copy(dir.join(file), hf.join(file)).unwrap();
+        }
         let out = monogen(
             &root,
             &[
@@ -38,7 +51,7 @@ fn init_reproduces_the_committed_workloads() {
                 "--cpu-features",
                 "x86-64-v3",
                 "--hardware",
-                "intel-xeon-2c",
+                hardware,
             ],
         );
         assert!(out.status.success(), "{}", stderr(&out));

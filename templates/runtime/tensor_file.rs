@@ -127,12 +127,13 @@ impl TensorFile {
     }
 
     /// Ends loading: the storage behind the tensors, and a warning for each tensor in the
-    /// file that the model did not ask for.
-    pub fn finish(self) -> (Storage, Vec<String>) {
+    /// file that the model did not ask for and that is not in `ignored` (tensors a checkpoint
+    /// of this architecture carries and the model knowingly leaves out).
+    pub fn finish(self, ignored: &[&str]) -> (Storage, Vec<String>) {
         let warnings = self
             .entries
             .keys()
-            .filter(|name| !self.used.contains(*name))
+            .filter(|name| !self.used.contains(*name) && !ignored.contains(&name.as_str()))
             .map(|name| format!("tensor `{name}` in {} is not used by this model", self.path.display()))
             .collect();
         (Storage { _map: self.map, _copies: self.copies }, warnings)

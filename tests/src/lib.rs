@@ -33,6 +33,23 @@ pub fn model_dir(name: &str) -> Option<PathBuf> {
     None
 }
 
+/// Copies a generated crate (without its `target/`) to `to`.
+pub fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap().flatten() {
+        let name = entry.file_name();
+        if name == "target" {
+            continue;
+        }
+        let path = entry.path();
+        if path.is_dir() {
+            copy_dir(&path, &to.join(&name));
+        } else {
+            std::fs::copy(&path, to.join(&name)).unwrap();
+        }
+    }
+}
+
 /// A little-endian float32 array from a NumPy format 1.0 `.npy` file: (shape, values).
 pub fn read_npy_f32(path: &Path) -> (Vec<usize>, Vec<f32>) {
     let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
@@ -106,6 +123,22 @@ pub fn build_crate(dir: &Path, name: &str) -> PathBuf {
         .expect("cargo runs");
     assert!(status.success(), "cargo build of {} failed", dir.display());
     target.join("debug").join(name)
+}
+
+/// Copies the committed crate `name` out of the repository (to target/generated-copies/, without
+/// its target/), checks that it stands alone (its own empty workspace, no path or git
+/// dependencies) and builds it there; returns its binary.
+pub fn build_copy(name: &str) -> PathBuf {
+    let copy = workspace_root().join("target/generated-copies").join(name);
+    let _ = std::fs::remove_dir_all(&copy);
+    copy_dir(&workspace_root().join("generated").join(name), &copy);
+    let manifest = std::fs::read_to_string(copy.join("Cargo.toml")).expect("the copy has a Cargo.toml");
+    assert!(manifest.contains("\n[workspace]\n"), "{name} declares its own workspace");
+    assert!(
+        !manifest.contains("path =") && !manifest.contains("git ="),
+        "no path or git dependencies:\n{manifest}"
+    );
+    build_crate(&copy, name)
 }
 
 /// A copy of stories260k whose weights also hold `lm_head.weight` (a copy of the

@@ -5,44 +5,15 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::sync::OnceLock;
 
-use monogen_tests::{build_crate, ids, model_dir, reference_json, workspace_root};
+use monogen_tests::{build_copy, ids, model_dir, reference_json};
 use serde_json::Value;
 
 const CRATE: &str = "stories260k-cpu-f32";
 
-/// Copies the crate to a temporary directory once and builds it there.
+/// The binary of a copy of the crate, built once.
 fn binary() -> &'static Path {
-    static BINARY: OnceLock<(tempfile::TempDir, PathBuf)> = OnceLock::new();
-    let (_, binary) = BINARY.get_or_init(|| {
-        let temp = tempfile::tempdir().unwrap();
-        let copy = temp.path().join(CRATE);
-        copy_dir(&workspace_root().join("generated").join(CRATE), &copy);
-        let manifest = std::fs::read_to_string(copy.join("Cargo.toml")).unwrap();
-        assert!(manifest.contains("\n[workspace]\n"), "the crate declares its own workspace");
-        assert!(
-            !manifest.contains("path =") && !manifest.contains("git ="),
-            "no path or git dependencies:\n{manifest}"
-        );
-        let binary = build_crate(&copy, CRATE);
-        (temp, binary)
-    });
-    binary
-}
-
-fn copy_dir(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for entry in std::fs::read_dir(from).unwrap().flatten() {
-        let name = entry.file_name();
-        if name == "target" {
-            continue;
-        }
-        let path = entry.path();
-        if path.is_dir() {
-            copy_dir(&path, &to.join(&name));
-        } else {
-            std::fs::copy(&path, to.join(&name)).unwrap();
-        }
-    }
+    static BINARY: OnceLock<PathBuf> = OnceLock::new();
+    BINARY.get_or_init(|| build_copy(CRATE))
 }
 
 fn run(args: &[&str]) -> Output {

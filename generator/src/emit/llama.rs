@@ -1,10 +1,11 @@
 //! The Rust files of a LLaMA crate: constants, weights, the forward pass, the start-up
 //! check and the kernels, plus the fixed runtime of `templates/runtime/`.
 
-use proc_macro2::{Literal, Span, TokenStream};
+use proc_macro2::{Literal, TokenStream};
 use quote::{format_ident, quote};
 
-use super::{Templates, crate_ident};
+use super::common::{doc, f32_lit, usize_lit};
+use super::{Templates, common, crate_ident};
 use crate::Error;
 use crate::plan::Plan;
 use crate::registry::Registry;
@@ -28,58 +29,18 @@ pub fn rust_files(
         ("src/lib.rs".to_string(), rust_source::print_tokens(lib_rs(plan))),
         ("src/model.rs".to_string(), rust_source::print_tokens(model_rs(plan))),
         ("src/weights.rs".to_string(), rust_source::print_tokens(weights_rs(plan))),
-        ("src/cpu.rs".to_string(), rust_source::print_tokens(cpu_rs(plan))),
-        ("src/kernels/mod.rs".to_string(), rust_source::print_tokens(kernels_mod_rs(plan))),
+        ("src/cpu.rs".to_string(), rust_source::print_tokens(common::cpu_rs(plan))),
+        ("src/kernels/mod.rs".to_string(), rust_source::print_tokens(common::kernels_mod_rs(plan))),
     ];
     for file in RUNTIME_FILES {
         files.push((format!("src/{file}"), rust_source::print(&templates.runtime(file, &krate)?)));
     }
-    for i in &plan.interfaces {
-        let imp = registry
-            .implementation(&i.interface, &i.chosen.name)
-            .expect("the plan only names implementations of the registry it was resolved against");
-        let file = rust_source::parse_with_comments(&imp.source).map_err(|e| Error::Template {
-            name: imp.dir.join("kernel.rs").display().to_string(),
-            message: e.message,
-        })?;
-        let provenance = format!(
-            "// {}: `{}` {}, from {}/kernel.rs\n",
-            i.interface,
-            imp.name,
-            imp.version,
-            imp.dir.display().to_string().replace('\\', "/")
-        );
-        files.push((format!("src/kernels/{}.rs", i.interface), provenance + &rust_source::print(&file)));
-    }
-    for name in &plan.shared_modules {
-        let module = &registry.shared[name];
-        let file = rust_source::parse_with_comments(&module.source)
-            .map_err(|e| Error::Template { name: module.path.display().to_string(), message: e.message })?;
-        let provenance =
-            format!("// shared helpers, from {}\n", module.path.display().to_string().replace('\\', "/"));
-        files.push((format!("src/kernels/shared/{name}.rs"), provenance + &rust_source::print(&file)));
-    }
+    files.extend(common::kernel_files(plan, registry)?);
     Ok(files)
 }
 
-fn usize_lit(v: usize) -> Literal {
-    Literal::usize_unsuffixed(v)
-}
-
-/// A float literal that reads like the workload file (`1e-5`, `10000.0`).
-pub(super) fn f32_lit(v: f32) -> syn::LitFloat {
-    let text = format!("{v:?}");
-    let text = if text.contains(['.', 'e']) { text } else { format!("{text}.0") };
-    syn::LitFloat::new(&text, Span::call_site())
-}
-
-fn doc(text: &str) -> TokenStream {
-    let lines: Vec<String> = text.lines().map(|l| format!(" {l}")).collect();
-    quote! { #(#[doc = #lines])* }
-}
-
 fn lib_rs(plan: &Plan) -> TokenStream {
-    let c = &plan.consts;
+    let c = plan.llama();
     let w = &plan.workload;
     let name = &w.name;
     let features = plan.cpu_features.join(", ");
@@ -109,16 +70,7 @@ fn lib_rs(plan: &Plan) -> TokenStream {
     .map(|l| if l.is_empty() { l } else { format!(" {l}") })
     .collect();
 
-    let arch_guard = (!plan.cpu_features.is_empty()).then(|| {
-        let arch = &w.target.arch;
-        let message = format!("{name} was generated for {arch} CPUs (target.arch of its workload)");
-        quote! {
-            #[cfg(not(target_arch = #arch))]
-            compile_error!(#message);
-        }
-    });
-    let endian_message =
-        format!("{name} reads little-endian safetensors data in place and needs a little-endian target");
+    let guards = common::target_guards(plan);
 
     let dim = usize_lit(c.dim);
     let hidden_dim = usize_lit(c.hidden_dim);
@@ -141,9 +93,7 @@ fn lib_rs(plan: &Plan) -> TokenStream {
     quote! {
         #(#![doc = #inner_doc])*
 
-        #arch_guard
-        #[cfg(not(target_endian = "little"))]
-        compile_error!(#endian_message);
+        #guards
 
         pub mod cpu;
         pub mod error;
@@ -200,7 +150,7 @@ fn lib_rs(plan: &Plan) -> TokenStream {
 }
 
 fn model_rs(plan: &Plan) -> TokenStream {
-    let c = &plan.consts;
+    let c = plan.llama();
     let name = &plan.workload.name;
     let module_doc = [
         format!(
@@ -483,7 +433,7 @@ fn model_rs(plan: &Plan) -> TokenStream {
 }
 
 fn weights_rs(plan: &Plan) -> TokenStream {
-    let c = &plan.consts;
+    let c = plan.llama();
     let name = &plan.workload.name;
     let module_doc = [
         format!(" The weights of `{name}`, checked against the baked shapes as they load. Each tensor"),
@@ -592,7 +542,7 @@ fn weights_rs(plan: &Plan) -> TokenStream {
                 }
                 let norm = file.f32("model.norm.weight", &[DIM])?;
                 #lm_head_load
-                let (storage, warnings) = file.finish();
+                let (storage, warnings) = file.finish(&[]);
                 Ok(Weights { embed_tokens, layers, norm, #lm_head_init warnings, _storage: storage })
             }
 
@@ -601,70 +551,5 @@ fn weights_rs(plan: &Plan) -> TokenStream {
                 &self.warnings
             }
         }
-    }
-}
-
-fn cpu_rs(plan: &Plan) -> TokenStream {
-    let features = &plan.cpu_features;
-    if features.is_empty() {
-        return quote! {
-            //! The start-up check. No kernel of this crate enables a CPU feature beyond the
-            //! target's baseline, so there is nothing to check.
-
-            use crate::Error;
-
-            /// Always succeeds: this crate runs on any CPU of its target.
-            pub fn check() -> Result<(), Error> {
-                Ok(())
-            }
-        };
-    }
-    let list = features.join(", ");
-    let module_doc = format!(" The start-up check: the kernels of this crate were compiled for {list}.");
-    quote! {
-        #![doc = #module_doc]
-
-        use crate::{Error, WORKLOAD};
-
-        /// Returns an error naming every CPU feature the chosen kernels need that this CPU
-        /// lacks. [`crate::Model::load`] calls it before anything runs a kernel.
-        pub fn check() -> Result<(), Error> {
-            let mut missing = Vec::new();
-            #(
-                if !std::arch::is_x86_feature_detected!(#features) {
-                    missing.push(#features);
-                }
-            )*
-            if missing.is_empty() {
-                return Ok(());
-            }
-            Err(Error::UnsupportedCpu { missing: missing.join(", "), workload: WORKLOAD })
-        }
-    }
-}
-
-fn kernels_mod_rs(plan: &Plan) -> TokenStream {
-    let name = &plan.workload.name;
-    let module_doc = [
-        format!(" The kernels chosen for `{name}`, one module per interface, each the source of the"),
-        " implementation that resolution picked (README.md says which and why).".to_string(),
-    ];
-    let mut interfaces: Vec<&str> = plan.interfaces.iter().map(|i| i.interface.as_str()).collect();
-    interfaces.sort_unstable();
-    let modules = interfaces.iter().map(|i| format_ident!("{i}"));
-    let shared = (!plan.shared_modules.is_empty()).then(|| {
-        let shared = plan.shared_modules.iter().map(|m| format_ident!("{m}"));
-        quote! {
-            /// Helpers that several kernels share.
-            pub mod shared {
-                #(pub mod #shared;)*
-            }
-        }
-    });
-    quote! {
-        #(#![doc = #module_doc])*
-
-        #(pub mod #modules;)*
-        #shared
     }
 }

@@ -7,6 +7,8 @@
 //! file starts with an `@generated` header carrying a hash of the rest of the file, so
 //! that hand edits are detected.
 
+mod bert;
+mod common;
 pub mod harness;
 mod header;
 mod llama;
@@ -22,6 +24,7 @@ use crate::Error;
 use crate::plan::{Plan, human_bytes};
 use crate::registry::{Registry, sha256_hex};
 use crate::rust_source;
+use crate::workload::{Architecture, Model};
 
 /// The version written into every header and lock file.
 pub const MONOGEN_VERSION: &str = env!("CARGO_PKG_VERSION");
@@ -76,7 +79,11 @@ impl Templates {
             .map_err(|e| template_error(name, e))?;
         env.set_syntax(syntax);
         env.add_filter("toml", toml_filter);
-        env.add_template(name, self.get(name)?).map_err(|e| template_error(name, e))?;
+        // Every template, so that `{% include %}` finds the others.
+        for (other, text) in self.files.iter().filter(|(n, _)| n.ends_with(".j2")) {
+            env.add_template(other, text).map_err(|e| template_error(other, e))?;
+        }
+        self.get(name)?;
         let template = env.get_template(name).map_err(|e| template_error(name, e))?;
         template
             .render(minijinja::Value::from(minijinja::value::Serde(context)))
@@ -119,13 +126,18 @@ pub fn emit(plan: &Plan, registry: &Registry, templates: &Templates) -> Result<O
         files.insert(PathBuf::from(path), with_header(Path::new(path), &body, name));
     };
 
-    for (path, body) in llama::rust_files(plan, registry, templates)? {
+    let architecture = plan.workload.model.architecture();
+    let (rust_files, readme) = match architecture {
+        Architecture::Llama => (llama::rust_files(plan, registry, templates)?, "README.md.j2"),
+        Architecture::Bert => (bert::rust_files(plan, registry, templates)?, "bert/README.md.j2"),
+    };
+    for (path, body) in rust_files {
         add(&path, body);
     }
 
     let context = ReadmeContext::new(plan, templates)?;
     add("Cargo.toml", templates.render("Cargo.toml.j2", &context)?);
-    add("README.md", templates.render("README.md.j2", &context)?);
+    add("README.md", templates.render(readme, &context)?);
     add(".gitignore", templates.render("gitignore.j2", &context)?);
 
     let lock = LockContext {
@@ -187,9 +199,9 @@ struct ReadmeContext<'a> {
     arch: &'a str,
     threads: usize,
     consts: &'a crate::plan::Consts,
-    /// `rope_theta` and `rms_norm_eps` as the workload writes them (f32 prints badly).
-    rope_theta: String,
-    rms_norm_eps: String,
+    /// Float constants as the workload writes them (f32 prints badly): `rope_theta` and
+    /// `rms_norm_eps` of a LLaMA model, `layer_norm_eps` of a BERT model.
+    floats: BTreeMap<&'static str, String>,
     interfaces: &'a [crate::plan::InterfacePlan],
     cpu_features: &'a [String],
     footprint: BTreeMap<&'static str, String>,
@@ -225,8 +237,13 @@ impl<'a> ReadmeContext<'a> {
             arch: &w.target.arch,
             threads: w.target.threads,
             consts: &plan.consts,
-            rope_theta: format!("{:?}", w.llama().rope_theta),
-            rms_norm_eps: format!("{:?}", w.llama().rms_norm_eps),
+            floats: match &w.model {
+                Model::Llama(m) => BTreeMap::from([
+                    ("rope_theta", format!("{:?}", m.rope_theta)),
+                    ("rms_norm_eps", format!("{:?}", m.rms_norm_eps)),
+                ]),
+                Model::Bert(m) => BTreeMap::from([("layer_norm_eps", format!("{:?}", m.layer_norm_eps))]),
+            },
             interfaces: &plan.interfaces,
             cpu_features: &plan.cpu_features,
             footprint: BTreeMap::from([
@@ -235,7 +252,13 @@ impl<'a> ReadmeContext<'a> {
                 ("kv_cache", human_bytes(f.kv_cache_bytes)),
                 ("scratch", human_bytes(f.scratch_bytes)),
             ]),
-            dependencies: dependencies(llama::DEPENDENCIES, templates)?,
+            dependencies: dependencies(
+                match w.model {
+                    Model::Llama(_) => llama::DEPENDENCIES,
+                    Model::Bert(_) => bert::DEPENDENCIES,
+                },
+                templates,
+            )?,
         })
     }
 }

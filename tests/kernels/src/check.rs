@@ -34,18 +34,18 @@ pub fn assert_close(what: &str, actual: &[f32], expected: &[f32], tolerance: f32
 }
 
 /// Runs `kernel` on an output of `len` NaNs and returns the output.
-fn output_of(len: usize, kernel: impl FnOnce(&mut [f32])) -> Vec<f32> {
+pub(crate) fn output_of(len: usize, kernel: impl FnOnce(&mut [f32])) -> Vec<f32> {
     let mut out = vec![f32::NAN; len];
     kernel(&mut out);
     out
 }
 
 /// Scratch space of NaNs, a little longer than the `len` values a kernel may use.
-fn scratch(len: usize) -> Vec<f32> {
+pub(crate) fn scratch(len: usize) -> Vec<f32> {
     vec![f32::NAN; len + 3]
 }
 
-fn dot_f64(a: &[f32], b: &[f32]) -> f64 {
+pub(crate) fn dot_f64(a: &[f32], b: &[f32]) -> f64 {
     a.iter().zip(b).map(|(&x, &y)| f64::from(x) * f64::from(y)).sum()
 }
 

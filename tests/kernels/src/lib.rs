@@ -9,6 +9,7 @@
 //! interface that lists its implementations for the benchmark (`benches/kernels.rs`).
 
 pub mod check;
+pub mod encoder;
 pub mod rng;
 
 include!(concat!(env!("OUT_DIR"), "/kernels.rs"));

@@ -1,0 +1,144 @@
+//! What the emitters of every architecture share: the kernel files, the start-up CPU check,
+//! the kernels module, and literal helpers.
+
+use proc_macro2::{Literal, Span, TokenStream};
+use quote::{format_ident, quote};
+
+use crate::Error;
+use crate::plan::Plan;
+use crate::registry::Registry;
+use crate::rust_source;
+
+/// The compile-time guards of a crate's lib.rs: the target arch its kernels were compiled for
+/// (when they use CPU features) and a little-endian target (the weights are read in place).
+pub fn target_guards(plan: &Plan) -> TokenStream {
+    let name = &plan.workload.name;
+    let arch_guard = (!plan.cpu_features.is_empty()).then(|| {
+        let arch = &plan.workload.target.arch;
+        let message = format!("{name} was generated for {arch} CPUs (target.arch of its workload)");
+        quote! {
+            #[cfg(not(target_arch = #arch))]
+            compile_error!(#message);
+        }
+    });
+    let endian_message =
+        format!("{name} reads little-endian safetensors data in place and needs a little-endian target");
+    quote! {
+        #arch_guard
+        #[cfg(not(target_endian = "little"))]
+        compile_error!(#endian_message);
+    }
+}
+
+/// `src/kernels/<interface>.rs` for every chosen implementation and
+/// `src/kernels/shared/<module>.rs` for the helpers they use, each with a provenance line.
+pub fn kernel_files(plan: &Plan, registry: &Registry) -> Result<Vec<(String, String)>, Error> {
+    let mut files = Vec::new();
+    for i in &plan.interfaces {
+        let imp = registry
+            .implementation(&i.interface, &i.chosen.name)
+            .expect("the plan only names implementations of the registry it was resolved against");
+        let file = rust_source::parse_with_comments(&imp.source).map_err(|e| Error::Template {
+            name: imp.dir.join("kernel.rs").display().to_string(),
+            message: e.message,
+        })?;
+        let provenance = format!(
+            "// {}: `{}` {}, from {}/kernel.rs\n",
+            i.interface,
+            imp.name,
+            imp.version,
+            imp.dir.display().to_string().replace('\\', "/")
+        );
+        files.push((format!("src/kernels/{}.rs", i.interface), provenance + &rust_source::print(&file)));
+    }
+    for name in &plan.shared_modules {
+        let module = &registry.shared[name];
+        let file = rust_source::parse_with_comments(&module.source)
+            .map_err(|e| Error::Template { name: module.path.display().to_string(), message: e.message })?;
+        let provenance =
+            format!("// shared helpers, from {}\n", module.path.display().to_string().replace('\\', "/"));
+        files.push((format!("src/kernels/shared/{name}.rs"), provenance + &rust_source::print(&file)));
+    }
+    Ok(files)
+}
+
+pub fn usize_lit(v: usize) -> Literal {
+    Literal::usize_unsuffixed(v)
+}
+
+/// A float literal that reads like the workload file (`1e-5`, `10000.0`).
+pub fn f32_lit(v: f32) -> syn::LitFloat {
+    let text = format!("{v:?}");
+    let text = if text.contains(['.', 'e']) { text } else { format!("{text}.0") };
+    syn::LitFloat::new(&text, Span::call_site())
+}
+
+pub fn doc(text: &str) -> TokenStream {
+    let lines: Vec<String> = text.lines().map(|l| format!(" {l}")).collect();
+    quote! { #(#[doc = #lines])* }
+}
+
+pub fn cpu_rs(plan: &Plan) -> TokenStream {
+    let features = &plan.cpu_features;
+    if features.is_empty() {
+        return quote! {
+            //! The start-up check. No kernel of this crate enables a CPU feature beyond the
+            //! target's baseline, so there is nothing to check.
+
+            use crate::Error;
+
+            /// Always succeeds: this crate runs on any CPU of its target.
+            pub fn check() -> Result<(), Error> {
+                Ok(())
+            }
+        };
+    }
+    let list = features.join(", ");
+    let module_doc = format!(" The start-up check: the kernels of this crate were compiled for {list}.");
+    quote! {
+        #![doc = #module_doc]
+
+        use crate::{Error, WORKLOAD};
+
+        /// Returns an error naming every CPU feature the chosen kernels need that this CPU
+        /// lacks. [`crate::Model::load`] calls it before anything runs a kernel.
+        pub fn check() -> Result<(), Error> {
+            let mut missing = Vec::new();
+            #(
+                if !std::arch::is_x86_feature_detected!(#features) {
+                    missing.push(#features);
+                }
+            )*
+            if missing.is_empty() {
+                return Ok(());
+            }
+            Err(Error::UnsupportedCpu { missing: missing.join(", "), workload: WORKLOAD })
+        }
+    }
+}
+
+pub fn kernels_mod_rs(plan: &Plan) -> TokenStream {
+    let name = &plan.workload.name;
+    let module_doc = [
+        format!(" The kernels chosen for `{name}`, one module per interface, each the source of the"),
+        " implementation that resolution picked (README.md says which and why).".to_string(),
+    ];
+    let mut interfaces: Vec<&str> = plan.interfaces.iter().map(|i| i.interface.as_str()).collect();
+    interfaces.sort_unstable();
+    let modules = interfaces.iter().map(|i| format_ident!("{i}"));
+    let shared = (!plan.shared_modules.is_empty()).then(|| {
+        let shared = plan.shared_modules.iter().map(|m| format_ident!("{m}"));
+        quote! {
+            /// Helpers that several kernels share.
+            pub mod shared {
+                #(pub mod #shared;)*
+            }
+        }
+    });
+    quote! {
+        #(#![doc = #module_doc])*
+
+        #(pub mod #modules;)*
+        #shared
+    }
+}
