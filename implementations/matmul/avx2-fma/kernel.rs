@@ -1,10 +1,12 @@
 //! Matrix product `out = x · wᵀ` with AVX2 and FMA, register blocked.
 //!
-//! The output is cut into tiles of 2 activation rows × 4 weight rows, or 1 × 8 for a single
-//! leftover row (a decode step). A tile keeps its 8 dot products in 8 accumulators of 8
-//! lanes, so every step of 8 along K loads 6 (or 9) vectors for 8 fused multiply-adds. At the
-//! end of K one transposed horizontal-add tree turns the 8 accumulators into one vector of
-//! the tile's 8 results. K that is not a multiple of 8 ends with masked loads; N that is not
+//! The weight rows are taken in blocks of about 16 KiB, and every activation row passes over a
+//! block while it is in L1, so each weight is read from memory once however many rows there
+//! are. Within a block the output is cut into tiles of 2 activation rows × 4 weight rows, or
+//! 1 × 8 for a single leftover row (a decode step). A tile keeps its 8 dot products in 8
+//! accumulators of 8 lanes, so every step of 8 along K loads 6 (or 9) vectors for 8 fused
+//! multiply-adds. At the end of K one transposed horizontal-add tree turns the 8 accumulators
+//! into one vector of the tile's 8 results. K that is not a multiple of 8 ends with masked loads; N that is not
 //! a multiple of the tile width ends with single weight rows.
 
 use std::arch::x86_64::*;
@@ -34,18 +36,26 @@ pub fn matmul<const N: usize, const K: usize>(out: &mut [f32], x: &[f32], w: &[f
 
 #[target_feature(enable = "avx2,fma")]
 fn matmul_avx2<const N: usize, const K: usize>(out: &mut [f32], x: &[f32], w: &[f32], rows: usize) {
-    let mut r = 0;
-    while r + 2 <= rows {
-        row_block::<N, K, 2, 4>(out, x, w, r);
-        r += 2;
-    }
-    if r < rows {
-        row_block::<N, K, 1, 8>(out, x, w, r);
+    // Weight rows go in blocks of about 16 KiB, and every activation row passes over a block
+    // while it is in L1: each weight is read from memory once, however many rows there are.
+    let block = (16 * 1024 / (4 * K)).max(1).next_multiple_of(8);
+    let mut n0 = 0;
+    while n0 < N {
+        let n1 = (n0 + block).min(N);
+        let mut r = 0;
+        while r + 2 <= rows {
+            row_block::<N, K, 2, 4>(out, x, w, r, n0..n1);
+            r += 2;
+        }
+        if r < rows {
+            row_block::<N, K, 1, 8>(out, x, w, r, n0..n1);
+        }
+        n0 = n1;
     }
 }
 
-/// Computes rows `r..r + R` of `out`: `C` columns per tile, then the leftover columns one
-/// at a time.
+/// Computes columns `cols` of rows `r..r + R` of `out`: `C` columns per tile, then the
+/// leftover columns one at a time.
 #[inline]
 #[target_feature(enable = "avx2,fma")]
 fn row_block<const N: usize, const K: usize, const R: usize, const C: usize>(
@@ -53,13 +63,14 @@ fn row_block<const N: usize, const K: usize, const R: usize, const C: usize>(
     x: &[f32],
     w: &[f32],
     r: usize,
+    cols: std::ops::Range<usize>,
 ) {
-    let mut n = 0;
-    while n + C <= N {
+    let mut n = cols.start;
+    while n + C <= cols.end {
         tile::<N, K, R, C>(out, x, w, r, n);
         n += C;
     }
-    while n < N {
+    while n < cols.end {
         tile::<N, K, R, 1>(out, x, w, r, n);
         n += 1;
     }
