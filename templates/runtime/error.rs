@@ -35,10 +35,10 @@ pub enum Error {
     Tokenizer { path: PathBuf, reason: String },
     /// The tokenizer can produce ids that the model has no embedding for.
     #[error(
-        "tokenizer {} has {found} tokens, more than the {expected} rows of the model's vocabulary",
+        "tokenizer {} can produce token id {largest}, but the model's vocabulary has {expected} rows",
         path.display()
     )]
-    VocabularyMismatch { path: PathBuf, found: usize, expected: usize },
+    VocabularyMismatch { path: PathBuf, largest: u32, expected: usize },
     /// A token id is not below the vocabulary size.
     #[error("token id {id} is outside the vocabulary (ids are below {vocab_size})")]
     TokenOutOfRange { id: u32, vocab_size: usize },

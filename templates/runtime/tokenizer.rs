@@ -29,9 +29,10 @@ impl Tokenizer {
         inner
             .with_truncation(None)
             .map_err(|e| Error::Tokenizer { path: path.clone(), reason: e.to_string() })?;
-        let found = inner.get_vocab_size(true);
-        if found > VOCAB_SIZE {
-            return Err(Error::VocabularyMismatch { path, found, expected: VOCAB_SIZE });
+        // Every id the tokenizer can produce, added tokens included, needs an embedding row.
+        let largest = inner.get_vocab(true).into_values().max().unwrap_or(0);
+        if largest as usize >= VOCAB_SIZE {
+            return Err(Error::VocabularyMismatch { path, largest, expected: VOCAB_SIZE });
         }
         Ok(Tokenizer { inner, path })
     }

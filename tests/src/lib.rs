@@ -164,24 +164,42 @@ pub fn untied_stories260k() -> Option<PathBuf> {
 
 /// A safetensors file with one more tensor, `to`, holding the same data as `from`.
 pub fn add_tensor_copy(file: &[u8], from: &str, to: &str) -> Vec<u8> {
-    let header_len = u64::from_le_bytes(file[..8].try_into().unwrap()) as usize;
-    let mut header: serde_json::Map<String, Value> =
-        serde_json::from_slice(&file[8..8 + header_len]).unwrap();
-    let data = &file[8 + header_len..];
-    let entry = header[from].clone();
+    let mut st = Safetensors::parse(file);
+    let entry = st.header[from].clone();
     let offsets = &entry["data_offsets"];
     let (start, end) = (offsets[0].as_u64().unwrap() as usize, offsets[1].as_u64().unwrap() as usize);
     let mut copy = entry.clone();
-    copy["data_offsets"] = serde_json::json!([data.len(), data.len() + (end - start)]);
-    header.insert(to.to_string(), copy);
-    let mut header_bytes = serde_json::to_vec(&header).unwrap();
-    while !header_bytes.len().is_multiple_of(8) {
-        header_bytes.push(b' ');
+    copy["data_offsets"] = serde_json::json!([st.data.len(), st.data.len() + (end - start)]);
+    st.header.insert(to.to_string(), copy);
+    let tensor = st.data[start..end].to_vec();
+    st.data.extend_from_slice(&tensor);
+    st.to_bytes()
+}
+
+/// A safetensors file taken apart: the JSON header (name → entry) and the data, so that tests
+/// can damage it in one specific way and write it back.
+pub struct Safetensors {
+    pub header: serde_json::Map<String, Value>,
+    pub data: Vec<u8>,
+}
+
+impl Safetensors {
+    pub fn parse(file: &[u8]) -> Safetensors {
+        let header_len = u64::from_le_bytes(file[..8].try_into().unwrap()) as usize;
+        let header = serde_json::from_slice(&file[8..8 + header_len]).unwrap();
+        Safetensors { header, data: file[8 + header_len..].to_vec() }
     }
-    let mut out = Vec::with_capacity(file.len() + (end - start) + 64);
-    out.extend_from_slice(&(header_bytes.len() as u64).to_le_bytes());
-    out.extend_from_slice(&header_bytes);
-    out.extend_from_slice(data);
-    out.extend_from_slice(&data[start..end]);
-    out
+
+    /// The file, with the header padded to a multiple of 8 bytes as writers do.
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let mut header = serde_json::to_vec(&self.header).unwrap();
+        while !header.len().is_multiple_of(8) {
+            header.push(b' ');
+        }
+        let mut out = Vec::with_capacity(8 + header.len() + self.data.len());
+        out.extend_from_slice(&(header.len() as u64).to_le_bytes());
+        out.extend_from_slice(&header);
+        out.extend_from_slice(&self.data);
+        out
+    }
 }

@@ -5,6 +5,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
+use std::time::Instant;
 
 use all_minilm_l6_v2_cpu_f32 as minilm;
 use monogen_tests::{build_copy, ids, max_abs_diff, model_dir, read_npy_f32, reference_json};
@@ -210,4 +211,26 @@ fn the_binary_refuses_bad_input_with_an_exit_code() {
         assert_eq!(out.status.code(), Some(code), "{args:?}: {err}");
         assert!(err.contains(message), "{args:?}: {err}");
     }
+}
+
+#[test]
+fn ctrl_c_stops_a_long_run_promptly_with_the_usual_status() {
+    use std::os::unix::process::ExitStatusExt;
+    let Some(f) = fixture() else { return };
+    let input = tempfile::NamedTempFile::new().unwrap();
+    let sentence = "Small specialized models doing narrow jobs are where a monomorphized runtime shines. ";
+    let lines: Vec<String> = (0..4000).map(|i| format!("{i} {}", sentence.repeat(3))).collect();
+    std::fs::write(input.path(), lines.join("\n")).unwrap();
+    let mut child = Command::new(binary())
+        .args(["--model", f.dir.to_str().unwrap(), "--input", input.path().to_str().unwrap()])
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let sent = Instant::now();
+    let kill = Command::new("kill").args(["-INT", &child.id().to_string()]).status().unwrap();
+    assert!(kill.success());
+    let status = child.wait().unwrap();
+    assert_eq!(status.signal(), Some(2), "{status:?}: Ctrl-C ends the process as SIGINT does");
+    assert!(sent.elapsed().as_secs_f64() < 2.0, "it took {:?} to stop", sent.elapsed());
 }

@@ -27,7 +27,9 @@ fn main() -> Result<()> {
 
     let config: Config = serde_json::from_str(&std::fs::read_to_string(dir.join("config.json"))?)?;
     // SAFETY: the weights file is not modified while it is mapped.
-    let vb = unsafe { VarBuilder::from_mmaped_safetensors(&[dir.join("model.safetensors")], DType::F32, &Device::Cpu)? };
+    let vb = unsafe {
+        VarBuilder::from_mmaped_safetensors(&[dir.join("model.safetensors")], DType::F32, &Device::Cpu)?
+    };
     let bert = BertModel::load(vb, &config)?;
 
     let short = "The cat sat on the mat.";
@@ -37,11 +39,15 @@ fn main() -> Result<()> {
             0 => "A short one.".to_string(),
             1 => typical.to_string(),
             2 => "Rust is a systems programming language focused on safety and speed.".to_string(),
-            _ => "Small specialized models doing narrow jobs are where a monomorphized runtime shines.".to_string(),
+            _ => "Small specialized models doing narrow jobs are where a monomorphized runtime shines."
+                .to_string(),
         })
         .collect();
-    let cases: [(&str, Vec<String>); 3] =
-        [("short sentence", vec![short.into()]), ("typical sentence", vec![typical.into()]), ("batch of 32", batch)];
+    let cases: [(&str, Vec<String>); 3] = [
+        ("short sentence", vec![short.into()]),
+        ("typical sentence", vec![typical.into()]),
+        ("batch of 32", batch),
+    ];
 
     println!(
         "all-MiniLM-L6-v2, RAYON_NUM_THREADS={} (candle), monogen crate THREADS={}; {rounds} interleaved rounds",
@@ -49,11 +55,13 @@ fn main() -> Result<()> {
         ours::THREADS
     );
     for (name, texts) in &cases {
-        let ids: Vec<Vec<u32>> = texts.iter().map(|t| tokenizer.encode(t)).collect::<std::result::Result<_, _>>()?;
+        let ids: Vec<Vec<u32>> =
+            texts.iter().map(|t| tokenizer.encode(t)).collect::<std::result::Result<_, _>>()?;
         let tokens: usize = ids.iter().map(Vec::len).sum();
         let a = encoder.embed(&ids)?;
         let b = candle_embed(&bert, &ids)?;
-        let diff = a.iter().flatten().zip(b.iter().flatten()).map(|(x, y)| (x - y).abs()).fold(0.0f32, f32::max);
+        let diff =
+            a.iter().flatten().zip(b.iter().flatten()).map(|(x, y)| (x - y).abs()).fold(0.0f32, f32::max);
         for _ in 0..3 {
             encoder.embed(&ids)?;
             candle_embed(&bert, &ids)?;
@@ -69,7 +77,8 @@ fn main() -> Result<()> {
             cpu_candle += cpu;
         }
         let (m_ours, m_candle) = (percentile(&t_ours, 0.5), percentile(&t_candle, 0.5));
-        let busy = |cpu: Duration, t: &[Duration]| cpu.as_secs_f64() / t.iter().sum::<Duration>().as_secs_f64();
+        let busy =
+            |cpu: Duration, t: &[Duration]| cpu.as_secs_f64() / t.iter().sum::<Duration>().as_secs_f64();
         println!(
             "{name:>16} ({} sentence{}, {tokens} tokens): monogen {:>9.3} ms [{:.3}, {:.3}] {:.2} cores | candle {:>9.3} ms [{:.3}, {:.3}] {:.2} cores | candle/monogen {:.2}x | max abs diff {diff:.1e}",
             ids.len(),

@@ -30,9 +30,10 @@ impl Tokenizer {
         let truncation = inner.get_truncation().cloned().unwrap_or_default();
         let max_len = if inner.get_truncation().is_some() { truncation.max_length.min(MAX_SEQ_LEN) } else { MAX_SEQ_LEN };
         inner.with_truncation(Some(TruncationParams { max_length: max_len, ..truncation })).map_err(fail)?;
-        let found = inner.get_vocab_size(true);
-        if found > VOCAB_SIZE {
-            return Err(Error::VocabularyMismatch { path, found, expected: VOCAB_SIZE });
+        // Every id the tokenizer can produce, added tokens included, needs an embedding row.
+        let largest = inner.get_vocab(true).into_values().max().unwrap_or(0);
+        if largest as usize >= VOCAB_SIZE {
+            return Err(Error::VocabularyMismatch { path, largest, expected: VOCAB_SIZE });
         }
         Ok(Tokenizer { inner, path, max_len })
     }

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Runs every fuzz target for SECONDS (default 60) on the stable toolchain: cargo-fuzz needs
+# nightly flags, which RUSTC_BOOTSTRAP=1 allows. Starts from the corpus in fuzz/corpus/<target>
+# (kept in the repository); new inputs go to target/fuzz-corpus/<target>, so the run does not
+# change the repository. Exits non-zero on a crash, leaving the input in fuzz/artifacts/.
+#
+# Usage: fuzz/run.sh [SECONDS]   (needs `cargo install cargo-fuzz`)
+set -euo pipefail
+cd "$(dirname "$0")"
+seconds="${1:-60}"
+export RUSTC_BOOTSTRAP=1
+export CARGO_TARGET_DIR="$PWD/../target/fuzz"
+cargo fuzz build -O
+for target in workload safetensors; do
+    scratch="$CARGO_TARGET_DIR/../fuzz-corpus/$target"
+    mkdir -p "$scratch"
+    echo "fuzzing $target for ${seconds}s"
+    log="$scratch.log"
+    status=0
+    cargo fuzz run -O "$target" "$scratch" "corpus/$target" -- \
+        -max_total_time="$seconds" -dict="$target.dict" -max_len=4096 -print_final_stats=1 >"$log" 2>&1 ||
+        status=$?
+    grep -E "^(stat::number_of_executed_units|Done)|ERROR|panicked|SUMMARY" "$log" || true
+    if [ "$status" -ne 0 ]; then
+        tail -40 "$log"
+        echo "fuzz target $target failed (exit $status); the input is in fuzz/artifacts/$target/" >&2
+        exit "$status"
+    fi
+done
