@@ -34,6 +34,14 @@ fn for_this_machine(repo: &Path) {
     std::fs::write(&path, text.join("\n") + "\n").unwrap();
 }
 
+/// A scratch repository whose matmul candidates are the single-threaded ones (avx2-fma and
+/// scalar): these tests are about the mechanism, not about which kernel wins.
+fn mechanism_repo() -> tempfile::TempDir {
+    let repo = measured_repo();
+    std::fs::remove_dir_all(repo.path().join("implementations/matmul/avx2-fma-threads")).unwrap();
+    repo
+}
+
 fn locked_matmul(repo: &Path) -> String {
     monogen::check::locked_choices(&repo.join("generated/stories260k-cpu-f32"))["matmul"].clone()
 }
@@ -44,7 +52,7 @@ fn move_dir(from: &Path, to: &Path) {
 
 #[test]
 fn a_faster_implementation_makes_check_stale_until_bench_and_build_adopt_it() {
-    let repo = measured_repo();
+    let repo = mechanism_repo();
     for_this_machine(repo.path());
     let parked = tempfile::tempdir().unwrap();
     let avx2 = repo.path().join("implementations/matmul/avx2-fma");
@@ -103,7 +111,7 @@ fn a_faster_implementation_makes_check_stale_until_bench_and_build_adopt_it() {
 
 #[test]
 fn the_fastest_candidate_wrong_in_a_tail_case_is_recorded_as_failed_and_never_chosen() {
-    let repo = measured_repo();
+    let repo = mechanism_repo();
     for_this_machine(repo.path());
     // avx2-fma without its leftover columns: right whenever N is a multiple of the tile width
     // (4 for two rows, 8 for one), wrong for the one-row tail of intermediate_size 172. Its
@@ -111,15 +119,27 @@ fn the_fastest_candidate_wrong_in_a_tail_case_is_recorded_as_failed_and_never_ch
     let source = repo.path().join("implementations/matmul/avx2-fma");
     let dir = repo.path().join("implementations/matmul/avx2-fma-notail");
     copy_dir(&source, &dir);
-    let kernel = std::fs::read_to_string(dir.join("kernel.rs")).unwrap();
+    // Its own copy of the shared product (module docs and attributes left out), without the tail.
+    let shared = std::fs::read_to_string(repo.path().join("implementations/_shared/avx2_matmul.rs")).unwrap();
+    let core: String = shared
+        .lines()
+        .filter(|l| !l.starts_with("//!") && !l.starts_with("#!["))
+        .map(|l| format!("{l}\n"))
+        .collect::<String>()
+        .replace("pub fn matmul_avx2", "fn matmul_avx2")
+        .replace("use super::avx2_math::", "use super::shared::avx2_math::");
     let tail =
         "    while n < cols.end {\n        tile::<N, K, R, 1>(out, x, w, r, n);\n        n += 1;\n    }\n";
-    assert!(kernel.contains(tail));
-    std::fs::write(dir.join("kernel.rs"), kernel.replace(tail, "")).unwrap();
+    assert!(core.contains(tail));
+    let kernel = std::fs::read_to_string(dir.join("kernel.rs")).unwrap();
+    let kernel = kernel.replace("use super::shared::avx2_matmul::matmul_avx2;\n", &core.replace(tail, ""));
+    std::fs::write(dir.join("kernel.rs"), kernel).unwrap();
     let manifest = std::fs::read_to_string(dir.join("manifest.toml")).unwrap();
     let manifest = manifest
         .replace("name = \"avx2-fma\"", "name = \"avx2-fma-notail\"")
-        .replace("priority = 20", "priority = 100");
+        .replace("priority = 20", "priority = 100")
+        .replace(r#"shared = ["avx2_math", "avx2_matmul"]"#, r#"shared = ["avx2_math"]"#);
+    assert!(!manifest.contains("avx2_matmul"), "{manifest}");
     std::fs::write(dir.join("manifest.toml"), manifest).unwrap();
 
     let out = bench(repo.path(), &[]);
@@ -139,7 +159,7 @@ fn the_fastest_candidate_wrong_in_a_tail_case_is_recorded_as_failed_and_never_ch
     assert_eq!(locked_matmul(repo.path()), "avx2-fma");
     let out = monogen(repo.path(), &["explain", WORKLOAD]);
     assert!(
-        stdout(&out).contains("avx2-fma-notail 1.1.0 (priority 100): FAILED against the reference when measured, never chosen: gate_proj at 1 rows"),
+        stdout(&out).contains("avx2-fma-notail 1.1.1 (priority 100): FAILED against the reference when measured, never chosen: gate_proj at 1 rows"),
         "{}",
         stdout(&out)
     );
@@ -239,7 +259,7 @@ fn set_record(repo: &Path, implementation: &str, median: u64, p90: u64) {
 #[test]
 fn a_difference_inside_the_noise_never_flips_a_choice_and_a_2x_one_does() {
     // Two implementations of the same speed: avx2-fma and an identical twin.
-    let repo = measured_repo();
+    let repo = mechanism_repo();
     let twin = repo.path().join("implementations/matmul/avx2-fma-twin");
     copy_dir(&repo.path().join("implementations/matmul/avx2-fma"), &twin);
     let manifest = std::fs::read_to_string(twin.join("manifest.toml")).unwrap();
@@ -281,7 +301,7 @@ fn a_difference_inside_the_noise_never_flips_a_choice_and_a_2x_one_does() {
     assert_eq!(out.status.code(), Some(1));
     let report = stdout(&out);
     assert!(
-        report.contains("matmul: the choice changed from avx2-fma 1.1.0 to avx2-fma-twin 1.1.0"),
+        report.contains("matmul: the choice changed from avx2-fma 1.1.1 to avx2-fma-twin 1.1.1"),
         "{report}"
     );
     assert!(report.contains("it replaces avx2-fma, beyond the noise margin"), "{report}");

@@ -8,6 +8,10 @@
 //! against the interface's reference implementation, and a `for_each_<interface>!` macro per
 //! interface that lists its implementations for the benchmark (`benches/kernels.rs`).
 
+/// The thread count multi-threaded kernels read as `crate::THREADS` (a generated crate bakes
+/// its workload's): 2, so that their conformance tests run them on several threads.
+pub const THREADS: usize = 2;
+
 pub mod check;
 pub mod encoder;
 pub mod rng;
