@@ -523,12 +523,17 @@ fn finish_bench(
 
     if !json {
         println!("{} on {} ({}, {} cores, {})", w.name, class, host.cpu, host.cores, host.rustc);
-        let r = w.decoder();
-        println!(
-            "  time per typical request: one prefill of {} tokens and {} decode steps",
-            r.typical_prompt_len.min(r.max_seq_len),
-            r.typical_decode_len
-        );
+        match &w.request {
+            Request::Decoder(r) => println!(
+                "  time per typical request: one prefill of {} tokens and {} decode steps",
+                r.typical_prompt_len.min(r.max_seq_len),
+                r.typical_decode_len
+            ),
+            Request::Encoder(r) => println!(
+                "  time per typical request: one call on {} sentence(s) of {} tokens",
+                r.typical_batch, r.typical_seq_len
+            ),
+        }
         for i in &new_plan.interfaces {
             println!("\n{}", i.interface);
             let mut mine: Vec<&bench::Outcome> =

@@ -435,3 +435,38 @@ fn affected_follows_the_folder_taxonomy() {
     assert_eq!(out.status.code(), Some(2));
     assert!(stderr(&out).contains("`no-such-revision` is not a git revision"), "{}", stderr(&out));
 }
+
+#[test]
+fn bench_measures_encoder_workloads_too() {
+    let repo = measured_repo();
+    let bert = "workloads/all-minilm-l6-v2-cpu-f32.toml";
+    let class = monogen::host::this_class();
+    let text = std::fs::read_to_string(workspace_root().join(bert)).unwrap();
+    let text: Vec<String> = text
+        .lines()
+        .map(|l| if l.starts_with("hardware = ") { format!("hardware = \"{class}\"") } else { l.to_string() })
+        .collect();
+    std::fs::write(repo.path().join(bert), text.join("\n") + "\n").unwrap();
+    let mut args = vec!["bench", bert, "--json"];
+    args.extend_from_slice(QUICK);
+    let out = monogen(repo.path(), &args);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let doc: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap();
+    let measured: Vec<(String, String)> = doc["results"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| (r["interface"].as_str().unwrap().to_string(), r["status"].as_str().unwrap().to_string()))
+        .collect();
+    for interface in
+        ["embedding", "layernorm", "matmul", "attention_encoder", "gelu", "mean_pooling", "l2_normalize"]
+    {
+        assert!(measured.iter().any(|(i, s)| i == interface && s == "ok"), "{interface}: {measured:?}");
+    }
+    assert!(doc["shapes"].as_str().unwrap().starts_with("bert hidden=384"), "{doc}");
+    assert!(repo.path().join(format!("rankings/{class}/attention_encoder.toml")).is_file());
+    // The crate can now be built from measurements, and then nothing is missing.
+    assert!(monogen(repo.path(), &["build", bert]).status.success());
+    let out = monogen(repo.path(), &["check", bert]);
+    assert_eq!(out.status.code(), Some(0), "{}", stdout(&out));
+}

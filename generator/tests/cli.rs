@@ -16,7 +16,7 @@ fn init_reproduces_the_committed_workloads() {
         (
             "all-minilm-l6-v2",
             "all-minilm-l6-v2-cpu-f32",
-            "none",
+            "intel-xeon-2c",
             &["modules.json", "1_Pooling/config.json", "sentence_bert_config.json"],
         ),
     ];

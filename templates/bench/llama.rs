@@ -1,0 +1,498 @@
+//! The passes of a LLaMA workload: per interface, the calls of one forward pass (the typical
+//! prompt for prefill, one step at the typical context for decode) on buffers of its shapes,
+//! and the comparison of a candidate with the reference.
+
+use std::hint::black_box;
+
+use crate::harness::{Matmul, Phases, Rng, TOLERANCE, compare};
+use crate::{
+    CONTEXT, DIM, HEAD_DIM, HIDDEN_DIM, KV_DIM, MAX_SEQ_LEN, N_HEADS, N_KV_HEADS, N_LAYERS, PROMPT, Q_DIM,
+    RMS_NORM_EPS, ROPE_THETA, VOCAB_SIZE,
+};
+
+pub trait Rmsnorm {
+    fn rmsnorm<const D: usize>(out: &mut [f32], x: &[f32], weight: &[f32], eps: f32, rows: usize);
+}
+
+pub trait Rope {
+    fn rope_table<const HD: usize>(theta: f32, positions: usize) -> (Vec<f32>, Vec<f32>);
+    fn rope<const H: usize, const HD: usize>(x: &mut [f32], cos: &[f32], sin: &[f32], start: usize, rows: usize);
+}
+
+pub trait AttentionPrefill {
+    fn attention_prefill<const H: usize, const KVH: usize, const HD: usize>(
+        out: &mut [f32],
+        q: &[f32],
+        keys: &[f32],
+        values: &[f32],
+        scores: &mut [f32],
+        start: usize,
+        rows: usize,
+    );
+}
+
+pub trait AttentionDecode {
+    fn attention_decode<const H: usize, const KVH: usize, const HD: usize>(
+        out: &mut [f32],
+        q: &[f32],
+        keys: &[f32],
+        values: &[f32],
+        scores: &mut [f32],
+    );
+}
+
+pub trait Swiglu {
+    fn swiglu<const HIDDEN: usize>(gate: &mut [f32], up: &[f32], rows: usize);
+}
+
+pub trait KvCache {
+    type Cache;
+    fn new() -> Self::Cache;
+    fn store(cache: &mut Self::Cache, start: usize, k: &[f32], v: &[f32]);
+    fn keys(cache: &Self::Cache, len: usize) -> &[f32];
+    fn values(cache: &Self::Cache, len: usize) -> &[f32];
+}
+
+pub trait Sampler {
+    fn sample<const VOCAB: usize>(
+        logits: &[f32],
+        temperature: f32,
+        top_k: usize,
+        top_p: f32,
+        coin: f32,
+        scratch: &mut Vec<(f32, u32)>,
+    ) -> u32;
+}
+
+/// The seven projections of one layer, [out, in] each.
+struct Projections {
+    q: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    o: Vec<f32>,
+    gate: Vec<f32>,
+    up: Vec<f32>,
+    down: Vec<f32>,
+}
+
+/// Every matmul of a forward pass: seven projections per layer on `rows` rows, and the
+/// classifier on the last row.
+pub struct MatmulPass {
+    layers: Vec<Projections>,
+    classifier: Vec<f32>,
+    x: Vec<f32>,
+    attention: Vec<f32>,
+    hidden: Vec<f32>,
+    q: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    o: Vec<f32>,
+    gate: Vec<f32>,
+    up: Vec<f32>,
+    down: Vec<f32>,
+    logits: Vec<f32>,
+}
+
+impl MatmulPass {
+    pub const PHASES: Phases = (true, true);
+
+    pub fn new() -> MatmulPass {
+        let mut rng = Rng::new(1);
+        let layers = (0..N_LAYERS)
+            .map(|_| Projections {
+                q: rng.vec(Q_DIM * DIM, 0.1),
+                k: rng.vec(KV_DIM * DIM, 0.1),
+                v: rng.vec(KV_DIM * DIM, 0.1),
+                o: rng.vec(DIM * Q_DIM, 0.1),
+                gate: rng.vec(HIDDEN_DIM * DIM, 0.1),
+                up: rng.vec(HIDDEN_DIM * DIM, 0.1),
+                down: rng.vec(DIM * HIDDEN_DIM, 0.1),
+            })
+            .collect();
+        MatmulPass {
+            layers,
+            classifier: rng.vec(VOCAB_SIZE * DIM, 0.1),
+            x: rng.vec(PROMPT * DIM, 1.0),
+            attention: rng.vec(PROMPT * Q_DIM, 1.0),
+            hidden: rng.vec(PROMPT * HIDDEN_DIM, 1.0),
+            q: vec![0.0; PROMPT * Q_DIM],
+            k: vec![0.0; PROMPT * KV_DIM],
+            v: vec![0.0; PROMPT * KV_DIM],
+            o: vec![0.0; PROMPT * DIM],
+            gate: vec![0.0; PROMPT * HIDDEN_DIM],
+            up: vec![0.0; PROMPT * HIDDEN_DIM],
+            down: vec![0.0; PROMPT * DIM],
+            logits: vec![0.0; VOCAB_SIZE],
+        }
+    }
+
+    /// One forward pass: the prompt (`decode` false) or one decode step.
+    pub fn run<M: Matmul>(&mut self, decode: bool) {
+        let rows = if decode { 1 } else { PROMPT };
+        self.layers_with::<M>(rows);
+        M::matmul::<VOCAB_SIZE, DIM>(&mut self.logits, &self.x[..DIM], &self.classifier, 1);
+        black_box(&self.logits);
+    }
+
+    fn layers_with<M: Matmul>(&mut self, rows: usize) {
+        for l in &self.layers {
+            M::matmul::<Q_DIM, DIM>(&mut self.q, &self.x, &l.q, rows);
+            M::matmul::<KV_DIM, DIM>(&mut self.k, &self.x, &l.k, rows);
+            M::matmul::<KV_DIM, DIM>(&mut self.v, &self.x, &l.v, rows);
+            M::matmul::<DIM, Q_DIM>(&mut self.o, &self.attention, &l.o, rows);
+            M::matmul::<HIDDEN_DIM, DIM>(&mut self.gate, &self.x, &l.gate, rows);
+            M::matmul::<HIDDEN_DIM, DIM>(&mut self.up, &self.x, &l.up, rows);
+            M::matmul::<DIM, HIDDEN_DIM>(&mut self.down, &self.hidden, &l.down, rows);
+        }
+    }
+
+    fn outputs(&self, rows: usize) -> [(&'static str, Vec<f32>); 8] {
+        [
+            ("q_proj", self.q[..rows * Q_DIM].to_vec()),
+            ("k_proj", self.k[..rows * KV_DIM].to_vec()),
+            ("v_proj", self.v[..rows * KV_DIM].to_vec()),
+            ("o_proj", self.o[..rows * DIM].to_vec()),
+            ("gate_proj", self.gate[..rows * HIDDEN_DIM].to_vec()),
+            ("up_proj", self.up[..rows * HIDDEN_DIM].to_vec()),
+            ("down_proj", self.down[..rows * DIM].to_vec()),
+            ("classifier", self.logits.clone()),
+        ]
+    }
+
+    fn clear(&mut self) {
+        for buffer in [&mut self.q, &mut self.k, &mut self.v, &mut self.o, &mut self.gate, &mut self.up, &mut self.down, &mut self.logits] {
+            buffer.fill(f32::NAN);
+        }
+    }
+
+    /// Compares `C` with the reference `R` on every shape of the pass, for the prompt, one
+    /// row, and a few rows.
+    pub fn check<C: Matmul, R: Matmul>(&mut self) -> Result<(), String> {
+        let tolerance = |k: usize| TOLERANCE * (k as f32 / 64.0).max(1.0);
+        for rows in [PROMPT, 1, 3.min(PROMPT)] {
+            self.clear();
+            self.layers_with::<C>(rows);
+            C::matmul::<VOCAB_SIZE, DIM>(&mut self.logits, &self.x[..DIM], &self.classifier, 1);
+            let got = self.outputs(rows);
+            self.clear();
+            self.layers_with::<R>(rows);
+            R::matmul::<VOCAB_SIZE, DIM>(&mut self.logits, &self.x[..DIM], &self.classifier, 1);
+            let want = self.outputs(rows);
+            for ((name, g), (_, w)) in got.iter().zip(&want) {
+                let k = match *name {
+                    "o_proj" => Q_DIM,
+                    "down_proj" => HIDDEN_DIM,
+                    _ => DIM,
+                };
+                compare(&format!("{name} at {rows} rows"), g, w, tolerance(k))?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Every RMSNorm of a forward pass: two per layer on `rows` rows, and the final one on the
+/// last row.
+pub struct RmsnormPass {
+    weights: Vec<Vec<f32>>,
+    x: Vec<f32>,
+    out: Vec<f32>,
+}
+
+impl RmsnormPass {
+    pub const PHASES: Phases = (true, true);
+
+    pub fn new() -> RmsnormPass {
+        let mut rng = Rng::new(2);
+        RmsnormPass {
+            weights: (0..2 * N_LAYERS + 1).map(|_| rng.vec(DIM, 1.0)).collect(),
+            x: rng.vec(PROMPT * DIM, 2.0),
+            out: vec![0.0; PROMPT * DIM],
+        }
+    }
+
+    pub fn run<M: Rmsnorm>(&mut self, decode: bool) {
+        let rows = if decode { 1 } else { PROMPT };
+        let (last, layers) = self.weights.split_last().expect("there is a final norm");
+        for weight in layers {
+            M::rmsnorm::<DIM>(&mut self.out, &self.x, weight, RMS_NORM_EPS, rows);
+        }
+        M::rmsnorm::<DIM>(&mut self.out, &self.x[..DIM], last, RMS_NORM_EPS, 1);
+        black_box(&self.out);
+    }
+
+    pub fn check<C: Rmsnorm, R: Rmsnorm>(&mut self) -> Result<(), String> {
+        for rows in [PROMPT, 1] {
+            let mut got = vec![f32::NAN; rows * DIM];
+            let mut want = vec![f32::NAN; rows * DIM];
+            C::rmsnorm::<DIM>(&mut got, &self.x, &self.weights[0], RMS_NORM_EPS, rows);
+            R::rmsnorm::<DIM>(&mut want, &self.x, &self.weights[0], RMS_NORM_EPS, rows);
+            compare(&format!("rmsnorm at {rows} rows"), &got, &want, TOLERANCE)?;
+        }
+        Ok(())
+    }
+}
+
+/// Every rotation of a forward pass: queries and keys of each layer.
+pub struct RopePass {
+    cos: Vec<f32>,
+    sin: Vec<f32>,
+    q: Vec<Vec<f32>>,
+    k: Vec<Vec<f32>>,
+}
+
+impl RopePass {
+    pub const PHASES: Phases = (true, true);
+
+    /// The tables come from the reference `R`; `check` compares each candidate's own.
+    pub fn new<R: Rope>() -> RopePass {
+        let mut rng = Rng::new(3);
+        let (cos, sin) = R::rope_table::<HEAD_DIM>(ROPE_THETA, MAX_SEQ_LEN);
+        RopePass {
+            cos,
+            sin,
+            q: (0..N_LAYERS).map(|_| rng.vec(PROMPT * Q_DIM, 1.0)).collect(),
+            k: (0..N_LAYERS).map(|_| rng.vec(PROMPT * KV_DIM, 1.0)).collect(),
+        }
+    }
+
+    pub fn run<M: Rope>(&mut self, decode: bool) {
+        let (start, rows) = if decode { (CONTEXT, 1) } else { (0, PROMPT) };
+        for (q, k) in self.q.iter_mut().zip(&mut self.k) {
+            M::rope::<N_HEADS, HEAD_DIM>(q, &self.cos, &self.sin, start, rows);
+            M::rope::<N_KV_HEADS, HEAD_DIM>(k, &self.cos, &self.sin, start, rows);
+        }
+        black_box(&self.q);
+    }
+
+    pub fn check<C: Rope, R: Rope>(&mut self) -> Result<(), String> {
+        let (cos_c, sin_c) = C::rope_table::<HEAD_DIM>(ROPE_THETA, MAX_SEQ_LEN);
+        compare("rope_table cos", &cos_c, &self.cos, TOLERANCE)?;
+        compare("rope_table sin", &sin_c, &self.sin, TOLERANCE)?;
+        for (start, rows) in [(0, PROMPT), (CONTEXT, 1)] {
+            let mut got = self.q[0].clone();
+            let mut want = self.q[0].clone();
+            C::rope::<N_HEADS, HEAD_DIM>(&mut got, &cos_c, &sin_c, start, rows);
+            R::rope::<N_HEADS, HEAD_DIM>(&mut want, &self.cos, &self.sin, start, rows);
+            compare(&format!("rope of queries at position {start}, {rows} rows"), &got, &want, TOLERANCE)?;
+            let mut got = self.k[0].clone();
+            let mut want = self.k[0].clone();
+            C::rope::<N_KV_HEADS, HEAD_DIM>(&mut got, &cos_c, &sin_c, start, rows);
+            R::rope::<N_KV_HEADS, HEAD_DIM>(&mut want, &self.cos, &self.sin, start, rows);
+            compare(&format!("rope of keys at position {start}, {rows} rows"), &got, &want, TOLERANCE)?;
+        }
+        Ok(())
+    }
+}
+
+/// Queries, the keys and values of every layer over `len` positions, and the buffers the
+/// attention kernels write.
+pub struct AttentionInputs {
+    q: Vec<f32>,
+    keys: Vec<Vec<f32>>,
+    values: Vec<Vec<f32>>,
+    scores: Vec<f32>,
+    out: Vec<f32>,
+}
+
+impl AttentionInputs {
+    fn new(seed: u64, rows: usize, len: usize) -> AttentionInputs {
+        let mut rng = Rng::new(seed);
+        AttentionInputs {
+            q: rng.vec(rows * Q_DIM, 1.0),
+            keys: (0..N_LAYERS).map(|_| rng.vec(len * KV_DIM, 1.0)).collect(),
+            values: (0..N_LAYERS).map(|_| rng.vec(len * KV_DIM, 1.0)).collect(),
+            scores: vec![0.0; MAX_SEQ_LEN],
+            out: vec![0.0; rows * Q_DIM],
+        }
+    }
+}
+
+/// Attention over the prompt, one call per layer.
+pub struct AttentionPrefillPass(AttentionInputs);
+
+impl AttentionPrefillPass {
+    pub const PHASES: Phases = (true, false);
+
+    pub fn new() -> AttentionPrefillPass {
+        AttentionPrefillPass(AttentionInputs::new(4, PROMPT, PROMPT))
+    }
+
+    pub fn run<M: AttentionPrefill>(&mut self, _decode: bool) {
+        let a = &mut self.0;
+        for (keys, values) in a.keys.iter().zip(&a.values) {
+            M::attention_prefill::<N_HEADS, N_KV_HEADS, HEAD_DIM>(&mut a.out, &a.q, keys, values, &mut a.scores, 0, PROMPT);
+        }
+        black_box(&a.out);
+    }
+
+    pub fn check<C: AttentionPrefill, R: AttentionPrefill>(&mut self) -> Result<(), String> {
+        let a = &mut self.0;
+        let mut got = vec![f32::NAN; PROMPT * Q_DIM];
+        let mut want = vec![f32::NAN; PROMPT * Q_DIM];
+        C::attention_prefill::<N_HEADS, N_KV_HEADS, HEAD_DIM>(&mut got, &a.q, &a.keys[0], &a.values[0], &mut a.scores, 0, PROMPT);
+        R::attention_prefill::<N_HEADS, N_KV_HEADS, HEAD_DIM>(&mut want, &a.q, &a.keys[0], &a.values[0], &mut a.scores, 0, PROMPT);
+        compare(&format!("attention over a prompt of {PROMPT}"), &got, &want, TOLERANCE)
+    }
+}
+
+/// Attention of one decode step at the typical context, one call per layer.
+pub struct AttentionDecodePass(AttentionInputs);
+
+impl AttentionDecodePass {
+    pub const PHASES: Phases = (false, true);
+
+    pub fn new() -> AttentionDecodePass {
+        AttentionDecodePass(AttentionInputs::new(5, 1, CONTEXT + 1))
+    }
+
+    pub fn run<M: AttentionDecode>(&mut self, _decode: bool) {
+        let a = &mut self.0;
+        for (keys, values) in a.keys.iter().zip(&a.values) {
+            M::attention_decode::<N_HEADS, N_KV_HEADS, HEAD_DIM>(&mut a.out, &a.q, keys, values, &mut a.scores);
+        }
+        black_box(&a.out);
+    }
+
+    pub fn check<C: AttentionDecode, R: AttentionDecode>(&mut self) -> Result<(), String> {
+        let a = &mut self.0;
+        for len in [CONTEXT + 1, 1, 17.min(CONTEXT + 1)] {
+            let keys = &a.keys[0][..len * KV_DIM];
+            let values = &a.values[0][..len * KV_DIM];
+            let mut got = vec![f32::NAN; Q_DIM];
+            let mut want = vec![f32::NAN; Q_DIM];
+            C::attention_decode::<N_HEADS, N_KV_HEADS, HEAD_DIM>(&mut got, &a.q, keys, values, &mut a.scores);
+            R::attention_decode::<N_HEADS, N_KV_HEADS, HEAD_DIM>(&mut want, &a.q, keys, values, &mut a.scores);
+            compare(&format!("attention over a context of {len}"), &got, &want, TOLERANCE)?;
+        }
+        Ok(())
+    }
+}
+
+/// The SwiGLU of each layer. Its input is restored before every call (the kernel works in
+/// place), so the timing includes that copy for every candidate alike.
+pub struct SwigluPass {
+    source: Vec<f32>,
+    gate: Vec<f32>,
+    up: Vec<f32>,
+}
+
+impl SwigluPass {
+    pub const PHASES: Phases = (true, true);
+
+    pub fn new() -> SwigluPass {
+        let mut rng = Rng::new(6);
+        let source = rng.vec(PROMPT * HIDDEN_DIM, 4.0);
+        SwigluPass { gate: source.clone(), source, up: rng.vec(PROMPT * HIDDEN_DIM, 2.0) }
+    }
+
+    pub fn run<M: Swiglu>(&mut self, decode: bool) {
+        let rows = if decode { 1 } else { PROMPT };
+        for _ in 0..N_LAYERS {
+            self.gate[..rows * HIDDEN_DIM].copy_from_slice(&self.source[..rows * HIDDEN_DIM]);
+            M::swiglu::<HIDDEN_DIM>(&mut self.gate, &self.up, rows);
+        }
+        black_box(&self.gate);
+    }
+
+    pub fn check<C: Swiglu, R: Swiglu>(&mut self) -> Result<(), String> {
+        for rows in [PROMPT, 1] {
+            let mut got = self.source.clone();
+            let mut want = self.source.clone();
+            C::swiglu::<HIDDEN_DIM>(&mut got, &self.up, rows);
+            R::swiglu::<HIDDEN_DIM>(&mut want, &self.up, rows);
+            compare(&format!("swiglu at {rows} rows"), &got, &want, TOLERANCE)?;
+        }
+        Ok(())
+    }
+}
+
+/// The KV cache of every layer: storing the prompt's keys and values and reading them back,
+/// or storing one position and reading the typical context.
+pub struct KvCachePass<M: KvCache> {
+    caches: Vec<M::Cache>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+}
+
+impl<M: KvCache> KvCachePass<M> {
+    pub const PHASES: Phases = (true, true);
+
+    pub fn new() -> KvCachePass<M> {
+        let mut rng = Rng::new(7);
+        KvCachePass {
+            caches: (0..N_LAYERS).map(|_| M::new()).collect(),
+            k: rng.vec(MAX_SEQ_LEN * KV_DIM, 1.0),
+            v: rng.vec(MAX_SEQ_LEN * KV_DIM, 1.0),
+        }
+    }
+
+    pub fn run(&mut self, decode: bool) {
+        let (start, rows) = if decode { (CONTEXT, 1) } else { (0, PROMPT) };
+        let k = &self.k[start * KV_DIM..(start + rows) * KV_DIM];
+        let v = &self.v[start * KV_DIM..(start + rows) * KV_DIM];
+        for cache in &mut self.caches {
+            M::store(cache, start, k, v);
+            black_box(M::keys(cache, start + rows));
+            black_box(M::values(cache, start + rows));
+        }
+    }
+}
+
+/// Compares a candidate cache with the reference's after the prompt and decode steps up to
+/// the typical context.
+pub fn check_kv_cache<C: KvCache, R: KvCache>() -> Result<(), String> {
+    let mut rng = Rng::new(8);
+    let k = rng.vec((CONTEXT + 1) * KV_DIM, 1.0);
+    let v = rng.vec((CONTEXT + 1) * KV_DIM, 1.0);
+    let mut got = C::new();
+    let mut want = R::new();
+    C::store(&mut got, 0, &k[..PROMPT * KV_DIM], &v[..PROMPT * KV_DIM]);
+    R::store(&mut want, 0, &k[..PROMPT * KV_DIM], &v[..PROMPT * KV_DIM]);
+    for pos in PROMPT..=CONTEXT {
+        C::store(&mut got, pos, &k[pos * KV_DIM..(pos + 1) * KV_DIM], &v[pos * KV_DIM..(pos + 1) * KV_DIM]);
+        R::store(&mut want, pos, &k[pos * KV_DIM..(pos + 1) * KV_DIM], &v[pos * KV_DIM..(pos + 1) * KV_DIM]);
+    }
+    for len in [PROMPT, CONTEXT + 1] {
+        compare(&format!("keys of {len} positions"), C::keys(&got, len), R::keys(&want, len), 0.0)?;
+        compare(&format!("values of {len} positions"), C::values(&got, len), R::values(&want, len), 0.0)?;
+    }
+    Ok(())
+}
+
+/// Sampling the next token at temperature 0.8 and top-p 0.95, once per step.
+pub struct SamplerPass {
+    logits: Vec<f32>,
+    scratch: Vec<(f32, u32)>,
+    rng: Rng,
+}
+
+impl SamplerPass {
+    pub const PHASES: Phases = (true, true);
+
+    pub fn new() -> SamplerPass {
+        let mut rng = Rng::new(9);
+        SamplerPass { logits: rng.vec(VOCAB_SIZE, 8.0), scratch: Vec::new(), rng }
+    }
+
+    pub fn run<M: Sampler>(&mut self, _decode: bool) {
+        let coin = self.rng.unit();
+        black_box(M::sample::<VOCAB_SIZE>(&self.logits, 0.8, 0, 0.95, coin, &mut self.scratch));
+    }
+
+    pub fn check<C: Sampler, R: Sampler>(&mut self) -> Result<(), String> {
+        let settings = [(0.0, 0, 1.0), (0.8, 0, 0.95), (1.0, 40, 1.0), (1.3, 10, 0.5)];
+        for (temperature, top_k, top_p) in settings {
+            for coin in [0.0, 0.1, 0.5, 0.9, 0.999] {
+                let got = C::sample::<VOCAB_SIZE>(&self.logits, temperature, top_k, top_p, coin, &mut self.scratch);
+                let want = R::sample::<VOCAB_SIZE>(&self.logits, temperature, top_k, top_p, coin, &mut self.scratch);
+                if got != want {
+                    return Err(format!(
+                        "at temperature {temperature}, top-k {top_k}, top-p {top_p} and coin {coin} it picks {got}, the reference {want}"
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+}
