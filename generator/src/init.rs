@@ -124,6 +124,7 @@ const HONOURED: &[&str] = &[
     "num_hidden_layers",
     "num_key_value_heads",
     "rms_norm_eps",
+    "rope_parameters",
     "rope_theta",
     "tie_word_embeddings",
     "vocab_size",
@@ -217,12 +218,17 @@ pub fn workload_from_config(path: &Path, text: &str, opts: &InitOptions) -> Resu
     };
     let mut problems = Vec::new();
 
+    // Qwen2 is a LLaMA with biases on the q, k and v projections.
+    let mut qkv_bias = false;
     match config.get("model_type").and_then(Value::as_str) {
         Some("llama") => {}
+        Some("qwen2") => qkv_bias = true,
         Some("bert") => return crate::init_bert::workload(path, &config, &source, opts),
         Some(other) => problems.push(diag(
             "model_type",
-            format!("model_type `{other}` is not supported: monogen generates `llama` and `bert` models"),
+            format!(
+                "model_type `{other}` is not supported: monogen generates `llama`, `qwen2` and `bert` models"
+            ),
         )),
         None => problems.push(
             Diagnostic::new("config.json has no `model_type`")
@@ -230,8 +236,30 @@ pub fn workload_from_config(path: &Path, text: &str, opts: &InitOptions) -> Resu
                 .hint("a Hugging Face config.json names its model_type, e.g. \"llama\""),
         ),
     }
+    // A sliding window that is switched off changes nothing; one that is on is not supported yet.
+    // (Qwen2 switches it with `use_sliding_window`; Mistral has only `sliding_window`, on
+    // unless null.)
+    let window_off = match config.get("use_sliding_window") {
+        Some(v) => v == &Value::Bool(false),
+        None => config.get("sliding_window").is_none_or(Value::is_null),
+    } && config
+        .get("layer_types")
+        .is_none_or(|v| v.as_array().is_some_and(|layers| layers.iter().all(|l| l == "full_attention")));
     for (key, value) in &config {
         if HONOURED.contains(&key.as_str()) || BOOKKEEPING.contains(&key.as_str()) {
+            continue;
+        }
+        let window_key = matches!(
+            key.as_str(),
+            "use_sliding_window" | "sliding_window" | "max_window_layers" | "layer_types"
+        );
+        if window_key && window_off {
+            continue;
+        }
+        if window_key {
+            problems.push(diag(key, format!("config.json field `{key}` cannot be honoured")).note(
+                "sliding-window attention is not supported yet; only full attention in every layer is",
+            ));
             continue;
         }
         match required_default(key, value) {
@@ -266,7 +294,25 @@ pub fn workload_from_config(path: &Path, text: &str, opts: &InitOptions) -> Resu
             }),
         }
     };
-    let rope_theta = float_field("rope_theta", 10000.0, &mut problems);
+    let mut rope_theta = float_field("rope_theta", 10000.0, &mut problems);
+    // transformers 5 writes `rope_parameters = {rope_type, rope_theta, ...}` instead.
+    if let Some(parameters) = config.get("rope_parameters").filter(|v| !v.is_null()) {
+        match parameters.get("rope_type").and_then(Value::as_str).unwrap_or("default") {
+            "default" => match parameters.get("rope_theta").and_then(Value::as_f64) {
+                Some(theta) => rope_theta = theta,
+                None => problems.push(diag(
+                    "rope_parameters",
+                    "config.json field `rope_parameters` has no numeric `rope_theta`".into(),
+                )),
+            },
+            other => problems.push(
+                diag("rope_parameters", "config.json field `rope_parameters` cannot be honoured".into())
+                    .note(format!(
+                        "rope_type = \"{other}\": rope scaling is not supported yet (only \"default\")"
+                    )),
+            ),
+        }
+    }
     let rms_norm_eps = float_field("rms_norm_eps", 1e-6, &mut problems);
     let tie_word_embeddings = match config.get("tie_word_embeddings") {
         None => false,
@@ -305,10 +351,16 @@ pub fn workload_from_config(path: &Path, text: &str, opts: &InitOptions) -> Resu
     let threads = opts.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
     let model_dir =
         path.parent().and_then(Path::file_name).map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let class = config
+        .get("architectures")
+        .and_then(|a| a.get(0))
+        .and_then(Value::as_str)
+        .unwrap_or("LlamaForCausalLM")
+        .to_string();
     Ok(Workload {
         name: opts.name.clone(),
         description: Some(format!(
-            "{model_dir} (Hugging Face LlamaForCausalLM) with {} weights on {} {}",
+            "{model_dir} (Hugging Face {class}) with {} weights on {} {}",
             opts.dtype.as_str(),
             cpu::host_arch(),
             Device::Cpu.as_str()
@@ -328,6 +380,7 @@ pub fn workload_from_config(path: &Path, text: &str, opts: &InitOptions) -> Resu
             tie_word_embeddings,
             bos_token_id,
             eos_token_ids,
+            qkv_bias,
         }),
         weights: Weights { dtype: opts.dtype },
         target: Target {
@@ -446,7 +499,7 @@ mod tests {
         let e = from(&STORIES.replace("\"attention_bias\": false", "\"attention_bias\": true")).unwrap_err();
         assert!(e.contains("`attention_bias` cannot be honoured"), "{e}");
         let e = from(&STORIES.replace("\"pretraining_tp\": 1", "\"sliding_window\": 4096")).unwrap_err();
-        assert!(e.contains("`sliding_window` is unknown to monogen"), "{e}");
+        assert!(e.contains("`sliding_window` cannot be honoured"), "{e}");
         let e = from(&STORIES.replace("\"llama\"", "\"mistral\"")).unwrap_err();
         assert!(e.contains("model_type `mistral` is not supported"), "{e}");
         let e = from(&STORIES.replace("  \"hidden_size\": 64,\n", "")).unwrap_err();
@@ -473,5 +526,18 @@ mod tests {
             CpuFeatures::List(vec!["avx2".into(), "fma".into()])
         );
         assert!(CpuFeatures::parse("avx3").unwrap_err().contains("unknown CPU feature `avx3`"));
+    }
+
+    #[test]
+    fn qwen2_configs_give_q_k_v_biases_and_refuse_a_sliding_window() {
+        let qwen2 = STORIES
+            .replace(r#""model_type": "llama""#, r#""model_type": "qwen2", "use_sliding_window": false, "sliding_window": 4096, "max_window_layers": 28"#)
+            .replace(r#""attention_bias": false,"#, "")
+            .replace(r#""mlp_bias": false,"#, "");
+        let w = workload_from_config(Path::new("m/config.json"), &qwen2, &opts()).unwrap();
+        assert!(w.llama().qkv_bias);
+        let on = qwen2.replace(r#""use_sliding_window": false"#, r#""use_sliding_window": true"#);
+        let e = workload_from_config(Path::new("m/config.json"), &on, &opts()).unwrap_err().to_string();
+        assert!(e.contains("config.json field `use_sliding_window` cannot be honoured"), "{e}");
     }
 }

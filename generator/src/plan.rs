@@ -76,6 +76,8 @@ pub struct LlamaConsts {
     pub eos_ids: Vec<u32>,
     pub threads: usize,
     pub tie_word_embeddings: bool,
+    /// The q, k and v projections add a bias.
+    pub qkv_bias: bool,
 }
 
 #[derive(Debug, Clone, Serialize)]

@@ -483,6 +483,7 @@ fn consts(w: &Workload) -> Consts {
                 eos_ids: m.eos_token_ids.clone(),
                 threads: w.target.threads,
                 tie_word_embeddings: m.tie_word_embeddings,
+                qkv_bias: m.qkv_bias,
             })
         }
         Model::Bert(m) => {
@@ -513,7 +514,8 @@ fn footprint(w: &Workload, consts: &Consts) -> Footprint {
         Consts::Llama(c) => {
             let (d, h, v, q, kv) =
                 (c.dim as u64, c.hidden_dim as u64, c.vocab_size as u64, c.q_dim as u64, c.kv_dim as u64);
-            let per_layer = 2 * d + d * q + 2 * d * kv + q * d + 3 * d * h;
+            let biases = if c.qkv_bias { q + 2 * kv } else { 0 };
+            let per_layer = 2 * d + d * q + 2 * d * kv + q * d + 3 * d * h + biases;
             let classifier = if c.tie_word_embeddings { 0 } else { v * d };
             let parameters = v * d + c.n_layers as u64 * per_layer + d + classifier;
             let chunk = c.prefill_chunk as u64;

@@ -112,6 +112,9 @@ pub struct Llama {
     pub bos_token_id: u32,
     /// Tokens that end generation.
     pub eos_token_ids: Vec<u32>,
+    /// Whether the q, k and v projections add a bias (Qwen2). Absent means false.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub qkv_bias: bool,
 }
 
 /// A BERT encoder (absolute positions, token types, post-LayerNorm, GELU MLP), with the

@@ -175,8 +175,33 @@ fn model_rs(plan: &Plan) -> TokenStream {
 
     let c_embed = comment("x = embed_tokens[tokens]: [T, DIM]");
     let c_norm1 = comment("xb = rmsnorm(x) · input_layernorm: [T, DIM]");
-    let c_q = comment("q = xb · q_projᵀ: [T, Q_DIM]");
-    let c_kv = comment("k = xb · k_projᵀ, v = xb · v_projᵀ: [T, KV_DIM]");
+    let (c_q, c_kv) = if c.qkv_bias {
+        (
+            comment("q = xb · q_projᵀ + q_proj.bias: [T, Q_DIM]"),
+            comment("k = xb · k_projᵀ + k_proj.bias, v = xb · v_projᵀ + v_proj.bias: [T, KV_DIM]"),
+        )
+    } else {
+        (comment("q = xb · q_projᵀ: [T, Q_DIM]"), comment("k = xb · k_projᵀ, v = xb · v_projᵀ: [T, KV_DIM]"))
+    };
+    let (q_bias, k_bias, v_bias, add_bias_fn) = if c.qkv_bias {
+        (
+            quote!(add_bias(q, &layer.q_bias);),
+            quote!(add_bias(k, &layer.k_bias);),
+            quote!(add_bias(v, &layer.v_bias);),
+            quote! {
+                /// Adds `bias` to every row of `x`.
+                fn add_bias(x: &mut [f32], bias: &[f32]) {
+                    for row in x.chunks_exact_mut(bias.len()) {
+                        for (a, b) in row.iter_mut().zip(bias) {
+                            *a += *b;
+                        }
+                    }
+                }
+            },
+        )
+    } else {
+        (quote!(), quote!(), quote!(), quote!())
+    };
     let c_rope = comment("rotate q and k by their positions start..start + T");
     let c_store = comment("append k and v to this layer's cache: it now holds positions 0..start + T");
     let c_att =
@@ -377,9 +402,12 @@ fn model_rs(plan: &Plan) -> TokenStream {
                     rmsnorm::<DIM>(xb, x, &layer.input_layernorm, RMS_NORM_EPS, t);
                     #c_q
                     matmul::<Q_DIM, DIM>(q, xb, &layer.q_proj, t);
+                    #q_bias
                     #c_kv
                     matmul::<KV_DIM, DIM>(k, xb, &layer.k_proj, t);
+                    #k_bias
                     matmul::<KV_DIM, DIM>(v, xb, &layer.v_proj, t);
+                    #v_bias
                     #c_rope
                     rope::<N_HEADS, HEAD_DIM>(q, &model.rope_cos, &model.rope_sin, start, t);
                     rope::<N_KV_HEADS, HEAD_DIM>(k, &model.rope_cos, &model.rope_sin, start, t);
@@ -429,6 +457,8 @@ fn model_rs(plan: &Plan) -> TokenStream {
                 *a += *b;
             }
         }
+
+        #add_bias_fn
     }
 }
 
@@ -502,6 +532,26 @@ fn weights_rs(plan: &Plan) -> TokenStream {
         quote! { #field: file.f32(&format!(#tensor_name), #shape)?, }
     });
 
+    let (bias_fields, bias_loads) = if c.qkv_bias {
+        (
+            quote! {
+                /// `model.layers.N.self_attn.q_proj.bias`: [Q_DIM]
+                pub(crate) q_bias: Tensor,
+                /// `model.layers.N.self_attn.k_proj.bias`: [KV_DIM]
+                pub(crate) k_bias: Tensor,
+                /// `model.layers.N.self_attn.v_proj.bias`: [KV_DIM]
+                pub(crate) v_bias: Tensor,
+            },
+            quote! {
+                q_bias: file.f32(&format!("model.layers.{l}.self_attn.q_proj.bias"), &[Q_DIM])?,
+                k_bias: file.f32(&format!("model.layers.{l}.self_attn.k_proj.bias"), &[KV_DIM])?,
+                v_bias: file.f32(&format!("model.layers.{l}.self_attn.v_proj.bias"), &[KV_DIM])?,
+            },
+        )
+    } else {
+        (quote!(), quote!())
+    };
+
     quote! {
         #(#![doc = #module_doc])*
 
@@ -513,6 +563,7 @@ fn weights_rs(plan: &Plan) -> TokenStream {
         /// The weights of one decoder layer.
         pub struct LayerWeights {
             #(#fields)*
+            #bias_fields
         }
 
         /// Every weight of the model.
@@ -538,7 +589,7 @@ fn weights_rs(plan: &Plan) -> TokenStream {
                 let embed_tokens = file.f32("model.embed_tokens.weight", &[VOCAB_SIZE, DIM])?;
                 let mut layers = Vec::with_capacity(N_LAYERS);
                 for l in 0..N_LAYERS {
-                    layers.push(LayerWeights { #(#loads)* });
+                    layers.push(LayerWeights { #(#loads)* #bias_loads });
                 }
                 let norm = file.f32("model.norm.weight", &[DIM])?;
                 #lm_head_load

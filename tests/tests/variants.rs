@@ -1,0 +1,68 @@
+//! The LLaMA family: tiny random-weight models of each variant, made once with Hugging Face
+//! transformers by `tools/make_fixtures.py` and committed under `tests/fixtures/` with their
+//! reference logits and greedy ids, against the crates monogen generated for them. No Python
+//! runs here.
+
+use std::path::PathBuf;
+
+use monogen_tests::{max_abs_diff, workspace_root};
+use serde_json::Value;
+
+/// Logits are compared within this bound, everywhere.
+const TOLERANCE: f32 = 1e-4;
+
+fn fixture(name: &str) -> (PathBuf, Value) {
+    let dir = workspace_root().join("tests/fixtures").join(name);
+    let text = std::fs::read_to_string(dir.join("reference.json")).unwrap();
+    (dir, serde_json::from_str(&text).unwrap())
+}
+
+fn ids(value: &Value) -> Vec<u32> {
+    value.as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect()
+}
+
+macro_rules! variant {
+    ($module:ident, $krate:ident, $fixture:literal, $what:literal) => {
+        mod $module {
+            use super::*;
+            use $krate::{GenerateParams, Model, VOCAB_SIZE};
+
+            #[test]
+            fn logits_match_transformers() {
+                let (dir, reference) = fixture($fixture);
+                let model = Model::load(&dir).unwrap();
+                assert!(model.warnings().is_empty(), "{:?}", model.warnings());
+                let prompt = ids(&reference["prompt_ids"]);
+                let want: Vec<f32> = reference["logits"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .flat_map(|row| row.as_array().unwrap().iter().map(|v| v.as_f64().unwrap() as f32))
+                    .collect();
+                assert_eq!(want.len(), prompt.len() * VOCAB_SIZE);
+                let got = model.session().logits_all(&prompt).unwrap();
+                let (diff, at) = max_abs_diff(&got, &want);
+                eprintln!("{}: logits max abs diff {diff:e}", $what);
+                assert!(diff <= TOLERANCE, "{}: logits differ by {diff} at row {}", $what, at / VOCAB_SIZE);
+            }
+
+            #[test]
+            fn greedy_ids_match_transformers() {
+                let (dir, reference) = fixture($fixture);
+                let model = Model::load(&dir).unwrap();
+                let prompt = ids(&reference["prompt_ids"]);
+                let mut want = ids(&reference["greedy_ids"]);
+                // transformers' loop above ignores end-of-sequence; the crate stops there.
+                if let Some(end) = want.iter().position(|&id| id == 2) {
+                    want.truncate(end + 1);
+                }
+                let params = GenerateParams { max_tokens: want.len(), ..GenerateParams::default() };
+                let generation = model.session().generate(&prompt, &params, |_| true).unwrap();
+                assert_eq!(generation.generated_ids, want, "{}", $what);
+            }
+        }
+    };
+}
+
+variant!(smollm, smollm_tiny_cpu_f32, "smollm-tiny", "SmolLM (tied, 9 query / 3 kv heads, theta 1e5)");
+variant!(qwen2, qwen2_tiny_cpu_f32, "qwen2-tiny", "Qwen2 (q/k/v biases, untied, theta 1e6)");
