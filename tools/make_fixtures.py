@@ -36,6 +36,15 @@ VARIANTS = {
              rope_theta=100000.0, rms_norm_eps=1e-5, tie_word_embeddings=True, bos_token_id=1,
              eos_token_id=2),
     ),
+    # Llama 3: a 128k-scale vocabulary (with a width of 2, to keep the file under 2 MB), rope
+    # theta 5e5, tied embeddings as in Llama 3.2.
+    "llama3-tiny": (
+        transformers.LlamaConfig,
+        dict(hidden_size=2, intermediate_size=8, num_hidden_layers=2, num_attention_heads=1,
+             num_key_value_heads=1, head_dim=2, vocab_size=128256, max_position_embeddings=256,
+             rope_theta=500000.0, rms_norm_eps=1e-5, tie_word_embeddings=True, bos_token_id=1,
+             eos_token_id=2),
+    ),
     # Qwen2: biases on the q, k and v projections, untied embeddings, rope theta 1e6.
     "qwen2-tiny": (
         transformers.Qwen2Config,
@@ -78,12 +87,15 @@ def make(name, config_class, params, seed):
     for extra in out.glob("generation_config.json"):
         extra.unlink()
     shutil.copyfile(MODELS / "stories260k" / "tokenizer.json", out / "tokenizer.json")
+    # Every row of logits for small vocabularies; the last row for large ones (files stay small).
+    rows = list(range(PROMPT_LEN)) if params["vocab_size"] <= 4096 else [PROMPT_LEN - 1]
     reference = {
         "variant": name,
         "seed": seed,
         "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
         "prompt_ids": prompt[0].tolist(),
-        "logits": [[round(float(v), 7) for v in row] for row in logits],
+        "logit_rows": rows,
+        "logits": [[round(float(v), 7) for v in logits[r]] for r in rows],
         "greedy_ids": ids[0, PROMPT_LEN:].tolist(),
         "smallest_greedy_gap": min(gaps),
     }
