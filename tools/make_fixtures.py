@@ -45,6 +45,25 @@ VARIANTS = {
              rope_theta=500000.0, rms_norm_eps=1e-5, tie_word_embeddings=True, bos_token_id=1,
              eos_token_id=2),
     ),
+    # Linear rope scaling: every rotary frequency divided by the factor.
+    "linear-rope-tiny": (
+        transformers.LlamaConfig,
+        dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+             num_key_value_heads=2, head_dim=16, vocab_size=512, max_position_embeddings=256,
+             rope_parameters={"rope_type": "linear", "factor": 4.0, "rope_theta": 10000.0},
+             rms_norm_eps=1e-5, tie_word_embeddings=True, bos_token_id=1, eos_token_id=2),
+    ),
+    # Llama 3.1's rope scaling, with an original context short enough that, at head_dim 16, some
+    # frequencies are kept, some divided and some interpolated.
+    "llama31-rope-tiny": (
+        transformers.LlamaConfig,
+        dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+             num_key_value_heads=2, head_dim=16, vocab_size=512, max_position_embeddings=256,
+             rope_parameters={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                              "high_freq_factor": 4.0, "original_max_position_embeddings": 64,
+                              "rope_theta": 500000.0},
+             rms_norm_eps=1e-5, tie_word_embeddings=True, bos_token_id=1, eos_token_id=2),
+    ),
     # Qwen2: biases on the q, k and v projections, untied embeddings, rope theta 1e6.
     "qwen2-tiny": (
         transformers.Qwen2Config,

@@ -15,7 +15,8 @@ use serde_json::{Map, Value};
 use crate::diagnostics::Diagnostic;
 use crate::emit::Templates;
 use crate::workload::{
-    ArchitectureTag, DecoderRequest, Device, Dtype, Llama, Model, Request, Target, Weights, Workload,
+    ArchitectureTag, DecoderRequest, Device, Dtype, Llama, Model, Request, RopeScaling, Target, Weights,
+    Workload,
 };
 use crate::{Error, cpu};
 
@@ -125,6 +126,7 @@ const HONOURED: &[&str] = &[
     "num_key_value_heads",
     "rms_norm_eps",
     "rope_parameters",
+    "rope_scaling",
     "rope_theta",
     "tie_word_embeddings",
     "vocab_size",
@@ -135,7 +137,6 @@ fn required_default(key: &str, value: &Value) -> Option<Result<(), String>> {
     let ok = match key {
         "hidden_act" => value == "silu",
         "attention_bias" | "mlp_bias" => value == &Value::Bool(false),
-        "rope_scaling" => value.is_null(),
         "pretraining_tp" => value.as_u64() == Some(1),
         _ => return None,
     };
@@ -146,9 +147,6 @@ fn required_default(key: &str, value: &Value) -> Option<Result<(), String>> {
             "hidden_act" => format!("hidden_act = {value} is not supported: LLaMA's MLP is SwiGLU with silu"),
             "attention_bias" | "mlp_bias" => format!(
                 "{key} = {value}: projection biases are not supported yet (they come with Qwen2-style models)"
-            ),
-            "rope_scaling" => format!(
-                "rope_scaling = {value}: rope scaling is not supported yet (it comes with Llama 3 and linear scaling)"
             ),
             _ => format!(
                 "pretraining_tp = {value}: only 1 is supported (it changes how the projections are split)"
@@ -181,6 +179,35 @@ pub(crate) fn usize_field(
             );
             0
         }),
+    }
+}
+
+/// The rope scaling a `rope_parameters` or `rope_scaling` object states: none for the default
+/// type, linear and llama3 scaling, an error naming anything else.
+fn scaling_of(parameters: &Value) -> Result<Option<RopeScaling>, String> {
+    let kind = parameters
+        .get("rope_type")
+        .or_else(|| parameters.get("type"))
+        .and_then(Value::as_str)
+        .unwrap_or("default");
+    let number = |key: &str| -> Result<f64, String> {
+        parameters
+            .get(key)
+            .and_then(Value::as_f64)
+            .ok_or_else(|| format!("rope_type \"{kind}\" needs a numeric `{key}`"))
+    };
+    match kind {
+        "default" => Ok(None),
+        "linear" => Ok(Some(RopeScaling::Linear { factor: number("factor")? })),
+        "llama3" => Ok(Some(RopeScaling::Llama3 {
+            factor: number("factor")?,
+            low_freq_factor: number("low_freq_factor")?,
+            high_freq_factor: number("high_freq_factor")?,
+            original_max_position_embeddings: number("original_max_position_embeddings")? as usize,
+        })),
+        other => Err(format!(
+            "rope_type \"{other}\" is not supported: monogen generates the default, \"linear\" and \"llama3\" rope"
+        )),
     }
 }
 
@@ -295,22 +322,19 @@ pub fn workload_from_config(path: &Path, text: &str, opts: &InitOptions) -> Resu
         }
     };
     let mut rope_theta = float_field("rope_theta", 10000.0, &mut problems);
-    // transformers 5 writes `rope_parameters = {rope_type, rope_theta, ...}` instead.
-    if let Some(parameters) = config.get("rope_parameters").filter(|v| !v.is_null()) {
-        match parameters.get("rope_type").and_then(Value::as_str).unwrap_or("default") {
-            "default" => match parameters.get("rope_theta").and_then(Value::as_f64) {
-                Some(theta) => rope_theta = theta,
-                None => problems.push(diag(
-                    "rope_parameters",
-                    "config.json field `rope_parameters` has no numeric `rope_theta`".into(),
-                )),
-            },
-            other => problems.push(
-                diag("rope_parameters", "config.json field `rope_parameters` cannot be honoured".into())
-                    .note(format!(
-                        "rope_type = \"{other}\": rope scaling is not supported yet (only \"default\")"
-                    )),
-            ),
+    // transformers 5 writes `rope_parameters = {rope_type, rope_theta, ...}`; older configs a
+    // `rope_theta` and a `rope_scaling = {type or rope_type, ...}` (null without scaling).
+    let mut rope_scaling = None;
+    for key in ["rope_parameters", "rope_scaling"] {
+        let Some(parameters) = config.get(key).filter(|v| !v.is_null()) else { continue };
+        if let Some(theta) = parameters.get("rope_theta").and_then(Value::as_f64) {
+            rope_theta = theta;
+        }
+        match scaling_of(parameters) {
+            Ok(scaling) => rope_scaling = rope_scaling.or(scaling),
+            Err(why) => {
+                problems.push(diag(key, format!("config.json field `{key}` cannot be honoured")).note(why))
+            }
         }
     }
     let rms_norm_eps = float_field("rms_norm_eps", 1e-6, &mut problems);
@@ -381,6 +405,7 @@ pub fn workload_from_config(path: &Path, text: &str, opts: &InitOptions) -> Resu
             bos_token_id,
             eos_token_ids,
             qkv_bias,
+            rope_scaling,
         }),
         weights: Weights { dtype: opts.dtype },
         target: Target {
@@ -489,12 +514,11 @@ mod tests {
 
     #[test]
     fn unsupported_fields_are_named() {
-        let e =
-            from(&STORIES.replace(
-                "\"rope_scaling\": null",
-                "\"rope_scaling\": {\"type\": \"linear\", \"factor\": 2.0}",
-            ))
-            .unwrap_err();
+        let e = from(
+            &STORIES
+                .replace("\"rope_scaling\": null", "\"rope_scaling\": {\"type\": \"yarn\", \"factor\": 2.0}"),
+        )
+        .unwrap_err();
         assert!(e.contains("m/config.json:14:3: config.json field `rope_scaling` cannot be honoured"), "{e}");
         let e = from(&STORIES.replace("\"attention_bias\": false", "\"attention_bias\": true")).unwrap_err();
         assert!(e.contains("`attention_bias` cannot be honoured"), "{e}");

@@ -78,6 +78,7 @@ pub struct LlamaConsts {
     pub tie_word_embeddings: bool,
     /// The q, k and v projections add a bias.
     pub qkv_bias: bool,
+    pub rope_scaling: Option<crate::workload::RopeScaling>,
 }
 
 #[derive(Debug, Clone, Serialize)]

@@ -484,6 +484,7 @@ fn consts(w: &Workload) -> Consts {
                 threads: w.target.threads,
                 tie_word_embeddings: m.tie_word_embeddings,
                 qkv_bias: m.qkv_bias,
+                rope_scaling: m.rope_scaling,
             })
         }
         Model::Bert(m) => {

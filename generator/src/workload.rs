@@ -115,6 +115,25 @@ pub struct Llama {
     /// Whether the q, k and v projections add a bias (Qwen2). Absent means false.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub qkv_bias: bool,
+    /// How the rotary frequencies are scaled for long contexts. Absent means not at all.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rope_scaling: Option<RopeScaling>,
+}
+
+/// Rope scaling, as Hugging Face's `rope_parameters` / `rope_scaling` states it.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "lowercase", deny_unknown_fields)]
+pub enum RopeScaling {
+    /// Every inverse frequency divided by `factor` (positions interpolated).
+    Linear { factor: f64 },
+    /// Llama 3.1's: low frequencies divided by `factor`, high ones kept, the band between
+    /// interpolated smoothly.
+    Llama3 {
+        factor: f64,
+        low_freq_factor: f64,
+        high_freq_factor: f64,
+        original_max_position_embeddings: usize,
+    },
 }
 
 /// A BERT encoder (absolute positions, token types, post-LayerNorm, GELU MLP), with the
@@ -617,6 +636,32 @@ fn check(
                     "must be a finite number above 1",
                     "LLaMA models use 10000.0; Llama 3 uses 500000.0".into(),
                 ));
+            }
+            if let Some(scaling) = &m.rope_scaling {
+                let (factor, ok) = match *scaling {
+                    RopeScaling::Linear { factor } => (factor, true),
+                    RopeScaling::Llama3 {
+                        factor,
+                        low_freq_factor,
+                        high_freq_factor,
+                        original_max_position_embeddings,
+                    } => (
+                        factor,
+                        low_freq_factor.is_finite()
+                            && high_freq_factor.is_finite()
+                            && low_freq_factor > 0.0
+                            && high_freq_factor > low_freq_factor
+                            && original_max_position_embeddings > 0,
+                    ),
+                };
+                if !(factor.is_finite() && factor >= 1.0 && ok) {
+                    out.push(mk(
+                        &["model", "rope_scaling"],
+                        "model.rope_scaling is out of range".into(),
+                        "factor must be at least 1; for llama3, 0 < low_freq_factor < high_freq_factor",
+                        "copy rope_parameters (or rope_scaling) from config.json".into(),
+                    ));
+                }
             }
             if !(m.rms_norm_eps.is_finite() && m.rms_norm_eps > 0.0 && m.rms_norm_eps < 1.0) {
                 out.push(mk(

@@ -16,6 +16,7 @@ pub trait Rmsnorm {
 
 pub trait Rope {
     fn rope_table<const HD: usize>(theta: f32, positions: usize) -> (Vec<f32>, Vec<f32>);
+    fn rope_table_from<const HD: usize>(inv_freq: &[f32], positions: usize) -> (Vec<f32>, Vec<f32>);
     fn rope<const H: usize, const HD: usize>(x: &mut [f32], cos: &[f32], sin: &[f32], start: usize, rows: usize);
 }
 
@@ -269,6 +270,11 @@ impl RopePass {
         let (cos_c, sin_c) = C::rope_table::<HEAD_DIM>(ROPE_THETA, MAX_SEQ_LEN);
         compare("rope_table cos", &cos_c, &self.cos, TOLERANCE)?;
         compare("rope_table sin", &sin_c, &self.sin, TOLERANCE)?;
+        let inv_freq: Vec<f32> = (0..HEAD_DIM / 2).map(|i| 0.5f32.powi(i as i32)).collect();
+        let (cos_f, sin_f) = C::rope_table_from::<HEAD_DIM>(&inv_freq, MAX_SEQ_LEN);
+        let (cos_r, sin_r) = R::rope_table_from::<HEAD_DIM>(&inv_freq, MAX_SEQ_LEN);
+        compare("rope_table_from cos", &cos_f, &cos_r, TOLERANCE)?;
+        compare("rope_table_from sin", &sin_f, &sin_r, TOLERANCE)?;
         for (start, rows) in [(0, PROMPT), (CONTEXT, 1)] {
             let mut got = self.q[0].clone();
             let mut want = self.q[0].clone();

@@ -78,3 +78,10 @@ macro_rules! variant {
 variant!(smollm, smollm_tiny_cpu_f32, "smollm-tiny", "SmolLM (tied, 9 query / 3 kv heads, theta 1e5)");
 variant!(qwen2, qwen2_tiny_cpu_f32, "qwen2-tiny", "Qwen2 (q/k/v biases, untied, theta 1e6)");
 variant!(llama3, llama3_tiny_cpu_f32, "llama3-tiny", "Llama 3 (128256-token vocabulary, theta 5e5)");
+variant!(linear_rope, linear_rope_tiny_cpu_f32, "linear-rope-tiny", "linear rope scaling (factor 4)");
+variant!(
+    llama31_rope,
+    llama31_rope_tiny_cpu_f32,
+    "llama31-rope-tiny",
+    "Llama 3.1 rope scaling (factor 8, 1/4, 64)"
+);

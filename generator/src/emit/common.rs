@@ -125,7 +125,19 @@ pub fn kernels_mod_rs(plan: &Plan) -> TokenStream {
     ];
     let mut interfaces: Vec<&str> = plan.interfaces.iter().map(|i| i.interface.as_str()).collect();
     interfaces.sort_unstable();
-    let modules = interfaces.iter().map(|i| format_ident!("{i}"));
+    let rope_scaled = matches!(&plan.consts, crate::plan::Consts::Llama(c) if c.rope_scaling.is_some());
+    let modules = interfaces.iter().map(|i| {
+        let module = format_ident!("{i}");
+        if *i == "rope" && rope_scaled {
+            // This model builds its rotary tables from scaled frequencies (rope_table_from).
+            quote! {
+                #[allow(dead_code, reason = "rope_table is for unscaled frequencies")]
+                pub mod #module;
+            }
+        } else {
+            quote!(pub mod #module;)
+        }
+    });
     let shared = (!plan.shared_modules.is_empty()).then(|| {
         let shared = plan.shared_modules.iter().map(|m| format_ident!("{m}"));
         quote! {
@@ -138,7 +150,7 @@ pub fn kernels_mod_rs(plan: &Plan) -> TokenStream {
     quote! {
         #(#![doc = #module_doc])*
 
-        #(pub mod #modules;)*
+        #(#modules)*
         #shared
     }
 }

@@ -290,6 +290,9 @@ fn trait_impl(imp: &Implementation) -> TokenStream {
                 fn rope_table<const HD: usize>(theta: f32, positions: usize) -> (Vec<f32>, Vec<f32>) {
                     kernels::#m::rope_table::<HD>(theta, positions)
                 }
+                fn rope_table_from<const HD: usize>(inv_freq: &[f32], positions: usize) -> (Vec<f32>, Vec<f32>) {
+                    kernels::#m::rope_table_from::<HD>(inv_freq, positions)
+                }
                 #[inline]
                 fn rope<const H: usize, const HD: usize>(x: &mut [f32], cos: &[f32], sin: &[f32], start: usize, rows: usize) {
                     kernels::#m::rope::<H, HD>(x, cos, sin, start, rows)

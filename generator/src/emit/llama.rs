@@ -10,6 +10,7 @@ use crate::Error;
 use crate::plan::Plan;
 use crate::registry::Registry;
 use crate::rust_source::{self, comment};
+use crate::workload::RopeScaling;
 
 /// The crates every LLaMA crate depends on (versions in templates/dependencies.toml).
 pub const DEPENDENCIES: &[&str] =
@@ -183,6 +184,7 @@ fn model_rs(plan: &Plan) -> TokenStream {
     } else {
         (comment("q = xb · q_projᵀ: [T, Q_DIM]"), comment("k = xb · k_projᵀ, v = xb · v_projᵀ: [T, KV_DIM]"))
     };
+    let (rope_use, rope_tables, inv_freq_fn) = rope_parts(c.rope_scaling);
     let (q_bias, k_bias, v_bias, add_bias_fn) = if c.qkv_bias {
         (
             quote!(add_bias(q, &layer.q_bias);),
@@ -227,7 +229,7 @@ fn model_rs(plan: &Plan) -> TokenStream {
         use crate::kernels::kv_cache::KvCache;
         use crate::kernels::matmul::matmul;
         use crate::kernels::rmsnorm::rmsnorm;
-        use crate::kernels::rope::{rope, rope_table};
+        #rope_use
         use crate::kernels::swiglu::swiglu;
         use crate::weights::Weights;
         use crate::{
@@ -251,7 +253,7 @@ fn model_rs(plan: &Plan) -> TokenStream {
             pub fn load(dir: impl AsRef<Path>) -> Result<Model, Error> {
                 crate::cpu::check()?;
                 let weights = Weights::load(&dir.as_ref().join("model.safetensors"))?;
-                let (rope_cos, rope_sin) = rope_table::<HEAD_DIM>(ROPE_THETA, MAX_SEQ_LEN);
+                #rope_tables
                 Ok(Model { weights, rope_cos, rope_sin })
             }
 
@@ -459,6 +461,7 @@ fn model_rs(plan: &Plan) -> TokenStream {
         }
 
         #add_bias_fn
+        #inv_freq_fn
     }
 }
 
@@ -603,4 +606,79 @@ fn weights_rs(plan: &Plan) -> TokenStream {
             }
         }
     }
+}
+
+/// How `Model::load` builds the rotary tables: from `ROPE_THETA` alone, or, with rope scaling,
+/// from inverse frequencies that a generated `rope_inv_freq` scales with the workload's
+/// constants. Returns the `use` line, the statement and the function (if any).
+fn rope_parts(scaling: Option<RopeScaling>) -> (TokenStream, TokenStream, TokenStream) {
+    let Some(scaling) = scaling else {
+        return (
+            quote!(
+                use crate::kernels::rope::{rope, rope_table};
+            ),
+            quote!(let (rope_cos, rope_sin) = rope_table::<HEAD_DIM>(ROPE_THETA, MAX_SEQ_LEN);),
+            quote!(),
+        );
+    };
+    let unscaled = quote! {
+        let mut inv_freq: Vec<f32> =
+            (0..HEAD_DIM / 2).map(|i| 1.0 / ROPE_THETA.powf((2 * i) as f32 / HEAD_DIM as f32)).collect();
+    };
+    let body = match scaling {
+        RopeScaling::Linear { factor } => {
+            let factor = f32_lit(factor as f32);
+            let doc = doc("The rotary inverse frequencies, divided by the linear rope-scaling factor.");
+            quote! {
+                #doc
+                fn rope_inv_freq() -> Vec<f32> {
+                    #unscaled
+                    for f in &mut inv_freq {
+                        *f /= #factor;
+                    }
+                    inv_freq
+                }
+            }
+        }
+        RopeScaling::Llama3 {
+            factor,
+            low_freq_factor,
+            high_freq_factor,
+            original_max_position_embeddings,
+        } => {
+            let [factor, low, high, original] =
+                [factor, low_freq_factor, high_freq_factor, original_max_position_embeddings as f64]
+                    .map(|v| f32_lit(v as f32));
+            let doc = doc(
+                "The rotary inverse frequencies with Llama 3.1's rope scaling: wavelengths longer than\nORIGINAL / LOW are divided by FACTOR, shorter than ORIGINAL / HIGH kept, and those\nbetween interpolated (computed in f32, as transformers does).",
+            );
+            quote! {
+                #doc
+                fn rope_inv_freq() -> Vec<f32> {
+                    const FACTOR: f32 = #factor;
+                    const LOW: f32 = #low;
+                    const HIGH: f32 = #high;
+                    const ORIGINAL: f32 = #original;
+                    #unscaled
+                    for f in &mut inv_freq {
+                        let wavelen = 2.0 * std::f32::consts::PI / *f;
+                        if wavelen > ORIGINAL / LOW {
+                            *f /= FACTOR;
+                        } else if wavelen >= ORIGINAL / HIGH {
+                            let smooth = (ORIGINAL / wavelen - LOW) / (HIGH - LOW);
+                            *f = (1.0 - smooth) * *f / FACTOR + smooth * *f;
+                        }
+                    }
+                    inv_freq
+                }
+            }
+        }
+    };
+    (
+        quote!(
+            use crate::kernels::rope::{rope, rope_table_from};
+        ),
+        quote!(let (rope_cos, rope_sin) = rope_table_from::<HEAD_DIM>(&rope_inv_freq(), MAX_SEQ_LEN);),
+        body,
+    )
 }

@@ -248,8 +248,10 @@ macro_rules! conform_rmsnorm {
 /// Checks a `rope` implementation at the given heads: its tables against the reference's
 /// (and against angles computed in f64, within the rounding of an f32 angle), and its
 /// rotation, applied with the reference's tables, against the reference's rotation.
+#[allow(clippy::type_complexity)]
 pub fn rope<const N_HEADS: usize, const HEAD_DIM: usize>(
     candidate_table: impl Fn(f32, usize) -> (Vec<f32>, Vec<f32>),
+    candidate_from: impl Fn(&[f32], usize) -> (Vec<f32>, Vec<f32>),
     candidate: impl Fn(&mut [f32], &[f32], &[f32], usize, usize),
     reference_table: impl Fn(f32, usize) -> (Vec<f32>, Vec<f32>),
     reference: impl Fn(&mut [f32], &[f32], &[f32], usize, usize),
@@ -258,6 +260,24 @@ pub fn rope<const N_HEADS: usize, const HEAD_DIM: usize>(
     let half = HEAD_DIM / 2;
     let row_len = N_HEADS * HEAD_DIM;
     let mut rng = Rng::for_shape(&[4, N_HEADS, HEAD_DIM]);
+    // Tables from given (scaled) inverse frequencies, against f64 angles.
+    let inv_freq: Vec<f32> = (0..half).map(|i| 0.7f32.powi(i as i32) / 3.0).collect();
+    let (cos, sin) = candidate_from(&inv_freq, POSITIONS);
+    let angles: Vec<f64> =
+        (0..POSITIONS * half).map(|at| f64::from((at / half) as f32 * inv_freq[at % half])).collect();
+    let what = format!("rope_table_from HEAD_DIM={HEAD_DIM}");
+    assert_close(
+        &format!("{what}: cos"),
+        &cos,
+        &angles.iter().map(|a| a.cos() as f32).collect::<Vec<_>>(),
+        1e-6,
+    );
+    assert_close(
+        &format!("{what}: sin"),
+        &sin,
+        &angles.iter().map(|a| a.sin() as f32).collect::<Vec<_>>(),
+        1e-6,
+    );
     for theta in [10_000.0f32, 500_000.0] {
         let what = format!("rope N_HEADS={N_HEADS} HEAD_DIM={HEAD_DIM} theta={theta}");
         let (cos, sin) = candidate_table(theta, POSITIONS);
@@ -309,6 +329,7 @@ macro_rules! conform_rope {
         $(
             $crate::check::rope::<$h, $d>(
                 $crate::kernels::$candidate::rope_table::<$d>,
+                $crate::kernels::$candidate::rope_table_from::<$d>,
                 $crate::kernels::$candidate::rope::<$h, $d>,
                 $crate::kernels::$reference::rope_table::<$d>,
                 $crate::kernels::$reference::rope::<$h, $d>,
