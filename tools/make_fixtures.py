@@ -64,6 +64,15 @@ VARIANTS = {
                               "rope_theta": 500000.0},
              rms_norm_eps=1e-5, tie_word_embeddings=True, bos_token_id=1, eos_token_id=2),
     ),
+    # Mistral: sliding-window attention, with a window of 16 positions, shorter than the
+    # 40-token prompt and the 64 positions the greedy ids reach.
+    "mistral-tiny": (
+        transformers.MistralConfig,
+        dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+             num_key_value_heads=2, head_dim=16, vocab_size=512, max_position_embeddings=256,
+             rope_theta=10000.0, rms_norm_eps=1e-5, tie_word_embeddings=False, sliding_window=16,
+             bos_token_id=1, eos_token_id=2),
+    ),
     # Qwen2: biases on the q, k and v projections, untied embeddings, rope theta 1e6.
     "qwen2-tiny": (
         transformers.Qwen2Config,

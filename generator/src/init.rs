@@ -250,6 +250,7 @@ pub fn workload_from_config(path: &Path, text: &str, opts: &InitOptions) -> Resu
     match config.get("model_type").and_then(Value::as_str) {
         Some("llama") => {}
         Some("qwen2") => qkv_bias = true,
+        Some("mistral") => {}
         Some("bert") => return crate::init_bert::workload(path, &config, &source, opts),
         Some(other) => problems.push(diag(
             "model_type",
@@ -272,6 +273,21 @@ pub fn workload_from_config(path: &Path, text: &str, opts: &InitOptions) -> Resu
     } && config
         .get("layer_types")
         .is_none_or(|v| v.as_array().is_some_and(|layers| layers.iter().all(|l| l == "full_attention")));
+    let is_mistral = config.get("model_type").and_then(Value::as_str) == Some("mistral");
+    let sliding_window = if is_mistral && !window_off {
+        match config.get("sliding_window").and_then(Value::as_u64) {
+            Some(w) => Some(w as usize),
+            None => {
+                problems.push(diag(
+                    "sliding_window",
+                    "config.json field `sliding_window` is not a window size".into(),
+                ));
+                None
+            }
+        }
+    } else {
+        None
+    };
     for (key, value) in &config {
         if HONOURED.contains(&key.as_str()) || BOOKKEEPING.contains(&key.as_str()) {
             continue;
@@ -281,6 +297,10 @@ pub fn workload_from_config(path: &Path, text: &str, opts: &InitOptions) -> Resu
             "use_sliding_window" | "sliding_window" | "max_window_layers" | "layer_types"
         );
         if window_key && window_off {
+            continue;
+        }
+        // Mistral's window: the same size in every layer, resolved when the crate is generated.
+        if key == "sliding_window" && is_mistral {
             continue;
         }
         if window_key {
@@ -406,6 +426,7 @@ pub fn workload_from_config(path: &Path, text: &str, opts: &InitOptions) -> Resu
             eos_token_ids,
             qkv_bias,
             rope_scaling,
+            sliding_window,
         }),
         weights: Weights { dtype: opts.dtype },
         target: Target {
@@ -524,8 +545,14 @@ mod tests {
         assert!(e.contains("`attention_bias` cannot be honoured"), "{e}");
         let e = from(&STORIES.replace("\"pretraining_tp\": 1", "\"sliding_window\": 4096")).unwrap_err();
         assert!(e.contains("`sliding_window` cannot be honoured"), "{e}");
-        let e = from(&STORIES.replace("\"llama\"", "\"mistral\"")).unwrap_err();
-        assert!(e.contains("model_type `mistral` is not supported"), "{e}");
+        let e = from(&STORIES.replace("\"llama\"", "\"mixtral\"")).unwrap_err();
+        assert!(e.contains("model_type `mixtral` is not supported"), "{e}");
+        // Mistral's window is resolved into the workload.
+        let mistral = STORIES
+            .replace("\"llama\"", "\"mistral\"")
+            .replace("\"pretraining_tp\": 1", "\"sliding_window\": 16");
+        let w = workload_from_config(Path::new("m/config.json"), &mistral, &opts()).unwrap();
+        assert_eq!(w.llama().sliding_window, Some(16));
         let e = from(&STORIES.replace("  \"hidden_size\": 64,\n", "")).unwrap_err();
         assert!(e.contains("config.json has no `hidden_size`"), "{e}");
     }

@@ -79,6 +79,8 @@ pub struct LlamaConsts {
     /// The q, k and v projections add a bias.
     pub qkv_bias: bool,
     pub rope_scaling: Option<crate::workload::RopeScaling>,
+    /// Positions each query attends to (itself included), when attention slides.
+    pub sliding_window: Option<usize>,
 }
 
 #[derive(Debug, Clone, Serialize)]

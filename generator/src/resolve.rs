@@ -24,6 +24,11 @@ use crate::workload::{Model, Pooling, Workload};
 /// never generated.
 pub fn required_interfaces(w: &Workload) -> Vec<&'static str> {
     match &w.model {
+        // With a sliding window, every row attends through attention_decode over its own
+        // window of the cache, and no prefill attention is generated.
+        Model::Llama(m) if m.sliding_window.is_some() => {
+            vec!["rmsnorm", "matmul", "rope", "kv_cache", "attention_decode", "swiglu", "sampler"]
+        }
         Model::Llama(_) => vec![
             "rmsnorm",
             "matmul",
@@ -485,6 +490,7 @@ fn consts(w: &Workload) -> Consts {
                 tie_word_embeddings: m.tie_word_embeddings,
                 qkv_bias: m.qkv_bias,
                 rope_scaling: m.rope_scaling,
+                sliding_window: m.sliding_window,
             })
         }
         Model::Bert(m) => {

@@ -118,6 +118,10 @@ pub struct Llama {
     /// How the rotary frequencies are scaled for long contexts. Absent means not at all.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rope_scaling: Option<RopeScaling>,
+    /// Sliding-window attention (Mistral): each position attends to itself and the
+    /// `sliding_window − 1` before it. Absent means full causal attention.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sliding_window: Option<usize>,
 }
 
 /// Rope scaling, as Hugging Face's `rope_parameters` / `rope_scaling` states it.
@@ -635,6 +639,14 @@ fn check(
                     format!("model.rope_theta ({}) is out of range", m.rope_theta),
                     "must be a finite number above 1",
                     "LLaMA models use 10000.0; Llama 3 uses 500000.0".into(),
+                ));
+            }
+            if m.sliding_window == Some(0) {
+                out.push(mk(
+                    &["model", "sliding_window"],
+                    "model.sliding_window must be at least 1".into(),
+                    "zero",
+                    "copy sliding_window from config.json, or leave it out for full attention".into(),
                 ));
             }
             if let Some(scaling) = &m.rope_scaling {

@@ -85,3 +85,4 @@ variant!(
     "llama31-rope-tiny",
     "Llama 3.1 rope scaling (factor 8, 1/4, 64)"
 );
+variant!(mistral, mistral_tiny_cpu_f32, "mistral-tiny", "Mistral (a sliding window of 16, prompt of 40)");

@@ -82,6 +82,13 @@ fn lib_rs(plan: &Plan) -> TokenStream {
     let vocab_size = usize_lit(c.vocab_size);
     let max_seq_len = usize_lit(c.max_seq_len);
     let prefill_chunk = usize_lit(c.prefill_chunk);
+    let window_const = c.sliding_window.map(|w| {
+        let w = usize_lit(w);
+        quote! {
+            /// Positions each query attends to, itself included (sliding-window attention).
+            pub const SLIDING_WINDOW: usize = #w;
+        }
+    });
     let threads = usize_lit(c.threads);
     let rope_theta = f32_lit(c.rope_theta);
     let rms_norm_eps = f32_lit(c.rms_norm_eps);
@@ -134,6 +141,7 @@ fn lib_rs(plan: &Plan) -> TokenStream {
         pub const MAX_SEQ_LEN: usize = #max_seq_len;
         /// Positions run through the layers at once during prefill (`request.typical_prompt_len`).
         pub const PREFILL_CHUNK: usize = #prefill_chunk;
+        #window_const
         /// Base of the rotary embedding's frequencies.
         pub const ROPE_THETA: f32 = #rope_theta;
         /// Epsilon of every RMSNorm.
@@ -185,6 +193,42 @@ fn model_rs(plan: &Plan) -> TokenStream {
         (comment("q = xb · q_projᵀ: [T, Q_DIM]"), comment("k = xb · k_projᵀ, v = xb · v_projᵀ: [T, KV_DIM]"))
     };
     let (rope_use, rope_tables, inv_freq_fn) = rope_parts(c.rope_scaling);
+    let window_use = c.sliding_window.map(|_| {
+        quote!(
+            use crate::SLIDING_WINDOW;
+        )
+    });
+    let (prefill_use, attention, c_att) = match c.sliding_window {
+        None => (
+            quote!(
+                use crate::kernels::attention_prefill::attention_prefill;
+            ),
+            quote! {
+                let (keys, values) = (cache.keys(start + t), cache.values(start + t));
+                if t == 1 {
+                    attention_decode::<N_HEADS, N_KV_HEADS, HEAD_DIM>(att, q, keys, values, scores);
+                } else {
+                    attention_prefill::<N_HEADS, N_KV_HEADS, HEAD_DIM>(att, q, keys, values, scores, start, t);
+                }
+            },
+            comment("att = softmax(q · kᵀ / √HEAD_DIM) · v, each row over positions 0..=its own: [T, Q_DIM]"),
+        ),
+        Some(_) => (
+            quote!(),
+            quote! {
+                for r in 0..t {
+                    let end = start + r + 1;
+                    let from = end.saturating_sub(SLIDING_WINDOW) * KV_DIM;
+                    let (keys, values) = (&cache.keys(end)[from..], &cache.values(end)[from..]);
+                    let (q_row, att_row) = (&q[r * Q_DIM..(r + 1) * Q_DIM], &mut att[r * Q_DIM..(r + 1) * Q_DIM]);
+                    attention_decode::<N_HEADS, N_KV_HEADS, HEAD_DIM>(att_row, q_row, keys, values, scores);
+                }
+            },
+            comment(
+                "att = softmax(q · kᵀ / √HEAD_DIM) · v, each row over the SLIDING_WINDOW positions up to its own: [T, Q_DIM]",
+            ),
+        ),
+    };
     let (q_bias, k_bias, v_bias, add_bias_fn) = if c.qkv_bias {
         (
             quote!(add_bias(q, &layer.q_bias);),
@@ -206,8 +250,6 @@ fn model_rs(plan: &Plan) -> TokenStream {
     };
     let c_rope = comment("rotate q and k by their positions start..start + T");
     let c_store = comment("append k and v to this layer's cache: it now holds positions 0..start + T");
-    let c_att =
-        comment("att = softmax(q · kᵀ / √HEAD_DIM) · v, each row over positions 0..=its own: [T, Q_DIM]");
     let c_o = comment("xb = att · o_projᵀ: [T, DIM]");
     let c_res1 = comment("x = x + xb (residual)");
     let c_norm2 = comment("xb = rmsnorm(x) · post_attention_layernorm: [T, DIM]");
@@ -225,7 +267,7 @@ fn model_rs(plan: &Plan) -> TokenStream {
         use std::path::Path;
 
         use crate::kernels::attention_decode::attention_decode;
-        use crate::kernels::attention_prefill::attention_prefill;
+        #prefill_use
         use crate::kernels::kv_cache::KvCache;
         use crate::kernels::matmul::matmul;
         use crate::kernels::rmsnorm::rmsnorm;
@@ -236,6 +278,7 @@ fn model_rs(plan: &Plan) -> TokenStream {
             Error, DIM, HEAD_DIM, HIDDEN_DIM, KV_DIM, MAX_SEQ_LEN, N_HEADS, N_KV_HEADS, N_LAYERS,
             PREFILL_CHUNK, Q_DIM, RMS_NORM_EPS, ROPE_THETA, VOCAB_SIZE,
         };
+        #window_use
 
         /// A loaded model: the weights and the rotary tables. It never changes after loading,
         /// so share it between threads and give each sequence its own [`Session`].
@@ -416,12 +459,7 @@ fn model_rs(plan: &Plan) -> TokenStream {
                     #c_store
                     cache.store(start, k, v);
                     #c_att
-                    let (keys, values) = (cache.keys(start + t), cache.values(start + t));
-                    if t == 1 {
-                        attention_decode::<N_HEADS, N_KV_HEADS, HEAD_DIM>(att, q, keys, values, scores);
-                    } else {
-                        attention_prefill::<N_HEADS, N_KV_HEADS, HEAD_DIM>(att, q, keys, values, scores, start, t);
-                    }
+                    #attention
                     #c_o
                     matmul::<DIM, Q_DIM>(xb, att, &layer.o_proj, t);
                     #c_res1
