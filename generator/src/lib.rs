@@ -26,6 +26,7 @@ pub mod rankings;
 pub mod registry;
 pub mod resolve;
 pub mod rust_source;
+pub mod synth;
 pub mod workload;
 pub mod write;
 

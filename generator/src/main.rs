@@ -113,6 +113,17 @@ enum Command {
         #[arg(long)]
         dry_run: bool,
     },
+    /// Write a model directory (config.json, random model.safetensors, tokenizer.json) with a
+    /// workload's shapes, for benchmarks.
+    SynthWeights {
+        workload: PathBuf,
+        /// The directory to write (created if missing).
+        #[arg(long, value_name = "DIR")]
+        out: PathBuf,
+        /// Seed of the random weights.
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+    },
     /// List the workloads to regenerate and the benchmarks to re-run after the changes since REV.
     Affected {
         /// The git revision to compare with (e.g. origin/main).
@@ -296,6 +307,17 @@ fn run(cli: Cli) -> Result<ExitCode, Error> {
                 };
                 println!("{}", serde_json::to_string_pretty(&doc).expect("reports serialize"));
             }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::SynthWeights { workload, out, seed } => {
+            let project = project(cli.root)?;
+            let w = project.read_workload(&workload)?;
+            let parameters = monogen::synth::write_model_dir(&w, &out, seed)?;
+            eprintln!(
+                "wrote {}: config.json, tokenizer.json and model.safetensors ({parameters} random parameters, {})",
+                shown(&out),
+                human_bytes(parameters * 4)
+            );
             Ok(ExitCode::SUCCESS)
         }
         Command::Affected { base, json } => {

@@ -1,0 +1,199 @@
+//! `monogen synth-weights`: a model directory with a workload's shapes and random weights, for
+//! benchmarking shapes whose real weights are not at hand.
+//!
+//! It holds a Hugging Face style config.json, a model.safetensors of f32 weights drawn
+//! uniformly with the standard deviation of a trained model's linear layers (0.02; norm
+//! weights are 1), written as it is generated so that multi-gigabyte shapes never sit in
+//! memory, and a tokenizer.json that works: a word-level vocabulary of `vocab_size` entries
+//! (`<unk>`, `<s>`, `</s>`, then `w3`, `w4`, ...) split on whitespace.
+
+use std::io::{BufWriter, Write};
+use std::path::Path;
+
+use serde_json::{Value, json};
+
+use crate::Error;
+use crate::workload::{Model, Workload};
+
+/// Standard deviation of the random linear weights.
+const WEIGHT_STD: f32 = 0.02;
+
+/// One tensor: its name, shape, and whether it is a norm weight (all ones).
+struct TensorSpec {
+    name: String,
+    shape: Vec<usize>,
+    ones: bool,
+}
+
+/// The tensors of a LLaMA workload, in file order (sorted by name, as writers do).
+fn llama_tensors(w: &Workload) -> Vec<TensorSpec> {
+    let m = w.llama();
+    let (d, h, v) = (m.hidden_size, m.intermediate_size, m.vocab_size);
+    let (q, kv) = (m.num_heads * m.head_dim, m.num_kv_heads * m.head_dim);
+    let mut specs = vec![
+        TensorSpec { name: "model.embed_tokens.weight".into(), shape: vec![v, d], ones: false },
+        TensorSpec { name: "model.norm.weight".into(), shape: vec![d], ones: true },
+    ];
+    if !m.tie_word_embeddings {
+        specs.push(TensorSpec { name: "lm_head.weight".into(), shape: vec![v, d], ones: false });
+    }
+    for l in 0..m.num_layers {
+        let p = format!("model.layers.{l}");
+        let mut layer = vec![
+            (format!("{p}.input_layernorm.weight"), vec![d], true),
+            (format!("{p}.post_attention_layernorm.weight"), vec![d], true),
+            (format!("{p}.self_attn.q_proj.weight"), vec![q, d], false),
+            (format!("{p}.self_attn.k_proj.weight"), vec![kv, d], false),
+            (format!("{p}.self_attn.v_proj.weight"), vec![kv, d], false),
+            (format!("{p}.self_attn.o_proj.weight"), vec![d, q], false),
+            (format!("{p}.mlp.gate_proj.weight"), vec![h, d], false),
+            (format!("{p}.mlp.up_proj.weight"), vec![h, d], false),
+            (format!("{p}.mlp.down_proj.weight"), vec![d, h], false),
+        ];
+        if m.qkv_bias {
+            layer.push((format!("{p}.self_attn.q_proj.bias"), vec![q], false));
+            layer.push((format!("{p}.self_attn.k_proj.bias"), vec![kv], false));
+            layer.push((format!("{p}.self_attn.v_proj.bias"), vec![kv], false));
+        }
+        specs.extend(layer.into_iter().map(|(name, shape, ones)| TensorSpec { name, shape, ones }));
+    }
+    specs.sort_by(|a, b| a.name.cmp(&b.name));
+    specs
+}
+
+/// config.json of a LLaMA workload, as transformers would read it.
+fn llama_config(w: &Workload) -> Value {
+    let m = w.llama();
+    json!({
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": m.hidden_size,
+        "intermediate_size": m.intermediate_size,
+        "num_hidden_layers": m.num_layers,
+        "num_attention_heads": m.num_heads,
+        "num_key_value_heads": m.num_kv_heads,
+        "head_dim": m.head_dim,
+        "vocab_size": m.vocab_size,
+        "max_position_embeddings": m.max_position_embeddings,
+        "rms_norm_eps": m.rms_norm_eps,
+        "rope_theta": m.rope_theta,
+        "hidden_act": "silu",
+        "tie_word_embeddings": m.tie_word_embeddings,
+        "bos_token_id": m.bos_token_id,
+        "eos_token_id": m.eos_token_ids,
+        "torch_dtype": "float32",
+    })
+}
+
+/// A word-level tokenizer.json with `vocab_size` entries.
+fn tokenizer(vocab_size: usize) -> Value {
+    let mut vocab = serde_json::Map::new();
+    for id in 0..vocab_size {
+        let token = match id {
+            0 => "<unk>".to_string(),
+            1 => "<s>".to_string(),
+            2 => "</s>".to_string(),
+            n => format!("w{n}"),
+        };
+        vocab.insert(token, json!(id));
+    }
+    let special = |id: usize, content: &str| json!({ "id": id, "content": content, "single_word": false, "lstrip": false, "rstrip": false, "normalized": false, "special": true });
+    json!({
+        "version": "1.0",
+        "truncation": null,
+        "padding": null,
+        "added_tokens": [special(0, "<unk>"), special(1, "<s>"), special(2, "</s>")],
+        "normalizer": null,
+        "pre_tokenizer": { "type": "Whitespace" },
+        "post_processor": null,
+        "decoder": null,
+        "model": { "type": "WordLevel", "vocab": vocab, "unk_token": "<unk>" }
+    })
+}
+
+/// Writes config.json, model.safetensors and tokenizer.json for `w` into `dir`; returns the
+/// number of parameters written.
+pub fn write_model_dir(w: &Workload, dir: &Path, seed: u64) -> Result<u64, Error> {
+    let Model::Llama(m) = &w.model else {
+        return Err(Error::Refused(format!(
+            "synth-weights writes LLaMA models for now; `{}` is a {} workload",
+            w.name,
+            w.model.architecture().as_str()
+        )));
+    };
+    std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+    let write_json = |name: &str, value: &Value| {
+        let path = dir.join(name);
+        std::fs::write(&path, serde_json::to_string_pretty(value).expect("JSON serializes") + "\n")
+            .map_err(|e| Error::io(&path, e))
+    };
+    write_json("config.json", &llama_config(w))?;
+    write_json("tokenizer.json", &tokenizer(m.vocab_size))?;
+
+    let specs = llama_tensors(w);
+    let mut header = serde_json::Map::new();
+    let mut offset = 0usize;
+    for s in &specs {
+        let bytes = 4 * s.shape.iter().product::<usize>();
+        header.insert(
+            s.name.clone(),
+            json!({ "dtype": "F32", "shape": s.shape, "data_offsets": [offset, offset + bytes] }),
+        );
+        offset += bytes;
+    }
+    let mut header = serde_json::to_vec(&header).expect("JSON serializes");
+    while !header.len().is_multiple_of(8) {
+        header.push(b' ');
+    }
+    let path = dir.join("model.safetensors");
+    let file = std::fs::File::create(&path).map_err(|e| Error::io(&path, e))?;
+    let mut out = BufWriter::with_capacity(1 << 20, file);
+    let io = |e| Error::io(&path, e);
+    out.write_all(&(header.len() as u64).to_le_bytes()).map_err(io)?;
+    out.write_all(&header).map_err(io)?;
+    // Uniform in ±√3·σ has standard deviation σ.
+    let amplitude = WEIGHT_STD * 3f32.sqrt();
+    let mut state = seed ^ 0x9e37_79b9_7f4a_7c15;
+    let mut parameters = 0u64;
+    for s in &specs {
+        let n = s.shape.iter().product::<usize>();
+        parameters += n as u64;
+        for _ in 0..n {
+            let value = if s.ones {
+                1.0f32
+            } else {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                let unit = (state >> 40) as f32 / (1u64 << 24) as f32;
+                (2.0 * unit - 1.0) * amplitude
+            };
+            out.write_all(&value.to_le_bytes()).map_err(io)?;
+        }
+    }
+    out.flush().map_err(io)?;
+    Ok(parameters)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tensors_cover_every_weight_of_the_workload() {
+        let w = crate::workload::WorkloadSource::from_text("w.toml", crate::workload::tests_support::GOOD)
+            .parse()
+            .unwrap();
+        let specs = llama_tensors(&w);
+        let total: usize = specs.iter().map(|s| s.shape.iter().product::<usize>()).sum();
+        let plan_params = {
+            let m = w.llama();
+            let (d, h, v) = (m.hidden_size, m.intermediate_size, m.vocab_size);
+            let (q, kv) = (m.num_heads * m.head_dim, m.num_kv_heads * m.head_dim);
+            v * d + d + m.num_layers * (2 * d + q * d + 2 * kv * d + d * q + 3 * h * d)
+        };
+        assert_eq!(total, plan_params);
+        assert!(specs.windows(2).all(|p| p[0].name < p[1].name), "sorted by name");
+        assert_eq!(tokenizer(10)["model"]["vocab"]["w9"], 9);
+    }
+}

@@ -1,0 +1,43 @@
+//! `monogen synth-weights`: a random model directory with a workload's shapes loads in that
+//! workload's crate, its tokenizer works, and `monogen init` reads its config.json back into
+//! the same model.
+
+use monogen::init::{CpuFeatures, InitOptions, workload_from_hf};
+use monogen::workload::{Dtype, WorkloadSource};
+use monogen_tests::workspace_root;
+use stories260k_cpu_f32::{GenerateParams, Model, Tokenizer, VOCAB_SIZE};
+
+#[test]
+fn synthetic_weights_load_run_and_read_back() {
+    let path = workspace_root().join("workloads/stories260k-cpu-f32.toml");
+    let workload = WorkloadSource::read(&path).unwrap().parse().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let parameters = monogen::synth::write_model_dir(&workload, dir.path(), 7).unwrap();
+    assert_eq!(parameters, 260_032);
+
+    let model = Model::load(dir.path()).unwrap();
+    assert!(model.warnings().is_empty(), "{:?}", model.warnings());
+    let tokenizer = Tokenizer::load(dir.path()).unwrap();
+    let prompt = tokenizer.encode("w5 w9 w100").unwrap();
+    assert_eq!(prompt, [5, 9, 100]);
+    let logits = model.session().logits_all(&prompt).unwrap();
+    assert_eq!(logits.len(), 3 * VOCAB_SIZE);
+    assert!(logits.iter().all(|v| v.is_finite()));
+    let params = GenerateParams { max_tokens: 8, ..GenerateParams::default() };
+    let generation = model.session().generate(&prompt, &params, |_| true).unwrap();
+    assert!(!generation.generated_ids.is_empty());
+
+    let opts = InitOptions {
+        name: "synth".into(),
+        dtype: Dtype::F32,
+        threads: Some(2),
+        cpu_features: CpuFeatures::parse("x86-64-v3").unwrap(),
+        max_seq_len: None,
+        typical_prompt_len: None,
+        typical_decode_len: None,
+        hardware: None,
+        max_batch: None,
+    };
+    let back = workload_from_hf(dir.path(), &opts).unwrap();
+    assert_eq!(back.model, workload.model);
+}
