@@ -16,7 +16,7 @@ use serde::Serialize;
 
 use crate::rankings::RANKINGS_DIR;
 use crate::workload::Workload;
-use crate::{Error, Project, check, rankings, resolve};
+use crate::{Error, Project, check, resolve};
 
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct Affected {
@@ -103,9 +103,9 @@ pub fn affected(project: &Project, changed: &[String]) -> Result<Affected, Error
     let mut rebench: BTreeMap<usize, (BTreeSet<String>, Vec<String>)> = BTreeMap::new();
     let mut unaffecting = Vec::new();
     let all_interfaces = |k: &Known| -> Vec<String> {
-        k.workload
-            .as_ref()
-            .map_or_else(Vec::new, |w| rankings::interfaces_of(w).iter().map(|s| s.to_string()).collect())
+        k.workload.as_ref().map_or_else(Vec::new, |w| {
+            resolve::required_interfaces(w).iter().map(|s| s.to_string()).collect()
+        })
     };
     let measured = |k: &Known| k.workload.as_ref().is_some_and(|w| w.target.hardware.is_some());
 

@@ -475,12 +475,12 @@ fn bench_one(
     let records = bench::records(&outcomes, &plan, &project.registry, &host, &measured_at);
     let shapes = rankings::shapes_signature(&w);
     let mut updated = project.rankings.clone();
-    for interface in rankings::interfaces_of(&w) {
+    for interface in monogen::resolve::required_interfaces(&w) {
         updated.replace(&class, interface, &shapes, records.get(interface).cloned().unwrap_or_default());
     }
     let mut written = Vec::new();
     if !dry_run {
-        for interface in rankings::interfaces_of(&w) {
+        for interface in monogen::resolve::required_interfaces(&w) {
             let (rel, text) = updated.render(&class, interface);
             let file = project.root.join(&rel);
             if std::fs::read_to_string(&file).is_ok_and(|old| old == text) {

@@ -12,10 +12,10 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+use crate::Error;
 use crate::diagnostics::Diagnostic;
 use crate::registry::{Implementation, Registry, sha256_hex};
 use crate::workload::{Model, Request, Workload};
-use crate::{Error, resolve};
 
 /// The folder of the database, under the project root.
 pub const RANKINGS_DIR: &str = "rankings";
@@ -335,11 +335,6 @@ pub fn evidence(
 /// class and more than one implementation competes.
 pub fn needs_measurements(w: &Workload, competing: usize) -> bool {
     w.target.hardware.is_some() && competing > 1
-}
-
-/// The interfaces of `w`'s architecture, for `bench` and `affected`.
-pub fn interfaces_of(w: &Workload) -> Vec<&'static str> {
-    resolve::required_interfaces(w)
 }
 
 #[cfg(test)]

@@ -3,8 +3,6 @@
 //! expected and found shape or dtype), never a panic or garbage output. The binary maps these
 //! errors to exit code 3 (see `standalone.rs` for the exit codes of bad arguments).
 
-use std::path::Path;
-
 use monogen_tests::{Safetensors, add_tensor_copy, model_dir};
 use serde_json::json;
 use stories260k_cpu_f32::{Error, Model, Tokenizer};
@@ -38,7 +36,9 @@ const Q0: &str = "model.layers.0.self_attn.q_proj.weight";
 
 #[test]
 fn missing_files_name_the_path() {
-    let Some(weights) = real_weights() else { return };
+    if model_dir("stories260k").is_none() {
+        return;
+    }
     let empty = tempfile::tempdir().unwrap();
     let e = Model::load(empty.path().join("no-such-dir")).err().unwrap();
     assert!(matches!(e, Error::Io { .. }) && e.to_string().contains("no-such-dir/model.safetensors"), "{e}");
@@ -50,7 +50,6 @@ fn missing_files_name_the_path() {
     std::fs::create_dir(empty.path().join("model.safetensors")).unwrap();
     let e = Model::load(empty.path()).err().unwrap();
     assert!(e.to_string().contains("model.safetensors"), "{e}");
-    drop(weights);
 }
 
 #[test]
@@ -144,5 +143,4 @@ fn a_tokenizer_larger_than_the_vocabulary_or_broken_is_refused() {
     std::fs::write(dir.path().join("tokenizer.json"), "{ not json").unwrap();
     let e = Tokenizer::load(dir.path()).err().unwrap();
     assert!(matches!(e, Error::Tokenizer { .. }) && e.to_string().contains("tokenizer.json"), "{e}");
-    assert!(Path::new(&dir.path().join("tokenizer.json")).exists());
 }
