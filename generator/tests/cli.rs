@@ -9,18 +9,19 @@ use common::*;
 #[test]
 fn init_reproduces_the_committed_workloads() {
     let root = workspace_root();
-    // (model, workload, hardware class, files beside config.json that init reads)
-    let cases: [(&str, &str, &str, &[&str]); 3] = [
-        ("stories260k", "stories260k-cpu-f32", "intel-xeon-2c", &[]),
-        ("aidreams260k", "aidreams260k-cpu-f32", "intel-xeon-2c", &[]),
+    // (model, workload, CPU features, hardware class, files beside config.json that init reads)
+    let cases: [(&str, &str, &str, &str, &[&str]); 3] = [
+        ("stories260k", "stories260k-cpu-f32", "x86-64-v3", "intel-xeon-2c", &[]),
+        ("aidreams260k", "aidreams260k-cpu-f32", "x86-64-v3", "intel-xeon-2c", &[]),
         (
             "all-minilm-l6-v2",
             "all-minilm-l6-v2-cpu-f32",
+            "x86-64-v4",
             "intel-xeon-2c",
             &["modules.json", "1_Pooling/config.json", "sentence_bert_config.json"],
         ),
     ];
-    for (model, name, hardware, extra) in cases {
+    for (model, name, cpu_features, hardware, extra) in cases {
         let dir = models_root().join(model);
         if !dir.join("config.json").is_file() {
             assert!(
@@ -49,7 +50,7 @@ fn init_reproduces_the_committed_workloads() {
                 "--threads",
                 "2",
                 "--cpu-features",
-                "x86-64-v3",
+                cpu_features,
                 "--hardware",
                 hardware,
             ],

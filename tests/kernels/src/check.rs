@@ -76,7 +76,7 @@ macro_rules! conform_matmul {
     ($candidate:ident, $reference:ident) => {
         $crate::conform_matmul!(@shapes $candidate, $reference,
             (1, 1) (1, 172) (5, 3) (5, 64) (32, 17) (32, 64) (33, 61) (33, 8)
-            (64, 172) (172, 64) (512, 3) (512, 64) (8, 16) (3, 7));
+            (64, 172) (172, 64) (512, 3) (512, 64) (8, 16) (3, 7) (384, 384) (100, 1000));
     };
     (@shapes $candidate:ident, $reference:ident, $(($n:literal, $k:literal))*) => {
         $(

@@ -1,0 +1,186 @@
+//! Measures this machine's limits: read bandwidth over buffers of the sizes given on the command
+//! line, and the peak rate of f32 fused multiply-adds with AVX2 and AVX-512, at 1 to `--threads`
+//! threads. Each figure is the best of `--rounds` rounds (a peak is what the hardware can do,
+//! so the fastest round is the estimate; noise only makes rounds slower).
+//!
+//! Usage: monogen-peaks [--threads N] [--rounds R] [--json] SIZE...   (SIZE like 64M, 2G)
+
+use std::arch::x86_64::*;
+use std::hint::black_box;
+use std::time::Instant;
+
+fn main() {
+    let mut threads = 2;
+    let mut rounds = 5;
+    let mut json = false;
+    let mut sizes = Vec::new();
+    let mut args = std::env::args().skip(1);
+    while let Some(arg) = args.next() {
+        match arg.as_str() {
+            "--threads" => threads = args.next().and_then(|v| v.parse().ok()).expect("--threads N"),
+            "--rounds" => rounds = args.next().and_then(|v| v.parse().ok()).expect("--rounds R"),
+            "--json" => json = true,
+            size => sizes.push(parse_size(size).unwrap_or_else(|| panic!("not a size: {size}"))),
+        }
+    }
+    if sizes.is_empty() {
+        sizes = vec![32 << 20, 2 << 30];
+    }
+    let mut results = Vec::new();
+    for t in 1..=threads {
+        for &bytes in &sizes {
+            let gbs = read_bandwidth(bytes, t, rounds);
+            results.push((format!("read_gb_s {} {t}t", human(bytes)), gbs));
+        }
+        if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
+            results.push((format!("fma_avx2_gflop_s {t}t"), fma_peak(t, rounds, false)));
+        }
+        if is_x86_feature_detected!("avx512f") {
+            results.push((format!("fma_avx512_gflop_s {t}t"), fma_peak(t, rounds, true)));
+        }
+    }
+    if json {
+        let fields: Vec<String> = results.iter().map(|(k, v)| format!("\"{k}\": {v:.2}")).collect();
+        println!("{{{}}}", fields.join(", "));
+    } else {
+        for (name, value) in &results {
+            println!("{name:<32} {value:>10.2}");
+        }
+    }
+}
+
+fn parse_size(s: &str) -> Option<usize> {
+    let (digits, shift) = match s.as_bytes().last()? {
+        b'K' | b'k' => (&s[..s.len() - 1], 10),
+        b'M' | b'm' => (&s[..s.len() - 1], 20),
+        b'G' | b'g' => (&s[..s.len() - 1], 30),
+        _ => (s, 0),
+    };
+    digits.parse::<usize>().ok().map(|n| n << shift)
+}
+
+fn human(bytes: usize) -> String {
+    match bytes {
+        b if b >= 1 << 30 && b % (1 << 30) == 0 => format!("{}G", b >> 30),
+        b if b >= 1 << 20 => format!("{}M", b >> 20),
+        b => format!("{}K", b >> 10),
+    }
+}
+
+/// GB/s of reading `bytes` (split evenly over `threads`), best of `rounds` rounds after one
+/// warm-up round; the pages are written first so that they are really mapped. A round reads
+/// the buffer as many times as it takes to read at least 1 GiB, so that starting the threads
+/// is negligible even for a cache-sized buffer.
+fn read_bandwidth(bytes: usize, threads: usize, rounds: usize) -> f64 {
+    let len = bytes / 4 / 64 * 64;
+    let buffer: Vec<f32> = (0..len).map(|i| (i % 7) as f32).collect();
+    let chunk = len / threads / 64 * 64;
+    let passes = (1usize << 30).div_ceil(chunk * threads * 4);
+    let mut best = f64::INFINITY;
+    for round in 0..=rounds {
+        let start = Instant::now();
+        std::thread::scope(|s| {
+            for part in buffer.chunks(chunk).take(threads) {
+                s.spawn(move || {
+                    for _ in 0..passes {
+                        black_box(sum(black_box(part)));
+                    }
+                });
+            }
+        });
+        let elapsed = start.elapsed().as_secs_f64();
+        if round > 0 {
+            best = best.min(elapsed);
+        }
+    }
+    (passes * chunk * threads * 4) as f64 / best / 1e9
+}
+
+/// Sums `values` with four independent AVX-512 (or scalar) accumulators: a pure read stream.
+fn sum(values: &[f32]) -> f32 {
+    if is_x86_feature_detected!("avx512f") {
+        // SAFETY: the CPU has AVX-512F (checked just above).
+        unsafe { sum_avx512(values) }
+    } else {
+        values.iter().sum()
+    }
+}
+
+#[target_feature(enable = "avx512f")]
+fn sum_avx512(values: &[f32]) -> f32 {
+    let mut acc = [_mm512_setzero_ps(); 4];
+    let mut blocks = values.chunks_exact(64);
+    for block in &mut blocks {
+        for (i, a) in acc.iter_mut().enumerate() {
+            // SAFETY: `block` holds 64 values, so 16 from 16 * i are in bounds.
+            *a = _mm512_add_ps(*a, unsafe { _mm512_loadu_ps(block.as_ptr().add(16 * i)) });
+        }
+    }
+    let total = _mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3]));
+    _mm512_reduce_add_ps(total) + blocks.remainder().iter().sum::<f32>()
+}
+
+/// GFLOP/s of fused multiply-adds (2 flops per lane) on `threads` threads, best of `rounds`.
+fn fma_peak(threads: usize, rounds: usize, avx512: bool) -> f64 {
+    const ITERS: usize = 20_000_000;
+    let lanes = if avx512 { 16 } else { 8 };
+    let mut best = f64::INFINITY;
+    for round in 0..=rounds {
+        let start = Instant::now();
+        std::thread::scope(|s| {
+            for _ in 0..threads {
+                s.spawn(move || {
+                    // SAFETY: the caller checked the features.
+                    if avx512 {
+                        black_box(unsafe { fma_loop_avx512(ITERS) })
+                    } else {
+                        black_box(unsafe { fma_loop_avx2(ITERS) })
+                    }
+                });
+            }
+        });
+        let elapsed = start.elapsed().as_secs_f64();
+        if round > 0 {
+            best = best.min(elapsed);
+        }
+    }
+    (threads * ITERS * 12 * lanes * 2) as f64 / best / 1e9
+}
+
+/// 12 independent chains of fused multiply-adds: enough to cover the latency of two FMA units.
+#[target_feature(enable = "avx512f")]
+fn fma_loop_avx512(iters: usize) -> f32 {
+    let a = _mm512_set1_ps(black_box(0.999_999));
+    let b = _mm512_set1_ps(black_box(1e-7));
+    let mut acc = [_mm512_set1_ps(1.0); 12];
+    for _ in 0..iters {
+        for v in acc.iter_mut() {
+            *v = _mm512_fmadd_ps(*v, a, b);
+        }
+    }
+    let mut total = _mm512_setzero_ps();
+    for v in acc {
+        total = _mm512_add_ps(total, v);
+    }
+    _mm512_reduce_add_ps(total)
+}
+
+#[target_feature(enable = "avx2,fma")]
+fn fma_loop_avx2(iters: usize) -> f32 {
+    let a = _mm256_set1_ps(black_box(0.999_999));
+    let b = _mm256_set1_ps(black_box(1e-7));
+    let mut acc = [_mm256_set1_ps(1.0); 12];
+    for _ in 0..iters {
+        for v in acc.iter_mut() {
+            *v = _mm256_fmadd_ps(*v, a, b);
+        }
+    }
+    let mut lanes = [0.0f32; 8];
+    let mut total = _mm256_setzero_ps();
+    for v in acc {
+        total = _mm256_add_ps(total, v);
+    }
+    // SAFETY: `lanes` holds 8 values.
+    unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), total) };
+    lanes.iter().sum()
+}

@@ -1,0 +1,167 @@
+//! A persistent team of `crate::THREADS − 1` worker threads that share the AVX-512 matrix
+//! products of the calling thread, each computing its own range of weight rows (output
+//! columns), so that every thread reads its part of the weights and no more.
+//!
+//! The workers start at the first product that has enough work and live as long as the
+//! process. Between products they spin for [`SPIN`] (a forward pass calls the next product
+//! within microseconds, far sooner than a sleeping thread could be woken), then sleep on a
+//! condition variable until the next product. The caller publishes a product, computes the
+//! first share itself and waits for the others: every call splits the same way, into
+//! `THREADS` shares fixed by the baked thread count, and nothing is decided at run time but
+//! whether the call is large enough to share.
+//!
+//! One product runs on the team at a time. A call made while the team is busy (sessions on
+//! several threads) is computed whole on its own thread, which is then the better use of the
+//! cores anyway.
+#![allow(dead_code)]
+
+use std::cell::UnsafeCell;
+use std::ops::Range;
+use std::sync::atomic::AtomicBool;
+use std::sync::atomic::AtomicUsize;
+use std::sync::atomic::Ordering::{Acquire, Relaxed, Release, SeqCst};
+use std::sync::{Condvar, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use super::avx512_matmul::Product;
+
+/// Multiply-adds below which a product stays on the calling thread: handing it over costs
+/// about a microsecond.
+const MIN_SHARED_MACS: usize = 1 << 16;
+
+/// How long an idle worker spins before it sleeps.
+const SPIN: Duration = Duration::from_millis(1);
+
+struct Team {
+    /// The product being shared; written by the caller only while every worker is idle.
+    job: UnsafeCell<Option<Product>>,
+    /// Counts published products; workers wait for it to change.
+    generation: AtomicUsize,
+    /// Workers done with the current product.
+    finished: AtomicUsize,
+    /// Held by the caller whose product is on the team.
+    busy: AtomicBool,
+    /// Workers asleep (or about to sleep) on `wake`.
+    sleepers: AtomicUsize,
+    lock: Mutex<()>,
+    wake: Condvar,
+}
+
+// SAFETY: `job` is written only by the holder of `busy` while no worker reads it (all have
+// finished the previous product), and read by workers only after the `generation` increment
+// that publishes it.
+unsafe impl Sync for Team {}
+
+static TEAM: Team = Team {
+    job: UnsafeCell::new(None),
+    generation: AtomicUsize::new(0),
+    finished: AtomicUsize::new(0),
+    busy: AtomicBool::new(false),
+    sleepers: AtomicUsize::new(0),
+    lock: Mutex::new(()),
+    wake: Condvar::new(),
+};
+
+/// Whether the workers started (`false` if the system refused a thread).
+static STARTED: OnceLock<bool> = OnceLock::new();
+
+/// Computes `product`, shared by the team when it is large enough and the team is free.
+///
+/// # Safety
+///
+/// As for [`Product::columns`] over all of the product's columns.
+pub unsafe fn run(product: Product) {
+    let threads = crate::THREADS;
+    let shared = threads > 1
+        && product.rows * product.n * product.k >= MIN_SHARED_MACS
+        && !TEAM.busy.swap(true, Acquire);
+    if !shared {
+        // SAFETY: the caller's contract.
+        unsafe { product.columns(0..product.n) };
+        return;
+    }
+    if !*STARTED.get_or_init(start_workers) {
+        TEAM.busy.store(false, Release);
+        // SAFETY: the caller's contract.
+        unsafe { product.columns(0..product.n) };
+        return;
+    }
+    TEAM.finished.store(0, Relaxed);
+    // SAFETY: this thread holds `busy` and every worker has finished the previous product.
+    unsafe { *TEAM.job.get() = Some(product) };
+    TEAM.generation.fetch_add(1, SeqCst);
+    if TEAM.sleepers.load(SeqCst) > 0 {
+        let _guard = TEAM.lock.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        TEAM.wake.notify_all();
+    }
+    // SAFETY: the caller's contract; the shares are disjoint column ranges.
+    unsafe { product.columns(share(0, product.n)) };
+    let mut spins = 0u32;
+    while TEAM.finished.load(Acquire) < threads - 1 {
+        spins = spins.saturating_add(1);
+        if spins < 1 << 14 {
+            std::hint::spin_loop();
+        } else {
+            std::thread::yield_now();
+        }
+    }
+    TEAM.busy.store(false, Release);
+}
+
+/// The columns of thread `index`: `THREADS` runs of equal length, rounded up to whole
+/// 8-column tiles.
+fn share(index: usize, n: usize) -> Range<usize> {
+    let run = n.div_ceil(crate::THREADS).next_multiple_of(8);
+    let start = (index * run).min(n);
+    start..(start + run).min(n)
+}
+
+fn start_workers() -> bool {
+    (1..crate::THREADS).all(|index| {
+        std::thread::Builder::new()
+            .name(format!("matmul-{index}"))
+            .spawn(move || work(index))
+            .is_ok()
+    })
+}
+
+/// A worker's life: wait for a product, compute share `index`, report, and again.
+fn work(index: usize) {
+    let mut seen = 0;
+    loop {
+        seen = next_generation(seen);
+        // SAFETY: the generation was published after the product was written (acquired in
+        // `next_generation`), and the product stays unchanged until this worker reports.
+        let product = unsafe { *TEAM.job.get() }.expect("a product is published before its generation");
+        // SAFETY: the publisher's contract, and the workers' shares are disjoint.
+        unsafe { product.columns(share(index, product.n)) };
+        TEAM.finished.fetch_add(1, Release);
+    }
+}
+
+/// Waits until the generation differs from `seen`: spinning for [`SPIN`], then asleep.
+fn next_generation(seen: usize) -> usize {
+    let start = Instant::now();
+    loop {
+        for _ in 0..64 {
+            let generation = TEAM.generation.load(Acquire);
+            if generation != seen {
+                return generation;
+            }
+            std::hint::spin_loop();
+        }
+        if start.elapsed() > SPIN {
+            break;
+        }
+    }
+    let mut guard = TEAM.lock.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    TEAM.sleepers.fetch_add(1, SeqCst);
+    loop {
+        let generation = TEAM.generation.load(SeqCst);
+        if generation != seen {
+            TEAM.sleepers.fetch_sub(1, SeqCst);
+            return generation;
+        }
+        guard = TEAM.wake.wait(guard).unwrap_or_else(|poisoned| poisoned.into_inner());
+    }
+}
