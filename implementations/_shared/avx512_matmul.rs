@@ -10,6 +10,15 @@
 //! one vector of the tile's 16 results. K that is not a multiple of 16 ends with masked loads;
 //! rows left over after the 4-row tiles take 3-, 2- or 1-row tiles.
 //!
+//! From [`TRANSPOSED_ROWS`] rows on (a prefill), dot products spend a reduction on every 16
+//! results, so the panel implementations run on the activations transposed instead:
+//! [`Product::prepared`] writes `xᵀ` (`[k, rows]`, the rows padded with zeros to a multiple of 16) once per call into
+//! a buffer of the calling thread, and a panel of 48 rows × 8 weight rows keeps 24
+//! accumulators whose lanes are 16 rows each: every step along K loads 3 vectors of `xᵀ` and
+//! broadcasts 8 weights for 24 fused multiply-adds, with no reduction at all. K is cut into
+//! equal chunks of at most [`K_CHUNK`] so that the chunk of `xᵀ` that every panel reads stays in L2; the
+//! 8 weight rows of a panel stay in L1 while the panels of all the rows pass over them.
+//!
 //! The operands travel as raw pointers in a [`Product`], because the threads of one call
 //! write interleaved parts of `out` (the same columns of every row): no two threads write the
 //! same element, but their parts are not slices.
@@ -22,10 +31,22 @@
 #![allow(dead_code, clippy::missing_safety_doc)]
 
 use std::arch::x86_64::*;
+use std::cell::RefCell;
 use std::ops::Range;
 
 /// The f32 lanes of an AVX-512 register.
 const LANES: usize = 16;
+
+/// Rows from which a product may run on transposed activations (`prepared::<true>`).
+pub const TRANSPOSED_ROWS: usize = 32;
+
+/// Most values of K per pass over the transposed activations.
+const K_CHUNK: usize = 384;
+
+thread_local! {
+    /// `xᵀ` of the calling thread's current product, reused from call to call.
+    static TRANSPOSED: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
 
 /// One call's operands: `out[r, j] = Σₖ x[r, k] · w[j, k]` for `r < rows`, `j < n`.
 #[derive(Clone, Copy)]
@@ -36,6 +57,9 @@ pub struct Product {
     pub rows: usize,
     pub n: usize,
     pub k: usize,
+    /// `xᵀ`, `[k, rows padded to 16]`, once [`Product::prepared`] has written it; null for
+    /// the dot-product path.
+    pub xt: *const f32,
 }
 
 // SAFETY: a product is only pointers to buffers that its caller keeps alive and shares out
@@ -50,12 +74,64 @@ impl Product {
         assert!(x.len() >= rows * K, "matmul: x is shorter than {rows} rows of {K}");
         assert!(w.len() >= N * K, "matmul: w is shorter than {N} rows of {K}");
         assert!(out.len() >= rows * N, "matmul: out is shorter than {rows} rows of {N}");
-        Product { out: out.as_mut_ptr(), x: x.as_ptr(), w: w.as_ptr(), rows, n: N, k: K }
+        Product { out: out.as_mut_ptr(), x: x.as_ptr(), w: w.as_ptr(), rows, n: N, k: K, xt: std::ptr::null() }
+    }
+
+    /// Runs `f` on this product; with `PANELS`, `xᵀ` is written first (into this thread's
+    /// buffer, alive until `f` returns) when the product has [`TRANSPOSED_ROWS`] rows or more,
+    /// so that [`Product::columns`] takes the panels.
+    ///
+    /// # Safety
+    ///
+    /// Only on a CPU with AVX-512F.
+    pub unsafe fn prepared<const PANELS: bool, T>(mut self, f: impl FnOnce(&Product) -> T) -> T {
+        if !PANELS || self.rows < TRANSPOSED_ROWS {
+            return f(&self);
+        }
+        TRANSPOSED.with_borrow_mut(|buffer| {
+            buffer.clear();
+            buffer.resize(self.k * self.rows.next_multiple_of(LANES), 0.0);
+            // SAFETY: the caller's contract; the buffer has the size `transpose` writes.
+            unsafe { self.transpose(buffer) };
+            self.xt = buffer.as_ptr();
+            f(&self)
+        })
+    }
+
+    /// Writes `xᵀ` into `xt` (`[k, rows padded to 16]`): for every 16 rows, one gather per
+    /// value of K collects its column, and the rows past the end stay zero.
+    #[target_feature(enable = "avx512f")]
+    unsafe fn transpose(&self, xt: &mut [f32]) {
+        let padded = self.rows.next_multiple_of(LANES);
+        assert!(xt.len() >= self.k * padded, "xᵀ buffer too small");
+        let stride = i32::try_from(self.k).expect("K fits in i32");
+        let index = _mm512_mullo_epi32(
+            _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+            _mm512_set1_epi32(stride),
+        );
+        for r0 in (0..self.rows).step_by(LANES) {
+            let valid = (self.rows - r0).min(LANES);
+            let mask: __mmask16 = if valid == LANES { u16::MAX } else { (1u16 << valid) - 1 };
+            for at in 0..self.k {
+                // SAFETY: the gathered lanes are rows `r0..r0 + valid` of x at column `at`,
+                // all in x; the store is 16 values of xᵀ's row `at`, inside `xt`.
+                unsafe {
+                    let base = self.x.add(r0 * self.k + at);
+                    let column = _mm512_mask_i32gather_ps::<4>(_mm512_setzero_ps(), mask, index, base.cast());
+                    _mm512_storeu_ps(xt.as_mut_ptr().add(at * padded + r0), column);
+                }
+            }
+        }
     }
 
     /// Computes the columns `cols` (weight rows) of every row of `out`.
     #[target_feature(enable = "avx512f")]
     pub unsafe fn columns(&self, cols: Range<usize>) {
+        if !self.xt.is_null() {
+            // SAFETY: the caller's contract; `xt` was written by `prepared`.
+            unsafe { self.columns_transposed(cols) };
+            return;
+        }
         let mut j = cols.start;
         while j + 8 <= cols.end {
             if self.rows == 1 {
@@ -79,6 +155,99 @@ impl Product {
             // SAFETY: as above.
             unsafe { self.all_rows::<1>(j) };
             j += 1;
+        }
+    }
+
+    /// The columns `cols` of every row, from `xᵀ`: K in chunks, 8 weight rows at a time.
+    #[target_feature(enable = "avx512f")]
+    unsafe fn columns_transposed(&self, cols: Range<usize>) {
+        // Equal chunks of at most K_CHUNK values (a short last chunk would cost a pass of
+        // read-modify-writes over `out` for little work).
+        let chunk_len = self.k.div_ceil(self.k.div_ceil(K_CHUNK));
+        let mut k0 = 0;
+        while k0 < self.k {
+            let chunk = k0..(k0 + chunk_len).min(self.k);
+            let mut j = cols.start;
+            while j + 8 <= cols.end {
+                // SAFETY: the columns and the chunk are in range.
+                unsafe { self.panels::<8>(j, chunk.clone()) };
+                j += 8;
+            }
+            while j < cols.end {
+                // SAFETY: as above.
+                unsafe { self.panels::<1>(j, chunk.clone()) };
+                j += 1;
+            }
+            k0 = chunk.end;
+        }
+    }
+
+    /// Columns `j..j + C` of every row over the values `ks` of K: panels of 48 rows, and of
+    /// 32 for the rest (two of 32 rather than 48 and a 16-row panel, whose single vector per
+    /// step would leave the loads, not the multiply-adds, setting the pace).
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn panels<const C: usize>(&self, j: usize, ks: Range<usize>) {
+        let mut left = self.rows.div_ceil(LANES);
+        let mut r = 0;
+        while left > 0 {
+            let vectors = if left == 4 || left == 2 { 2 } else { left.min(3) };
+            // SAFETY: rows `r..r + 16 · vectors` of xᵀ exist (padded) and the columns are in
+            // range.
+            match vectors {
+                3 => unsafe { self.panel::<3, C>(r, j, ks.clone()) },
+                2 => unsafe { self.panel::<2, C>(r, j, ks.clone()) },
+                _ => unsafe { self.panel::<1, C>(r, j, ks.clone()) },
+            }
+            r += vectors * LANES;
+            left -= vectors;
+        }
+    }
+
+    /// Rows `r..r + 16·V` (those below `rows`) of columns `j..j + C`, over the values `ks` of
+    /// K, added to `out` unless `ks` starts at 0.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn panel<const V: usize, const C: usize>(&self, r: usize, j: usize, ks: Range<usize>) {
+        let padded = self.rows.next_multiple_of(LANES);
+        let mut acc = [[_mm512_setzero_ps(); V]; C];
+        // SAFETY (every pointer below): weight rows `j..j + C` hold `k` values, and xᵀ holds
+        // `padded` values for every value of K.
+        let ws: [*const f32; C] = std::array::from_fn(|c| unsafe { self.w.add((j + c) * self.k) });
+        let first = ks.start == 0;
+        for at in ks {
+            if r == 0 && at % LANES == 0 {
+                for w in ws {
+                    // The next block's weight rows, one cache line each per 16 steps, while
+                    // this block's first panel runs (a prefetch never faults).
+                    _mm_prefetch::<_MM_HINT_T0>(w.wrapping_add(C * self.k + at).cast());
+                }
+            }
+            let column = unsafe { self.xt.add(at * padded + r) };
+            let mut xv = [_mm512_setzero_ps(); V];
+            for v in 0..V {
+                xv[v] = unsafe { _mm512_loadu_ps(column.add(v * LANES)) };
+            }
+            for c in 0..C {
+                let weight = _mm512_set1_ps(unsafe { *ws[c].add(at) });
+                for v in 0..V {
+                    acc[c][v] = _mm512_fmadd_ps(xv[v], weight, acc[c][v]);
+                }
+            }
+        }
+        let mut lanes = [0.0f32; LANES];
+        for c in 0..C {
+            for v in 0..V {
+                // SAFETY: `lanes` holds 16 floats.
+                unsafe { _mm512_storeu_ps(lanes.as_mut_ptr(), acc[c][v]) };
+                let row0 = r + v * LANES;
+                for (i, &value) in lanes.iter().enumerate().take(self.rows.saturating_sub(row0)) {
+                    // SAFETY: row `row0 + i` is below `rows`, and column `j + c` is in range
+                    // and in this thread's columns.
+                    let out = unsafe { &mut *self.out.add((row0 + i) * self.n + j + c) };
+                    *out = if first { value } else { *out + value };
+                }
+            }
         }
     }
 

@@ -30,7 +30,7 @@ use super::avx512_matmul::Product;
 const MIN_SHARED_MACS: usize = 1 << 16;
 
 /// How long an idle worker spins before it sleeps.
-const SPIN: Duration = Duration::from_millis(1);
+const SPIN: Duration = Duration::from_micros(200);
 
 struct Team {
     /// The product being shared; written by the caller only while every worker is idle.
@@ -99,7 +99,7 @@ pub unsafe fn run(product: Product) {
     let mut spins = 0u32;
     while TEAM.finished.load(Acquire) < threads - 1 {
         spins = spins.saturating_add(1);
-        if spins < 1 << 14 {
+        if spins < 1 << 11 {
             std::hint::spin_loop();
         } else {
             std::thread::yield_now();

@@ -1,6 +1,7 @@
 //! Matrix product `out = x · wᵀ` with AVX-512F on `THREADS` threads: the product of
 //! `shared/avx512_matmul.rs`, its weight rows cut into `THREADS` equal shares that the
-//! persistent team of `shared/matmul_team.rs` computes, the calling thread taking the first.
+//! persistent team of `shared/matmul_team.rs` computes, the calling thread taking the first;
+//! dot products at every row count.
 //! Each thread reads only its share of the weights, which halves the memory traffic per
 //! thread of a decode step as well as the work of a prefill.
 
@@ -12,9 +13,8 @@ use super::shared::matmul_team;
 /// `x`: `[rows, K]`, `w`: `[N, K]`, `out`: `[rows, N]`, all row-major.
 #[inline]
 pub fn matmul<const N: usize, const K: usize>(out: &mut [f32], x: &[f32], w: &[f32], rows: usize) {
-    let product = Product::new::<N, K>(out, x, w, rows);
     // SAFETY: the generated crate checks at start-up that the CPU has AVX-512F, and the
-    // product's pointers come from slices whose lengths `Product::new` checked; `out` stays
-    // borrowed until every share is done.
-    unsafe { matmul_team::run(product) }
+    // product's pointers come from slices whose lengths `Product::new` checked; `out` and the
+    // transposed activations stay alive until every share is done.
+    unsafe { Product::new::<N, K>(out, x, w, rows).prepared::<false, _>(|product| matmul_team::run(*product)) }
 }

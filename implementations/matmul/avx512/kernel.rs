@@ -1,6 +1,6 @@
 //! Matrix product `out = x · wᵀ` with AVX-512F on the calling thread: the weight-blocked,
 //! register-blocked product of `shared/avx512_matmul.rs` (whose documentation describes it)
-//! over every column.
+//! over every column, by dot products at every row count.
 
 use super::shared::avx512_matmul::Product;
 
@@ -9,8 +9,7 @@ use super::shared::avx512_matmul::Product;
 /// `x`: `[rows, K]`, `w`: `[N, K]`, `out`: `[rows, N]`, all row-major.
 #[inline]
 pub fn matmul<const N: usize, const K: usize>(out: &mut [f32], x: &[f32], w: &[f32], rows: usize) {
-    let product = Product::new::<N, K>(out, x, w, rows);
     // SAFETY: the generated crate checks at start-up that the CPU has AVX-512F, and the
     // product's pointers come from slices whose lengths `Product::new` checked.
-    unsafe { product.columns(0..N) }
+    unsafe { Product::new::<N, K>(out, x, w, rows).prepared::<false, _>(|product| product.columns(0..N)) }
 }

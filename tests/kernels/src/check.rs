@@ -58,7 +58,7 @@ pub fn matmul<const N: usize, const K: usize>(
     let mut rng = Rng::for_shape(&[N, K]);
     let tolerance = TOLERANCE * (K as f32 / 64.0).max(1.0);
     let w = rng.vec(N * K, 1.0);
-    for rows in [1, 2, 7, 32] {
+    for rows in [1, 2, 7, 32, 100] {
         let x = rng.vec(rows * K, 1.0);
         let what = format!("matmul N={N} K={K} rows={rows}");
         let got = output_of(rows * N, |out| candidate(out, &x, &w, rows));

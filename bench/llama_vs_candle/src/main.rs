@@ -1,0 +1,177 @@
+//! LLaMA decoding, the crates monogen generates against candle-transformers' Llama, on the same
+//! weights and the same prompt ids, each run as its own process, alternating run by run.
+//!
+//! - `llama-vs-candle candle MODEL_DIR IDS MAX_TOKENS`: the candle side alone, printing one JSON
+//!   object with the fields of a generated crate's `--json` output (load, prefill and decode
+//!   times and rates, generated ids). Greedy, no stop token, so both sides decode as many
+//!   tokens.
+//! - `llama-vs-candle compare OURS_BIN MODEL_DIR THREADS ROUNDS`: `ROUNDS` alternating runs of
+//!   the generated binary `OURS_BIN` (`--prompt-ids`, `--json`) and of the candle side (with
+//!   RAYON_NUM_THREADS=THREADS) on a 128-token prompt with 64 new tokens, then `ROUNDS`
+//!   alternating runs of each that stop at the first token, timed from process start to exit:
+//!   the time to first token. Prints the medians, each side's cores kept busy (CPU time over
+//!   wall time of its processes) and the ratios.
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use candle_core::{DType, Device, IndexOp, Tensor};
+use candle_nn::VarBuilder;
+use candle_transformers::models::llama::{Cache, Llama, LlamaConfig};
+use serde_json::{Value, json};
+
+type Result<T> = std::result::Result<T, Box<dyn std::error::Error>>;
+
+const PROMPT_LEN: usize = 128;
+const NEW_TOKENS: usize = 64;
+
+fn main() -> Result<()> {
+    let args: Vec<String> = std::env::args().collect();
+    match args.get(1).map(String::as_str) {
+        Some("candle") if args.len() == 5 => {
+            let ids: Vec<u32> = args[3].split(',').map(str::parse).collect::<std::result::Result<_, _>>()?;
+            let report = candle_generate(args[2].as_ref(), &ids, args[4].parse()?)?;
+            println!("{report}");
+            Ok(())
+        }
+        Some("compare") if args.len() == 6 => compare(&args[2], &args[3], args[4].parse()?, args[5].parse()?),
+        _ => Err("usage: llama-vs-candle candle MODEL_DIR IDS MAX_TOKENS | compare OURS_BIN MODEL_DIR THREADS ROUNDS".into()),
+    }
+}
+
+/// Greedy generation with candle: load, one prefill pass over `ids`, then one-token steps.
+fn candle_generate(dir: &std::path::Path, ids: &[u32], max_tokens: usize) -> Result<Value> {
+    let started = Instant::now();
+    let device = Device::Cpu;
+    let config: LlamaConfig = serde_json::from_str(&std::fs::read_to_string(dir.join("config.json"))?)?;
+    let config = config.into_config(false);
+    // SAFETY: the weights file is not modified while it is mapped.
+    let vb = unsafe { VarBuilder::from_mmaped_safetensors(&[dir.join("model.safetensors")], DType::F32, &device)? };
+    let llama = Llama::load(vb, &config)?;
+    let mut cache = Cache::new(true, DType::F32, &config, &device)?;
+    let load_ms = ms(started.elapsed());
+
+    let prefill = Instant::now();
+    let logits = llama.forward(&Tensor::new(ids, &device)?.unsqueeze(0)?, 0, &mut cache)?;
+    let mut next = argmax(&logits.i(0)?)?;
+    let prefill_ms = ms(prefill.elapsed());
+    let mut generated = vec![next];
+    let decode = Instant::now();
+    while generated.len() < max_tokens {
+        let position = ids.len() + generated.len() - 1;
+        let logits = llama.forward(&Tensor::new(&[next], &device)?.unsqueeze(0)?, position, &mut cache)?;
+        next = argmax(&logits.i(0)?)?;
+        generated.push(next);
+    }
+    let decode_ms = ms(decode.elapsed());
+    let steps = generated.len() - 1;
+    Ok(json!({
+        "generated_ids": generated,
+        "load_ms": load_ms,
+        "prefill_ms": prefill_ms,
+        "prefill_tok_s": ids.len() as f64 / (prefill_ms / 1000.0),
+        "decode_ms": decode_ms,
+        "decode_tok_s": if steps == 0 { 0.0 } else { steps as f64 / (decode_ms / 1000.0) },
+    }))
+}
+
+fn argmax(logits: &Tensor) -> Result<u32> {
+    Ok(logits.argmax(0)?.to_scalar::<u32>()?)
+}
+
+/// One process's JSON report, its wall time and the CPU time it used.
+struct Run {
+    report: Value,
+    wall: Duration,
+    cpu: Duration,
+}
+
+fn run(mut command: Command) -> Result<Run> {
+    let cpu_before = children_cpu_time();
+    let start = Instant::now();
+    let output = command.output()?;
+    let wall = start.elapsed();
+    if !output.status.success() {
+        return Err(format!("{command:?} failed: {}", String::from_utf8_lossy(&output.stderr)).into());
+    }
+    let report = serde_json::from_slice(&output.stdout)?;
+    Ok(Run { report, wall, cpu: children_cpu_time().saturating_sub(cpu_before) })
+}
+
+fn compare(ours: &str, dir: &str, threads: usize, rounds: usize) -> Result<()> {
+    // Fixed prompt ids spread over the vocabulary (never 0, 1 or 2, the special tokens).
+    let ids: Vec<u32> = (0..PROMPT_LEN as u32).map(|i| 3 + (i * 7919 + 13) % 20000).collect();
+    let ids_arg = ids.iter().map(u32::to_string).collect::<Vec<_>>().join(",");
+    let me = std::env::current_exe()?;
+    let ours_cmd = |tokens: usize| {
+        let mut c = Command::new(ours);
+        c.args(["--model", dir, "--prompt-ids", &ids_arg, "--max-tokens", &tokens.to_string(), "--json"]);
+        c
+    };
+    let candle_cmd = |tokens: usize| {
+        let mut c = Command::new(&me);
+        c.args(["candle", dir, &ids_arg, &tokens.to_string()]).env("RAYON_NUM_THREADS", threads.to_string());
+        c
+    };
+
+    // Warm the page cache and check that both sides agree on the first greedy tokens.
+    let a = run(ours_cmd(8))?.report;
+    let b = run(candle_cmd(8))?.report;
+    let agree = a["generated_ids"].as_array().zip(b["generated_ids"].as_array()).map_or(0, |(x, y)| {
+        x.iter().zip(y).take_while(|(p, q)| p == q).count()
+    });
+
+    let (mut ours_runs, mut candle_runs) = (Vec::new(), Vec::new());
+    for _ in 0..rounds {
+        ours_runs.push(run(ours_cmd(NEW_TOKENS))?);
+        candle_runs.push(run(candle_cmd(NEW_TOKENS))?);
+    }
+    let (mut ours_first, mut candle_first) = (Vec::new(), Vec::new());
+    for _ in 0..rounds {
+        ours_first.push(run(ours_cmd(1))?.wall);
+        candle_first.push(run(candle_cmd(1))?.wall);
+    }
+
+    let field = |runs: &[Run], name: &str| median(runs.iter().map(|r| r.report[name].as_f64().unwrap_or(f64::NAN)).collect());
+    let cores = |runs: &[Run]| {
+        runs.iter().map(|r| r.cpu).sum::<Duration>().as_secs_f64() / runs.iter().map(|r| r.wall).sum::<Duration>().as_secs_f64()
+    };
+    let decoded = ours_runs[0].report["generated_ids"].as_array().map_or(0, Vec::len);
+    println!(
+        "{} threads, {rounds} alternating runs each; prompt {PROMPT_LEN} ids, {NEW_TOKENS} new tokens (ours decoded {decoded}); the first {agree} of 8 greedy tokens agree",
+        threads
+    );
+    let line = |what: &str, o: f64, c: f64, higher_is_better: bool| {
+        let ratio = if higher_is_better { o / c } else { c / o };
+        println!("  {what:<30} monogen {o:>10.2}   candle {c:>10.2}   monogen/candle speed {ratio:.2}x");
+    };
+    line("prefill tok/s (128 tokens)", field(&ours_runs, "prefill_tok_s"), field(&candle_runs, "prefill_tok_s"), true);
+    line("decode tok/s (64 tokens)", field(&ours_runs, "decode_tok_s"), field(&candle_runs, "decode_tok_s"), true);
+    line("load ms", field(&ours_runs, "load_ms"), field(&candle_runs, "load_ms"), false);
+    line(
+        "process start to first token ms",
+        median(ours_first.iter().map(|d| ms(*d)).collect()),
+        median(candle_first.iter().map(|d| ms(*d)).collect()),
+        false,
+    );
+    println!("  cores kept busy (CPU / wall over whole runs): monogen {:.2}, candle {:.2}", cores(&ours_runs), cores(&candle_runs));
+    Ok(())
+}
+
+/// CPU time (user + system) of this process's waited-for children, from /proc/self/stat
+/// (cutime + cstime, in clock ticks of 10 ms).
+fn children_cpu_time() -> Duration {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    let fields: Vec<&str> = stat.rsplit(')').next().unwrap_or("").split_whitespace().collect();
+    let ticks: u64 = fields.get(13..15).map_or(0, |f| f.iter().filter_map(|v| v.parse::<u64>().ok()).sum());
+    Duration::from_millis(ticks * 10)
+}
+
+fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values[values.len() / 2]
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
