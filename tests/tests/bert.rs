@@ -15,6 +15,9 @@ const MODEL: &str = "all-minilm-l6-v2";
 const CRATE: &str = "all-minilm-l6-v2-cpu-f32";
 /// The bound on every compared value.
 const TOLERANCE: f32 = 1e-4;
+/// How far a sentence's outputs may move when it runs in a batch: f32 rounding of sums taken
+/// in another order (kernels may pick another path for a batch's row count).
+const BATCH_ROUNDING: f32 = 1e-5;
 
 struct Fixture {
     dir: PathBuf,
@@ -78,9 +81,15 @@ fn token_states_match_the_reference_alone_and_padded_in_a_batch() {
         let (diff, at) = max_abs_diff(&alone, &want);
         eprintln!("sentence {i}: last_hidden_state max abs diff {diff:e}");
         assert!(diff <= TOLERANCE, "sentence {i}: token states differ by {diff} at {at}");
-        // Sentences 0 and 1 (12 tokens) are padded to sentence 2's 14 in the batch.
+        // Sentences 0 and 1 (12 tokens) are padded to sentence 2's 14 in the batch. Masking
+        // makes padding invisible; what may differ is rounding, as a matmul kernel may sum in
+        // another order for a batch's row count than for one sentence's (a masking error
+        // would show as differences of 1e-2 and more).
         let (diff, at) = max_abs_diff(&together[i], &alone);
-        assert!(diff <= 1e-6, "sentence {i}: padding in a batch changes its states by {diff} at {at}");
+        assert!(
+            diff <= BATCH_ROUNDING,
+            "sentence {i}: padding in a batch changes its states by {diff} at {at}"
+        );
     }
 }
 
@@ -133,7 +142,7 @@ fn long_batches_run_in_parts_and_long_sentences_are_truncated() {
     for i in [0, 1, 2, long_at, long_at + 1] {
         let alone = encoder.embed(&[&batch[i]]).unwrap().remove(0);
         let (diff, at) = max_abs_diff(&all[i], &alone);
-        assert!(diff <= 1e-6, "sentence {i}: batching changes its vector by {diff} at {at}");
+        assert!(diff <= BATCH_ROUNDING, "sentence {i}: batching changes its vector by {diff} at {at}");
         assert!(alone.iter().all(|v| v.is_finite()), "sentence {i}: not finite");
     }
 }

@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# LLaMA decoding at the shapes of the benchmark workloads: the crates monogen generates against
+# candle-transformers' Llama (CPU, from crates.io), on the same synthetic weights
+# (`monogen synth-weights`) and the same 128 prompt ids, each side run as its own process,
+# alternating run by run, at 1 and 2 threads. Prints prefill tok/s (128 tokens), decode tok/s
+# (64 tokens), load time and the time from process start to the first token, the cores each
+# side kept busy, and the ratios; then this machine's read bandwidth over a buffer of each
+# model's weight bytes and the FMA peaks (bench/peaks), from which the decode floor (weight
+# bytes read per token / bandwidth) and the prefill's share of the FMA peak are computed.
+#
+# The 1-thread crates are the same workloads generated with `threads = 1` under target/.
+# Everything is built and written under target/bench-llama (the TinyLlama weights take 4.4 GB).
+#
+# Usage: bench/llama_vs_candle.sh [ROUNDS] [SHAPE...]   (SHAPE: stories15m stories110m tinyllama)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+rounds="${1:-5}"
+shift || true
+shapes=("$@")
+[ ${#shapes[@]} -gt 0 ] || shapes=(stories15m stories110m tinyllama)
+work="$PWD/target/bench-llama"
+mkdir -p "$work"
+monogen() { cargo run -q --release -p monogen -- "$@"; }
+
+export CARGO_TARGET_DIR="$PWD/target/bench-candle"
+cargo build -q --release --manifest-path bench/llama_vs_candle/Cargo.toml
+harness="$CARGO_TARGET_DIR/release/llama-vs-candle"
+CARGO_TARGET_DIR="$PWD/target/bench-peaks" cargo build -q --release --manifest-path bench/peaks/Cargo.toml
+peaks="$PWD/target/bench-peaks/release/monogen-peaks"
+
+for shape in "${shapes[@]}"; do
+    workload="workloads/$shape-bench-cpu-f32.toml"
+    name="$shape-bench-cpu-f32"
+    monogen check "$workload" >/dev/null || {
+        echo "generated/$name is stale: run monogen build first" >&2
+        exit 1
+    }
+    model="$work/models/$shape"
+    [ -f "$model/model.safetensors" ] || monogen synth-weights "$workload" --out "$model" >/dev/null
+    # The same workload with one thread, generated under target/.
+    sed -e "s/^name = \"$name\"/name = \"$name-t1\"/" -e 's/^threads = .*/threads = 1/' \
+        -e '/^hardware = /d' "$workload" > "$work/$name-t1.toml"
+    monogen build "$work/$name-t1.toml" --out "$work/crates/$name-t1" >/dev/null
+    for crate in "generated/$name" "$work/crates/$name-t1"; do
+        CARGO_TARGET_DIR="$work/target" cargo build -q --release --manifest-path "$crate/Cargo.toml"
+    done
+    echo "== $shape ($(du -h "$model/model.safetensors" | cut -f1) of f32 weights)"
+    "$harness" compare "$work/target/release/$name-t1" "$model" 1 "$rounds"
+    "$harness" compare "$work/target/release/$name" "$model" 2 "$rounds"
+    # Weight bytes read per decoded token: every tensor but the embedding table, which a step
+    # reads one row of (unless the classifier is tied to it, when it is read whole).
+    bytes=$(python3 - "$model" <<'PY'
+import json, struct, sys
+path = sys.argv[1] + "/model.safetensors"
+with open(path, "rb") as f:
+    n = struct.unpack("<Q", f.read(8))[0]
+    header = json.loads(f.read(n))
+tied = "lm_head.weight" not in header
+total = 0
+for name, t in header.items():
+    if name == "__metadata__":
+        continue
+    size = t["data_offsets"][1] - t["data_offsets"][0]
+    if name == "model.embed_tokens.weight" and not tied:
+        size = size // t["shape"][0]
+    total += size
+print(total)
+PY
+)
+    "$peaks" --rounds 3 "$bytes" | sed 's/^/  peaks: /'
+    echo "  weight bytes read per decoded token: $bytes"
+done
