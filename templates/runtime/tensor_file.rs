@@ -7,7 +7,7 @@ use std::fs::File;
 use std::ops::{Deref, Range};
 use std::path::{Path, PathBuf};
 
-use memmap2::Mmap;
+use memmap2::{Mmap, MmapOptions};
 use safetensors::{Dtype, SafeTensors};
 
 use crate::Error;
@@ -68,7 +68,9 @@ impl TensorFile {
         let file = File::open(path).map_err(io)?;
         // SAFETY: the file is mapped read-only. Like every memory-mapped loader, this assumes
         // that no other process truncates or rewrites the file while the model is loaded.
-        let map = unsafe { Mmap::map(&file) }.map_err(io)?;
+        // `populate` maps every page now, in one call, rather than one page fault at a time
+        // during the first forward pass.
+        let map = unsafe { MmapOptions::new().populate().map(&file) }.map_err(io)?;
         let invalid = |reason: String| Error::InvalidWeights { path: path.to_path_buf(), reason };
         let parsed = SafeTensors::deserialize(&map).map_err(|e| invalid(e.to_string()))?;
         let base = map.as_ptr() as usize;
