@@ -20,7 +20,7 @@ pub struct TensorFile {
     entries: BTreeMap<String, Entry>,
     /// Names handed out so far.
     used: BTreeSet<String>,
-    /// Tensors that were not 4-byte aligned in the file, copied.
+    /// Tensors that were not 4-byte aligned in the file, or not f32, copied as f32.
     copies: Vec<Box<[f32]>>,
 }
 
@@ -93,15 +93,16 @@ impl TensorFile {
         })
     }
 
-    /// The f32 tensor `name`, which must have exactly `shape`.
+    /// The tensor `name` as f32, which must have exactly `shape`: a slice of the file when it
+    /// holds F32, a widened copy when it holds BF16 or F16 (exactly representable in f32).
     pub fn f32(&mut self, name: &str, shape: &[usize]) -> Result<Tensor, Error> {
         let Some(entry) = self.entries.get(name) else {
             return Err(Error::MissingTensor { path: self.path.clone(), name: name.to_string() });
         };
-        if entry.dtype != Dtype::F32 {
+        if ![Dtype::F32, Dtype::BF16, Dtype::F16].contains(&entry.dtype) {
             return Err(Error::WrongDtype {
                 name: name.to_string(),
-                expected: "F32",
+                expected: "F32, BF16 or F16",
                 found: format!("{:?}", entry.dtype),
             });
         }
@@ -114,6 +115,18 @@ impl TensorFile {
         }
         self.used.insert(name.to_string());
         let bytes = &self.map[entry.bytes.clone()];
+        // BF16 and F16 (as Hugging Face checkpoints often are) widen to f32 once, here.
+        if entry.dtype != Dtype::F32 {
+            let halves = bytes.chunks_exact(2).map(|b| u16::from_le_bytes([b[0], b[1]]));
+            let copy: Box<[f32]> = if entry.dtype == Dtype::BF16 {
+                halves.map(bf16_to_f32).collect()
+            } else {
+                halves.map(f16_to_f32).collect()
+            };
+            let tensor = Tensor { ptr: copy.as_ptr(), len: copy.len() };
+            self.copies.push(copy);
+            return Ok(tensor);
+        }
         let len = bytes.len() / 4;
         if bytes.as_ptr().align_offset(std::mem::align_of::<f32>()) == 0 {
             return Ok(Tensor { ptr: bytes.as_ptr().cast(), len });
@@ -139,5 +152,27 @@ impl TensorFile {
             .map(|name| format!("tensor `{name}` in {} is not used by this model", self.path.display()))
             .collect();
         (Storage { _map: self.map, _copies: self.copies }, warnings)
+    }
+}
+
+/// The f32 value of a bfloat16: its 16 bits are the high half of an f32.
+fn bf16_to_f32(bits: u16) -> f32 {
+    f32::from_bits(u32::from(bits) << 16)
+}
+
+/// The f32 value of an IEEE half: sign, then a 5-bit exponent (bias 15) and 10-bit fraction,
+/// with subnormals, infinities and NaN.
+fn f16_to_f32(bits: u16) -> f32 {
+    let sign = if bits & 0x8000 == 0 { 1.0 } else { -1.0 };
+    let exponent = i32::from((bits >> 10) & 0x1f);
+    let fraction = f32::from(bits & 0x3ff);
+    if exponent == 0 {
+        sign * fraction * (-24f32).exp2()
+    } else if exponent < 31 {
+        sign * (1.0 + fraction / 1024.0) * ((exponent - 15) as f32).exp2()
+    } else if fraction == 0.0 {
+        sign * f32::INFINITY
+    } else {
+        f32::NAN
     }
 }

@@ -115,7 +115,7 @@ fn tensors_of_the_wrong_name_shape_or_dtype_are_named() {
 
     let retyped = edited(&weights, |st| st.header[Q0]["dtype"] = json!("I32"));
     let e = load(&retyped).err().unwrap();
-    assert_eq!(e.to_string(), format!("tensor `{Q0}` has dtype I32, but this crate reads F32"));
+    assert_eq!(e.to_string(), format!("tensor `{Q0}` has dtype I32, but this crate reads F32, BF16 or F16"));
 
     // An extra tensor loads, with a warning that names it.
     let extra = add_tensor_copy(&weights, "model.norm.weight", "model.unexpected.weight");
