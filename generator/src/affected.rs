@@ -271,9 +271,10 @@ fn implementation_changed(
     for (i, k) in known.iter().enumerate() {
         let uses = k.locked.get(interface).is_some_and(|n| n == name);
         let could = k.workload.as_ref().is_some_and(|w| {
-            resolve::competitors(project.registry.implementations_of(interface), w)
-                .iter()
-                .any(|imp| imp.name == name)
+            resolve::required_interfaces(w).contains(&interface)
+                && resolve::competitors(project.registry.implementations_of(interface), w)
+                    .iter()
+                    .any(|imp| imp.name == name)
         });
         if !(uses || could) {
             continue;

@@ -44,7 +44,7 @@ enum Command {
         /// Where to write the workload; standard output when omitted.
         #[arg(short, long, value_name = "FILE")]
         output: Option<PathBuf>,
-        /// Weight dtype: f32 (bf16, f16 and int8 are planned).
+        /// Weight dtype: f32, or bf16 for LLaMA models (f16 and int8 are planned).
         #[arg(long, default_value = "f32", value_parser = parse_dtype)]
         dtype: Dtype,
         /// Worker threads (default: this machine's cores).
@@ -434,6 +434,13 @@ fn bench_one(
             host.class
         )));
     };
+    if w.weights.dtype != monogen::workload::Dtype::F32 {
+        return Err(Error::Refused(format!(
+            "{} holds its weights in {}, and the benchmark harness measures f32 weights only so far; remove target.hardware so that declared priority chooses its kernels",
+            shown(path),
+            w.weights.dtype.as_str()
+        )));
+    }
     if class != host.class {
         return Err(Error::Refused(format!(
             "{} is tuned for hardware class `{class}`, but this machine is `{}`: run `monogen bench` on a `{class}` machine, or set target.hardware = \"{}\"",

@@ -17,12 +17,30 @@ use crate::plan::{
 };
 use crate::rankings::{self, Distribution, Evidence, Rankings};
 use crate::registry::{Implementation, Registry, sha256_hex};
-use crate::workload::{Model, Pooling, Workload};
+use crate::workload::{Dtype, Model, Pooling, Workload};
 
 /// The interfaces a workload's forward pass calls, in the order it calls them. Options the
 /// workload does not use (no pooling, no normalization) need no interface, so their code is
 /// never generated.
 pub fn required_interfaces(w: &Workload) -> Vec<&'static str> {
+    // A LLaMA workload holding its matrices in bfloat16 runs its linear layers through
+    // matmul_bf16 (every other interface computes on f32 activations either way).
+    let matmul = if matches!(w.model, Model::Llama(_)) && w.weights.dtype == Dtype::Bf16 {
+        "matmul_bf16"
+    } else {
+        "matmul"
+    };
+    let mut list = required_f32_interfaces(w);
+    for name in &mut list {
+        if *name == "matmul" {
+            *name = matmul;
+        }
+    }
+    list
+}
+
+/// The interfaces of `w`'s architecture and options, with `matmul` for its linear layers.
+fn required_f32_interfaces(w: &Workload) -> Vec<&'static str> {
     match &w.model {
         // With a sliding window, every row attends through attention_decode over its own
         // window of the cache, and no prefill attention is generated.

@@ -112,14 +112,14 @@ fn explain_shows_every_candidate_and_why() {
 fn a_workload_no_implementation_fits_is_refused_with_every_reason() {
     let repo = scratch_repo();
     let path = repo.path().join(WORKLOAD);
-    let text = std::fs::read_to_string(&path).unwrap().replace("dtype = \"f32\"", "dtype = \"bf16\"");
+    let text = std::fs::read_to_string(&path).unwrap().replace("dtype = \"f32\"", "dtype = \"f16\"");
     std::fs::write(&path, text).unwrap();
     let out = monogen(repo.path(), &["build", WORKLOAD]);
     assert_eq!(out.status.code(), Some(2));
     let err = stderr(&out);
     assert!(err.contains("no implementation of `matmul` fits workload `stories260k-cpu-f32`"), "{err}");
     assert!(
-        err.contains("matmul/scalar: supports weight dtype f32; the workload uses bf16 (weights.dtype)"),
+        err.contains("matmul/scalar: supports weight dtype f32; the workload uses f16 (weights.dtype)"),
         "{err}"
     );
 }

@@ -48,12 +48,85 @@ thread_local! {
     static TRANSPOSED: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
 }
 
+/// A weight element the product reads and widens to f32: `f32` itself, or `u16` holding the
+/// bits of a bfloat16 (the high half of an f32).
+pub trait Weight: Copy + Send + Sync + 'static {
+    /// The 16 weights at `p`, as f32.
+    ///
+    /// # Safety
+    ///
+    /// `p` points to 16 readable weights, on a CPU with AVX-512F.
+    unsafe fn load16(p: *const Self) -> __m512;
+
+    /// The first `len` (< 16) weights at `p`, as f32; the other lanes are zero.
+    ///
+    /// # Safety
+    ///
+    /// `p` points to `len` readable weights, on a CPU with AVX-512F.
+    unsafe fn load_first(p: *const Self, len: usize) -> __m512;
+
+    /// The weight at `p`, as f32.
+    ///
+    /// # Safety
+    ///
+    /// `p` points to a readable weight.
+    unsafe fn get(p: *const Self) -> f32;
+}
+
+impl Weight for f32 {
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn load16(p: *const f32) -> __m512 {
+        // SAFETY: the caller's contract.
+        unsafe { _mm512_loadu_ps(p) }
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn load_first(p: *const f32, len: usize) -> __m512 {
+        // SAFETY: the caller's contract; masked-off lanes are not read.
+        unsafe { _mm512_maskz_loadu_ps((1u16 << len) - 1, p) }
+    }
+
+    #[inline]
+    unsafe fn get(p: *const f32) -> f32 {
+        // SAFETY: the caller's contract.
+        unsafe { *p }
+    }
+}
+
+impl Weight for u16 {
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn load16(p: *const u16) -> __m512 {
+        // SAFETY: the caller's contract: 16 values of 2 bytes.
+        let halves = unsafe { _mm256_loadu_si256(p.cast()) };
+        _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(halves)))
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn load_first(p: *const u16, len: usize) -> __m512 {
+        let mut halves = [0u16; LANES];
+        // SAFETY: the caller's contract: `len` readable values.
+        unsafe { std::ptr::copy_nonoverlapping(p, halves.as_mut_ptr(), len) };
+        // SAFETY: `halves` holds 16 values.
+        unsafe { Self::load16(halves.as_ptr()) }
+    }
+
+    #[inline]
+    unsafe fn get(p: *const u16) -> f32 {
+        // SAFETY: the caller's contract.
+        f32::from_bits(u32::from(unsafe { *p }) << 16)
+    }
+}
+
 /// One call's operands: `out[r, j] = Σₖ x[r, k] · w[j, k]` for `r < rows`, `j < n`.
 #[derive(Clone, Copy)]
-pub struct Product {
+pub struct Product<W: Weight = f32> {
     pub out: *mut f32,
     pub x: *const f32,
-    pub w: *const f32,
+    pub w: *const W,
     pub rows: usize,
     pub n: usize,
     pub k: usize,
@@ -64,13 +137,13 @@ pub struct Product {
 
 // SAFETY: a product is only pointers to buffers that its caller keeps alive and shares out
 // by disjoint column ranges until every thread is done (see the module's safety section).
-unsafe impl Send for Product {}
-unsafe impl Sync for Product {}
+unsafe impl<W: Weight> Send for Product<W> {}
+unsafe impl<W: Weight> Sync for Product<W> {}
 
-impl Product {
+impl<W: Weight> Product<W> {
     /// The product of `rows` rows over `[N, K]` weights, with the slices' lengths checked.
     #[inline]
-    pub fn new<const N: usize, const K: usize>(out: &mut [f32], x: &[f32], w: &[f32], rows: usize) -> Product {
+    pub fn new<const N: usize, const K: usize>(out: &mut [f32], x: &[f32], w: &[W], rows: usize) -> Product<W> {
         assert!(x.len() >= rows * K, "matmul: x is shorter than {rows} rows of {K}");
         assert!(w.len() >= N * K, "matmul: w is shorter than {N} rows of {K}");
         assert!(out.len() >= rows * N, "matmul: out is shorter than {rows} rows of {N}");
@@ -84,7 +157,7 @@ impl Product {
     /// # Safety
     ///
     /// Only on a CPU with AVX-512F.
-    pub unsafe fn prepared<const PANELS: bool, T>(mut self, f: impl FnOnce(&Product) -> T) -> T {
+    pub unsafe fn prepared<const PANELS: bool, T>(mut self, f: impl FnOnce(&Product<W>) -> T) -> T {
         if !PANELS || self.rows < TRANSPOSED_ROWS {
             return f(&self);
         }
@@ -216,7 +289,7 @@ impl Product {
         let mut acc = [[_mm512_setzero_ps(); V]; C];
         // SAFETY (every pointer below): weight rows `j..j + C` hold `k` values, and xᵀ holds
         // `padded` values for every value of K.
-        let ws: [*const f32; C] = std::array::from_fn(|c| unsafe { self.w.add((j + c) * self.k) });
+        let ws: [*const W; C] = std::array::from_fn(|c| unsafe { self.w.add((j + c) * self.k) });
         let first = ks.start == 0;
         for at in ks {
             if r == 0 && at % LANES == 0 {
@@ -232,7 +305,7 @@ impl Product {
                 xv[v] = unsafe { _mm512_loadu_ps(column.add(v * LANES)) };
             }
             for c in 0..C {
-                let weight = _mm512_set1_ps(unsafe { *ws[c].add(at) });
+                let weight = _mm512_set1_ps(unsafe { W::get(ws[c].add(at)) });
                 for v in 0..V {
                     acc[c][v] = _mm512_fmadd_ps(xv[v], weight, acc[c][v]);
                 }
@@ -286,7 +359,7 @@ impl Product {
         // SAFETY (every pointer below): rows `r..r + R` of x and `j..j + C` of w hold `k`
         // values each, and the loads read at most up to the end of a row.
         let xs: [*const f32; R] = std::array::from_fn(|i| unsafe { self.x.add((r + i) * k) });
-        let ws: [*const f32; C] = std::array::from_fn(|c| unsafe { self.w.add((j + c) * k) });
+        let ws: [*const W; C] = std::array::from_fn(|c| unsafe { self.w.add((j + c) * k) });
         let mut at = 0;
         while at + LANES <= k {
             let mut xv = [_mm512_setzero_ps(); R];
@@ -294,7 +367,7 @@ impl Product {
                 xv[i] = unsafe { _mm512_loadu_ps(xs[i].add(at)) };
             }
             for c in 0..C {
-                let wv = unsafe { _mm512_loadu_ps(ws[c].add(at)) };
+                let wv = unsafe { W::load16(ws[c].add(at)) };
                 for i in 0..R {
                     acc[i][c] = _mm512_fmadd_ps(xv[i], wv, acc[i][c]);
                 }
@@ -314,7 +387,7 @@ impl Product {
                 xv[i] = unsafe { _mm512_maskz_loadu_ps(mask, xs[i].add(at)) };
             }
             for c in 0..C {
-                let wv = unsafe { _mm512_maskz_loadu_ps(mask, ws[c].add(at)) };
+                let wv = unsafe { W::load_first(ws[c].add(at), k - at) };
                 for i in 0..R {
                     acc[i][c] = _mm512_fmadd_ps(xv[i], wv, acc[i][c]);
                 }

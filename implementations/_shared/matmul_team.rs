@@ -23,7 +23,7 @@ use std::sync::atomic::Ordering::{Acquire, Relaxed, Release, SeqCst};
 use std::sync::{Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use super::avx512_matmul::Product;
+use super::avx512_matmul::{Product, Weight};
 
 /// Multiply-adds below which a product stays on the calling thread: handing it over costs
 /// about a microsecond.
@@ -32,9 +32,10 @@ const MIN_SHARED_MACS: usize = 1 << 16;
 /// How long an idle worker spins before it sleeps.
 const SPIN: Duration = Duration::from_micros(200);
 
-struct Team {
+/// The team of one weight type (each weight type that a crate shares has its own workers).
+pub struct Team<W: Weight> {
     /// The product being shared; written by the caller only while every worker is idle.
-    job: UnsafeCell<Option<Product>>,
+    job: UnsafeCell<Option<Product<W>>>,
     /// Counts published products; workers wait for it to change.
     generation: AtomicUsize,
     /// Workers done with the current product.
@@ -45,59 +46,83 @@ struct Team {
     sleepers: AtomicUsize,
     lock: Mutex<()>,
     wake: Condvar,
+    /// Whether the workers started (`false` if the system refused a thread).
+    started: OnceLock<bool>,
 }
 
 // SAFETY: `job` is written only by the holder of `busy` while no worker reads it (all have
 // finished the previous product), and read by workers only after the `generation` increment
 // that publishes it.
-unsafe impl Sync for Team {}
+unsafe impl<W: Weight> Sync for Team<W> {}
 
-static TEAM: Team = Team {
-    job: UnsafeCell::new(None),
-    generation: AtomicUsize::new(0),
-    finished: AtomicUsize::new(0),
-    busy: AtomicBool::new(false),
-    sleepers: AtomicUsize::new(0),
-    lock: Mutex::new(()),
-    wake: Condvar::new(),
-};
+impl<W: Weight> Team<W> {
+    const fn new() -> Team<W> {
+        Team {
+            job: UnsafeCell::new(None),
+            generation: AtomicUsize::new(0),
+            finished: AtomicUsize::new(0),
+            busy: AtomicBool::new(false),
+            sleepers: AtomicUsize::new(0),
+            lock: Mutex::new(()),
+            wake: Condvar::new(),
+            started: OnceLock::new(),
+        }
+    }
+}
 
-/// Whether the workers started (`false` if the system refused a thread).
-static STARTED: OnceLock<bool> = OnceLock::new();
+/// A weight type with a team: its products can be shared.
+pub trait Shared: Weight {
+    fn team() -> &'static Team<Self>;
+}
+
+impl Shared for f32 {
+    fn team() -> &'static Team<f32> {
+        static TEAM: Team<f32> = Team::new();
+        &TEAM
+    }
+}
+
+impl Shared for u16 {
+    fn team() -> &'static Team<u16> {
+        static TEAM: Team<u16> = Team::new();
+        &TEAM
+    }
+}
 
 /// Computes `product`, shared by the team when it is large enough and the team is free.
 ///
 /// # Safety
 ///
 /// As for [`Product::columns`] over all of the product's columns.
-pub unsafe fn run(product: Product) {
+pub unsafe fn run<W: Shared>(product: Product<W>) {
+    let team = W::team();
     let threads = crate::THREADS;
     let shared = threads > 1
         && product.rows * product.n * product.k >= MIN_SHARED_MACS
-        && !TEAM.busy.swap(true, Acquire);
+        && !team.busy.swap(true, Acquire);
     if !shared {
         // SAFETY: the caller's contract.
         unsafe { product.columns(0..product.n) };
         return;
     }
-    if !*STARTED.get_or_init(start_workers) {
-        TEAM.busy.store(false, Release);
+    if !*team.started.get_or_init(start_workers::<W>) {
+        team.busy.store(false, Release);
         // SAFETY: the caller's contract.
         unsafe { product.columns(0..product.n) };
         return;
     }
-    TEAM.finished.store(0, Relaxed);
+    team.finished.store(0, Relaxed);
     // SAFETY: this thread holds `busy` and every worker has finished the previous product.
-    unsafe { *TEAM.job.get() = Some(product) };
-    TEAM.generation.fetch_add(1, SeqCst);
-    if TEAM.sleepers.load(SeqCst) > 0 {
-        let _guard = TEAM.lock.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        TEAM.wake.notify_all();
+    unsafe { *team.job.get() = Some(product) };
+    team.generation.fetch_add(1, SeqCst);
+    if team.sleepers.load(SeqCst) > 0 {
+        let _guard = team.lock.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        team.wake.notify_all();
     }
     // SAFETY: the caller's contract; the shares are disjoint column ranges.
     unsafe { product.columns(share(0, product.n)) };
     let mut spins = 0u32;
-    while TEAM.finished.load(Acquire) < threads - 1 {
+    while team.finished.load(Acquire) < threads - 1 {
         spins = spins.saturating_add(1);
         if spins < 1 << 11 {
             std::hint::spin_loop();
@@ -105,7 +130,7 @@ pub unsafe fn run(product: Product) {
             std::thread::yield_now();
         }
     }
-    TEAM.busy.store(false, Release);
+    team.busy.store(false, Release);
 }
 
 /// The columns of thread `index`: `THREADS` runs of equal length, rounded up to whole
@@ -116,35 +141,36 @@ fn share(index: usize, n: usize) -> Range<usize> {
     start..(start + run).min(n)
 }
 
-fn start_workers() -> bool {
+fn start_workers<W: Shared>() -> bool {
     (1..crate::THREADS).all(|index| {
         std::thread::Builder::new()
             .name(format!("matmul-{index}"))
-            .spawn(move || work(index))
+            .spawn(move || work::<W>(index))
             .is_ok()
     })
 }
 
 /// A worker's life: wait for a product, compute share `index`, report, and again.
-fn work(index: usize) {
+fn work<W: Shared>(index: usize) {
+    let team = W::team();
     let mut seen = 0;
     loop {
-        seen = next_generation(seen);
+        seen = next_generation(team, seen);
         // SAFETY: the generation was published after the product was written (acquired in
         // `next_generation`), and the product stays unchanged until this worker reports.
-        let product = unsafe { *TEAM.job.get() }.expect("a product is published before its generation");
+        let product = unsafe { *team.job.get() }.expect("a product is published before its generation");
         // SAFETY: the publisher's contract, and the workers' shares are disjoint.
         unsafe { product.columns(share(index, product.n)) };
-        TEAM.finished.fetch_add(1, Release);
+        team.finished.fetch_add(1, Release);
     }
 }
 
 /// Waits until the generation differs from `seen`: spinning for [`SPIN`], then asleep.
-fn next_generation(seen: usize) -> usize {
+fn next_generation<W: Weight>(team: &Team<W>, seen: usize) -> usize {
     let start = Instant::now();
     loop {
         for _ in 0..64 {
-            let generation = TEAM.generation.load(Acquire);
+            let generation = team.generation.load(Acquire);
             if generation != seen {
                 return generation;
             }
@@ -154,14 +180,14 @@ fn next_generation(seen: usize) -> usize {
             break;
         }
     }
-    let mut guard = TEAM.lock.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-    TEAM.sleepers.fetch_add(1, SeqCst);
+    let mut guard = team.lock.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    team.sleepers.fetch_add(1, SeqCst);
     loop {
-        let generation = TEAM.generation.load(SeqCst);
+        let generation = team.generation.load(SeqCst);
         if generation != seen {
-            TEAM.sleepers.fetch_sub(1, SeqCst);
+            team.sleepers.fetch_sub(1, SeqCst);
             return generation;
         }
-        guard = TEAM.wake.wait(guard).unwrap_or_else(|poisoned| poisoned.into_inner());
+        guard = team.wake.wait(guard).unwrap_or_else(|poisoned| poisoned.into_inner());
     }
 }

@@ -96,33 +96,11 @@ impl TensorFile {
     /// The tensor `name` as f32, which must have exactly `shape`: a slice of the file when it
     /// holds F32, a widened copy when it holds BF16 or F16 (exactly representable in f32).
     pub fn f32(&mut self, name: &str, shape: &[usize]) -> Result<Tensor, Error> {
-        let Some(entry) = self.entries.get(name) else {
-            return Err(Error::MissingTensor { path: self.path.clone(), name: name.to_string() });
-        };
-        if ![Dtype::F32, Dtype::BF16, Dtype::F16].contains(&entry.dtype) {
-            return Err(Error::WrongDtype {
-                name: name.to_string(),
-                expected: "F32, BF16 or F16",
-                found: format!("{:?}", entry.dtype),
-            });
-        }
-        if entry.shape != shape {
-            return Err(Error::WrongShape {
-                name: name.to_string(),
-                expected: shape.to_vec(),
-                found: entry.shape.clone(),
-            });
-        }
-        self.used.insert(name.to_string());
-        let bytes = &self.map[entry.bytes.clone()];
+        let (dtype, range) = self.checked(name, shape)?;
+        let bytes = &self.map[range];
         // BF16 and F16 (as Hugging Face checkpoints often are) widen to f32 once, here.
-        if entry.dtype != Dtype::F32 {
-            let halves = bytes.chunks_exact(2).map(|b| u16::from_le_bytes([b[0], b[1]]));
-            let copy: Box<[f32]> = if entry.dtype == Dtype::BF16 {
-                halves.map(bf16_to_f32).collect()
-            } else {
-                halves.map(f16_to_f32).collect()
-            };
+        if dtype != Dtype::F32 {
+            let copy: Box<[f32]> = widened(dtype, bytes).collect();
             let tensor = Tensor { ptr: copy.as_ptr(), len: copy.len() };
             self.copies.push(copy);
             return Ok(tensor);
@@ -141,6 +119,36 @@ impl TensorFile {
         Ok(tensor)
     }
 
+    /// The dtype and byte range (see [`TensorFile::bytes`]) of tensor `name` once it is known
+    /// to exist with exactly `shape` and a dtype this crate reads (F32, BF16 or F16); marks it
+    /// used.
+    pub(crate) fn checked(&mut self, name: &str, shape: &[usize]) -> Result<(Dtype, Range<usize>), Error> {
+        let Some(entry) = self.entries.get(name) else {
+            return Err(Error::MissingTensor { path: self.path.clone(), name: name.to_string() });
+        };
+        if ![Dtype::F32, Dtype::BF16, Dtype::F16].contains(&entry.dtype) {
+            return Err(Error::WrongDtype {
+                name: name.to_string(),
+                expected: "F32, BF16 or F16",
+                found: format!("{:?}", entry.dtype),
+            });
+        }
+        if entry.shape != shape {
+            return Err(Error::WrongShape {
+                name: name.to_string(),
+                expected: shape.to_vec(),
+                found: entry.shape.clone(),
+            });
+        }
+        self.used.insert(name.to_string());
+        Ok((entry.dtype, entry.bytes.clone()))
+    }
+
+    /// The bytes of the mapped file in `range`.
+    pub(crate) fn bytes(&self, range: Range<usize>) -> &[u8] {
+        &self.map[range]
+    }
+
     /// Ends loading: the storage behind the tensors, and a warning for each tensor in the
     /// file that the model did not ask for and that is not in `ignored` (tensors a checkpoint
     /// of this architecture carries and the model knowingly leaves out).
@@ -153,6 +161,15 @@ impl TensorFile {
             .collect();
         (Storage { _map: self.map, _copies: self.copies }, warnings)
     }
+}
+
+/// The values of `bytes`, a tensor of 2-byte `dtype` (BF16 or F16), as f32.
+pub(crate) fn widened(dtype: Dtype, bytes: &[u8]) -> impl Iterator<Item = f32> + '_ {
+    let bf16 = dtype == Dtype::BF16;
+    bytes.chunks_exact(2).map(move |b| {
+        let bits = u16::from_le_bytes([b[0], b[1]]);
+        if bf16 { bf16_to_f32(bits) } else { f16_to_f32(bits) }
+    })
 }
 
 /// The f32 value of a bfloat16: its 16 bits are the high half of an f32.

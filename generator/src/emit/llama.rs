@@ -10,7 +10,7 @@ use crate::Error;
 use crate::plan::Plan;
 use crate::registry::Registry;
 use crate::rust_source::{self, comment};
-use crate::workload::RopeScaling;
+use crate::workload::{Dtype, RopeScaling};
 
 /// The crates every LLaMA crate depends on (versions in templates/dependencies.toml).
 pub const DEPENDENCIES: &[&str] =
@@ -36,8 +36,17 @@ pub fn rust_files(
     for file in RUNTIME_FILES {
         files.push((format!("src/{file}"), rust_source::print(&templates.runtime(file, &krate)?)));
     }
+    if bf16(plan) {
+        let file = "bf16_tensor.rs";
+        files.push((format!("src/{file}"), rust_source::print(&templates.runtime(file, &krate)?)));
+    }
     files.extend(common::kernel_files(plan, registry)?);
     Ok(files)
+}
+
+/// Whether the workload holds its matrices in bfloat16 (`matmul_bf16` runs the linear layers).
+fn bf16(plan: &Plan) -> bool {
+    plan.workload.weights.dtype == Dtype::Bf16
 }
 
 fn lib_rs(plan: &Plan) -> TokenStream {
@@ -97,12 +106,18 @@ fn lib_rs(plan: &Plan) -> TokenStream {
     let n_eos = usize_lit(c.eos_ids.len());
     let cpu_features = &plan.cpu_features;
     let n_features = usize_lit(cpu_features.len());
+    let bf16_mod = bf16(plan).then(|| {
+        quote!(
+            mod bf16_tensor;
+        )
+    });
 
     quote! {
         #(#![doc = #inner_doc])*
 
         #guards
 
+        #bf16_mod
         pub mod cpu;
         pub mod error;
         pub mod generate;
@@ -160,6 +175,33 @@ fn lib_rs(plan: &Plan) -> TokenStream {
 
 fn model_rs(plan: &Plan) -> TokenStream {
     let c = plan.llama();
+    // bfloat16 matrices: the linear layers run matmul_bf16 and the embedding rows widen.
+    let (matmul, matmul_use, embed_row, widen_fn) = if bf16(plan) {
+        (
+            format_ident!("matmul_bf16"),
+            quote!(
+                use crate::kernels::matmul_bf16::matmul_bf16;
+            ),
+            quote!(widen(&mut x[row * DIM..(row + 1) * DIM], &w.embed_tokens[token * DIM..(token + 1) * DIM]);),
+            quote! {
+                /// Widens bfloat16 values to f32 (a bfloat16 is the high half of an f32).
+                fn widen(out: &mut [f32], values: &[u16]) {
+                    for (o, &v) in out.iter_mut().zip(values) {
+                        *o = f32::from_bits(u32::from(v) << 16);
+                    }
+                }
+            },
+        )
+    } else {
+        (
+            format_ident!("matmul"),
+            quote!(
+                use crate::kernels::matmul::matmul;
+            ),
+            quote!(x[row * DIM..(row + 1) * DIM].copy_from_slice(&w.embed_tokens[token * DIM..(token + 1) * DIM]);),
+            quote!(),
+        )
+    };
     let name = &plan.workload.name;
     let module_doc = [
         format!(
@@ -269,7 +311,7 @@ fn model_rs(plan: &Plan) -> TokenStream {
         use crate::kernels::attention_decode::attention_decode;
         #prefill_use
         use crate::kernels::kv_cache::KvCache;
-        use crate::kernels::matmul::matmul;
+        #matmul_use
         use crate::kernels::rmsnorm::rmsnorm;
         #rope_use
         use crate::kernels::swiglu::swiglu;
@@ -439,19 +481,19 @@ fn model_rs(plan: &Plan) -> TokenStream {
                 #c_embed
                 for (row, &token) in tokens.iter().enumerate() {
                     let token = token as usize;
-                    x[row * DIM..(row + 1) * DIM].copy_from_slice(&w.embed_tokens[token * DIM..(token + 1) * DIM]);
+                    #embed_row
                 }
 
                 for (layer, cache) in w.layers.iter().zip(kv.iter_mut()) {
                     #c_norm1
                     rmsnorm::<DIM>(xb, x, &layer.input_layernorm, RMS_NORM_EPS, t);
                     #c_q
-                    matmul::<Q_DIM, DIM>(q, xb, &layer.q_proj, t);
+                    #matmul::<Q_DIM, DIM>(q, xb, &layer.q_proj, t);
                     #q_bias
                     #c_kv
-                    matmul::<KV_DIM, DIM>(k, xb, &layer.k_proj, t);
+                    #matmul::<KV_DIM, DIM>(k, xb, &layer.k_proj, t);
                     #k_bias
-                    matmul::<KV_DIM, DIM>(v, xb, &layer.v_proj, t);
+                    #matmul::<KV_DIM, DIM>(v, xb, &layer.v_proj, t);
                     #v_bias
                     #c_rope
                     rope::<N_HEADS, HEAD_DIM>(q, &model.rope_cos, &model.rope_sin, start, t);
@@ -461,18 +503,18 @@ fn model_rs(plan: &Plan) -> TokenStream {
                     #c_att
                     #attention
                     #c_o
-                    matmul::<DIM, Q_DIM>(xb, att, &layer.o_proj, t);
+                    #matmul::<DIM, Q_DIM>(xb, att, &layer.o_proj, t);
                     #c_res1
                     add_assign(x, xb);
                     #c_norm2
                     rmsnorm::<DIM>(xb, x, &layer.post_attention_layernorm, RMS_NORM_EPS, t);
                     #c_gate
-                    matmul::<HIDDEN_DIM, DIM>(gate, xb, &layer.gate_proj, t);
-                    matmul::<HIDDEN_DIM, DIM>(up, xb, &layer.up_proj, t);
+                    #matmul::<HIDDEN_DIM, DIM>(gate, xb, &layer.gate_proj, t);
+                    #matmul::<HIDDEN_DIM, DIM>(up, xb, &layer.up_proj, t);
                     #c_swiglu
                     swiglu::<HIDDEN_DIM>(gate, up, t);
                     #c_down
-                    matmul::<DIM, HIDDEN_DIM>(xb, gate, &layer.down_proj, t);
+                    #matmul::<DIM, HIDDEN_DIM>(xb, gate, &layer.down_proj, t);
                     #c_res2
                     add_assign(x, xb);
                 }
@@ -487,7 +529,7 @@ fn model_rs(plan: &Plan) -> TokenStream {
                 #c_final
                 rmsnorm::<DIM>(xb, &x[row * DIM..(row + 1) * DIM], &w.norm, RMS_NORM_EPS, 1);
                 #classifier_comment
-                matmul::<VOCAB_SIZE, DIM>(logits, xb, #classifier, 1);
+                #matmul::<VOCAB_SIZE, DIM>(logits, xb, #classifier, 1);
             }
         }
 
@@ -500,11 +542,25 @@ fn model_rs(plan: &Plan) -> TokenStream {
 
         #add_bias_fn
         #inv_freq_fn
+        #widen_fn
     }
 }
 
 fn weights_rs(plan: &Plan) -> TokenStream {
     let c = plan.llama();
+    // The matrices' type and loader: f32 slices, or bfloat16 ones for a bf16 workload (the
+    // norms and biases stay f32).
+    let (matrix, load_matrix, bf16_use) = if bf16(plan) {
+        (
+            quote!(Bf16Tensor),
+            format_ident!("bf16"),
+            quote!(
+                use crate::bf16_tensor::Bf16Tensor;
+            ),
+        )
+    } else {
+        (quote!(Tensor), format_ident!("f32"), quote!())
+    };
     let name = &plan.workload.name;
     let module_doc = [
         format!(" The weights of `{name}`, checked against the baked shapes as they load. Each tensor"),
@@ -522,9 +578,9 @@ fn weights_rs(plan: &Plan) -> TokenStream {
         (
             quote! {
                 /// `lm_head.weight`: [VOCAB_SIZE, DIM]
-                pub(crate) lm_head: Tensor,
+                pub(crate) lm_head: #matrix,
             },
-            quote! { let lm_head = file.f32("lm_head.weight", &[VOCAB_SIZE, DIM])?; },
+            quote! { let lm_head = file.#load_matrix("lm_head.weight", &[VOCAB_SIZE, DIM])?; },
             quote! { lm_head, },
         )
     };
@@ -556,7 +612,8 @@ fn weights_rs(plan: &Plan) -> TokenStream {
             None => format!("[{}]", t.shape.0),
         };
         let field_doc = doc(&format!("`model.layers.N.{}.weight`: {shape_text}", t.hf));
-        quote! { #field_doc pub(crate) #field: Tensor, }
+        let ty = if t.shape.1.is_some() { matrix.clone() } else { quote!(Tensor) };
+        quote! { #field_doc pub(crate) #field: #ty, }
     });
     let loads = tensors.iter().map(|t| {
         let field = format_ident!("{}", t.field);
@@ -570,7 +627,8 @@ fn weights_rs(plan: &Plan) -> TokenStream {
             None => quote!(&[#rows]),
         };
         let tensor_name = format!("model.layers.{{l}}.{hf}.weight");
-        quote! { #field: file.f32(&format!(#tensor_name), #shape)?, }
+        let load = if t.shape.1.is_some() { load_matrix.clone() } else { format_ident!("f32") };
+        quote! { #field: file.#load(&format!(#tensor_name), #shape)?, }
     });
 
     let (bias_fields, bias_loads) = if c.qkv_bias {
@@ -598,6 +656,7 @@ fn weights_rs(plan: &Plan) -> TokenStream {
 
         use std::path::Path;
 
+        #bf16_use
         use crate::tensor_file::{Storage, Tensor, TensorFile};
         use crate::{Error, DIM, HIDDEN_DIM, KV_DIM, N_LAYERS, Q_DIM, VOCAB_SIZE};
 
@@ -610,7 +669,7 @@ fn weights_rs(plan: &Plan) -> TokenStream {
         /// Every weight of the model.
         pub struct Weights {
             #embed_doc
-            pub(crate) embed_tokens: Tensor,
+            pub(crate) embed_tokens: #matrix,
             /// The decoder layers, N_LAYERS of them.
             pub(crate) layers: Vec<LayerWeights>,
             /// `model.norm.weight`: [DIM]
@@ -627,7 +686,7 @@ fn weights_rs(plan: &Plan) -> TokenStream {
             /// for its name, dtype and shape.
             pub fn load(path: &Path) -> Result<Weights, Error> {
                 let mut file = TensorFile::open(path)?;
-                let embed_tokens = file.f32("model.embed_tokens.weight", &[VOCAB_SIZE, DIM])?;
+                let embed_tokens = file.#load_matrix("model.embed_tokens.weight", &[VOCAB_SIZE, DIM])?;
                 let mut layers = Vec::with_capacity(N_LAYERS);
                 for l in 0..N_LAYERS {
                     layers.push(LayerWeights { #(#loads)* #bias_loads });

@@ -1,0 +1,18 @@
+//! Matrix product `out = x · wᵀ` with bfloat16 weights and AVX-512F on `THREADS` threads: the
+//! product of `shared/avx512_matmul.rs` over `u16` weights, its weight rows cut into `THREADS`
+//! equal shares that the persistent team of `shared/matmul_team.rs` computes, the calling
+//! thread taking the first.
+
+use super::shared::avx512_matmul::Product;
+use super::shared::matmul_team;
+
+/// Computes `out[r, n] = Σₖ x[r, k] · f32(w[n, k])` for `rows` rows.
+///
+/// `x`: `[rows, K]`, `w`: `[N, K]` bfloat16 bits, `out`: `[rows, N]`, all row-major.
+#[inline]
+pub fn matmul_bf16<const N: usize, const K: usize>(out: &mut [f32], x: &[f32], w: &[u16], rows: usize) {
+    // SAFETY: the generated crate checks at start-up that the CPU has AVX-512F, and the
+    // product's pointers come from slices whose lengths `Product::new` checked; `out` stays
+    // borrowed until every share is done.
+    unsafe { Product::new::<N, K>(out, x, w, rows).prepared::<false, _>(|product| matmul_team::run(*product)) }
+}

@@ -1,0 +1,15 @@
+//! Matrix product `out = x · wᵀ` with bfloat16 weights and AVX-512F on the calling thread: the
+//! product of `shared/avx512_matmul.rs` (whose documentation describes it) over `u16` weights,
+//! each 16 of them widened to f32 in a register as they load.
+
+use super::shared::avx512_matmul::Product;
+
+/// Computes `out[r, n] = Σₖ x[r, k] · f32(w[n, k])` for `rows` rows.
+///
+/// `x`: `[rows, K]`, `w`: `[N, K]` bfloat16 bits, `out`: `[rows, N]`, all row-major.
+#[inline]
+pub fn matmul_bf16<const N: usize, const K: usize>(out: &mut [f32], x: &[f32], w: &[u16], rows: usize) {
+    // SAFETY: the generated crate checks at start-up that the CPU has AVX-512F, and the
+    // product's pointers come from slices whose lengths `Product::new` checked.
+    unsafe { Product::new::<N, K>(out, x, w, rows).prepared::<false, _>(|product| product.columns(0..N)) }
+}
