@@ -8,10 +8,13 @@
 # model's weight bytes and the FMA peaks (bench/peaks), from which the decode floor (weight
 # bytes read per token / bandwidth) and the prefill's share of the FMA peak are computed.
 #
-# The 1-thread crates are the same workloads generated with `threads = 1` under target/.
-# Everything is built and written under target/bench-llama (the TinyLlama weights take 4.4 GB).
+# Each shape runs in each weight dtype of DTYPES (default "f32 bf16": the workloads
+# workloads/<shape>-bench-cpu-<dtype>.toml; candle computes in the same dtype). The 1-thread
+# crates are the same workloads generated with `threads = 1` under target/. Everything is built
+# and written under target/bench-llama (TinyLlama's weights take 4.4 GB in f32, 2.2 in bf16).
 #
-# Usage: bench/llama_vs_candle.sh [ROUNDS] [SHAPE...]   (SHAPE: stories15m stories110m tinyllama)
+# Usage: [DTYPES="f32 bf16"] bench/llama_vs_candle.sh [ROUNDS] [SHAPE...]
+#        (SHAPE: stories15m stories110m tinyllama)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rounds="${1:-5}"
@@ -29,13 +32,14 @@ CARGO_TARGET_DIR="$PWD/target/bench-peaks" cargo build -q --release --manifest-p
 peaks="$PWD/target/bench-peaks/release/monogen-peaks"
 
 for shape in "${shapes[@]}"; do
-    workload="workloads/$shape-bench-cpu-f32.toml"
-    name="$shape-bench-cpu-f32"
+  for dtype in ${DTYPES:-f32 bf16}; do
+    workload="workloads/$shape-bench-cpu-$dtype.toml"
+    name="$shape-bench-cpu-$dtype"
     monogen check "$workload" >/dev/null || {
         echo "generated/$name is stale: run monogen build first" >&2
         exit 1
     }
-    model="$work/models/$shape"
+    model="$work/models/$shape-$dtype"
     [ -f "$model/model.safetensors" ] || monogen synth-weights "$workload" --out "$model" >/dev/null
     # The same workload with one thread, generated under target/.
     sed -e "s/^name = \"$name\"/name = \"$name-t1\"/" -e 's/^threads = .*/threads = 1/' \
@@ -44,7 +48,7 @@ for shape in "${shapes[@]}"; do
     for crate in "generated/$name" "$work/crates/$name-t1"; do
         CARGO_TARGET_DIR="$work/target" cargo build -q --release --manifest-path "$crate/Cargo.toml"
     done
-    echo "== $shape ($(du -h "$model/model.safetensors" | cut -f1) of f32 weights)"
+    echo "== $shape ($(du -h "$model/model.safetensors" | cut -f1) of $dtype weights)"
     "$harness" compare "$work/target/release/$name-t1" "$model" 1 "$rounds"
     "$harness" compare "$work/target/release/$name" "$model" 2 "$rounds"
     # Weight bytes read per decoded token: every tensor but the embedding table, which a step
@@ -69,4 +73,5 @@ PY
 )
     "$peaks" --rounds 3 "$bytes" | sed 's/^/  peaks: /'
     echo "  weight bytes read per decoded token: $bytes"
+  done
 done

@@ -314,9 +314,10 @@ fn run(cli: Cli) -> Result<ExitCode, Error> {
             let w = project.read_workload(&workload)?;
             let parameters = monogen::synth::write_model_dir(&w, &out, seed)?;
             eprintln!(
-                "wrote {}: config.json, tokenizer.json and model.safetensors ({parameters} random parameters, {})",
+                "wrote {}: config.json, tokenizer.json and model.safetensors ({parameters} random {} parameters, {})",
                 shown(&out),
-                human_bytes(parameters * 4)
+                w.weights.dtype.as_str(),
+                human_bytes(parameters * w.weights.dtype.size() as u64)
             );
             Ok(ExitCode::SUCCESS)
         }

@@ -102,6 +102,8 @@ pub struct Chosen {
     pub source_sha256: String,
     pub cpu_features: Vec<String>,
     pub shared: Vec<String>,
+    /// Crates its kernel uses, which the generated crate then depends on.
+    pub dependencies: Vec<String>,
     /// Why it won, in one sentence, with the evidence (for `explain`).
     pub reason: String,
     /// Why it won in words that do not change when the same ranking is measured again (for

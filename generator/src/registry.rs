@@ -103,6 +103,9 @@ pub struct Implementation {
     pub priority: i64,
     pub shadows: Vec<String>,
     pub shared: Vec<String>,
+    /// Crates the kernel uses (`use gemm::...`), by their names in
+    /// `templates/dependencies.toml`; a crate that chooses the implementation depends on them.
+    pub dependencies: Vec<String>,
     pub constraints: Constraints,
     /// Folder relative to the project root.
     pub dir: PathBuf,
@@ -172,6 +175,8 @@ struct ManifestFile {
     shadows: Vec<String>,
     #[serde(default)]
     shared: Vec<String>,
+    #[serde(default)]
+    dependencies: Vec<String>,
     #[serde(default)]
     constraints: Constraints,
 }
@@ -557,6 +562,7 @@ fn load_implementation(
         priority: m.priority,
         shadows: m.shadows,
         shared: m.shared,
+        dependencies: m.dependencies,
         constraints: m.constraints,
         dir: rel_dir,
         source,
@@ -905,6 +911,7 @@ mod tests {
             priority: 0,
             shadows: shadows.iter().map(|s| s.to_string()).collect(),
             shared: vec![],
+            dependencies: vec![],
             constraints: Constraints::default(),
             dir: PathBuf::new(),
             source: Arc::from(""),

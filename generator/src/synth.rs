@@ -13,7 +13,7 @@ use std::path::Path;
 use serde_json::{Value, json};
 
 use crate::Error;
-use crate::workload::{Model, Workload};
+use crate::workload::{Dtype, Model, Workload};
 
 /// Standard deviation of the random linear weights.
 const WEIGHT_STD: f32 = 0.02;
@@ -81,7 +81,7 @@ fn llama_config(w: &Workload) -> Value {
         "tie_word_embeddings": m.tie_word_embeddings,
         "bos_token_id": m.bos_token_id,
         "eos_token_id": m.eos_token_ids,
-        "torch_dtype": "float32",
+        "torch_dtype": if w.weights.dtype == Dtype::Bf16 { "bfloat16" } else { "float32" },
     })
 }
 
@@ -130,14 +130,18 @@ pub fn write_model_dir(w: &Workload, dir: &Path, seed: u64) -> Result<u64, Error
     write_json("config.json", &llama_config(w))?;
     write_json("tokenizer.json", &tokenizer(m.vocab_size))?;
 
+    // The file holds the workload's dtype where a checkpoint would: bfloat16 for a bf16
+    // workload (its crate then maps the matrices in place), f32 otherwise.
+    let bf16 = w.weights.dtype == Dtype::Bf16;
+    let (dtype, width) = if bf16 { ("BF16", 2) } else { ("F32", 4) };
     let specs = llama_tensors(w);
     let mut header = serde_json::Map::new();
     let mut offset = 0usize;
     for s in &specs {
-        let bytes = 4 * s.shape.iter().product::<usize>();
+        let bytes = width * s.shape.iter().product::<usize>();
         header.insert(
             s.name.clone(),
-            json!({ "dtype": "F32", "shape": s.shape, "data_offsets": [offset, offset + bytes] }),
+            json!({ "dtype": dtype, "shape": s.shape, "data_offsets": [offset, offset + bytes] }),
         );
         offset += bytes;
     }
@@ -168,7 +172,12 @@ pub fn write_model_dir(w: &Workload, dir: &Path, seed: u64) -> Result<u64, Error
                 let unit = (state >> 40) as f32 / (1u64 << 24) as f32;
                 (2.0 * unit - 1.0) * amplitude
             };
-            out.write_all(&value.to_le_bytes()).map_err(io)?;
+            if bf16 {
+                // Truncation: the values are random anyway, and exactly representable after.
+                out.write_all(&((value.to_bits() >> 16) as u16).to_le_bytes()).map_err(io)?;
+            } else {
+                out.write_all(&value.to_le_bytes()).map_err(io)?;
+            }
         }
     }
     out.flush().map_err(io)?;

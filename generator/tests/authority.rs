@@ -34,11 +34,14 @@ fn for_this_machine(repo: &Path) {
     std::fs::write(&path, text.join("\n") + "\n").unwrap();
 }
 
-/// A scratch repository whose matmul candidates are the single-threaded ones (avx2-fma and
-/// scalar): these tests are about the mechanism, not about which kernel wins.
+/// A scratch repository whose matmul candidates for the default workload are monogen's
+/// single-threaded ones (avx2-fma and scalar): these tests are about the mechanism, not about
+/// which kernel wins.
 fn mechanism_repo() -> tempfile::TempDir {
     let repo = measured_repo();
-    std::fs::remove_dir_all(repo.path().join("implementations/matmul/avx2-fma-threads")).unwrap();
+    for competitor in ["avx2-fma-threads", "gemm-crate"] {
+        std::fs::remove_dir_all(repo.path().join("implementations/matmul").join(competitor)).unwrap();
+    }
     repo
 }
 

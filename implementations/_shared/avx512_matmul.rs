@@ -28,7 +28,7 @@
 //! [`Product::columns`] may be called only on a CPU with AVX-512F, with pointers that hold
 //! `[rows, k]`, `[n, k]` and `[rows, n]` values, and never twice at once on overlapping
 //! column ranges of the same `out`.
-#![allow(dead_code, clippy::missing_safety_doc)]
+#![allow(dead_code, clippy::missing_safety_doc, clippy::needless_range_loop)]
 
 use std::arch::x86_64::*;
 use std::cell::RefCell;

@@ -40,7 +40,7 @@ impl TensorFile {
     /// The tensor `name` as bfloat16, which must have exactly `shape`.
     pub fn bf16(&mut self, name: &str, shape: &[usize]) -> Result<Bf16Tensor, Error> {
         let (dtype, range) = self.checked(name, shape)?;
-        let bytes = self.bytes(range);
+        let bytes = &self.map[range];
         if dtype == Dtype::BF16 && bytes.as_ptr().align_offset(std::mem::align_of::<u16>()) == 0 {
             return Ok(Bf16Tensor { ptr: bytes.as_ptr().cast(), len: bytes.len() / 2, _copy: None });
         }

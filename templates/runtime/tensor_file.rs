@@ -15,7 +15,8 @@ use crate::Error;
 /// A safetensors file mapped into memory, with its table of tensors.
 pub struct TensorFile {
     path: PathBuf,
-    map: Mmap,
+    /// The mapped file (the bf16 loader of a bf16 crate reads it too).
+    pub(crate) map: Mmap,
     /// Name → dtype, shape and byte range in `map`.
     entries: BTreeMap<String, Entry>,
     /// Names handed out so far.
@@ -119,7 +120,7 @@ impl TensorFile {
         Ok(tensor)
     }
 
-    /// The dtype and byte range (see [`TensorFile::bytes`]) of tensor `name` once it is known
+    /// The dtype and byte range (in `map`) of tensor `name` once it is known
     /// to exist with exactly `shape` and a dtype this crate reads (F32, BF16 or F16); marks it
     /// used.
     pub(crate) fn checked(&mut self, name: &str, shape: &[usize]) -> Result<(Dtype, Range<usize>), Error> {
@@ -142,11 +143,6 @@ impl TensorFile {
         }
         self.used.insert(name.to_string());
         Ok((entry.dtype, entry.bytes.clone()))
-    }
-
-    /// The bytes of the mapped file in `range`.
-    pub(crate) fn bytes(&self, range: Range<usize>) -> &[u8] {
-        &self.map[range]
     }
 
     /// Ends loading: the storage behind the tensors, and a warning for each tensor in the

@@ -44,6 +44,8 @@ struct Manifest {
     #[serde(default)]
     shared: Vec<String>,
     #[serde(default)]
+    dependencies: Vec<String>,
+    #[serde(default)]
     constraints: Constraints,
 }
 
@@ -185,6 +187,12 @@ fn read_implementations(
                 assert!(
                     shared_modules.contains_key(module),
                     "{where_}: shared module `{module}` is not in implementations/_shared/"
+                );
+            }
+            for krate in &manifest.dependencies {
+                assert!(
+                    own_dependencies().contains(krate),
+                    "{where_}: the kernel uses crate `{krate}`; add it to [dependencies] in tests/kernels/Cargo.toml"
                 );
             }
             let kernel = impl_dir.join("kernel.rs");
@@ -336,6 +344,15 @@ fn sorted_entries(dir: &Path) -> Vec<PathBuf> {
 
 fn file_name(path: &Path) -> String {
     path.file_name().unwrap_or_default().to_string_lossy().into_owned()
+}
+
+/// The crates this crate depends on (its Cargo.toml's `[dependencies]`).
+fn own_dependencies() -> Vec<String> {
+    let manifest: toml::Table = parse_toml(&Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml"));
+    manifest
+        .get("dependencies")
+        .and_then(|d| d.as_table())
+        .map_or(Vec::new(), |t| t.keys().cloned().collect())
 }
 
 fn parse_toml<T: serde::de::DeserializeOwned>(path: &Path) -> T {

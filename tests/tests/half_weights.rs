@@ -6,9 +6,12 @@ use monogen_tests::{Safetensors, model_dir};
 use serde_json::json;
 use stories260k_cpu_f32::Model;
 
+/// A 16-bit safetensors dtype name and the encoder of an f32 into its bits.
+type Half<'a> = (&'a str, fn(f32) -> u16);
+
 /// `weights` with every tensor's values replaced by `round(value)`, stored either as F32 or
 /// as the 16-bit `encode(round(value))` with the given dtype name.
-fn rewritten(weights: &[u8], round: fn(f32) -> f32, half: Option<(&str, fn(f32) -> u16)>) -> Vec<u8> {
+fn rewritten(weights: &[u8], round: fn(f32) -> f32, half: Option<Half>) -> Vec<u8> {
     let source = Safetensors::parse(weights);
     let mut out = Safetensors { header: source.header.clone(), data: Vec::new() };
     for (name, entry) in source.header.iter().filter(|(name, _)| *name != "__metadata__") {

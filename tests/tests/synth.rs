@@ -41,3 +41,25 @@ fn synthetic_weights_load_run_and_read_back() {
     let back = workload_from_hf(dir.path(), &opts).unwrap();
     assert_eq!(back.model, workload.model);
 }
+
+/// A bf16 workload's synthetic weights are BF16 tensors, which its crate maps in place; the
+/// f32 crate of the same model widens the same file, and the two compute the same logits up
+/// to the f32 sums' rounding (the weights are the same values).
+#[test]
+fn synthetic_bf16_weights_run_in_the_bf16_crate_as_in_the_f32_one() {
+    let path = workspace_root().join("workloads/stories260k-cpu-bf16.toml");
+    let workload = WorkloadSource::read(&path).unwrap().parse().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    monogen::synth::write_model_dir(&workload, dir.path(), 7).unwrap();
+    let file = std::fs::read(dir.path().join("model.safetensors")).unwrap();
+    let header = monogen_tests::Safetensors::parse(&file).header;
+    assert!(header.values().filter_map(|t| t.get("dtype")).all(|d| d == "BF16"), "{header:?}");
+
+    let prompt = [5, 9, 100, 7];
+    let half = stories260k_cpu_bf16::Model::load(dir.path()).unwrap();
+    let got = half.session().logits_all(&prompt).unwrap();
+    let full = Model::load(dir.path()).unwrap();
+    let want = full.session().logits_all(&prompt).unwrap();
+    let (diff, at) = monogen_tests::max_abs_diff(&got, &want);
+    assert!(diff <= 1e-4, "bf16 crate differs from the f32 crate by {diff} at {at}");
+}

@@ -43,12 +43,16 @@ fn main() -> Result<()> {
 fn candle_generate(dir: &std::path::Path, ids: &[u32], max_tokens: usize) -> Result<Value> {
     let started = Instant::now();
     let device = Device::Cpu;
-    let config: LlamaConfig = serde_json::from_str(&std::fs::read_to_string(dir.join("config.json"))?)?;
+    let text = std::fs::read_to_string(dir.join("config.json"))?;
+    // candle computes in the checkpoint's dtype: bfloat16 for a bf16 workload's weights.
+    let raw: Value = serde_json::from_str(&text)?;
+    let dtype = if raw["torch_dtype"] == "bfloat16" { DType::BF16 } else { DType::F32 };
+    let config: LlamaConfig = serde_json::from_str(&text)?;
     let config = config.into_config(false);
     // SAFETY: the weights file is not modified while it is mapped.
-    let vb = unsafe { VarBuilder::from_mmaped_safetensors(&[dir.join("model.safetensors")], DType::F32, &device)? };
+    let vb = unsafe { VarBuilder::from_mmaped_safetensors(&[dir.join("model.safetensors")], dtype, &device)? };
     let llama = Llama::load(vb, &config)?;
-    let mut cache = Cache::new(true, DType::F32, &config, &device)?;
+    let mut cache = Cache::new(true, dtype, &config, &device)?;
     let load_ms = ms(started.elapsed());
 
     let prefill = Instant::now();
@@ -76,7 +80,7 @@ fn candle_generate(dir: &std::path::Path, ids: &[u32], max_tokens: usize) -> Res
 }
 
 fn argmax(logits: &Tensor) -> Result<u32> {
-    Ok(logits.argmax(0)?.to_scalar::<u32>()?)
+    Ok(logits.to_dtype(DType::F32)?.argmax(0)?.to_scalar::<u32>()?)
 }
 
 /// One process's JSON report, its wall time and the CPU time it used.

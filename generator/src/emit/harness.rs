@@ -131,7 +131,17 @@ pub fn emit(plan: &Plan, registry: &Registry, templates: &Templates) -> Result<(
     })?;
     files.insert(PathBuf::from("src/passes.rs"), rust_source::print(&passes));
     files.insert(PathBuf::from("src/main.rs"), rust_source::print_tokens(main_rs(plan, &harness, &included)));
-    let context = serde_json::json!({ "name": crate_name(plan, &files), "workload": plan.workload.name });
+    // The crates the competing kernels use.
+    let mut crates: Vec<&str> =
+        included.values().flat_map(|i| i.dependencies.iter().map(String::as_str)).collect();
+    crates.sort_unstable();
+    crates.dedup();
+    let dependencies = super::dependencies(&crates, templates)?;
+    let context = serde_json::json!({
+        "name": crate_name(plan, &files),
+        "workload": plan.workload.name,
+        "dependencies": dependencies,
+    });
     let name = crate_name(plan, &files);
     files.insert(PathBuf::from("Cargo.toml"), templates.render("bench/Cargo.toml.j2", &context)?);
     Ok((Output { files }, name))

@@ -209,7 +209,7 @@ struct ReadmeContext<'a> {
 }
 
 #[derive(Serialize)]
-struct Dependency {
+pub(crate) struct Dependency {
     name: String,
     spec: String,
 }
@@ -252,19 +252,26 @@ impl<'a> ReadmeContext<'a> {
                 ("kv_cache", human_bytes(f.kv_cache_bytes)),
                 ("scratch", human_bytes(f.scratch_bytes)),
             ]),
-            dependencies: dependencies(
-                match w.model {
+            dependencies: {
+                // The runtime's crates, and those of the chosen kernels.
+                let mut names: Vec<&str> = match w.model {
                     Model::Llama(_) => llama::DEPENDENCIES,
                     Model::Bert(_) => bert::DEPENDENCIES,
-                },
-                templates,
-            )?,
+                }
+                .to_vec();
+                for i in &plan.interfaces {
+                    names.extend(i.chosen.dependencies.iter().map(String::as_str));
+                }
+                names.sort_unstable();
+                names.dedup();
+                dependencies(&names, templates)?
+            },
         })
     }
 }
 
 /// The dependency lines of Cargo.toml for `names`, from `templates/dependencies.toml`.
-fn dependencies(names: &[&str], templates: &Templates) -> Result<Vec<Dependency>, Error> {
+pub(crate) fn dependencies(names: &[&str], templates: &Templates) -> Result<Vec<Dependency>, Error> {
     let table: toml::Table = toml::from_str(templates.get("dependencies.toml")?)
         .map_err(|e| Error::Template { name: "dependencies.toml".into(), message: e.to_string() })?;
     let mut names: Vec<&str> = names.to_vec();
