@@ -81,6 +81,9 @@ pub struct LlamaConsts {
     pub rope_scaling: Option<crate::workload::RopeScaling>,
     /// Positions each query attends to (itself included), when attention slides.
     pub sliding_window: Option<usize>,
+    /// The weights are copied into anonymous memory at load (see
+    /// `resolve::RESIDENT_WEIGHT_BYTES`) rather than read through the file mapping.
+    pub resident_weights: bool,
 }
 
 #[derive(Debug, Clone, Serialize)]

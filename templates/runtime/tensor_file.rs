@@ -14,7 +14,7 @@ use crate::Error;
 
 /// A safetensors file mapped into memory, with its table of tensors.
 pub struct TensorFile {
-    path: PathBuf,
+    pub(crate) path: PathBuf,
     /// The mapped file (the bf16 loader of a bf16 crate reads it too).
     pub(crate) map: Mmap,
     /// Name → dtype, shape and byte range in `map`.

@@ -36,9 +36,11 @@ pub fn rust_files(
     for file in RUNTIME_FILES {
         files.push((format!("src/{file}"), rust_source::print(&templates.runtime(file, &krate)?)));
     }
-    if bf16(plan) {
-        let file = "bf16_tensor.rs";
-        files.push((format!("src/{file}"), rust_source::print(&templates.runtime(file, &krate)?)));
+    let c = plan.llama();
+    for (wanted, file) in [(bf16(plan), "bf16_tensor.rs"), (c.resident_weights, "resident.rs")] {
+        if wanted {
+            files.push((format!("src/{file}"), rust_source::print(&templates.runtime(file, &krate)?)));
+        }
     }
     files.extend(common::kernel_files(plan, registry)?);
     Ok(files)
@@ -111,6 +113,11 @@ fn lib_rs(plan: &Plan) -> TokenStream {
             mod bf16_tensor;
         )
     });
+    let resident_mod = c.resident_weights.then(|| {
+        quote!(
+            mod resident;
+        )
+    });
 
     quote! {
         #(#![doc = #inner_doc])*
@@ -123,6 +130,7 @@ fn lib_rs(plan: &Plan) -> TokenStream {
         pub mod generate;
         mod kernels;
         pub mod model;
+        #resident_mod
         mod tensor_file;
         pub mod tokenizer;
         pub mod weights;
@@ -550,6 +558,8 @@ fn weights_rs(plan: &Plan) -> TokenStream {
     let c = plan.llama();
     // The matrices' type and loader: f32 slices, or bfloat16 ones for a bf16 workload (the
     // norms and biases stay f32).
+    // Large weights are copied into anonymous memory at load (see resident.rs).
+    let resident = c.resident_weights.then(|| quote!(.resident()?));
     let (matrix, load_matrix, bf16_use) = if bf16(plan) {
         (
             quote!(Bf16Tensor),
@@ -685,7 +695,7 @@ fn weights_rs(plan: &Plan) -> TokenStream {
             /// Maps the safetensors file at `path` and checks every tensor this model reads
             /// for its name, dtype and shape.
             pub fn load(path: &Path) -> Result<Weights, Error> {
-                let mut file = TensorFile::open(path)?;
+                let mut file = TensorFile::open(path)? #resident;
                 let embed_tokens = file.#load_matrix("model.embed_tokens.weight", &[VOCAB_SIZE, DIM])?;
                 let mut layers = Vec::with_capacity(N_LAYERS);
                 for l in 0..N_LAYERS {
