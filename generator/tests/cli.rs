@@ -303,14 +303,17 @@ fn only_weights_beyond_every_cache_are_copied_into_memory_at_load() {
         let out = monogen(&root, &["explain", &format!("workloads/{workload}.toml"), "--json"]);
         assert!(out.status.success(), "{}", stderr(&out));
         let plan: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-        plan["consts"]["resident_weights"].as_bool().unwrap_or_else(|| panic!("no resident_weights in {plan}"))
+        plan["consts"]["resident_weights"]
+            .as_bool()
+            .unwrap_or_else(|| panic!("no resident_weights in {plan}"))
     };
     // TinyLlama's 4.4 GB are copied; stories110M's 438 MB and stories260k's 1 MB are mapped.
     assert!(resident("tinyllama-bench-cpu-f32"));
     assert!(resident("tinyllama-bench-cpu-bf16"));
     assert!(!resident("stories110m-bench-cpu-f32"));
     assert!(!resident("stories260k-cpu-f32"));
-    let weights = std::fs::read_to_string(root.join("generated/tinyllama-bench-cpu-f32/src/weights.rs")).unwrap();
+    let weights =
+        std::fs::read_to_string(root.join("generated/tinyllama-bench-cpu-f32/src/weights.rs")).unwrap();
     assert!(weights.contains("TensorFile::open(path)?.resident()?"), "{weights}");
     let weights = std::fs::read_to_string(root.join("generated/stories260k-cpu-f32/src/weights.rs")).unwrap();
     assert!(!weights.contains("resident"), "{weights}");
