@@ -572,10 +572,19 @@ fn weights_rs(plan: &Plan) -> TokenStream {
         (quote!(Tensor), format_ident!("f32"), quote!())
     };
     let name = &plan.workload.name;
+    let source = if c.resident_weights {
+        " is a slice of model.safetensors, which is copied into memory at load (resident.rs),"
+    } else {
+        " is a slice of the memory-mapped model.safetensors,"
+    };
+    let copies = if bf16(plan) {
+        " except matrices the file does not hold as BF16 (converted to bfloat16 copies) and norms or biases it does not hold as F32 (widened to f32 copies)."
+    } else {
+        " except a tensor the file misaligns or holds as BF16 or F16, which is copied (widened to f32)."
+    };
     let module_doc = [
         format!(" The weights of `{name}`, checked against the baked shapes as they load. Each tensor"),
-        " is a slice of the memory-mapped model.safetensors (copied only if the file misaligns it)."
-            .to_string(),
+        format!("{source}{copies}"),
     ];
     let embed_doc = if c.tie_word_embeddings {
         doc("`model.embed_tokens.weight`: [VOCAB_SIZE, DIM]; also the classifier (tied embeddings).")
