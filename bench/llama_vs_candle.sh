@@ -9,11 +9,13 @@
 # bytes read per token / bandwidth) and the prefill's share of the FMA peak are computed.
 #
 # Each shape runs in each weight dtype of DTYPES (default "f32 bf16": the workloads
-# workloads/<shape>-bench-cpu-<dtype>.toml; candle computes in the same dtype). The 1-thread
+# workloads/<shape>-bench-cpu-<dtype>.toml; candle computes in the same dtype, and for int8 runs
+# its quantized Llama on a Q8_0 GGUF of the same weights: int8 with a scale per 32 values, as
+# the int8 crates hold them). The 1-thread
 # crates are the same workloads generated with `threads = 1` under target/. Everything is built
 # and written under target/bench-llama (TinyLlama's weights take 4.4 GB in f32, 2.2 in bf16).
 #
-# Usage: [DTYPES="f32 bf16"] bench/llama_vs_candle.sh [ROUNDS] [SHAPE...]
+# Usage: [DTYPES="f32 bf16 int8"] bench/llama_vs_candle.sh [ROUNDS] [SHAPE...]
 #        (SHAPE: stories15m stories110m tinyllama)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -49,13 +51,18 @@ for shape in "${shapes[@]}"; do
         CARGO_TARGET_DIR="$work/target" cargo build -q --release --manifest-path "$crate/Cargo.toml"
     done
     echo "== $shape ($(du -h "$model/model.safetensors" | cut -f1) of $dtype weights)"
-    "$harness" compare "$work/target/release/$name-t1" "$model" 1 "$rounds"
-    "$harness" compare "$work/target/release/$name" "$model" 2 "$rounds"
+    # An int8 crate races candle's quantized Llama on the same weights in Q8_0.
+    q8=(); [ "$dtype" = int8 ] && q8=(q8)
+    "$harness" compare "$work/target/release/$name-t1" "$model" 1 "$rounds" "${q8[@]}"
+    "$harness" compare "$work/target/release/$name" "$model" 2 "$rounds" "${q8[@]}"
     # Weight bytes read per decoded token: every tensor but the embedding table, which a step
-    # reads one row of (unless the classifier is tied to it, when it is read whole).
-    bytes=$(python3 - "$model" <<'PY'
+    # reads one row of (unless the classifier is tied to it, when it is read whole), as the
+    # crate holds it: an int8 crate's matrices take a byte per value and an f32 scale per 32
+    # (its norms stay f32), whatever the file holds.
+    bytes=$(python3 - "$model" "$dtype" <<'PY'
 import json, struct, sys
 path = sys.argv[1] + "/model.safetensors"
+int8 = sys.argv[2] == "int8"
 with open(path, "rb") as f:
     n = struct.unpack("<Q", f.read(8))[0]
     header = json.loads(f.read(n))
@@ -65,6 +72,12 @@ for name, t in header.items():
     if name == "__metadata__":
         continue
     size = t["data_offsets"][1] - t["data_offsets"][0]
+    if int8:
+        shape = t["shape"]
+        if len(shape) == 2:
+            size = shape[0] * (shape[1] + (shape[1] + 31) // 32 * 4)
+        else:
+            size = shape[0] * 4
     if name == "model.embed_tokens.weight" and not tied:
         size = size // t["shape"][0]
     total += size

@@ -44,7 +44,7 @@ enum Command {
         /// Where to write the workload; standard output when omitted.
         #[arg(short, long, value_name = "FILE")]
         output: Option<PathBuf>,
-        /// Weight dtype: f32, or bf16 for LLaMA models (f16 and int8 are planned).
+        /// Weight dtype: f32, or bf16 or int8 (blockwise, quantized at load) for LLaMA models (f16 is planned).
         #[arg(long, default_value = "f32", value_parser = parse_dtype)]
         dtype: Dtype,
         /// Worker threads (default: this machine's cores).
@@ -313,11 +313,15 @@ fn run(cli: Cli) -> Result<ExitCode, Error> {
             let project = project(cli.root)?;
             let w = project.read_workload(&workload)?;
             let parameters = monogen::synth::write_model_dir(&w, &out, seed)?;
+            let (dtype, bytes) = match w.weights.dtype {
+                // Int8 crates quantize a bfloat16 checkpoint at load.
+                monogen::workload::Dtype::Int8 => ("bf16", 2),
+                other => (other.as_str(), other.size() as u64),
+            };
             eprintln!(
-                "wrote {}: config.json, tokenizer.json and model.safetensors ({parameters} random {} parameters, {})",
+                "wrote {}: config.json, tokenizer.json and model.safetensors ({parameters} random {dtype} parameters, {})",
                 shown(&out),
-                w.weights.dtype.as_str(),
-                human_bytes(parameters * w.weights.dtype.size() as u64)
+                human_bytes(parameters * bytes)
             );
             Ok(ExitCode::SUCCESS)
         }

@@ -23,12 +23,12 @@ use crate::workload::{Dtype, Model, Pooling, Workload};
 /// workload does not use (no pooling, no normalization) need no interface, so their code is
 /// never generated.
 pub fn required_interfaces(w: &Workload) -> Vec<&'static str> {
-    // A LLaMA workload holding its matrices in bfloat16 runs its linear layers through
-    // matmul_bf16 (every other interface computes on f32 activations either way).
-    let matmul = if matches!(w.model, Model::Llama(_)) && w.weights.dtype == Dtype::Bf16 {
-        "matmul_bf16"
-    } else {
-        "matmul"
+    // A LLaMA workload holding its matrices in bfloat16 or int8 runs its linear layers through
+    // matmul_bf16 or matmul_q8 (every other interface computes on f32 activations either way).
+    let matmul = match (&w.model, w.weights.dtype) {
+        (Model::Llama(_), Dtype::Bf16) => "matmul_bf16",
+        (Model::Llama(_), Dtype::Int8) => "matmul_q8",
+        _ => "matmul",
     };
     let mut list = required_f32_interfaces(w);
     for name in &mut list {
@@ -236,7 +236,9 @@ pub fn resolve(
     let mut consts = consts(w);
     let footprint = footprint(w, &consts);
     if let Consts::Llama(c) = &mut consts {
-        c.resident_weights = footprint.weight_bytes >= RESIDENT_WEIGHT_BYTES;
+        // Int8 matrices are quantized copies in anonymous memory already.
+        c.resident_weights =
+            w.weights.dtype != Dtype::Int8 && footprint.weight_bytes >= RESIDENT_WEIGHT_BYTES;
     }
     Ok(Plan {
         workload: w.clone(),
@@ -563,7 +565,7 @@ fn footprint(w: &Workload, consts: &Consts) -> Footprint {
             let scratch = chunk * (2 * d + 2 * q + 2 * kv + 2 * h) + c.max_seq_len as u64 + v;
             Footprint {
                 parameters,
-                weight_bytes: parameters * w.weights.dtype.size() as u64,
+                weight_bytes: w.weights.dtype.bytes(parameters),
                 kv_cache_bytes,
                 scratch_bytes: scratch * f32_size,
             }
@@ -579,7 +581,7 @@ fn footprint(w: &Workload, consts: &Consts) -> Footprint {
             let scratch = rows * (6 * d + h) + c.max_seq_len as u64;
             Footprint {
                 parameters,
-                weight_bytes: parameters * w.weights.dtype.size() as u64,
+                weight_bytes: w.weights.dtype.bytes(parameters),
                 kv_cache_bytes: 0,
                 scratch_bytes: scratch * f32_size,
             }

@@ -81,8 +81,13 @@ fn llama_config(w: &Workload) -> Value {
         "tie_word_embeddings": m.tie_word_embeddings,
         "bos_token_id": m.bos_token_id,
         "eos_token_id": m.eos_token_ids,
-        "torch_dtype": if w.weights.dtype == Dtype::Bf16 { "bfloat16" } else { "float32" },
+        "torch_dtype": if file_is_bf16(w) { "bfloat16" } else { "float32" },
     })
+}
+
+/// Whether the synthetic file holds bfloat16 (for bf16 and int8 workloads) rather than f32.
+fn file_is_bf16(w: &Workload) -> bool {
+    matches!(w.weights.dtype, Dtype::Bf16 | Dtype::Int8)
 }
 
 /// A word-level tokenizer.json with `vocab_size` entries.
@@ -130,9 +135,10 @@ pub fn write_model_dir(w: &Workload, dir: &Path, seed: u64) -> Result<u64, Error
     write_json("config.json", &llama_config(w))?;
     write_json("tokenizer.json", &tokenizer(m.vocab_size))?;
 
-    // The file holds the workload's dtype where a checkpoint would: bfloat16 for a bf16
-    // workload (its crate then maps the matrices in place), f32 otherwise.
-    let bf16 = w.weights.dtype == Dtype::Bf16;
+    // The file holds what a checkpoint for the workload would: bfloat16 for a bf16 workload
+    // (its crate then maps the matrices in place) and for an int8 one (its crate quantizes
+    // them at load, as it would a published bfloat16 checkpoint), f32 otherwise.
+    let bf16 = file_is_bf16(w);
     let (dtype, width) = if bf16 { ("BF16", 2) } else { ("F32", 4) };
     let specs = llama_tensors(w);
     let mut header = serde_json::Map::new();

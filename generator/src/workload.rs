@@ -210,8 +210,9 @@ pub struct Weights {
     pub dtype: Dtype,
 }
 
-/// Weight data types. Only `f32` has implementations today; the others are part of the
-/// schema so that workloads can name them and resolution can say what is missing.
+/// Weight data types. LLaMA workloads have implementations for `f32`, `bf16` and `int8`
+/// (blockwise, a scale per 32 values); BERT ones for `f32`. `f16` is part of the schema so that
+/// workloads can name it and resolution can say what is missing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Dtype {
@@ -237,6 +238,14 @@ impl Dtype {
             Dtype::F32 => 4,
             Dtype::Bf16 | Dtype::F16 => 2,
             Dtype::Int8 => 1,
+        }
+    }
+
+    /// Bytes of `parameters` weights in memory: int8 adds an f32 scale per block of 32.
+    pub fn bytes(self, parameters: u64) -> u64 {
+        match self {
+            Dtype::Int8 => parameters + parameters.div_ceil(32) * 4,
+            _ => parameters * self.size() as u64,
         }
     }
 }

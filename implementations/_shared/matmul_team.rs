@@ -1,4 +1,4 @@
-//! A persistent team of `crate::THREADS − 1` worker threads that share the AVX-512 matrix
+//! A persistent team of `crate::THREADS − 1` worker threads that share the matrix
 //! products of the calling thread, each computing its own range of weight rows (output
 //! columns), so that every thread reads its part of the weights and no more.
 //!
@@ -9,6 +9,9 @@
 //! first share itself and waits for the others: every call splits the same way, into
 //! `THREADS` shares fixed by the baked thread count, and nothing is decided at run time but
 //! whether the call is large enough to share.
+//!
+//! Each implementation that uses a team wraps its product type in a [`Job`], which names the
+//! team's `static`: the workers of one implementation share only its products.
 //!
 //! One product runs on the team at a time. A call made while the team is busy (sessions on
 //! several threads) is computed whole on its own thread, which is then the better use of the
@@ -23,7 +26,6 @@ use std::sync::atomic::Ordering::{Acquire, Relaxed, Release, SeqCst};
 use std::sync::{Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use super::avx512_matmul::{Product, Weight};
 
 /// Multiply-adds below which a product stays on the calling thread: handing it over costs
 /// about a microsecond.
@@ -32,10 +34,29 @@ const MIN_SHARED_MACS: usize = 1 << 16;
 /// How long an idle worker spins before it sleeps.
 const SPIN: Duration = Duration::from_micros(200);
 
-/// The team of one weight type (each weight type that a crate shares has its own workers).
-pub struct Team<W: Weight> {
+/// A product that the team can share: its operands, and the work of a range of its columns.
+pub trait Job: Copy + Send + 'static {
+    /// The team that shares products of this type (one `static` per implementation).
+    fn team() -> &'static Team<Self>;
+
+    /// The columns (weight rows) of the product.
+    fn n(&self) -> usize;
+
+    /// The multiply-adds of the whole product.
+    fn macs(&self) -> usize;
+
+    /// Computes the columns `cols` of every row of the output.
+    ///
+    /// # Safety
+    ///
+    /// As the product's type requires; the team calls it on disjoint ranges at once.
+    unsafe fn columns(&self, cols: Range<usize>);
+}
+
+/// The workers that share the products of one [`Job`] type.
+pub struct Team<J: Job> {
     /// The product being shared; written by the caller only while every worker is idle.
-    job: UnsafeCell<Option<Product<W>>>,
+    job: UnsafeCell<Option<J>>,
     /// Counts published products; workers wait for it to change.
     generation: AtomicUsize,
     /// Workers done with the current product.
@@ -53,10 +74,12 @@ pub struct Team<W: Weight> {
 // SAFETY: `job` is written only by the holder of `busy` while no worker reads it (all have
 // finished the previous product), and read by workers only after the `generation` increment
 // that publishes it.
-unsafe impl<W: Weight> Sync for Team<W> {}
+unsafe impl<J: Job> Sync for Team<J> {}
 
-impl<W: Weight> Team<W> {
-    const fn new() -> Team<W> {
+impl<J: Job> Team<J> {
+    /// A team whose workers start with its first shared product.
+    #[allow(clippy::new_without_default)]
+    pub const fn new() -> Team<J> {
         Team {
             job: UnsafeCell::new(None),
             generation: AtomicUsize::new(0),
@@ -70,45 +93,27 @@ impl<W: Weight> Team<W> {
     }
 }
 
-/// A weight type with a team: its products can be shared.
-pub trait Shared: Weight {
-    fn team() -> &'static Team<Self>;
-}
-
-impl Shared for f32 {
-    fn team() -> &'static Team<f32> {
-        static TEAM: Team<f32> = Team::new();
-        &TEAM
-    }
-}
-
-impl Shared for u16 {
-    fn team() -> &'static Team<u16> {
-        static TEAM: Team<u16> = Team::new();
-        &TEAM
-    }
-}
-
 /// Computes `product`, shared by the team when it is large enough and the team is free.
 ///
 /// # Safety
 ///
-/// As for [`Product::columns`] over all of the product's columns.
-pub unsafe fn run<W: Shared>(product: Product<W>) {
-    let team = W::team();
+/// As for [`Job::columns`] over all of the product's columns.
+pub unsafe fn run<J: Job>(product: J) {
+    let team = J::team();
     let threads = crate::THREADS;
+    let n = product.n();
     let shared = threads > 1
-        && product.rows * product.n * product.k >= MIN_SHARED_MACS
+        && product.macs() >= MIN_SHARED_MACS
         && !team.busy.swap(true, Acquire);
     if !shared {
         // SAFETY: the caller's contract.
-        unsafe { product.columns(0..product.n) };
+        unsafe { product.columns(0..n) };
         return;
     }
-    if !*team.started.get_or_init(start_workers::<W>) {
+    if !*team.started.get_or_init(start_workers::<J>) {
         team.busy.store(false, Release);
         // SAFETY: the caller's contract.
-        unsafe { product.columns(0..product.n) };
+        unsafe { product.columns(0..n) };
         return;
     }
     team.finished.store(0, Relaxed);
@@ -120,7 +125,7 @@ pub unsafe fn run<W: Shared>(product: Product<W>) {
         team.wake.notify_all();
     }
     // SAFETY: the caller's contract; the shares are disjoint column ranges.
-    unsafe { product.columns(share(0, product.n)) };
+    unsafe { product.columns(share(0, n)) };
     let mut spins = 0u32;
     while team.finished.load(Acquire) < threads - 1 {
         spins = spins.saturating_add(1);
@@ -141,18 +146,18 @@ fn share(index: usize, n: usize) -> Range<usize> {
     start..(start + run).min(n)
 }
 
-fn start_workers<W: Shared>() -> bool {
+fn start_workers<J: Job>() -> bool {
     (1..crate::THREADS).all(|index| {
         std::thread::Builder::new()
             .name(format!("matmul-{index}"))
-            .spawn(move || work::<W>(index))
+            .spawn(move || work::<J>(index))
             .is_ok()
     })
 }
 
 /// A worker's life: wait for a product, compute share `index`, report, and again.
-fn work<W: Shared>(index: usize) {
-    let team = W::team();
+fn work<J: Job>(index: usize) {
+    let team = J::team();
     let mut seen = 0;
     loop {
         seen = next_generation(team, seen);
@@ -160,13 +165,13 @@ fn work<W: Shared>(index: usize) {
         // `next_generation`), and the product stays unchanged until this worker reports.
         let product = unsafe { *team.job.get() }.expect("a product is published before its generation");
         // SAFETY: the publisher's contract, and the workers' shares are disjoint.
-        unsafe { product.columns(share(index, product.n)) };
+        unsafe { product.columns(share(index, product.n())) };
         team.finished.fetch_add(1, Release);
     }
 }
 
 /// Waits until the generation differs from `seen`: spinning for [`SPIN`], then asleep.
-fn next_generation<W: Weight>(team: &Team<W>, seen: usize) -> usize {
+fn next_generation<J: Job>(team: &Team<J>, seen: usize) -> usize {
     let start = Instant::now();
     loop {
         for _ in 0..64 {

@@ -5,19 +5,26 @@
 //!   object with the fields of a generated crate's `--json` output (load, prefill and decode
 //!   times and rates, generated ids). Greedy, no stop token, so both sides decode as many
 //!   tokens.
-//! - `llama-vs-candle compare OURS_BIN MODEL_DIR THREADS ROUNDS`: `ROUNDS` alternating runs of
+//! - `llama-vs-candle candle-q8 MODEL_DIR IDS MAX_TOKENS`: the same with candle-transformers'
+//!   quantized Llama (`quantized_llama`, the GGUF model) on `MODEL_DIR/model-q8_0.gguf`: every
+//!   matrix in ggml's Q8_0 (int8 with a scale per 32 values, as monogen's int8 crates hold
+//!   them), the norms in f32.
+//! - `llama-vs-candle compare OURS_BIN MODEL_DIR THREADS ROUNDS [q8]`: `ROUNDS` alternating runs of
 //!   the generated binary `OURS_BIN` (`--prompt-ids`, `--json`) and of the candle side (with
-//!   RAYON_NUM_THREADS=THREADS) on a 128-token prompt with 64 new tokens, then `ROUNDS`
-//!   alternating runs of each that stop at the first token, timed from process start to exit:
-//!   the time to first token. Prints the medians, each side's cores kept busy (CPU time over
-//!   wall time of its processes) and the ratios.
+//!   RAYON_NUM_THREADS=THREADS; the quantized one with `q8`, which first writes the GGUF file
+//!   from `model.safetensors` unless it exists) on a 128-token prompt with 64 new tokens, then
+//!   `ROUNDS` alternating runs of each that stop at the first token, timed from process start
+//!   to exit: the time to first token. Prints the medians, each side's cores kept busy (CPU
+//!   time over wall time of its processes) and the ratios.
 
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use candle_core::quantized::{GgmlDType, QTensor, gguf_file};
 use candle_core::{DType, Device, IndexOp, Tensor};
 use candle_nn::VarBuilder;
 use candle_transformers::models::llama::{Cache, Llama, LlamaConfig};
+use candle_transformers::models::quantized_llama::ModelWeights;
 use serde_json::{Value, json};
 
 type Result<T> = std::result::Result<T, Box<dyn std::error::Error>>;
@@ -34,8 +41,16 @@ fn main() -> Result<()> {
             println!("{report}");
             Ok(())
         }
-        Some("compare") if args.len() == 6 => compare(&args[2], &args[3], args[4].parse()?, args[5].parse()?),
-        _ => Err("usage: llama-vs-candle candle MODEL_DIR IDS MAX_TOKENS | compare OURS_BIN MODEL_DIR THREADS ROUNDS".into()),
+        Some("candle-q8") if args.len() == 5 => {
+            let ids: Vec<u32> = args[3].split(',').map(str::parse).collect::<std::result::Result<_, _>>()?;
+            let report = candle_q8_generate(args[2].as_ref(), &ids, args[4].parse()?)?;
+            println!("{report}");
+            Ok(())
+        }
+        Some("compare") if args.len() == 6 || (args.len() == 7 && args[6] == "q8") => {
+            compare(&args[2], &args[3], args[4].parse()?, args[5].parse()?, args.len() == 7)
+        }
+        _ => Err("usage: llama-vs-candle candle|candle-q8 MODEL_DIR IDS MAX_TOKENS | compare OURS_BIN MODEL_DIR THREADS ROUNDS [q8]".into()),
     }
 }
 
@@ -79,6 +94,92 @@ fn candle_generate(dir: &std::path::Path, ids: &[u32], max_tokens: usize) -> Res
     }))
 }
 
+/// Greedy generation with candle's quantized Llama on the Q8_0 GGUF file of `dir`.
+fn candle_q8_generate(dir: &std::path::Path, ids: &[u32], max_tokens: usize) -> Result<Value> {
+    let started = Instant::now();
+    let device = Device::Cpu;
+    let path = dir.join("model-q8_0.gguf");
+    let mut file = std::fs::File::open(&path)?;
+    let content = gguf_file::Content::read(&mut file)?;
+    let mut model = ModelWeights::from_gguf(content, &mut file, &device)?;
+    let load_ms = ms(started.elapsed());
+
+    let prefill = Instant::now();
+    let logits = model.forward(&Tensor::new(ids, &device)?.unsqueeze(0)?, 0)?;
+    let mut next = argmax(&logits.i(0)?)?;
+    let prefill_ms = ms(prefill.elapsed());
+    let mut generated = vec![next];
+    let decode = Instant::now();
+    while generated.len() < max_tokens {
+        let position = ids.len() + generated.len() - 1;
+        let logits = model.forward(&Tensor::new(&[next], &device)?.unsqueeze(0)?, position)?;
+        next = argmax(&logits.i(0)?)?;
+        generated.push(next);
+    }
+    let decode_ms = ms(decode.elapsed());
+    let steps = generated.len() - 1;
+    Ok(json!({
+        "generated_ids": generated,
+        "load_ms": load_ms,
+        "prefill_ms": prefill_ms,
+        "prefill_tok_s": ids.len() as f64 / (prefill_ms / 1000.0),
+        "decode_ms": decode_ms,
+        "decode_tok_s": if steps == 0 { 0.0 } else { steps as f64 / (decode_ms / 1000.0) },
+    }))
+}
+
+/// Writes `dir/model-q8_0.gguf` from `dir/model.safetensors` unless it exists: the tensors
+/// under their GGUF names, matrices in Q8_0 and norms in f32, with the metadata
+/// `quantized_llama` reads. (The benchmark's weights are random, so the rotary permutation
+/// that llama.cpp's converter applies to q and k is left out: it changes no cost.)
+fn write_gguf(dir: &std::path::Path) -> Result<()> {
+    let path = dir.join("model-q8_0.gguf");
+    if path.exists() {
+        return Ok(());
+    }
+    let config: Value = serde_json::from_str(&std::fs::read_to_string(dir.join("config.json"))?)?;
+    let tensors = candle_core::safetensors::load(dir.join("model.safetensors"), &Device::Cpu)?;
+    let rename = |name: &str| -> String {
+        let name = name.replace("model.layers.", "blk.").replace("model.embed_tokens", "token_embd");
+        let name = name.replace("model.norm", "output_norm").replace("lm_head", "output");
+        name.replace(".self_attn.q_proj", ".attn_q")
+            .replace(".self_attn.k_proj", ".attn_k")
+            .replace(".self_attn.v_proj", ".attn_v")
+            .replace(".self_attn.o_proj", ".attn_output")
+            .replace(".mlp.gate_proj", ".ffn_gate")
+            .replace(".mlp.up_proj", ".ffn_up")
+            .replace(".mlp.down_proj", ".ffn_down")
+            .replace(".input_layernorm", ".attn_norm")
+            .replace(".post_attention_layernorm", ".ffn_norm")
+    };
+    let mut quantized = Vec::new();
+    for (name, tensor) in &tensors {
+        let tensor = tensor.to_dtype(DType::F32)?;
+        let dtype = if tensor.rank() == 2 { GgmlDType::Q8_0 } else { GgmlDType::F32 };
+        quantized.push((rename(name), QTensor::quantize(&tensor, dtype)?));
+    }
+    let u32_of = |key: &str| gguf_file::Value::U32(config[key].as_u64().unwrap_or(0) as u32);
+    let head_dim = config["hidden_size"].as_u64().unwrap_or(0) / config["num_attention_heads"].as_u64().unwrap_or(1);
+    let metadata = [
+        ("general.architecture", gguf_file::Value::String("llama".into())),
+        ("llama.attention.head_count", u32_of("num_attention_heads")),
+        ("llama.attention.head_count_kv", u32_of("num_key_value_heads")),
+        ("llama.block_count", u32_of("num_hidden_layers")),
+        ("llama.embedding_length", u32_of("hidden_size")),
+        ("llama.rope.dimension_count", gguf_file::Value::U32(head_dim as u32)),
+        ("llama.attention.layer_norm_rms_epsilon", gguf_file::Value::F32(config["rms_norm_eps"].as_f64().unwrap_or(1e-5) as f32)),
+        ("llama.rope.freq_base", gguf_file::Value::F32(config["rope_theta"].as_f64().unwrap_or(10000.0) as f32)),
+    ];
+    let metadata: Vec<(&str, &gguf_file::Value)> = metadata.iter().map(|(k, v)| (*k, v)).collect();
+    let tensors: Vec<(&str, &QTensor)> = quantized.iter().map(|(k, v)| (k.as_str(), v)).collect();
+    let partial = dir.join("model-q8_0.gguf.partial");
+    let mut out = std::io::BufWriter::new(std::fs::File::create(&partial)?);
+    gguf_file::write(&mut out, &metadata, &tensors)?;
+    drop(out);
+    std::fs::rename(partial, path)?;
+    Ok(())
+}
+
 fn argmax(logits: &Tensor) -> Result<u32> {
     Ok(logits.to_dtype(DType::F32)?.argmax(0)?.to_scalar::<u32>()?)
 }
@@ -102,7 +203,10 @@ fn run(mut command: Command) -> Result<Run> {
     Ok(Run { report, wall, cpu: children_cpu_time().saturating_sub(cpu_before) })
 }
 
-fn compare(ours: &str, dir: &str, threads: usize, rounds: usize) -> Result<()> {
+fn compare(ours: &str, dir: &str, threads: usize, rounds: usize, q8: bool) -> Result<()> {
+    if q8 {
+        write_gguf(dir.as_ref())?;
+    }
     // Fixed prompt ids spread over the vocabulary (never 0, 1 or 2, the special tokens).
     let ids: Vec<u32> = (0..PROMPT_LEN as u32).map(|i| 3 + (i * 7919 + 13) % 20000).collect();
     let ids_arg = ids.iter().map(u32::to_string).collect::<Vec<_>>().join(",");
@@ -114,7 +218,8 @@ fn compare(ours: &str, dir: &str, threads: usize, rounds: usize) -> Result<()> {
     };
     let candle_cmd = |tokens: usize| {
         let mut c = Command::new(&me);
-        c.args(["candle", dir, &ids_arg, &tokens.to_string()]).env("RAYON_NUM_THREADS", threads.to_string());
+        let side = if q8 { "candle-q8" } else { "candle" };
+        c.args([side, dir, &ids_arg, &tokens.to_string()]).env("RAYON_NUM_THREADS", threads.to_string());
         c
     };
 
@@ -142,8 +247,9 @@ fn compare(ours: &str, dir: &str, threads: usize, rounds: usize) -> Result<()> {
     };
     let decoded = ours_runs[0].report["generated_ids"].as_array().map_or(0, Vec::len);
     println!(
-        "{} threads, {rounds} alternating runs each; prompt {PROMPT_LEN} ids, {NEW_TOKENS} new tokens (ours decoded {decoded}); the first {agree} of 8 greedy tokens agree",
-        threads
+        "{} threads, {rounds} alternating runs each against candle's {}; prompt {PROMPT_LEN} ids, {NEW_TOKENS} new tokens (ours decoded {decoded}); the first {agree} of 8 greedy tokens agree",
+        threads,
+        if q8 { "quantized Llama (Q8_0 GGUF)" } else { "Llama" }
     );
     let line = |what: &str, o: f64, c: f64, higher_is_better: bool| {
         let ratio = if higher_is_better { o / c } else { c / o };

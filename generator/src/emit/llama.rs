@@ -37,7 +37,12 @@ pub fn rust_files(
         files.push((format!("src/{file}"), rust_source::print(&templates.runtime(file, &krate)?)));
     }
     let c = plan.llama();
-    for (wanted, file) in [(bf16(plan), "bf16_tensor.rs"), (c.resident_weights, "resident.rs")] {
+    let matrices = matrices(plan);
+    for (wanted, file) in [
+        (matrices == Matrices::Bf16, "bf16_tensor.rs"),
+        (matrices == Matrices::Q8, "q8_tensor.rs"),
+        (c.resident_weights, "resident.rs"),
+    ] {
         if wanted {
             files.push((format!("src/{file}"), rust_source::print(&templates.runtime(file, &krate)?)));
         }
@@ -46,9 +51,41 @@ pub fn rust_files(
     Ok(files)
 }
 
-/// Whether the workload holds its matrices in bfloat16 (`matmul_bf16` runs the linear layers).
-fn bf16(plan: &Plan) -> bool {
-    plan.workload.weights.dtype == Dtype::Bf16
+/// How the crate holds its matrices, which decides the interface of its linear layers.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Matrices {
+    /// f32 slices; `matmul`.
+    F32,
+    /// bfloat16 slices (bf16_tensor.rs); `matmul_bf16`.
+    Bf16,
+    /// Blockwise int8 values and scales (q8_tensor.rs); `matmul_q8`.
+    Q8,
+}
+
+fn matrices(plan: &Plan) -> Matrices {
+    match plan.workload.weights.dtype {
+        Dtype::Bf16 => Matrices::Bf16,
+        Dtype::Int8 => Matrices::Q8,
+        Dtype::F32 | Dtype::F16 => Matrices::F32,
+    }
+}
+
+/// The statement `out = x · wᵀ` over `rows` rows, for `[n, k]` weights `w`, with the
+/// crate's matmul.
+fn matmul_call(
+    matrices: Matrices,
+    [n, k]: [&str; 2],
+    out: TokenStream,
+    x: TokenStream,
+    w: TokenStream,
+    rows: TokenStream,
+) -> TokenStream {
+    let (n, k) = (format_ident!("{n}"), format_ident!("{k}"));
+    match matrices {
+        Matrices::F32 => quote!(matmul::<#n, #k>(#out, #x, &#w, #rows);),
+        Matrices::Bf16 => quote!(matmul_bf16::<#n, #k>(#out, #x, &#w, #rows);),
+        Matrices::Q8 => quote!(matmul_q8::<#n, #k>(#out, #x, #w.values(), #w.scales(), #rows);),
+    }
 }
 
 fn lib_rs(plan: &Plan) -> TokenStream {
@@ -108,9 +145,14 @@ fn lib_rs(plan: &Plan) -> TokenStream {
     let n_eos = usize_lit(c.eos_ids.len());
     let cpu_features = &plan.cpu_features;
     let n_features = usize_lit(cpu_features.len());
-    let bf16_mod = bf16(plan).then(|| {
+    let bf16_mod = (matrices(plan) == Matrices::Bf16).then(|| {
         quote!(
             mod bf16_tensor;
+        )
+    });
+    let q8_mod = (matrices(plan) == Matrices::Q8).then(|| {
+        quote!(
+            mod q8_tensor;
         )
     });
     let resident_mod = c.resident_weights.then(|| {
@@ -130,6 +172,7 @@ fn lib_rs(plan: &Plan) -> TokenStream {
         pub mod generate;
         mod kernels;
         pub mod model;
+        #q8_mod
         #resident_mod
         mod tensor_file;
         pub mod tokenizer;
@@ -183,10 +226,11 @@ fn lib_rs(plan: &Plan) -> TokenStream {
 
 fn model_rs(plan: &Plan) -> TokenStream {
     let c = plan.llama();
-    // bfloat16 matrices: the linear layers run matmul_bf16 and the embedding rows widen.
-    let (matmul, matmul_use, embed_row, widen_fn) = if bf16(plan) {
-        (
-            format_ident!("matmul_bf16"),
+    let matrices = matrices(plan);
+    // The linear layers run the matmul of the crate's matrices, and the embedding rows widen
+    // (bfloat16) or dequantize (int8) into the residual stream.
+    let (matmul_use, embed_row, widen_fn) = match matrices {
+        Matrices::Bf16 => (
             quote!(
                 use crate::kernels::matmul_bf16::matmul_bf16;
             ),
@@ -199,17 +243,32 @@ fn model_rs(plan: &Plan) -> TokenStream {
                     }
                 }
             },
-        )
-    } else {
-        (
-            format_ident!("matmul"),
+        ),
+        Matrices::Q8 => (
+            quote!(
+                use crate::kernels::matmul_q8::matmul_q8;
+            ),
+            quote!(w.embed_tokens.dequantize_row(token, &mut x[row * DIM..(row + 1) * DIM]);),
+            quote!(),
+        ),
+        Matrices::F32 => (
             quote!(
                 use crate::kernels::matmul::matmul;
             ),
             quote!(x[row * DIM..(row + 1) * DIM].copy_from_slice(&w.embed_tokens[token * DIM..(token + 1) * DIM]);),
             quote!(),
-        )
+        ),
     };
+    let mm = |shape: [&str; 2], out: TokenStream, x: TokenStream, w: TokenStream| {
+        matmul_call(matrices, shape, out, x, w, quote!(t))
+    };
+    let mm_q = mm(["Q_DIM", "DIM"], quote!(q), quote!(xb), quote!(layer.q_proj));
+    let mm_k = mm(["KV_DIM", "DIM"], quote!(k), quote!(xb), quote!(layer.k_proj));
+    let mm_v = mm(["KV_DIM", "DIM"], quote!(v), quote!(xb), quote!(layer.v_proj));
+    let mm_o = mm(["DIM", "Q_DIM"], quote!(xb), quote!(att), quote!(layer.o_proj));
+    let mm_gate = mm(["HIDDEN_DIM", "DIM"], quote!(gate), quote!(xb), quote!(layer.gate_proj));
+    let mm_up = mm(["HIDDEN_DIM", "DIM"], quote!(up), quote!(xb), quote!(layer.up_proj));
+    let mm_down = mm(["DIM", "HIDDEN_DIM"], quote!(xb), quote!(gate), quote!(layer.down_proj));
     let name = &plan.workload.name;
     let module_doc = [
         format!(
@@ -223,14 +282,15 @@ fn model_rs(plan: &Plan) -> TokenStream {
     ];
     let (classifier, classifier_comment) = if c.tie_word_embeddings {
         (
-            quote!(&w.embed_tokens),
+            quote!(w.embed_tokens),
             comment(
                 "logits = xb · embed_tokensᵀ (tied embeddings: the embedding matrix is the classifier): [VOCAB_SIZE]",
             ),
         )
     } else {
-        (quote!(&w.lm_head), comment("logits = xb · lm_headᵀ: [VOCAB_SIZE]"))
+        (quote!(w.lm_head), comment("logits = xb · lm_headᵀ: [VOCAB_SIZE]"))
     };
+    let mm_classifier = matmul_call(matrices, ["VOCAB_SIZE", "DIM"], quote!(logits), quote!(xb), classifier, quote!(1));
 
     let c_embed = comment("x = embed_tokens[tokens]: [T, DIM]");
     let c_norm1 = comment("xb = rmsnorm(x) · input_layernorm: [T, DIM]");
@@ -496,12 +556,12 @@ fn model_rs(plan: &Plan) -> TokenStream {
                     #c_norm1
                     rmsnorm::<DIM>(xb, x, &layer.input_layernorm, RMS_NORM_EPS, t);
                     #c_q
-                    #matmul::<Q_DIM, DIM>(q, xb, &layer.q_proj, t);
+                    #mm_q
                     #q_bias
                     #c_kv
-                    #matmul::<KV_DIM, DIM>(k, xb, &layer.k_proj, t);
+                    #mm_k
                     #k_bias
-                    #matmul::<KV_DIM, DIM>(v, xb, &layer.v_proj, t);
+                    #mm_v
                     #v_bias
                     #c_rope
                     rope::<N_HEADS, HEAD_DIM>(q, &model.rope_cos, &model.rope_sin, start, t);
@@ -511,18 +571,18 @@ fn model_rs(plan: &Plan) -> TokenStream {
                     #c_att
                     #attention
                     #c_o
-                    #matmul::<DIM, Q_DIM>(xb, att, &layer.o_proj, t);
+                    #mm_o
                     #c_res1
                     add_assign(x, xb);
                     #c_norm2
                     rmsnorm::<DIM>(xb, x, &layer.post_attention_layernorm, RMS_NORM_EPS, t);
                     #c_gate
-                    #matmul::<HIDDEN_DIM, DIM>(gate, xb, &layer.gate_proj, t);
-                    #matmul::<HIDDEN_DIM, DIM>(up, xb, &layer.up_proj, t);
+                    #mm_gate
+                    #mm_up
                     #c_swiglu
                     swiglu::<HIDDEN_DIM>(gate, up, t);
                     #c_down
-                    #matmul::<DIM, HIDDEN_DIM>(xb, gate, &layer.down_proj, t);
+                    #mm_down
                     #c_res2
                     add_assign(x, xb);
                 }
@@ -537,7 +597,7 @@ fn model_rs(plan: &Plan) -> TokenStream {
                 #c_final
                 rmsnorm::<DIM>(xb, &x[row * DIM..(row + 1) * DIM], &w.norm, RMS_NORM_EPS, 1);
                 #classifier_comment
-                #matmul::<VOCAB_SIZE, DIM>(logits, xb, #classifier, 1);
+                #mm_classifier
             }
         }
 
@@ -560,16 +620,22 @@ fn weights_rs(plan: &Plan) -> TokenStream {
     // norms and biases stay f32).
     // Large weights are copied into anonymous memory at load (see resident.rs).
     let resident = c.resident_weights.then(|| quote!(.resident()?));
-    let (matrix, load_matrix, bf16_use) = if bf16(plan) {
-        (
+    let (matrix, load_matrix, matrix_use) = match matrices(plan) {
+        Matrices::Bf16 => (
             quote!(Bf16Tensor),
             format_ident!("bf16"),
             quote!(
                 use crate::bf16_tensor::Bf16Tensor;
             ),
-        )
-    } else {
-        (quote!(Tensor), format_ident!("f32"), quote!())
+        ),
+        Matrices::Q8 => (
+            quote!(Q8Tensor),
+            format_ident!("q8"),
+            quote!(
+                use crate::q8_tensor::Q8Tensor;
+            ),
+        ),
+        Matrices::F32 => (quote!(Tensor), format_ident!("f32"), quote!()),
     };
     let name = &plan.workload.name;
     let source = if c.resident_weights {
@@ -577,10 +643,16 @@ fn weights_rs(plan: &Plan) -> TokenStream {
     } else {
         " is a slice of the memory-mapped model.safetensors,"
     };
-    let copies = if bf16(plan) {
-        " except matrices the file does not hold as BF16 (converted to bfloat16 copies) and norms or biases it does not hold as F32 (widened to f32 copies)."
-    } else {
-        " except a tensor the file misaligns or holds as BF16 or F16, which is copied (widened to f32)."
+    let copies = match matrices(plan) {
+        Matrices::Bf16 => {
+            " except matrices the file does not hold as BF16 (converted to bfloat16 copies) and norms or biases it does not hold as F32 (widened to f32 copies)."
+        }
+        Matrices::Q8 => {
+            " except the matrices, quantized at load to blockwise int8 copies (q8_tensor.rs), and norms or biases the file does not hold as F32 (widened to f32 copies)."
+        }
+        Matrices::F32 => {
+            " except a tensor the file misaligns or holds as BF16 or F16, which is copied (widened to f32)."
+        }
     };
     let module_doc = [
         format!(" The weights of `{name}`, checked against the baked shapes as they load. Each tensor"),
@@ -675,7 +747,7 @@ fn weights_rs(plan: &Plan) -> TokenStream {
 
         use std::path::Path;
 
-        #bf16_use
+        #matrix_use
         use crate::tensor_file::{Storage, Tensor, TensorFile};
         use crate::{Error, DIM, HIDDEN_DIM, KV_DIM, N_LAYERS, Q_DIM, VOCAB_SIZE};
 

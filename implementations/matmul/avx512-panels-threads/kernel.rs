@@ -6,8 +6,10 @@
 //! Each thread reads only its share of the weights, which halves the memory traffic per
 //! thread of a decode step as well as the work of a prefill.
 
+use std::ops::Range;
+
 use super::shared::avx512_matmul::Product;
-use super::shared::matmul_team;
+use super::shared::matmul_team::{self, Job, Team};
 
 /// Computes `out[r, n] = Σₖ x[r, k] · w[n, k]` for `rows` rows.
 ///
@@ -17,5 +19,29 @@ pub fn matmul<const N: usize, const K: usize>(out: &mut [f32], x: &[f32], w: &[f
     // SAFETY: the generated crate checks at start-up that the CPU has AVX-512F, and the
     // product's pointers come from slices whose lengths `Product::new` checked; `out` and the
     // transposed activations stay alive until every share is done.
-    unsafe { Product::new::<N, K>(out, x, w, rows).prepared::<true, _>(|product| matmul_team::run(*product)) }
+    unsafe { Product::new::<N, K>(out, x, w, rows).prepared::<true, _>(|product| matmul_team::run(Shared(*product))) }
+}
+
+/// A product of this implementation, as its team shares it.
+#[derive(Clone, Copy)]
+struct Shared(Product<f32>);
+
+impl Job for Shared {
+    fn team() -> &'static Team<Shared> {
+        static TEAM: Team<Shared> = Team::new();
+        &TEAM
+    }
+
+    fn n(&self) -> usize {
+        self.0.n
+    }
+
+    fn macs(&self) -> usize {
+        self.0.rows * self.0.n * self.0.k
+    }
+
+    unsafe fn columns(&self, cols: Range<usize>) {
+        // SAFETY: the caller's contract, which `run` keeps.
+        unsafe { self.0.columns(cols) }
+    }
 }

@@ -128,6 +128,89 @@ macro_rules! conform_matmul_bf16 {
     };
 }
 
+/// Quantizes a row of activations as `matmul_q8` defines it (f32 arithmetic, ties to even):
+/// the values and one scale per block of 32.
+fn quantize_q8(x: &[f32]) -> (Vec<i8>, Vec<f32>) {
+    let (mut q, mut d) = (Vec::with_capacity(x.len()), Vec::new());
+    for block in x.chunks(32) {
+        let amax = block.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+        let inverse = if amax > 0.0 { 127.0 / amax } else { 0.0 };
+        d.push(amax / 127.0);
+        q.extend(block.iter().map(|&v| (v * inverse).round_ties_even() as i8));
+    }
+    (q, d)
+}
+
+/// Checks an int8 matmul at one shape against the reference, against an f64 evaluation of
+/// the interface's formula (activations quantized in f32 as the interface says, the sums in
+/// f64), and against the unquantized product of the dequantized weights within the error that
+/// quantizing the activations allows, for several row counts. Some activation blocks are all
+/// zeros, and the weights span −127..=127.
+pub fn matmul_q8<const N: usize, const K: usize>(
+    candidate: impl Fn(&mut [f32], &[f32], &[i8], &[f32], usize),
+    reference: impl Fn(&mut [f32], &[f32], &[i8], &[f32], usize),
+) {
+    let mut rng = Rng::for_shape(&[N, K, 8]);
+    let tolerance = TOLERANCE * (K as f32 / 64.0).max(1.0);
+    let blocks = K.div_ceil(32);
+    let w: Vec<i8> = rng.vec(N * K, 1.0).iter().map(|v| (v * 127.0).round() as i8).collect();
+    let scales: Vec<f32> = rng.vec(N * blocks, 1.0).iter().map(|v| 0.01 + v.abs() * 0.02).collect();
+    for rows in [1, 2, 5, 7, 32, 100] {
+        let mut x = rng.vec(rows * K, 1.0);
+        if K > 32 {
+            // A block of zeros, which quantizes with scale 0.
+            x[..32].fill(0.0);
+        }
+        let what = format!("matmul_q8 N={N} K={K} rows={rows}");
+        let got = output_of(rows * N, |out| candidate(out, &x, &w, &scales, rows));
+        let want = output_of(rows * N, |out| reference(out, &x, &w, &scales, rows));
+        assert_close(&format!("{what}, against the reference"), &got, &want, tolerance);
+        let quantized: Vec<(Vec<i8>, Vec<f32>)> = x.chunks(K).map(quantize_q8).collect();
+        let (mut exact, mut plain, mut bound) = (Vec::new(), Vec::new(), Vec::new());
+        for i in 0..rows * N {
+            let (r, n) = (i / N, i % N);
+            let (q, d) = &quantized[r];
+            let (mut sum, mut unquantized, mut error) = (0f64, 0f64, 0f64);
+            for k in 0..K {
+                let dw = f64::from(scales[n * blocks + k / 32]);
+                let weight = dw * f64::from(w[n * K + k]);
+                sum += f64::from(d[k / 32]) * f64::from(q[k]) * weight;
+                unquantized += f64::from(x[r * K + k]) * weight;
+                // Rounding moves a value by at most half its block's step.
+                error += 0.5 * f64::from(d[k / 32]) * weight.abs();
+            }
+            exact.push(sum as f32);
+            plain.push(unquantized);
+            bound.push(error * 1.001 + 1e-6);
+        }
+        assert_close(&format!("{what}, against f64"), &got, &exact, tolerance);
+        for (i, ((&g, &p), &b)) in got.iter().zip(&plain).zip(&bound).enumerate() {
+            assert!(
+                (f64::from(g) - p).abs() <= b,
+                "{what}: at index {i} got {g}, the unquantized product is {p}, further than the {b} quantization allows"
+            );
+        }
+    }
+    candidate(&mut [], &[], &w, &scales, 0);
+}
+
+#[macro_export]
+macro_rules! conform_matmul_q8 {
+    ($candidate:ident, $reference:ident) => {
+        $crate::conform_matmul_q8!(@shapes $candidate, $reference,
+            (1, 1) (1, 172) (5, 3) (5, 64) (9, 32) (32, 17) (33, 61) (64, 172) (172, 64) (512, 64)
+            (3, 7) (8, 96) (384, 384) (100, 1000) (16, 2048));
+    };
+    (@shapes $candidate:ident, $reference:ident, $(($n:literal, $k:literal))*) => {
+        $(
+            $crate::check::matmul_q8::<$n, $k>(
+                $crate::kernels::$candidate::matmul_q8::<$n, $k>,
+                $crate::kernels::$reference::matmul_q8::<$n, $k>,
+            );
+        )*
+    };
+}
+
 /// Attention of one query row (`[n_heads · head_dim]`) over `len` positions, in f64.
 fn attention_f64(q: &[f32], keys: &[f32], values: &[f32], len: usize, heads: [usize; 3]) -> Vec<f32> {
     let [n_heads, n_kv_heads, head_dim] = heads;

@@ -1,0 +1,96 @@
+//! Blockwise int8 matrices, for a crate whose workload holds its weights in 8 bits
+//! (`weights.dtype = "int8"`). Every matrix of the file (F32, BF16 or F16) is quantized once,
+//! at load, on `THREADS` threads: per block of [`BLOCK`] consecutive values of a row, the
+//! scale is `max|w| / 127` and the values are `round(w · 127 / max|w|)` (ties to even), so
+//! that no value is clipped and the largest of each block is exact.
+
+use safetensors::Dtype;
+
+use crate::tensor_file::{TensorFile, widened};
+use crate::{Error, THREADS};
+
+/// Values of a row that share one scale.
+pub const BLOCK: usize = 32;
+
+/// An int8 matrix of `[rows, cols]` values and `[rows, ⌈cols / BLOCK⌉]` scales.
+pub struct Q8Tensor {
+    values: Box<[i8]>,
+    scales: Box<[f32]>,
+    cols: usize,
+}
+
+impl Q8Tensor {
+    /// The quantized values, row-major.
+    pub fn values(&self) -> &[i8] {
+        &self.values
+    }
+
+    /// The scale of each block of each row, row-major.
+    pub fn scales(&self) -> &[f32] {
+        &self.scales
+    }
+
+    /// Writes row `row`, dequantized (each value times its block's scale), into `out`.
+    pub fn dequantize_row(&self, row: usize, out: &mut [f32]) {
+        let blocks = self.cols.div_ceil(BLOCK);
+        let values = &self.values[row * self.cols..(row + 1) * self.cols];
+        let scales = &self.scales[row * blocks..(row + 1) * blocks];
+        for ((out, values), &scale) in out.chunks_mut(BLOCK).zip(values.chunks(BLOCK)).zip(scales) {
+            for (o, &v) in out.iter_mut().zip(values) {
+                *o = scale * f32::from(v);
+            }
+        }
+    }
+}
+
+impl TensorFile {
+    /// The matrix `name`, which must have exactly `shape` (`[rows, cols]`), quantized to int8.
+    pub fn q8(&mut self, name: &str, shape: &[usize]) -> Result<Q8Tensor, Error> {
+        let (dtype, range) = self.checked(name, shape)?;
+        let &[rows, cols] = shape else { panic!("q8: `{name}` is not a matrix") };
+        let blocks = cols.div_ceil(BLOCK);
+        let bytes = &self.map[range];
+        let width = if dtype == Dtype::F32 { 4 } else { 2 };
+        let mut values = vec![0i8; rows * cols].into_boxed_slice();
+        let mut scales = vec![0f32; rows * blocks].into_boxed_slice();
+        // Whole rows per thread: each quantizes its rows into its parts of both buffers.
+        let rows_per_thread = rows.div_ceil(THREADS).max(1);
+        std::thread::scope(|scope| {
+            let parts = values.chunks_mut(rows_per_thread * cols).zip(scales.chunks_mut(rows_per_thread * blocks));
+            for (i, (values, scales)) in parts.enumerate() {
+                let from = i * rows_per_thread * cols * width;
+                let bytes = &bytes[from..from + values.len() * width];
+                scope.spawn(move || {
+                    let mut row = vec![0f32; cols];
+                    for ((bytes, values), scales) in
+                        bytes.chunks(cols * width).zip(values.chunks_mut(cols)).zip(scales.chunks_mut(blocks))
+                    {
+                        if dtype == Dtype::F32 {
+                            for (o, b) in row.iter_mut().zip(bytes.chunks_exact(4)) {
+                                *o = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+                            }
+                        } else {
+                            for (o, v) in row.iter_mut().zip(widened(dtype, bytes)) {
+                                *o = v;
+                            }
+                        }
+                        quantize(&row, values, scales);
+                    }
+                });
+            }
+        });
+        Ok(Q8Tensor { values, scales, cols })
+    }
+}
+
+/// Quantizes one row: per block, `scale = max|x| / 127` and `q = round(x · 127 / max|x|)`.
+fn quantize(row: &[f32], values: &mut [i8], scales: &mut [f32]) {
+    for ((block, values), scale) in row.chunks(BLOCK).zip(values.chunks_mut(BLOCK)).zip(scales) {
+        let amax = block.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+        let inverse = if amax > 0.0 { 127.0 / amax } else { 0.0 };
+        *scale = amax / 127.0;
+        for (q, &v) in values.iter_mut().zip(block) {
+            *q = (v * inverse).round_ties_even() as i8;
+        }
+    }
+}

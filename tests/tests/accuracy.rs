@@ -1,0 +1,129 @@
+//! Accuracy of reduced-precision weights, measured rather than assumed: the crates generated
+//! for `stories260k-cpu-bf16` (matrices converted to bfloat16 at load) and
+//! `stories260k-cpu-int8` (matrices quantized to blockwise int8 at load, activations quantized
+//! per block in every product) against the f32 crate of the same model, teacher-forced over a
+//! few hundred positions of sampled stories: the share of positions where both pick the same
+//! most likely next token, and the mean KL divergence of the reduced-precision next-token
+//! distribution from the f32 one.
+
+use monogen_tests::model_dir;
+use stories260k_cpu_bf16 as bf16;
+use stories260k_cpu_f32 as f32m;
+use stories260k_cpu_int8 as int8;
+
+/// Natural-log softmax of `logits`, in f64.
+fn log_softmax(logits: &[f32]) -> Vec<f64> {
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
+    let sum: f64 = logits.iter().map(|&l| (l as f64 - max).exp()).sum();
+    logits.iter().map(|&l| l as f64 - max - sum.ln()).collect()
+}
+
+fn argmax(v: &[f32]) -> usize {
+    v.iter().enumerate().fold(0, |best, (i, &x)| if x > v[best] { i } else { best })
+}
+
+/// Sequences to score: stories sampled from the f32 model (temperature 1, so that they are
+/// varied text rather than one greedy loop), each prompt + continuation ≤ 256 tokens.
+fn sequences(full: &f32m::Model, tokenizer: &f32m::Tokenizer) -> Vec<Vec<u32>> {
+    let prompts = ["Once upon a time", "The little dog", "Lily wanted to", "One day, a big"];
+    prompts
+        .iter()
+        .enumerate()
+        .map(|(seed, prompt)| {
+            let ids = tokenizer.encode(prompt).unwrap();
+            let params =
+                f32m::GenerateParams { max_tokens: 200, temperature: 1.0, top_k: 0, top_p: 1.0, seed: seed as u64 };
+            let generation = full.session().generate(&ids, &params, |_| true).unwrap();
+            ids.iter().chain(&generation.generated_ids).copied().collect()
+        })
+        .collect()
+}
+
+/// Top-1 agreement and mean KL divergence of `got`'s next-token distributions from `want`'s
+/// over every position of the f32 model's sampled sequences; asserts the limits.
+fn assert_agreement(what: &str, got: impl Fn(&[u32]) -> Vec<f32>, min_top1: f64, max_kl: f64) {
+    let Some(dir) = model_dir("stories260k") else { return };
+    let full = f32m::Model::load(&dir).unwrap();
+    let tokenizer = f32m::Tokenizer::load(&dir).unwrap();
+    let (mut positions, mut same, mut kl_sum) = (0usize, 0usize, 0f64);
+    for sequence in sequences(&full, &tokenizer) {
+        let want = full.session().logits_all(&sequence).unwrap();
+        let got = got(&sequence);
+        let vocab = f32m::VOCAB_SIZE;
+        assert_eq!(got.len(), want.len());
+        for (p, q) in want.chunks_exact(vocab).zip(got.chunks_exact(vocab)) {
+            positions += 1;
+            same += usize::from(argmax(p) == argmax(q));
+            let (lp, lq) = (log_softmax(p), log_softmax(q));
+            kl_sum += lp.iter().zip(&lq).map(|(a, b)| a.exp() * (a - b)).sum::<f64>();
+        }
+    }
+    let top1 = same as f64 / positions as f64;
+    let kl = kl_sum / positions as f64;
+    eprintln!("{what} against f32 over {positions} positions: top-1 agreement {top1:.4}, mean KL {kl:.2e}");
+    assert!(positions >= 300, "only {positions} positions");
+    assert!(top1 >= min_top1, "{what}: top-1 agreement {top1} over {positions} positions");
+    assert!(kl <= max_kl, "{what}: mean KL divergence {kl} over {positions} positions");
+}
+
+#[test]
+fn bf16_weights_agree_with_f32_on_top1_and_kl() {
+    let Some(dir) = model_dir("stories260k") else { return };
+    let model = bf16::Model::load(&dir).unwrap();
+    assert_agreement("bf16", |ids| model.session().logits_all(ids).unwrap(), 0.98, 1e-3);
+}
+
+#[test]
+fn int8_weights_agree_with_f32_on_top1_and_kl() {
+    let Some(dir) = model_dir("stories260k") else { return };
+    let model = int8::Model::load(&dir).unwrap();
+    assert_agreement("int8", |ids| model.session().logits_all(ids).unwrap(), 0.95, 1e-2);
+}
+
+/// The first `n` greedy tokens from the reference prompt (reduced precision may change a late
+/// token, so this checks the first ones, which the distributions above make near-certain).
+fn assert_reference_opening(n: usize, generate: impl Fn(&[u32]) -> Vec<u32>) {
+    let Some(dir) = model_dir("stories260k") else { return };
+    let reference = monogen_tests::reference_json(&dir);
+    let case = &reference["greedy"][0];
+    let ids = monogen_tests::ids(&case["prompt_ids"]);
+    let want = monogen_tests::ids(&case["new_ids"]);
+    let got = generate(&ids);
+    assert_eq!(got[..n], want[..n], "the first greedy tokens differ");
+}
+
+#[test]
+fn bf16_crate_generates_the_reference_story_opening() {
+    let Some(dir) = model_dir("stories260k") else { return };
+    let model = bf16::Model::load(&dir).unwrap();
+    let params = bf16::GenerateParams { max_tokens: 16, temperature: 0.0, top_k: 0, top_p: 1.0, seed: 0 };
+    assert_reference_opening(8, |ids| model.session().generate(ids, &params, |_| true).unwrap().generated_ids);
+}
+
+#[test]
+fn int8_crate_generates_the_reference_story_opening() {
+    let Some(dir) = model_dir("stories260k") else { return };
+    let model = int8::Model::load(&dir).unwrap();
+    let params = int8::GenerateParams { max_tokens: 16, temperature: 0.0, top_k: 0, top_p: 1.0, seed: 0 };
+    assert_reference_opening(8, |ids| model.session().generate(ids, &params, |_| true).unwrap().generated_ids);
+}
+
+#[test]
+fn int8_load_reports_a_bad_matrix_by_name() {
+    // Quantizing at load must check every matrix first: a wrong shape is an error naming the
+    // tensor, not a panic in the quantizer.
+    let Some(dir) = model_dir("stories260k") else { return };
+    let temp = tempfile::tempdir().unwrap();
+    let bytes = std::fs::read(dir.join("model.safetensors")).unwrap();
+    let header_len = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let header = std::str::from_utf8(&bytes[8..8 + header_len]).unwrap();
+    // Rename one matrix so that the crate finds it missing.
+    let renamed = header.replacen("model.layers.2.mlp.down_proj.weight", "model.layers.2.mlp.down_proj.weigh_", 1);
+    assert_ne!(renamed, header);
+    let mut edited = bytes[..8].to_vec();
+    edited.extend_from_slice(renamed.as_bytes());
+    edited.extend_from_slice(&bytes[8 + header_len..]);
+    std::fs::write(temp.path().join("model.safetensors"), edited).unwrap();
+    let err = int8::Model::load(temp.path()).err().expect("a missing tensor is an error");
+    assert!(err.to_string().contains("model.layers.2.mlp.down_proj.weight"), "{err}");
+}
