@@ -31,8 +31,13 @@ fn sequences(full: &f32m::Model, tokenizer: &f32m::Tokenizer) -> Vec<Vec<u32>> {
         .enumerate()
         .map(|(seed, prompt)| {
             let ids = tokenizer.encode(prompt).unwrap();
-            let params =
-                f32m::GenerateParams { max_tokens: 200, temperature: 1.0, top_k: 0, top_p: 1.0, seed: seed as u64 };
+            let params = f32m::GenerateParams {
+                max_tokens: 200,
+                temperature: 1.0,
+                top_k: 0,
+                top_p: 1.0,
+                seed: seed as u64,
+            };
             let generation = full.session().generate(&ids, &params, |_| true).unwrap();
             ids.iter().chain(&generation.generated_ids).copied().collect()
         })
@@ -97,7 +102,9 @@ fn bf16_crate_generates_the_reference_story_opening() {
     let Some(dir) = model_dir("stories260k") else { return };
     let model = bf16::Model::load(&dir).unwrap();
     let params = bf16::GenerateParams { max_tokens: 16, temperature: 0.0, top_k: 0, top_p: 1.0, seed: 0 };
-    assert_reference_opening(8, |ids| model.session().generate(ids, &params, |_| true).unwrap().generated_ids);
+    assert_reference_opening(8, |ids| {
+        model.session().generate(ids, &params, |_| true).unwrap().generated_ids
+    });
 }
 
 #[test]
@@ -105,7 +112,9 @@ fn int8_crate_generates_the_reference_story_opening() {
     let Some(dir) = model_dir("stories260k") else { return };
     let model = int8::Model::load(&dir).unwrap();
     let params = int8::GenerateParams { max_tokens: 16, temperature: 0.0, top_k: 0, top_p: 1.0, seed: 0 };
-    assert_reference_opening(8, |ids| model.session().generate(ids, &params, |_| true).unwrap().generated_ids);
+    assert_reference_opening(8, |ids| {
+        model.session().generate(ids, &params, |_| true).unwrap().generated_ids
+    });
 }
 
 #[test]
@@ -118,7 +127,8 @@ fn int8_load_reports_a_bad_matrix_by_name() {
     let header_len = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
     let header = std::str::from_utf8(&bytes[8..8 + header_len]).unwrap();
     // Rename one matrix so that the crate finds it missing.
-    let renamed = header.replacen("model.layers.2.mlp.down_proj.weight", "model.layers.2.mlp.down_proj.weigh_", 1);
+    let renamed =
+        header.replacen("model.layers.2.mlp.down_proj.weight", "model.layers.2.mlp.down_proj.weigh_", 1);
     assert_ne!(renamed, header);
     let mut edited = bytes[..8].to_vec();
     edited.extend_from_slice(renamed.as_bytes());

@@ -290,7 +290,8 @@ fn model_rs(plan: &Plan) -> TokenStream {
     } else {
         (quote!(w.lm_head), comment("logits = xb · lm_headᵀ: [VOCAB_SIZE]"))
     };
-    let mm_classifier = matmul_call(matrices, ["VOCAB_SIZE", "DIM"], quote!(logits), quote!(xb), classifier, quote!(1));
+    let mm_classifier =
+        matmul_call(matrices, ["VOCAB_SIZE", "DIM"], quote!(logits), quote!(xb), classifier, quote!(1));
 
     let c_embed = comment("x = embed_tokens[tokens]: [T, DIM]");
     let c_norm1 = comment("xb = rmsnorm(x) · input_layernorm: [T, DIM]");
