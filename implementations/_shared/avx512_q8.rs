@@ -38,10 +38,17 @@ pub const BLOCK: usize = 32;
 /// Values of K per step: the bytes of one AVX-512 register, two blocks.
 const STEP: usize = 64;
 
+/// Rows from which a product runs as panels on packed activations.
+pub const PANEL_ROWS: usize = 32;
+
 thread_local! {
     /// The quantized activations of the calling thread's current product: the values
     /// (`[rows, k padded to 64]`) and the spread scales (`[rows, steps, 16]`).
     static QUANTIZED: RefCell<(Vec<i8>, Vec<f32>)> = const { RefCell::new((Vec::new(), Vec::new())) };
+    /// The same packed for the panels (see [`Q8Product::xp`]).
+    static PACKED: RefCell<(Vec<u8>, Vec<f32>)> = const { RefCell::new((Vec::new(), Vec::new())) };
+    /// The weight sums of a panel's rows, per block, in a thread of the team.
+    static WEIGHT_SUMS: RefCell<Vec<i32>> = const { RefCell::new(Vec::new()) };
 }
 
 /// One call's operands: `out[r, j]` for `r < rows`, `j < n`, from `x: [rows, k]` and the
@@ -59,6 +66,12 @@ pub struct Q8Product {
     pub qx: *const i8,
     /// Their scales, `[rows, steps, 16]`: lanes 0–7 the first block of a step, 8–15 the second.
     pub dx: *const f32,
+    /// From [`PANEL_ROWS`] rows on, the quantized activations packed for the panels instead:
+    /// per group of 16 rows and per 4 values of K, 16 lanes of 4 bytes, each `qx + 128`
+    /// (`[groups, ⌈k/4⌉, 16, 4]`); null otherwise.
+    pub xp: *const u8,
+    /// The packed rows' scales, `[groups, blocks, 16]`.
+    pub dxp: *const f32,
 }
 
 // SAFETY: a product is only pointers to buffers that its caller keeps alive and shares out
@@ -91,6 +104,8 @@ impl Q8Product {
             k: K,
             qx: std::ptr::null(),
             dx: std::ptr::null(),
+            xp: std::ptr::null(),
+            dxp: std::ptr::null(),
         }
     }
 
@@ -125,13 +140,51 @@ impl Q8Product {
             }
             self.qx = qx.as_ptr();
             self.dx = dx.as_ptr();
-            f(&self)
+            if self.rows < PANEL_ROWS {
+                return f(&self);
+            }
+            PACKED.with_borrow_mut(|(xp, dxp)| {
+                self.pack(qx, dx, xp, dxp);
+                self.xp = xp.as_ptr();
+                self.dxp = dxp.as_ptr();
+                f(&self)
+            })
         })
+    }
+
+    /// Packs the quantized rows for the panels: per group of 16 rows, each 4 values of K as
+    /// one 32-bit lane of a row (made unsigned by adding 128), and each block's scales as 16
+    /// lanes. Rows past the end are zeros with scale 0.
+    fn pack(&self, qx: &[i8], dx: &[f32], xp: &mut Vec<u8>, dxp: &mut Vec<f32>) {
+        let (steps, blocks, quads) = (self.steps(), self.k.div_ceil(BLOCK), self.k.div_ceil(4));
+        let groups = self.rows.div_ceil(16);
+        xp.clear();
+        xp.resize(groups * quads * 64, 128);
+        dxp.clear();
+        dxp.resize(groups * blocks * 16, 0.0);
+        for r in 0..self.rows {
+            let (g, lane) = (r / 16, r % 16);
+            let row = &qx[r * steps * STEP..][..quads * 4];
+            for (q, values) in row.chunks_exact(4).enumerate() {
+                let at = (g * quads + q) * 64 + lane * 4;
+                for (o, &v) in xp[at..at + 4].iter_mut().zip(values) {
+                    *o = (v as u8) ^ 0x80;
+                }
+            }
+            for b in 0..blocks {
+                dxp[(g * blocks + b) * 16 + lane] = dx[r * steps * 16 + b * 8];
+            }
+        }
     }
 
     /// Computes the columns `cols` (weight rows) of every row of `out`.
     #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
     pub unsafe fn columns(&self, cols: Range<usize>) {
+        if !self.xp.is_null() {
+            // SAFETY: the caller's contract; `xp` was written by `prepared`.
+            unsafe { self.columns_panels(cols) };
+            return;
+        }
         let mut j = cols.start;
         if self.rows == 1 {
             while j + 8 <= cols.end {
@@ -149,6 +202,141 @@ impl Q8Product {
             // SAFETY: as above.
             unsafe { self.all_rows::<1>(j) };
             j += 1;
+        }
+    }
+
+    /// The columns `cols` of every row, from the packed activations: 4 weight rows at a time
+    /// (then 1), each over panels of 32 rows (then 16).
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+    unsafe fn columns_panels(&self, cols: Range<usize>) {
+        WEIGHT_SUMS.with_borrow_mut(|sums| {
+            let mut j = cols.start;
+            while j + 4 <= cols.end {
+                // SAFETY: the columns are in range (the caller's contract).
+                unsafe { self.panel_columns::<4>(j, sums) };
+                j += 4;
+            }
+            while j < cols.end {
+                // SAFETY: as above.
+                unsafe { self.panel_columns::<1>(j, sums) };
+                j += 1;
+            }
+        })
+    }
+
+    /// Columns `j..j + C` of every row: the weight rows' sums per block (which correct for
+    /// the 128 added to the activations), then the panels of all the rows.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+    unsafe fn panel_columns<const C: usize>(&self, j: usize, sums: &mut Vec<i32>) {
+        let k = self.k;
+        sums.clear();
+        for c in 0..C {
+            // SAFETY: weight row `j + c` holds k values.
+            let row = unsafe { std::slice::from_raw_parts(self.w.add((j + c) * k), k) };
+            sums.extend(row.chunks(BLOCK).map(|b| 128 * b.iter().map(|&v| i32::from(v)).sum::<i32>()));
+        }
+        let groups = self.rows.div_ceil(16);
+        let mut g = 0;
+        while g + 2 <= groups {
+            // SAFETY: groups `g..g + 2` are packed and the columns are in range.
+            unsafe { self.panel::<2, C>(g, j, sums) };
+            g += 2;
+        }
+        if g < groups {
+            // SAFETY: as above.
+            unsafe { self.panel::<1, C>(g, j, sums) };
+        }
+    }
+
+    /// Rows `16·g..16·(g + V)` (those below `rows`) of columns `j..j + C`: per block, 8 steps
+    /// of 4 values of K, each one `vpdpbusd` per group and weight row (16 rows × 4 products,
+    /// the 4 weights broadcast to every lane), then the block's i32 sums are scaled into f32
+    /// accumulators.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+    unsafe fn panel<const V: usize, const C: usize>(&self, g: usize, j: usize, sums: &[i32]) {
+        let (k, blocks, quads) = (self.k, self.k.div_ceil(BLOCK), self.k.div_ceil(4));
+        let mut acc = [[_mm512_setzero_ps(); V]; C];
+        // SAFETY (every pointer below): groups `g..g + V` hold `quads` packed steps and
+        // `blocks` scales, weight rows `j..j + C` hold k values and `blocks` scales.
+        let xs: [*const u8; V] = std::array::from_fn(|v| unsafe { self.xp.add((g + v) * quads * 64) });
+        let ds: [*const f32; V] = std::array::from_fn(|v| unsafe { self.dxp.add((g + v) * blocks * 16) });
+        let ws: [*const i8; C] = std::array::from_fn(|c| unsafe { self.w.add((j + c) * k) });
+        for b in 0..blocks {
+            // Each sum starts at minus the correction: Σ (qx + 128) · w − 128 · Σ w = Σ qx · w.
+            let dots_init: [__m512i; C] = std::array::from_fn(|c| _mm512_set1_epi32(-sums[c * blocks + b]));
+            let mut dots: [[__m512i; V]; C] = std::array::from_fn(|c| [dots_init[c]; V]);
+            let (first, last) = (8 * b, (8 * b + 8).min(quads));
+            if last * 4 <= k && last - first == 8 {
+                // A whole block: 8 steps, each weight a plain 4-byte load.
+                for q in first..last {
+                    // SAFETY: the 4 weights at 4·q lie inside each row (checked above).
+                    unsafe { Self::step::<V, C>(&mut dots, xs, q, |c| std::ptr::read_unaligned(ws[c].add(4 * q).cast())) };
+                }
+            } else {
+                for q in first..last {
+                    let four = |c: usize| {
+                        // The row's last values may be fewer than 4: zeros after them.
+                        let mut bytes = [0u8; 4];
+                        for (i, byte) in bytes.iter_mut().enumerate().take(k - 4 * q) {
+                            // SAFETY: value 4·q + i < k of weight row j + c.
+                            *byte = unsafe { *ws[c].add(4 * q + i) } as u8;
+                        }
+                        i32::from_le_bytes(bytes)
+                    };
+                    // SAFETY: as above; `four` reads only values of the rows.
+                    unsafe { Self::step::<V, C>(&mut dots, xs, q, four) };
+                }
+            }
+            for c in 0..C {
+                let dw = _mm512_set1_ps(unsafe { *self.scales.add((j + c) * blocks + b) });
+                for v in 0..V {
+                    let exact = _mm512_cvtepi32_ps(dots[c][v]);
+                    let scale = _mm512_mul_ps(dw, unsafe { _mm512_loadu_ps(ds[v].add(b * 16)) });
+                    acc[c][v] = _mm512_fmadd_ps(exact, scale, acc[c][v]);
+                }
+            }
+        }
+        let mut lanes = [0.0f32; 16];
+        for c in 0..C {
+            for v in 0..V {
+                // SAFETY: `lanes` holds 16 floats.
+                unsafe { _mm512_storeu_ps(lanes.as_mut_ptr(), acc[c][v]) };
+                let row0 = (g + v) * 16;
+                for (i, &value) in lanes.iter().enumerate().take(self.rows.saturating_sub(row0)) {
+                    // SAFETY: row `row0 + i` is below `rows`, and column `j + c` is in range
+                    // and in this thread's columns.
+                    unsafe { *self.out.add((row0 + i) * self.n + j + c) = value };
+                }
+            }
+        }
+    }
+
+    /// One step of a panel: the packed activations of 4 values of K for each group, times the
+    /// 4 weights `four(c)` of each weight row, broadcast.
+    ///
+    /// # Safety
+    ///
+    /// Step `q` of groups `xs` is packed.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+    unsafe fn step<const V: usize, const C: usize>(
+        dots: &mut [[__m512i; V]; C],
+        xs: [*const u8; V],
+        q: usize,
+        four: impl Fn(usize) -> i32,
+    ) {
+        let mut xv = [_mm512_setzero_si512(); V];
+        for v in 0..V {
+            // SAFETY: the caller's contract.
+            xv[v] = unsafe { _mm512_loadu_si512(xs[v].add(q * 64).cast()) };
+        }
+        for c in 0..C {
+            let wv = _mm512_set1_epi32(four(c));
+            for v in 0..V {
+                dots[c][v] = _mm512_dpbusd_epi32(dots[c][v], xv[v], wv);
+            }
         }
     }
 
@@ -194,6 +382,12 @@ impl Q8Product {
                 let q = unsafe { _mm512_loadu_si512(qx[i].add(at).cast()) };
                 negative[i] = _mm512_movepi8_mask(q);
                 magnitude[i] = _mm512_abs_epi8(q);
+            }
+            if R == 1 {
+                for w in ws {
+                    // The same line of the next tile's weight rows (a prefetch never faults).
+                    _mm_prefetch::<_MM_HINT_T0>(w.wrapping_add(C * k + at).cast());
+                }
             }
             for c in 0..C {
                 let (wv, dw) = if left >= STEP {

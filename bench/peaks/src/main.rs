@@ -1,6 +1,7 @@
 //! Measures this machine's limits: read bandwidth over buffers of the sizes given on the command
-//! line, and the peak rate of f32 fused multiply-adds with AVX2 and AVX-512, at 1 to `--threads`
-//! threads. Each figure is the best of `--rounds` rounds (a peak is what the hardware can do,
+//! line, the peak rate of f32 fused multiply-adds with AVX2 and AVX-512, and that of int8
+//! products with AVX-512 VNNI (`vpdpbusd`: 64 multiply-adds of bytes into 16 i32 lanes), at 1
+//! to `--threads` threads. Each figure is the best of `--rounds` rounds (a peak is what the hardware can do,
 //! so the fastest round is the estimate; noise only makes rounds slower).
 //!
 //! Usage: monogen-peaks [--threads N] [--rounds R] [--json] SIZE...   (SIZE like 64M, 2G)
@@ -37,6 +38,9 @@ fn main() {
         }
         if is_x86_feature_detected!("avx512f") {
             results.push((format!("fma_avx512_gflop_s {t}t"), fma_peak(t, rounds, true)));
+        }
+        if is_x86_feature_detected!("avx512vnni") {
+            results.push((format!("vnni_avx512_gop_s {t}t"), vnni_peak(t, rounds)));
         }
     }
     if json {
@@ -145,6 +149,45 @@ fn fma_peak(threads: usize, rounds: usize, avx512: bool) -> f64 {
         }
     }
     (threads * ITERS * 12 * lanes * 2) as f64 / best / 1e9
+}
+
+/// GOP/s of int8 products (2 operations per multiply-add, 64 per `vpdpbusd`) on `threads`
+/// threads, best of `rounds`.
+fn vnni_peak(threads: usize, rounds: usize) -> f64 {
+    const ITERS: usize = 20_000_000;
+    let mut best = f64::INFINITY;
+    for round in 0..=rounds {
+        let start = Instant::now();
+        std::thread::scope(|s| {
+            for _ in 0..threads {
+                // SAFETY: the caller checked the feature.
+                s.spawn(|| black_box(unsafe { vnni_loop(ITERS) }));
+            }
+        });
+        let elapsed = start.elapsed().as_secs_f64();
+        if round > 0 {
+            best = best.min(elapsed);
+        }
+    }
+    (threads * ITERS * 12 * 64 * 2) as f64 / best / 1e9
+}
+
+/// 12 independent chains of `vpdpbusd`.
+#[target_feature(enable = "avx512f,avx512vnni")]
+fn vnni_loop(iters: usize) -> i32 {
+    let a = _mm512_set1_epi8(black_box(3));
+    let b = _mm512_set1_epi8(black_box(-2));
+    let mut acc = [_mm512_setzero_si512(); 12];
+    for _ in 0..iters {
+        for v in acc.iter_mut() {
+            *v = _mm512_dpbusd_epi32(*v, a, b);
+        }
+    }
+    let mut total = _mm512_setzero_si512();
+    for v in acc {
+        total = _mm512_add_epi32(total, v);
+    }
+    _mm512_reduce_add_epi32(total)
 }
 
 /// 12 independent chains of fused multiply-adds: enough to cover the latency of two FMA units.

@@ -1,0 +1,148 @@
+//! The matrix products of the three weight dtypes at the shapes of stories110M's layers
+//! (hidden 768, MLP 2048), on the team's two threads: how fast a decode step streams the
+//! weights (GB/s of the bytes each dtype holds, over 12 layers' matrices, far more than the
+//! caches) and how many GFLOP/s a 128-row prefill reaches.
+//!
+//! Each implementation computes the same product from the same values (bf16 and int8 are
+//! that of the f32 weights converted), alternating round by round; the report gives the median
+//! of the rounds.
+//!
+//! `cargo bench -p monogen-kernel-tests --bench weights`; without `--bench` (as `cargo test
+//! --benches` runs it) it does a quick smoke run over fewer layers.
+
+use std::hint::black_box;
+use std::time::Instant;
+
+use monogen_kernel_tests::kernels;
+use monogen_kernel_tests::rng::Rng;
+
+const DIM: usize = 768;
+const HIDDEN: usize = 2048;
+
+/// One layer's matrices, `[N, K]` each: q, k, v, o, gate, up, down.
+const SHAPES: [(usize, usize); 7] =
+    [(DIM, DIM), (DIM, DIM), (DIM, DIM), (DIM, DIM), (HIDDEN, DIM), (HIDDEN, DIM), (DIM, HIDDEN)];
+
+/// Every layer's matrices in one dtype.
+struct Layers<T> {
+    weights: Vec<[T; 7]>,
+}
+
+fn main() {
+    let full = std::env::args().any(|a| a == "--bench");
+    let (layers, rounds) = if full { (12, 15) } else { (1, 2) };
+    let mut rng = Rng::new(5);
+    let f32_layers: Vec<[Vec<f32>; 7]> =
+        (0..layers).map(|_| SHAPES.map(|(n, k)| rng.vec(n * k, 0.05))).collect();
+    let bf16 = Layers {
+        weights: f32_layers
+            .iter()
+            .map(|l| l.clone().map(|m| m.iter().map(|v| (v.to_bits() >> 16) as u16).collect::<Vec<u16>>()))
+            .collect(),
+    };
+    let int8 = Layers { weights: f32_layers.iter().map(|l| l.clone().map(|m| quantize(&m))).collect() };
+    let f32 = Layers { weights: f32_layers };
+    let params: usize = SHAPES.iter().map(|(n, k)| n * k).sum::<usize>() * layers;
+    let bytes = [params * 4, params * 2, params + params / 32 * 4, params + params / 32 * 4, params * 4];
+    println!("stories110M's matrices: {layers} layers, {params} weights; 2 threads; median of {rounds} rounds");
+    for rows in [1usize, 128] {
+        let x = rng.vec(rows * HIDDEN, 1.0);
+        let mut out = vec![0f32; rows * HIDDEN];
+        let mut times = [Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new()];
+        for _ in 0..rounds {
+            times[0].push(time(|| {
+                for l in &f32.weights {
+                    for (w, &(n, k)) in l.iter().zip(&SHAPES) {
+                        f32_product(n, k, &mut out, &x, w, rows);
+                    }
+                }
+            }));
+            times[4].push(time(|| {
+                for l in &f32.weights {
+                    for (w, &(n, k)) in l.iter().zip(&SHAPES) {
+                        f32_panels(n, k, &mut out, &x, w, rows);
+                    }
+                }
+            }));
+            times[1].push(time(|| {
+                for l in &bf16.weights {
+                    for (w, &(n, k)) in l.iter().zip(&SHAPES) {
+                        bf16_product(n, k, &mut out, &x, w, rows);
+                    }
+                }
+            }));
+            times[2].push(time(|| {
+                for l in &int8.weights {
+                    for ((values, scales), &(n, k)) in l.iter().zip(&SHAPES) {
+                        q8_product(n, k, &mut out, &x, values, scales, rows);
+                    }
+                }
+            }));
+            times[3].push(time(|| {
+                for l in &int8.weights {
+                    for ((values, scales), &(n, k)) in l.iter().zip(&SHAPES) {
+                        q8_one(n, k, &mut out, &x, values, scales, rows);
+                    }
+                }
+            }));
+        }
+        for ((name, t), bytes) in ["f32 (matmul/avx512-threads)", "bf16 (matmul_bf16/avx512-threads)", "int8 (matmul_q8/avx512-vnni-threads)", "int8 (matmul_q8/avx512-vnni, 1 thread)", "f32 (matmul/avx512-panels-threads)"]
+            .iter()
+            .zip(&mut times)
+            .zip(bytes)
+        {
+            t.sort_by(f64::total_cmp);
+            let s = t[t.len() / 2];
+            if rows == 1 {
+                println!("  decode  {name:<40} {:>8.3} ms   {:>6.1} GB/s", s * 1e3, bytes as f64 / s / 1e9);
+            } else {
+                println!(
+                    "  prefill {name:<40} {:>8.3} ms   {:>6.1} GFLOP/s",
+                    s * 1e3,
+                    2.0 * (params * rows) as f64 / s / 1e9
+                );
+            }
+        }
+    }
+}
+
+fn time(f: impl FnOnce()) -> f64 {
+    // Let the previous implementation's team fall asleep (its workers spin 200 µs after their
+    // last product), so that no two teams' workers run at once.
+    std::thread::sleep(std::time::Duration::from_millis(2));
+    let start = Instant::now();
+    f();
+    black_box(());
+    start.elapsed().as_secs_f64()
+}
+
+/// Blockwise int8 with a scale per 32 values, as the int8 crates quantize at load.
+fn quantize(m: &[f32]) -> (Vec<i8>, Vec<f32>) {
+    let (mut values, mut scales) = (Vec::with_capacity(m.len()), Vec::new());
+    for block in m.chunks(32) {
+        let amax = block.iter().fold(0f32, |a, v| a.max(v.abs()));
+        scales.push(amax / 127.0);
+        values.extend(block.iter().map(|v| (v * 127.0 / amax).round() as i8));
+    }
+    (values, scales)
+}
+
+macro_rules! dispatch {
+    ($name:ident, $module:ident, $kernel:ident, $w:ty $(, $extra:ident : $extra_ty:ty)?) => {
+        fn $name(n: usize, k: usize, out: &mut [f32], x: &[f32], w: $w, $($extra: $extra_ty,)? rows: usize) {
+            let (out, x, w) = (black_box(out), black_box(x), black_box(w));
+            match (n, k) {
+                (DIM, DIM) => kernels::$module::$kernel::<DIM, DIM>(out, x, w, $($extra,)? rows),
+                (HIDDEN, DIM) => kernels::$module::$kernel::<HIDDEN, DIM>(out, x, w, $($extra,)? rows),
+                (DIM, HIDDEN) => kernels::$module::$kernel::<DIM, HIDDEN>(out, x, w, $($extra,)? rows),
+                _ => unreachable!(),
+            }
+        }
+    };
+}
+
+dispatch!(f32_product, matmul__avx512_threads, matmul, &[f32]);
+dispatch!(f32_panels, matmul__avx512_panels_threads, matmul, &[f32]);
+dispatch!(bf16_product, matmul_bf16__avx512_threads, matmul_bf16, &[u16]);
+dispatch!(q8_product, matmul_q8__avx512_vnni_threads, matmul_q8, &[i8], scales: &[f32]);
+dispatch!(q8_one, matmul_q8__avx512_vnni, matmul_q8, &[i8], scales: &[f32]);
