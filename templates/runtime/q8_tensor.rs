@@ -93,21 +93,49 @@ impl TensorFile {
 
 /// Quantizes one row: per block, `scale = max|x| / 127` and `q = round(x · 127 / max|x|)`.
 fn quantize(row: &[f32], values: &mut [i8], scales: &mut [f32]) {
-    for ((block, values), scale) in row.chunks(BLOCK).zip(values.chunks_mut(BLOCK)).zip(scales) {
-        let amax = block.iter().fold(0.0f32, |m, v| if v.abs() > m { v.abs() } else { m });
-        let inverse = if amax > 0.0 { 127.0 / amax } else { 0.0 };
-        *scale = amax / 127.0;
-        for (q, &v) in values.iter_mut().zip(block) {
-            *q = round(v * inverse) as i8;
-        }
+    let mut blocks = row.chunks_exact(BLOCK);
+    let mut outs = values.chunks_exact_mut(BLOCK);
+    for ((block, out), scale) in (&mut blocks).zip(&mut outs).zip(scales.iter_mut()) {
+        let (block, out) = (block.try_into().expect("a whole block"), out.try_into().expect("a whole block"));
+        *scale = quantize_block(block, out);
+    }
+    // A last block shorter than BLOCK, padded with zeros.
+    let (block, out) = (blocks.remainder(), outs.into_remainder());
+    if let Some(scale) = scales.last_mut()
+        && !block.is_empty()
+    {
+        let mut padded = [0.0f32; BLOCK];
+        padded[..block.len()].copy_from_slice(block);
+        let mut values = [0i8; BLOCK];
+        *scale = quantize_block(&padded, &mut values);
+        out.copy_from_slice(&values[..out.len()]);
     }
 }
 
-/// `v` rounded to the nearest integer, ties to even, for |v| ≤ 2²²: adding and subtracting
-/// 1.5 · 2²³ leaves no fraction bits, and the addition rounds as the FPU does by default. The
-/// same as `f32::round_ties_even` there, but plain arithmetic that vectorizes, where the
-/// baseline x86-64 target calls a library function for that.
-fn round(v: f32) -> f32 {
+/// Quantizes one block and returns its scale. Written as fixed-size loops of plain arithmetic
+/// so that the compiler vectorizes them on the baseline target (the load time of a large
+/// model is mostly this loop).
+fn quantize_block(block: &[f32; BLOCK], out: &mut [i8; BLOCK]) -> f32 {
+    let mut lanes = [0.0f32; 8];
+    for chunk in block.chunks_exact(8) {
+        for (lane, &v) in lanes.iter_mut().zip(chunk) {
+            let a = v.abs();
+            *lane = if a > *lane { a } else { *lane };
+        }
+    }
+    let amax = lanes.iter().fold(0.0f32, |m, &a| if a > m { a } else { m });
+    let inverse = if amax > 0.0 { 127.0 / amax } else { 0.0 };
+    for (q, &v) in out.iter_mut().zip(block) {
+        *q = round_to_int(v * inverse) as i8;
+    }
+    amax / 127.0
+}
+
+/// `v` rounded to the nearest integer, ties to even, for |v| ≤ 2²²: adding 1.5 · 2²³ leaves
+/// no fraction bits (the addition rounds as the FPU does by default) and puts the integer in
+/// the low bits of the sum. The same as `f32::round_ties_even` there, but plain arithmetic
+/// that vectorizes, where the baseline x86-64 target calls a library function for that.
+fn round_to_int(v: f32) -> i32 {
     const MAGIC: f32 = 12_582_912.0;
-    (v + MAGIC) - MAGIC
+    (v + MAGIC).to_bits() as i32 - MAGIC.to_bits() as i32
 }
