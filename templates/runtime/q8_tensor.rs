@@ -65,21 +65,19 @@ impl TensorFile {
                     for ((bytes, values), scales) in
                         bytes.chunks(cols * width).zip(values.chunks_mut(cols)).zip(scales.chunks_mut(blocks))
                     {
-                        match dtype {
-                            Dtype::F32 => {
-                                for (o, b) in row.iter_mut().zip(bytes.chunks_exact(4)) {
-                                    *o = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
-                                }
+                        // The file's dtype is the checkpoint's, known only now; BF16 (the
+                        // usual one) widens in a loop of its own, which vectorizes.
+                        if dtype == Dtype::F32 {
+                            for (o, b) in row.iter_mut().zip(bytes.chunks_exact(4)) {
+                                *o = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
                             }
-                            Dtype::BF16 => {
-                                for (o, b) in row.iter_mut().zip(bytes.chunks_exact(2)) {
-                                    *o = f32::from_bits(u32::from(u16::from_le_bytes([b[0], b[1]])) << 16);
-                                }
+                        } else if dtype == Dtype::BF16 {
+                            for (o, b) in row.iter_mut().zip(bytes.chunks_exact(2)) {
+                                *o = f32::from_bits(u32::from(u16::from_le_bytes([b[0], b[1]])) << 16);
                             }
-                            _ => {
-                                for (o, v) in row.iter_mut().zip(widened(dtype, bytes)) {
-                                    *o = v;
-                                }
+                        } else {
+                            for (o, v) in row.iter_mut().zip(widened(dtype, bytes)) {
+                                *o = v;
                             }
                         }
                         quantize(&row, values, scales);
