@@ -98,7 +98,7 @@ pub fn attention_prefill<const N_HEADS: usize, const N_KV_HEADS: usize, const HE
 /// Rows `r0..r0 + R` of query head `h` (positions `start + r0..`), each over the positions up
 /// to its own: `keys_t` holds the head's kv head's keys transposed (`[HEAD_DIM, padded]`),
 /// `values` the cache (`[start + r0 + R or more, N_KV_HEADS · HEAD_DIM]`). Returns R.
-#[allow(clippy::too_many_arguments)]
+#[allow(clippy::too_many_arguments, clippy::needless_range_loop)]
 #[inline]
 #[target_feature(enable = "avx512f")]
 fn block<const N_HEADS: usize, const N_KV_HEADS: usize, const HEAD_DIM: usize, const R: usize>(
