@@ -70,28 +70,9 @@ fn candle_generate(dir: &std::path::Path, ids: &[u32], max_tokens: usize) -> Res
     let mut cache = Cache::new(true, dtype, &config, &device)?;
     let load_ms = ms(started.elapsed());
 
-    let prefill = Instant::now();
-    let logits = llama.forward(&Tensor::new(ids, &device)?.unsqueeze(0)?, 0, &mut cache)?;
-    let mut next = argmax(&logits.i(0)?)?;
-    let prefill_ms = ms(prefill.elapsed());
-    let mut generated = vec![next];
-    let decode = Instant::now();
-    while generated.len() < max_tokens {
-        let position = ids.len() + generated.len() - 1;
-        let logits = llama.forward(&Tensor::new(&[next], &device)?.unsqueeze(0)?, position, &mut cache)?;
-        next = argmax(&logits.i(0)?)?;
-        generated.push(next);
-    }
-    let decode_ms = ms(decode.elapsed());
-    let steps = generated.len() - 1;
-    Ok(json!({
-        "generated_ids": generated,
-        "load_ms": load_ms,
-        "prefill_ms": prefill_ms,
-        "prefill_tok_s": ids.len() as f64 / (prefill_ms / 1000.0),
-        "decode_ms": decode_ms,
-        "decode_tok_s": if steps == 0 { 0.0 } else { steps as f64 / (decode_ms / 1000.0) },
-    }))
+    greedy(ids, max_tokens, load_ms, |tokens, position| {
+        llama.forward(&Tensor::new(tokens, &device)?.unsqueeze(0)?, position, &mut cache)
+    })
 }
 
 /// Greedy generation with candle's quantized Llama on the Q8_0 GGUF file of `dir`.
@@ -104,16 +85,27 @@ fn candle_q8_generate(dir: &std::path::Path, ids: &[u32], max_tokens: usize) -> 
     let mut model = ModelWeights::from_gguf(content, &mut file, &device)?;
     let load_ms = ms(started.elapsed());
 
+    greedy(ids, max_tokens, load_ms, |tokens, position| {
+        model.forward(&Tensor::new(tokens, &device)?.unsqueeze(0)?, position)
+    })
+}
+
+/// One prefill pass over `ids`, then one-token steps until `max_tokens` are generated, with
+/// `forward(tokens, position)` returning the logits of the last token: the report of a run.
+fn greedy(
+    ids: &[u32],
+    max_tokens: usize,
+    load_ms: f64,
+    mut forward: impl FnMut(&[u32], usize) -> candle_core::Result<Tensor>,
+) -> Result<Value> {
     let prefill = Instant::now();
-    let logits = model.forward(&Tensor::new(ids, &device)?.unsqueeze(0)?, 0)?;
-    let mut next = argmax(&logits.i(0)?)?;
+    let mut next = argmax(&forward(ids, 0)?.i(0)?)?;
     let prefill_ms = ms(prefill.elapsed());
     let mut generated = vec![next];
     let decode = Instant::now();
     while generated.len() < max_tokens {
         let position = ids.len() + generated.len() - 1;
-        let logits = model.forward(&Tensor::new(&[next], &device)?.unsqueeze(0)?, position)?;
-        next = argmax(&logits.i(0)?)?;
+        next = argmax(&forward(&[next], position)?.i(0)?)?;
         generated.push(next);
     }
     let decode_ms = ms(decode.elapsed());
