@@ -439,13 +439,6 @@ fn bench_one(
             host.class
         )));
     };
-    if w.weights.dtype != monogen::workload::Dtype::F32 {
-        return Err(Error::Refused(format!(
-            "{} holds its weights in {}, and the benchmark harness measures f32 weights only so far; remove target.hardware so that declared priority chooses its kernels",
-            shown(path),
-            w.weights.dtype.as_str()
-        )));
-    }
     if class != host.class {
         return Err(Error::Refused(format!(
             "{} is tuned for hardware class `{class}`, but this machine is `{}`: run `monogen bench` on a `{class}` machine, or set target.hardware = \"{}\"",

@@ -440,6 +440,35 @@ fn affected_follows_the_folder_taxonomy() {
 }
 
 #[test]
+fn bench_measures_int8_and_bf16_matmuls_on_weights_as_their_crates_hold_them() {
+    // The harness converts its random f32 matrices as the crates do at load (bfloat16
+    // rounding, blockwise int8), and every candidate must match the reference on them.
+    let repo = measured_repo();
+    let class = monogen::host::this_class();
+    for (workload, interface) in
+        [("stories260k-cpu-int8", "matmul_q8"), ("stories260k-cpu-bf16", "matmul_bf16")]
+    {
+        let path = format!("workloads/{workload}.toml");
+        let text = std::fs::read_to_string(workspace_root().join(&path)).unwrap();
+        let text = text.replace("threads = 2", &format!("threads = 2\nhardware = \"{class}\""));
+        std::fs::write(repo.path().join(&path), text).unwrap();
+        let mut args = vec!["bench", path.as_str(), "--json", "--dry-run"];
+        args.extend_from_slice(QUICK);
+        let out = monogen(repo.path(), &args);
+        assert!(out.status.success(), "{}", stderr(&out));
+        let doc: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap();
+        let results: Vec<&serde_json::Value> =
+            doc["results"].as_array().unwrap().iter().filter(|r| r["interface"] == interface).collect();
+        let names: Vec<&str> = results.iter().map(|r| r["implementation"].as_str().unwrap()).collect();
+        assert!(names.contains(&"scalar") && names.len() >= 3, "{interface}: {names:?}");
+        for r in results {
+            // A candidate whose CPU features this machine lacks is skipped, never failed.
+            assert!(r["status"] == "ok" || r["status"] == "skipped", "{interface}: {r}");
+        }
+    }
+}
+
+#[test]
 fn bench_measures_encoder_workloads_too() {
     let repo = measured_repo();
     let bert = "workloads/all-minilm-l6-v2-cpu-f32.toml";

@@ -279,24 +279,6 @@ fn stale_files_of_an_older_generation_are_removed() {
 }
 
 #[test]
-fn bench_refuses_a_workload_whose_weights_it_cannot_measure() {
-    let repo = scratch_repo();
-    let text = std::fs::read_to_string(workspace_root().join("workloads/stories260k-cpu-bf16.toml"))
-        .unwrap()
-        .replace("threads = 2", "threads = 2\nhardware = \"intel-xeon-2c\"");
-    std::fs::write(repo.path().join("bf16.toml"), text).unwrap();
-    let out = monogen(repo.path(), &["bench", "bf16.toml", "--dry-run"]);
-    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
-    assert!(
-        stderr(&out).contains(
-            "holds its weights in bf16, and the benchmark harness measures f32 weights only so far"
-        ),
-        "{}",
-        stderr(&out)
-    );
-}
-
-#[test]
 fn only_weights_beyond_every_cache_are_copied_into_memory_at_load() {
     let root = workspace_root();
     let resident = |workload: &str| {

@@ -49,36 +49,38 @@ pub trait L2Normalize {
 }
 
 /// The six projections of one layer, [out, in] each.
-struct Projections {
-    query: Vec<f32>,
-    key: Vec<f32>,
-    value: Vec<f32>,
-    output: Vec<f32>,
-    intermediate: Vec<f32>,
-    down: Vec<f32>,
+struct Projections<W> {
+    query: W,
+    key: W,
+    value: W,
+    output: W,
+    intermediate: W,
+    down: W,
 }
 
-/// Every matmul of a forward pass: six projections per layer on ROWS rows.
-pub struct MatmulPass {
-    layers: Vec<Projections>,
+/// Every matmul of a forward pass: six projections per layer on ROWS rows, with the weights
+/// as the interface `M` of `new` holds them.
+pub struct MatmulPass<W> {
+    layers: Vec<Projections<W>>,
     x: Vec<f32>,
     hidden: Vec<f32>,
     outputs: [Vec<f32>; 6],
 }
 
-impl MatmulPass {
+impl<W> MatmulPass<W> {
     pub const PHASES: Phases = (true, false);
 
-    pub fn new() -> MatmulPass {
+    pub fn new<M: Matmul<Weights = W>>() -> MatmulPass<W> {
         let mut rng = Rng::new(21);
+        let mut matrix = |n: usize, k: usize| M::weights(&rng.vec(n * k, 0.1), n, k);
         let layers = (0..N_LAYERS)
             .map(|_| Projections {
-                query: rng.vec(DIM * DIM, 0.1),
-                key: rng.vec(DIM * DIM, 0.1),
-                value: rng.vec(DIM * DIM, 0.1),
-                output: rng.vec(DIM * DIM, 0.1),
-                intermediate: rng.vec(HIDDEN_DIM * DIM, 0.1),
-                down: rng.vec(DIM * HIDDEN_DIM, 0.1),
+                query: matrix(DIM, DIM),
+                key: matrix(DIM, DIM),
+                value: matrix(DIM, DIM),
+                output: matrix(DIM, DIM),
+                intermediate: matrix(HIDDEN_DIM, DIM),
+                down: matrix(DIM, HIDDEN_DIM),
             })
             .collect();
         MatmulPass {
@@ -89,12 +91,12 @@ impl MatmulPass {
         }
     }
 
-    pub fn run<M: Matmul>(&mut self, _decode: bool) {
+    pub fn run<M: Matmul<Weights = W>>(&mut self, _decode: bool) {
         self.layers_with::<M>(ROWS);
         black_box(&self.outputs);
     }
 
-    fn layers_with<M: Matmul>(&mut self, rows: usize) {
+    fn layers_with<M: Matmul<Weights = W>>(&mut self, rows: usize) {
         let [q, k, v, o, mid, down] = &mut self.outputs;
         for l in &self.layers {
             M::matmul::<DIM, DIM>(q, &self.x, &l.query, rows);
@@ -108,7 +110,7 @@ impl MatmulPass {
 
     /// Compares `C` with the reference `R` on every shape of the pass, for the typical batch,
     /// one row, and a few rows.
-    pub fn check<C: Matmul, R: Matmul>(&mut self) -> Result<(), String> {
+    pub fn check<C: Matmul<Weights = W>, R: Matmul<Weights = W>>(&mut self) -> Result<(), String> {
         let names = ["query", "key", "value", "attention output", "intermediate", "output"];
         for rows in [ROWS, 1, 3.min(ROWS)] {
             self.outputs.iter_mut().for_each(|o| o.fill(f32::NAN));

@@ -245,6 +245,13 @@ impl<'o> Bench<'o> {
     }
 }
 
+/// The linear layers' product, for every weight dtype: `matmul` (f32), `matmul_bf16` and
+/// `matmul_q8` each hold a matrix their own way.
 pub trait Matmul {
-    fn matmul<const N: usize, const K: usize>(out: &mut [f32], x: &[f32], w: &[f32], rows: usize);
+    /// One `[N, K]` matrix as the interface holds it.
+    type Weights;
+    /// The `[n, k]` f32 values `w` as the interface holds them (as the generated crate
+    /// converts them at load).
+    fn weights(w: &[f32], n: usize, k: usize) -> Self::Weights;
+    fn matmul<const N: usize, const K: usize>(out: &mut [f32], x: &[f32], w: &Self::Weights, rows: usize);
 }

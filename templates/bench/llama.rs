@@ -66,21 +66,21 @@ pub trait Sampler {
 }
 
 /// The seven projections of one layer, [out, in] each.
-struct Projections {
-    q: Vec<f32>,
-    k: Vec<f32>,
-    v: Vec<f32>,
-    o: Vec<f32>,
-    gate: Vec<f32>,
-    up: Vec<f32>,
-    down: Vec<f32>,
+struct Projections<W> {
+    q: W,
+    k: W,
+    v: W,
+    o: W,
+    gate: W,
+    up: W,
+    down: W,
 }
 
 /// Every matmul of a forward pass: seven projections per layer on `rows` rows, and the
-/// classifier on the last row.
-pub struct MatmulPass {
-    layers: Vec<Projections>,
-    classifier: Vec<f32>,
+/// classifier on the last row, with the weights as the interface `M` of `new` holds them.
+pub struct MatmulPass<W> {
+    layers: Vec<Projections<W>>,
+    classifier: W,
     x: Vec<f32>,
     attention: Vec<f32>,
     hidden: Vec<f32>,
@@ -94,25 +94,27 @@ pub struct MatmulPass {
     logits: Vec<f32>,
 }
 
-impl MatmulPass {
+impl<W> MatmulPass<W> {
     pub const PHASES: Phases = (true, true);
 
-    pub fn new() -> MatmulPass {
+    pub fn new<M: Matmul<Weights = W>>() -> MatmulPass<W> {
         let mut rng = Rng::new(1);
+        let mut matrix = |n: usize, k: usize| M::weights(&rng.vec(n * k, 0.1), n, k);
         let layers = (0..N_LAYERS)
             .map(|_| Projections {
-                q: rng.vec(Q_DIM * DIM, 0.1),
-                k: rng.vec(KV_DIM * DIM, 0.1),
-                v: rng.vec(KV_DIM * DIM, 0.1),
-                o: rng.vec(DIM * Q_DIM, 0.1),
-                gate: rng.vec(HIDDEN_DIM * DIM, 0.1),
-                up: rng.vec(HIDDEN_DIM * DIM, 0.1),
-                down: rng.vec(DIM * HIDDEN_DIM, 0.1),
+                q: matrix(Q_DIM, DIM),
+                k: matrix(KV_DIM, DIM),
+                v: matrix(KV_DIM, DIM),
+                o: matrix(DIM, Q_DIM),
+                gate: matrix(HIDDEN_DIM, DIM),
+                up: matrix(HIDDEN_DIM, DIM),
+                down: matrix(DIM, HIDDEN_DIM),
             })
             .collect();
+        let classifier = matrix(VOCAB_SIZE, DIM);
         MatmulPass {
             layers,
-            classifier: rng.vec(VOCAB_SIZE * DIM, 0.1),
+            classifier,
             x: rng.vec(PROMPT * DIM, 1.0),
             attention: rng.vec(PROMPT * Q_DIM, 1.0),
             hidden: rng.vec(PROMPT * HIDDEN_DIM, 1.0),
@@ -128,14 +130,14 @@ impl MatmulPass {
     }
 
     /// One forward pass: the prompt (`decode` false) or one decode step.
-    pub fn run<M: Matmul>(&mut self, decode: bool) {
+    pub fn run<M: Matmul<Weights = W>>(&mut self, decode: bool) {
         let rows = if decode { 1 } else { PROMPT };
         self.layers_with::<M>(rows);
         M::matmul::<VOCAB_SIZE, DIM>(&mut self.logits, &self.x[..DIM], &self.classifier, 1);
         black_box(&self.logits);
     }
 
-    fn layers_with<M: Matmul>(&mut self, rows: usize) {
+    fn layers_with<M: Matmul<Weights = W>>(&mut self, rows: usize) {
         for l in &self.layers {
             M::matmul::<Q_DIM, DIM>(&mut self.q, &self.x, &l.q, rows);
             M::matmul::<KV_DIM, DIM>(&mut self.k, &self.x, &l.k, rows);
@@ -168,7 +170,7 @@ impl MatmulPass {
 
     /// Compares `C` with the reference `R` on every shape of the pass, for the prompt, one
     /// row, and a few rows.
-    pub fn check<C: Matmul, R: Matmul>(&mut self) -> Result<(), String> {
+    pub fn check<C: Matmul<Weights = W>, R: Matmul<Weights = W>>(&mut self) -> Result<(), String> {
         let tolerance = |k: usize| TOLERANCE * (k as f32 / 64.0).max(1.0);
         for rows in [PROMPT, 1, 3.min(PROMPT)] {
             self.clear();

@@ -281,9 +281,59 @@ fn trait_impl(imp: &Implementation) -> TokenStream {
     let body = match imp.interface.as_str() {
         "matmul" => quote! {
             impl harness::Matmul for #ty {
+                type Weights = Vec<f32>;
+                fn weights(w: &[f32], _n: usize, _k: usize) -> Vec<f32> {
+                    w.to_vec()
+                }
                 #[inline]
-                fn matmul<const N: usize, const K: usize>(out: &mut [f32], x: &[f32], w: &[f32], rows: usize) {
+                fn matmul<const N: usize, const K: usize>(out: &mut [f32], x: &[f32], w: &Vec<f32>, rows: usize) {
                     kernels::#m::matmul::<N, K>(out, x, w, rows)
+                }
+            }
+        },
+        "matmul_bf16" => quote! {
+            impl harness::Matmul for #ty {
+                type Weights = Vec<u16>;
+                /// Rounded to the nearest bfloat16, as the crate converts an F32 file.
+                fn weights(w: &[f32], _n: usize, _k: usize) -> Vec<u16> {
+                    w.iter()
+                        .map(|v| {
+                            let bits = v.to_bits();
+                            (bits.wrapping_add(0x7fff + ((bits >> 16) & 1)) >> 16) as u16
+                        })
+                        .collect()
+                }
+                #[inline]
+                fn matmul<const N: usize, const K: usize>(out: &mut [f32], x: &[f32], w: &Vec<u16>, rows: usize) {
+                    kernels::#m::matmul_bf16::<N, K>(out, x, w, rows)
+                }
+            }
+        },
+        "matmul_q8" => quote! {
+            impl harness::Matmul for #ty {
+                /// The values and the scale of each block of 32 of a row.
+                type Weights = (Vec<i8>, Vec<f32>);
+                /// Quantized per block of 32 of each row, as the crate quantizes at load.
+                fn weights(w: &[f32], n: usize, k: usize) -> (Vec<i8>, Vec<f32>) {
+                    let (mut values, mut scales) = (Vec::with_capacity(n * k), Vec::new());
+                    for row in w.chunks(k) {
+                        for block in row.chunks(32) {
+                            let amax = block.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+                            let inverse = if amax > 0.0 { 127.0 / amax } else { 0.0 };
+                            scales.push(amax / 127.0);
+                            values.extend(block.iter().map(|v| (v * inverse).round_ties_even() as i8));
+                        }
+                    }
+                    (values, scales)
+                }
+                #[inline]
+                fn matmul<const N: usize, const K: usize>(
+                    out: &mut [f32],
+                    x: &[f32],
+                    w: &(Vec<i8>, Vec<f32>),
+                    rows: usize,
+                ) {
+                    kernels::#m::matmul_q8::<N, K>(out, x, &w.0, &w.1, rows)
                 }
             }
         },
@@ -448,7 +498,10 @@ fn bench_fn(h: &HarnessInterface) -> TokenStream {
     let reference = type_ident(&h.reference);
     let doc = format!(" {}: {} (reference: {})", h.interface, names.join(", "), h.reference.name);
     let (pass_new, pass_ty) = match interface.as_str() {
-        "matmul" => (quote!(passes::MatmulPass::new()), quote!(passes::MatmulPass)),
+        "matmul" | "matmul_bf16" | "matmul_q8" => (
+            quote!(passes::MatmulPass::new::<#reference>()),
+            quote!(passes::MatmulPass::<<#reference as harness::Matmul>::Weights>),
+        ),
         "rmsnorm" => (quote!(passes::RmsnormPass::new()), quote!(passes::RmsnormPass)),
         "rope" => (quote!(passes::RopePass::new::<#reference>()), quote!(passes::RopePass)),
         "attention_prefill" => {

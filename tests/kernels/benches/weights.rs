@@ -44,7 +44,9 @@ fn main() {
     let f32 = Layers { weights: f32_layers };
     let params: usize = SHAPES.iter().map(|(n, k)| n * k).sum::<usize>() * layers;
     let bytes = [params * 4, params * 2, params + params / 32 * 4, params + params / 32 * 4, params * 4];
-    println!("stories110M's matrices: {layers} layers, {params} weights; 2 threads; median of {rounds} rounds");
+    println!(
+        "stories110M's matrices: {layers} layers, {params} weights; 2 threads; median of {rounds} rounds"
+    );
     for rows in [1usize, 128] {
         let x = rng.vec(rows * HIDDEN, 1.0);
         let mut out = vec![0f32; rows * HIDDEN];
@@ -86,10 +88,16 @@ fn main() {
                 }
             }));
         }
-        for ((name, t), bytes) in ["f32 (matmul/avx512-threads)", "bf16 (matmul_bf16/avx512-threads)", "int8 (matmul_q8/avx512-vnni-threads)", "int8 (matmul_q8/avx512-vnni, 1 thread)", "f32 (matmul/avx512-panels-threads)"]
-            .iter()
-            .zip(&mut times)
-            .zip(bytes)
+        for ((name, t), bytes) in [
+            "f32 (matmul/avx512-threads)",
+            "bf16 (matmul_bf16/avx512-threads)",
+            "int8 (matmul_q8/avx512-vnni-threads)",
+            "int8 (matmul_q8/avx512-vnni, 1 thread)",
+            "f32 (matmul/avx512-panels-threads)",
+        ]
+        .iter()
+        .zip(&mut times)
+        .zip(bytes)
         {
             t.sort_by(f64::total_cmp);
             let s = t[t.len() / 2];
