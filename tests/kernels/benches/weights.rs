@@ -23,25 +23,19 @@ const HIDDEN: usize = 2048;
 const SHAPES: [(usize, usize); 7] =
     [(DIM, DIM), (DIM, DIM), (DIM, DIM), (DIM, DIM), (HIDDEN, DIM), (HIDDEN, DIM), (DIM, HIDDEN)];
 
-/// Every layer's matrices in one dtype.
-struct Layers<T> {
-    weights: Vec<[T; 7]>,
-}
-
 fn main() {
     let full = std::env::args().any(|a| a == "--bench");
     let (layers, rounds) = if full { (12, 15) } else { (1, 2) };
     let mut rng = Rng::new(5);
     let f32_layers: Vec<[Vec<f32>; 7]> =
         (0..layers).map(|_| SHAPES.map(|(n, k)| rng.vec(n * k, 0.05))).collect();
-    let bf16 = Layers {
-        weights: f32_layers
-            .iter()
-            .map(|l| l.clone().map(|m| m.iter().map(|v| (v.to_bits() >> 16) as u16).collect::<Vec<u16>>()))
-            .collect(),
-    };
-    let int8 = Layers { weights: f32_layers.iter().map(|l| l.clone().map(|m| quantize(&m))).collect() };
-    let f32 = Layers { weights: f32_layers };
+    let bf16: Vec<[Vec<u16>; 7]> = f32_layers
+        .iter()
+        .map(|l| l.clone().map(|m| m.iter().map(|v| (v.to_bits() >> 16) as u16).collect()))
+        .collect();
+    let int8: Vec<[(Vec<i8>, Vec<f32>); 7]> =
+        f32_layers.iter().map(|l| l.clone().map(|m| quantize(&m))).collect();
+    let f32 = f32_layers;
     let params: usize = SHAPES.iter().map(|(n, k)| n * k).sum::<usize>() * layers;
     let bytes = [params * 4, params * 2, params + params / 32 * 4, params + params / 32 * 4, params * 4];
     println!(
@@ -53,35 +47,35 @@ fn main() {
         let mut times = [Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new()];
         for _ in 0..rounds {
             times[0].push(time(|| {
-                for l in &f32.weights {
+                for l in &f32 {
                     for (w, &(n, k)) in l.iter().zip(&SHAPES) {
                         f32_product(n, k, &mut out, &x, w, rows);
                     }
                 }
             }));
             times[4].push(time(|| {
-                for l in &f32.weights {
+                for l in &f32 {
                     for (w, &(n, k)) in l.iter().zip(&SHAPES) {
                         f32_panels(n, k, &mut out, &x, w, rows);
                     }
                 }
             }));
             times[1].push(time(|| {
-                for l in &bf16.weights {
+                for l in &bf16 {
                     for (w, &(n, k)) in l.iter().zip(&SHAPES) {
                         bf16_product(n, k, &mut out, &x, w, rows);
                     }
                 }
             }));
             times[2].push(time(|| {
-                for l in &int8.weights {
+                for l in &int8 {
                     for ((values, scales), &(n, k)) in l.iter().zip(&SHAPES) {
                         q8_product(n, k, &mut out, &x, values, scales, rows);
                     }
                 }
             }));
             times[3].push(time(|| {
-                for l in &int8.weights {
+                for l in &int8 {
                     for ((values, scales), &(n, k)) in l.iter().zip(&SHAPES) {
                         q8_one(n, k, &mut out, &x, values, scales, rows);
                     }
@@ -129,8 +123,9 @@ fn quantize(m: &[f32]) -> (Vec<i8>, Vec<f32>) {
     let (mut values, mut scales) = (Vec::with_capacity(m.len()), Vec::new());
     for block in m.chunks(32) {
         let amax = block.iter().fold(0f32, |a, v| a.max(v.abs()));
+        let inverse = if amax > 0.0 { 127.0 / amax } else { 0.0 };
         scales.push(amax / 127.0);
-        values.extend(block.iter().map(|v| (v * 127.0 / amax).round() as i8));
+        values.extend(block.iter().map(|v| (v * inverse).round_ties_even() as i8));
     }
     (values, scales)
 }
