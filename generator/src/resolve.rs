@@ -23,12 +23,12 @@ use crate::workload::{Dtype, Model, Pooling, Workload};
 /// workload does not use (no pooling, no normalization) need no interface, so their code is
 /// never generated.
 pub fn required_interfaces(w: &Workload) -> Vec<&'static str> {
-    // A LLaMA workload holding its matrices in bfloat16 or int8 runs its linear layers through
+    // A workload holding its matrices in bfloat16 or int8 runs its linear layers through
     // matmul_bf16 or matmul_q8 (every other interface computes on f32 activations either way).
-    let matmul = match (&w.model, w.weights.dtype) {
-        (Model::Llama(_), Dtype::Bf16) => "matmul_bf16",
-        (Model::Llama(_), Dtype::Int8) => "matmul_q8",
-        _ => "matmul",
+    let matmul = match w.weights.dtype {
+        Dtype::Bf16 => "matmul_bf16",
+        Dtype::Int8 => "matmul_q8",
+        Dtype::F32 | Dtype::F16 => "matmul",
     };
     let mut list = required_f32_interfaces(w);
     for name in &mut list {

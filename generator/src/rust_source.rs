@@ -240,6 +240,18 @@ fn misplaced_marker(file: &syn::File) -> Option<proc_macro2::LineColumn> {
     finder.misplaced
 }
 
+/// Removes the methods named `names` from every inherent `impl` of `file`: a runtime file's
+/// helpers that one architecture's crates never call are not generated for them.
+pub fn remove_methods(file: &mut syn::File, names: &[&str]) {
+    for item in &mut file.items {
+        if let syn::Item::Impl(block) = item {
+            block
+                .items
+                .retain(|i| !matches!(i, syn::ImplItem::Fn(f) if names.iter().any(|n| f.sig.ident == n)));
+        }
+    }
+}
+
 /// Prints a file with prettyplease, with blank lines between items (prettyplease puts
 /// none), and turns comment markers back into comments.
 pub fn print(file: &syn::File) -> String {

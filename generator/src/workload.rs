@@ -211,7 +211,7 @@ pub struct Weights {
 }
 
 /// Weight data types. LLaMA workloads have implementations for `f32`, `bf16` and `int8`
-/// (blockwise, a scale per 32 values); BERT ones for `f32`. `f16` is part of the schema so that
+/// (blockwise, a scale per 32 values), and so have BERT ones. `f16` is part of the schema so that
 /// workloads can name it and resolution can say what is missing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]

@@ -9,9 +9,12 @@
 //!
 //! A step along K takes 64 values: one load of 64 weights, and per activation row one
 //! `vpdpbusd`, which adds 4 products of unsigned by signed bytes into each of 16 i32 lanes
-//! (lanes 0–7 hold the first block of 32, lanes 8–15 the second). The activations are signed,
-//! so the row's magnitudes |qx| are the unsigned operand and the weights take the row's signs
-//! (negated, with a mask, where qx is negative): |qx| · ±w = qx · w. Each lane's sum becomes
+//! (lanes 0–7 hold the first block of 32, lanes 8–15 the second). The activations are signed.
+//! A lone row's magnitudes |qx| are the unsigned operand and the weights take the row's signs
+//! (negated, with a mask, where qx is negative): |qx| · ±w = qx · w. A tile of several rows
+//! offsets them instead, qx + 128 (never above 255), and starts each sum at −128 · Σw, which
+//! one `vpdpbusd` of 128s by the weights gives for all the tile's rows: one instruction per
+//! row and step rather than two. Each lane's sum becomes
 //! f32 and is multiplied into its accumulator by dx · dw of its block. At the end of K, the
 //! 16 lanes of each accumulator are added.
 //!
@@ -376,12 +379,19 @@ impl Q8Product {
         for s in 0..steps {
             let at = s * STEP;
             let left = k - at;
+            // A lone row: |qx| and its signs. Several rows: qx + 128 (qx ^ 0x80 as unsigned
+            // bytes), whose extra 128 · Σw each weight row's correction takes back once for
+            // all the rows.
             let mut magnitude = [_mm512_setzero_si512(); R];
             let mut negative = [0 as __mmask64; R];
             for i in 0..R {
                 let q = unsafe { _mm512_loadu_si512(qx[i].add(at).cast()) };
-                negative[i] = _mm512_movepi8_mask(q);
-                magnitude[i] = _mm512_abs_epi8(q);
+                if R == 1 {
+                    negative[i] = _mm512_movepi8_mask(q);
+                    magnitude[i] = _mm512_abs_epi8(q);
+                } else {
+                    magnitude[i] = _mm512_xor_si512(q, _mm512_set1_epi8(i8::MIN));
+                }
             }
             if R == 1 {
                 for w in ws {
@@ -402,9 +412,20 @@ impl Q8Product {
                     let d = unsafe { _mm512_mask_blend_ps(0xff00, _mm512_set1_ps(*ss[c].add(2 * s)), _mm512_set1_ps(second)) };
                     (w, d)
                 };
+                // −128 · Σw over each lane's 4 weights, where the rows are offset by 128.
+                let correction = if R == 1 {
+                    _mm512_setzero_si512()
+                } else {
+                    let offset = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8(i8::MIN), wv);
+                    _mm512_sub_epi32(_mm512_setzero_si512(), offset)
+                };
                 for i in 0..R {
-                    let signed = _mm512_mask_sub_epi8(wv, negative[i], _mm512_setzero_si512(), wv);
-                    let sums = _mm512_dpbusd_epi32(_mm512_setzero_si512(), magnitude[i], signed);
+                    let sums = if R == 1 {
+                        let signed = _mm512_mask_sub_epi8(wv, negative[i], _mm512_setzero_si512(), wv);
+                        _mm512_dpbusd_epi32(_mm512_setzero_si512(), magnitude[i], signed)
+                    } else {
+                        _mm512_dpbusd_epi32(correction, magnitude[i], wv)
+                    };
                     let scale = _mm512_mul_ps(dw, unsafe { _mm512_loadu_ps(dx[i].add(s * 16)) });
                     acc[i][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums), scale, acc[i][c]);
                 }

@@ -16,7 +16,6 @@ pub const BLOCK: usize = 32;
 pub struct Q8Tensor {
     values: Box<[i8]>,
     scales: Box<[f32]>,
-    cols: usize,
 }
 
 impl Q8Tensor {
@@ -30,10 +29,12 @@ impl Q8Tensor {
         &self.scales
     }
 
-    /// Writes row `row`, dequantized (each value times its block's scale), into `out`.
+    /// Writes row `row`, dequantized (each value times its block's scale), into `out`, which
+    /// holds a row (`cols` values).
     pub fn dequantize_row(&self, row: usize, out: &mut [f32]) {
-        let blocks = self.cols.div_ceil(BLOCK);
-        let values = &self.values[row * self.cols..(row + 1) * self.cols];
+        let cols = out.len();
+        let blocks = cols.div_ceil(BLOCK);
+        let values = &self.values[row * cols..(row + 1) * cols];
         let scales = &self.scales[row * blocks..(row + 1) * blocks];
         for ((out, values), &scale) in out.chunks_mut(BLOCK).zip(values.chunks(BLOCK)).zip(scales) {
             for (o, &v) in out.iter_mut().zip(values) {
@@ -85,7 +86,7 @@ impl TensorFile {
                 });
             }
         });
-        Ok(Q8Tensor { values, scales, cols })
+        Ok(Q8Tensor { values, scales })
     }
 }
 

@@ -8,7 +8,7 @@
 use proc_macro2::{Literal, TokenStream};
 use quote::{format_ident, quote};
 
-use super::common::{self, doc, f32_lit, usize_lit};
+use super::common::{self, Matrices, doc, f32_lit, usize_lit};
 use super::{Templates, crate_ident};
 use crate::Error;
 use crate::plan::{BertConsts, Plan};
@@ -42,6 +42,12 @@ pub fn rust_files(
         "src/tokenizer.rs".to_string(),
         rust_source::print(&templates.runtime("bert/tokenizer.rs", &krate)?),
     ));
+    if let Some(file) = Matrices::of(plan).runtime_file() {
+        // The word embeddings stay f32: no embedding row is ever dequantized.
+        let mut source = templates.runtime(file, &krate)?;
+        rust_source::remove_methods(&mut source, &["dequantize_row"]);
+        files.push((format!("src/{file}"), rust_source::print(&source)));
+    }
     files.extend(common::kernel_files(plan, registry)?);
     Ok(files)
 }
@@ -107,15 +113,25 @@ fn lib_rs(plan: &Plan) -> TokenStream {
         )
     });
 
+    // In alphabetical order with the other modules.
+    let matrices = Matrices::of(plan);
+    let (bf16_mod, q8_mod) = match matrices {
+        Matrices::Bf16 => (matrices.module(), None),
+        Matrices::Q8 => (None, matrices.module()),
+        Matrices::F32 => (None, None),
+    };
+
     quote! {
         #(#![doc = #inner_doc])*
 
         #guards
 
+        #bf16_mod
         pub mod cpu;
         pub mod error;
         mod kernels;
         pub mod model;
+        #q8_mod
         mod tensor_file;
         pub mod tokenizer;
         pub mod weights;
@@ -149,8 +165,8 @@ fn lib_rs(plan: &Plan) -> TokenStream {
         pub const MAX_BATCH: usize = #max_batch;
         /// Epsilon of every LayerNorm.
         pub const LAYER_NORM_EPS: f32 = #eps;
-        /// Threads the workload allows the kernels (`target.threads`). The kernels of this
-        /// version of monogen run on the calling thread; multi-threaded ones will use this.
+        /// Threads the workload allows the kernels (`target.threads`): a multi-threaded kernel
+        /// splits each product into this many equal shares.
         pub const THREADS: usize = #threads;
         /// CPU features the chosen kernels were compiled for, checked by [`cpu::check`].
         pub const CPU_FEATURES: [&str; #n_features] = [#(#cpu_features),*];
@@ -184,6 +200,17 @@ fn model_rs(plan: &Plan) -> TokenStream {
         )
     });
     let embed_fn = embed_fn(c);
+    let matrices = Matrices::of(plan);
+    let matmul_use = matrices.matmul_use();
+    let mm = |shape: [&str; 2], out: TokenStream, x: TokenStream, w: TokenStream| {
+        matrices.matmul_call(shape, out, x, w, quote!(rows))
+    };
+    let mm_q = mm(["DIM", "DIM"], quote!(q), quote!(x), quote!(layer.query.weight));
+    let mm_k = mm(["DIM", "DIM"], quote!(k), quote!(x), quote!(layer.key.weight));
+    let mm_v = mm(["DIM", "DIM"], quote!(v), quote!(x), quote!(layer.value.weight));
+    let mm_o = mm(["DIM", "DIM"], quote!(xb), quote!(att), quote!(layer.attention_output.weight));
+    let mm_mlp = mm(["HIDDEN_DIM", "DIM"], quote!(mlp), quote!(x), quote!(layer.intermediate.weight));
+    let mm_down = mm(["DIM", "HIDDEN_DIM"], quote!(xb), quote!(mlp), quote!(layer.output.weight));
     let normalize_fn = c.normalize.then(|| {
         quote! {
             /// Scales each vector to unit Euclidean length (sentence-transformers' Normalize):
@@ -220,7 +247,7 @@ fn model_rs(plan: &Plan) -> TokenStream {
         use crate::kernels::gelu::gelu;
         #normalize_use
         use crate::kernels::layernorm::layernorm;
-        use crate::kernels::matmul::matmul;
+        #matmul_use
         #pooling_use
         use crate::weights::Weights;
         use crate::{
@@ -343,11 +370,11 @@ fn model_rs(plan: &Plan) -> TokenStream {
 
                 for layer in &w.layers {
                     #c_qkv
-                    matmul::<DIM, DIM>(q, x, &layer.query.weight, rows);
+                    #mm_q
                     add_bias(q, &layer.query.bias);
-                    matmul::<DIM, DIM>(k, x, &layer.key.weight, rows);
+                    #mm_k
                     add_bias(k, &layer.key.bias);
-                    matmul::<DIM, DIM>(v, x, &layer.value.weight, rows);
+                    #mm_v
                     add_bias(v, &layer.value.bias);
                     #c_att
                     att.fill(0.0);
@@ -363,17 +390,17 @@ fn model_rs(plan: &Plan) -> TokenStream {
                         );
                     }
                     #c_out
-                    matmul::<DIM, DIM>(xb, att, &layer.attention_output.weight, rows);
+                    #mm_o
                     add_bias(xb, &layer.attention_output.bias);
                     #c_norm1
                     add_assign(xb, x);
                     layernorm::<DIM>(x, xb, &layer.attention_norm.weight, &layer.attention_norm.bias, LAYER_NORM_EPS, rows);
                     #c_mlp
-                    matmul::<HIDDEN_DIM, DIM>(mlp, x, &layer.intermediate.weight, rows);
+                    #mm_mlp
                     add_bias(mlp, &layer.intermediate.bias);
                     gelu::<HIDDEN_DIM>(mlp, rows);
                     #c_down
-                    matmul::<DIM, HIDDEN_DIM>(xb, mlp, &layer.output.weight, rows);
+                    #mm_down
                     add_bias(xb, &layer.output.bias);
                     #c_norm2
                     add_assign(xb, x);
@@ -463,11 +490,21 @@ fn embed_fn(c: &BertConsts) -> Option<TokenStream> {
 
 fn weights_rs(plan: &Plan) -> TokenStream {
     let name = &plan.workload.name;
+    let matrices = Matrices::of(plan);
+    let copies = match matrices {
+        Matrices::F32 => " (copied only if the file misaligns it).",
+        Matrices::Bf16 => {
+            ", except the linear layers' weights the file does not hold as BF16 (converted to bfloat16 copies), and tensors it does not hold as F32 or misaligns (copied)."
+        }
+        Matrices::Q8 => {
+            ", except the linear layers' weights, quantized at load to blockwise int8 copies (q8_tensor.rs), and tensors it does not hold as F32 or misaligns (copied)."
+        }
+    };
     let module_doc = [
         format!(" The weights of `{name}`, checked against the baked shapes as they load. Each tensor"),
-        " is a slice of the memory-mapped model.safetensors (copied only if the file misaligns it)."
-            .to_string(),
+        format!(" is a slice of the memory-mapped model.safetensors{copies}"),
     ];
+    let (matrix, load_matrix, matrix_use) = matrices.tensor();
     // (field, tensor name below `encoder.layer.N.`, rows, columns; None for a LayerNorm)
     let linears = [
         ("query", "attention.self.query", "DIM", "DIM"),
@@ -506,6 +543,7 @@ fn weights_rs(plan: &Plan) -> TokenStream {
 
         use std::path::Path;
 
+        #matrix_use
         use crate::tensor_file::{Storage, Tensor, TensorFile};
         use crate::{Error, DIM, HIDDEN_DIM, MAX_POSITIONS, N_LAYERS, TYPE_VOCAB_SIZE, VOCAB_SIZE};
 
@@ -515,14 +553,14 @@ fn weights_rs(plan: &Plan) -> TokenStream {
 
         /// A linear layer: `weight` [out, in] and `bias` [out].
         pub struct Linear {
-            pub(crate) weight: Tensor,
+            pub(crate) weight: #matrix,
             pub(crate) bias: Tensor,
         }
 
         impl Linear {
             fn load(file: &mut TensorFile, prefix: &str, rows: usize, cols: usize) -> Result<Linear, Error> {
                 Ok(Linear {
-                    weight: file.f32(&format!("{prefix}.weight"), &[rows, cols])?,
+                    weight: file.#load_matrix(&format!("{prefix}.weight"), &[rows, cols])?,
                     bias: file.f32(&format!("{prefix}.bias"), &[rows])?,
                 })
             }

@@ -8,6 +8,104 @@ use crate::Error;
 use crate::plan::Plan;
 use crate::registry::Registry;
 use crate::rust_source;
+use crate::workload::Dtype;
+
+/// How a crate holds its matrices (the weights of its linear layers), which decides the
+/// interface those layers run through. Everything else stays f32.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Matrices {
+    /// f32 slices; `matmul`.
+    F32,
+    /// bfloat16 slices (bf16_tensor.rs); `matmul_bf16`.
+    Bf16,
+    /// Blockwise int8 values and scales (q8_tensor.rs); `matmul_q8`.
+    Q8,
+}
+
+impl Matrices {
+    pub fn of(plan: &Plan) -> Matrices {
+        match plan.workload.weights.dtype {
+            Dtype::Bf16 => Matrices::Bf16,
+            Dtype::Int8 => Matrices::Q8,
+            Dtype::F32 | Dtype::F16 => Matrices::F32,
+        }
+    }
+
+    /// The runtime file (templates/runtime/) that defines the matrix type, if it is not the
+    /// f32 `Tensor` of tensor_file.rs.
+    pub fn runtime_file(self) -> Option<&'static str> {
+        match self {
+            Matrices::F32 => None,
+            Matrices::Bf16 => Some("bf16_tensor.rs"),
+            Matrices::Q8 => Some("q8_tensor.rs"),
+        }
+    }
+
+    /// The `mod` item of that runtime file, for lib.rs.
+    pub fn module(self) -> Option<TokenStream> {
+        self.runtime_file().map(|file| {
+            let module = format_ident!("{}", file.trim_end_matches(".rs"));
+            quote!(
+                mod #module;
+            )
+        })
+    }
+
+    /// The matrix type, the `TensorFile` method that loads one, and the `use` item of the
+    /// type (none for `Tensor`, which weights.rs imports anyway).
+    pub fn tensor(self) -> (TokenStream, proc_macro2::Ident, TokenStream) {
+        match self {
+            Matrices::Bf16 => (
+                quote!(Bf16Tensor),
+                format_ident!("bf16"),
+                quote!(
+                    use crate::bf16_tensor::Bf16Tensor;
+                ),
+            ),
+            Matrices::Q8 => (
+                quote!(Q8Tensor),
+                format_ident!("q8"),
+                quote!(
+                    use crate::q8_tensor::Q8Tensor;
+                ),
+            ),
+            Matrices::F32 => (quote!(Tensor), format_ident!("f32"), quote!()),
+        }
+    }
+
+    /// The `use` item of the matmul kernel.
+    pub fn matmul_use(self) -> TokenStream {
+        match self {
+            Matrices::F32 => quote!(
+                use crate::kernels::matmul::matmul;
+            ),
+            Matrices::Bf16 => quote!(
+                use crate::kernels::matmul_bf16::matmul_bf16;
+            ),
+            Matrices::Q8 => quote!(
+                use crate::kernels::matmul_q8::matmul_q8;
+            ),
+        }
+    }
+
+    /// The statement `out = x · wᵀ` over `rows` rows, for `[n, k]` weights `w`, with the
+    /// crate's matmul.
+    pub fn matmul_call(
+        self,
+        [n, k]: [&str; 2],
+        out: TokenStream,
+        x: TokenStream,
+        w: TokenStream,
+        rows: TokenStream,
+    ) -> TokenStream {
+        let (n, k) = (format_ident!("{n}"), format_ident!("{k}"));
+        match self {
+            Matrices::F32 => quote!(matmul::<#n, #k>(#out, #x, &#w, #rows);),
+            Matrices::Bf16 => quote!(matmul_bf16::<#n, #k>(#out, #x, &#w, #rows);),
+            Matrices::Q8 => quote!(matmul_q8::<#n, #k>(#out, #x, #w.values(), #w.scales(), #rows);),
+        }
+    }
+}
 
 /// The compile-time guards of a crate's lib.rs: the target arch its kernels were compiled for
 /// (when they use CPU features) and a little-endian target (the weights are read in place).

@@ -4,13 +4,13 @@
 use proc_macro2::{Literal, TokenStream};
 use quote::{format_ident, quote};
 
-use super::common::{doc, f32_lit, usize_lit};
+use super::common::{Matrices, doc, f32_lit, usize_lit};
 use super::{Templates, common, crate_ident};
 use crate::Error;
 use crate::plan::Plan;
 use crate::registry::Registry;
 use crate::rust_source::{self, comment};
-use crate::workload::{Dtype, RopeScaling};
+use crate::workload::RopeScaling;
 
 /// The crates every LLaMA crate depends on (versions in templates/dependencies.toml).
 pub const DEPENDENCIES: &[&str] =
@@ -37,55 +37,12 @@ pub fn rust_files(
         files.push((format!("src/{file}"), rust_source::print(&templates.runtime(file, &krate)?)));
     }
     let c = plan.llama();
-    let matrices = matrices(plan);
-    for (wanted, file) in [
-        (matrices == Matrices::Bf16, "bf16_tensor.rs"),
-        (matrices == Matrices::Q8, "q8_tensor.rs"),
-        (c.resident_weights, "resident.rs"),
-    ] {
-        if wanted {
-            files.push((format!("src/{file}"), rust_source::print(&templates.runtime(file, &krate)?)));
-        }
+    let resident = c.resident_weights.then_some("resident.rs");
+    for file in Matrices::of(plan).runtime_file().into_iter().chain(resident) {
+        files.push((format!("src/{file}"), rust_source::print(&templates.runtime(file, &krate)?)));
     }
     files.extend(common::kernel_files(plan, registry)?);
     Ok(files)
-}
-
-/// How the crate holds its matrices, which decides the interface of its linear layers.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Matrices {
-    /// f32 slices; `matmul`.
-    F32,
-    /// bfloat16 slices (bf16_tensor.rs); `matmul_bf16`.
-    Bf16,
-    /// Blockwise int8 values and scales (q8_tensor.rs); `matmul_q8`.
-    Q8,
-}
-
-fn matrices(plan: &Plan) -> Matrices {
-    match plan.workload.weights.dtype {
-        Dtype::Bf16 => Matrices::Bf16,
-        Dtype::Int8 => Matrices::Q8,
-        Dtype::F32 | Dtype::F16 => Matrices::F32,
-    }
-}
-
-/// The statement `out = x · wᵀ` over `rows` rows, for `[n, k]` weights `w`, with the
-/// crate's matmul.
-fn matmul_call(
-    matrices: Matrices,
-    [n, k]: [&str; 2],
-    out: TokenStream,
-    x: TokenStream,
-    w: TokenStream,
-    rows: TokenStream,
-) -> TokenStream {
-    let (n, k) = (format_ident!("{n}"), format_ident!("{k}"));
-    match matrices {
-        Matrices::F32 => quote!(matmul::<#n, #k>(#out, #x, &#w, #rows);),
-        Matrices::Bf16 => quote!(matmul_bf16::<#n, #k>(#out, #x, &#w, #rows);),
-        Matrices::Q8 => quote!(matmul_q8::<#n, #k>(#out, #x, #w.values(), #w.scales(), #rows);),
-    }
 }
 
 fn lib_rs(plan: &Plan) -> TokenStream {
@@ -145,16 +102,13 @@ fn lib_rs(plan: &Plan) -> TokenStream {
     let n_eos = usize_lit(c.eos_ids.len());
     let cpu_features = &plan.cpu_features;
     let n_features = usize_lit(cpu_features.len());
-    let bf16_mod = (matrices(plan) == Matrices::Bf16).then(|| {
-        quote!(
-            mod bf16_tensor;
-        )
-    });
-    let q8_mod = (matrices(plan) == Matrices::Q8).then(|| {
-        quote!(
-            mod q8_tensor;
-        )
-    });
+    // In alphabetical order with the other modules.
+    let matrices = Matrices::of(plan);
+    let (bf16_mod, q8_mod) = match matrices {
+        Matrices::Bf16 => (matrices.module(), None),
+        Matrices::Q8 => (None, matrices.module()),
+        Matrices::F32 => (None, None),
+    };
     let resident_mod = c.resident_weights.then(|| {
         quote!(
             mod resident;
@@ -216,8 +170,8 @@ fn lib_rs(plan: &Plan) -> TokenStream {
         pub const BOS_ID: u32 = #bos_id;
         /// The tokens that end generation.
         pub const EOS_IDS: [u32; #n_eos] = [#(#eos_ids),*];
-        /// Threads the workload allows the kernels (`target.threads`). The kernels of this
-        /// version of monogen run on the calling thread; multi-threaded ones will use this.
+        /// Threads the workload allows the kernels (`target.threads`): a multi-threaded kernel
+        /// splits each product into this many equal shares.
         pub const THREADS: usize = #threads;
         /// CPU features the chosen kernels were compiled for, checked by [`cpu::check`].
         pub const CPU_FEATURES: [&str; #n_features] = [#(#cpu_features),*];
@@ -226,14 +180,12 @@ fn lib_rs(plan: &Plan) -> TokenStream {
 
 fn model_rs(plan: &Plan) -> TokenStream {
     let c = plan.llama();
-    let matrices = matrices(plan);
+    let matrices = Matrices::of(plan);
     // The linear layers run the matmul of the crate's matrices, and the embedding rows widen
     // (bfloat16) or dequantize (int8) into the residual stream.
-    let (matmul_use, embed_row, widen_fn) = match matrices {
+    let matmul_use = matrices.matmul_use();
+    let (embed_row, widen_fn) = match matrices {
         Matrices::Bf16 => (
-            quote!(
-                use crate::kernels::matmul_bf16::matmul_bf16;
-            ),
             quote!(widen(&mut x[row * DIM..(row + 1) * DIM], &w.embed_tokens[token * DIM..(token + 1) * DIM]);),
             quote! {
                 /// Widens bfloat16 values to f32 (a bfloat16 is the high half of an f32).
@@ -244,23 +196,16 @@ fn model_rs(plan: &Plan) -> TokenStream {
                 }
             },
         ),
-        Matrices::Q8 => (
-            quote!(
-                use crate::kernels::matmul_q8::matmul_q8;
-            ),
-            quote!(w.embed_tokens.dequantize_row(token, &mut x[row * DIM..(row + 1) * DIM]);),
-            quote!(),
-        ),
+        Matrices::Q8 => {
+            (quote!(w.embed_tokens.dequantize_row(token, &mut x[row * DIM..(row + 1) * DIM]);), quote!())
+        }
         Matrices::F32 => (
-            quote!(
-                use crate::kernels::matmul::matmul;
-            ),
             quote!(x[row * DIM..(row + 1) * DIM].copy_from_slice(&w.embed_tokens[token * DIM..(token + 1) * DIM]);),
             quote!(),
         ),
     };
     let mm = |shape: [&str; 2], out: TokenStream, x: TokenStream, w: TokenStream| {
-        matmul_call(matrices, shape, out, x, w, quote!(t))
+        matrices.matmul_call(shape, out, x, w, quote!(t))
     };
     let mm_q = mm(["Q_DIM", "DIM"], quote!(q), quote!(xb), quote!(layer.q_proj));
     let mm_k = mm(["KV_DIM", "DIM"], quote!(k), quote!(xb), quote!(layer.k_proj));
@@ -291,7 +236,7 @@ fn model_rs(plan: &Plan) -> TokenStream {
         (quote!(w.lm_head), comment("logits = xb · lm_headᵀ: [VOCAB_SIZE]"))
     };
     let mm_classifier =
-        matmul_call(matrices, ["VOCAB_SIZE", "DIM"], quote!(logits), quote!(xb), classifier, quote!(1));
+        matrices.matmul_call(["VOCAB_SIZE", "DIM"], quote!(logits), quote!(xb), classifier, quote!(1));
 
     let c_embed = comment("x = embed_tokens[tokens]: [T, DIM]");
     let c_norm1 = comment("xb = rmsnorm(x) · input_layernorm: [T, DIM]");
@@ -621,30 +566,14 @@ fn weights_rs(plan: &Plan) -> TokenStream {
     // norms and biases stay f32).
     // Large weights are copied into anonymous memory at load (see resident.rs).
     let resident = c.resident_weights.then(|| quote!(.resident()?));
-    let (matrix, load_matrix, matrix_use) = match matrices(plan) {
-        Matrices::Bf16 => (
-            quote!(Bf16Tensor),
-            format_ident!("bf16"),
-            quote!(
-                use crate::bf16_tensor::Bf16Tensor;
-            ),
-        ),
-        Matrices::Q8 => (
-            quote!(Q8Tensor),
-            format_ident!("q8"),
-            quote!(
-                use crate::q8_tensor::Q8Tensor;
-            ),
-        ),
-        Matrices::F32 => (quote!(Tensor), format_ident!("f32"), quote!()),
-    };
+    let (matrix, load_matrix, matrix_use) = Matrices::of(plan).tensor();
     let name = &plan.workload.name;
     let source = if c.resident_weights {
         " is a slice of model.safetensors, which is copied into memory at load (resident.rs),"
     } else {
         " is a slice of the memory-mapped model.safetensors,"
     };
-    let copies = match matrices(plan) {
+    let copies = match Matrices::of(plan) {
         Matrices::Bf16 => {
             " except matrices the file does not hold as BF16 (converted to bfloat16 copies) and norms or biases it does not hold as F32 (widened to f32 copies)."
         }
