@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # all-MiniLM-L6-v2 sentence embeddings: the committed crates monogen generated
 # (generated/all-minilm-l6-v2-cpu-{f32,bf16,int8}) against candle-transformers' BERT (CPU, f32,
-# from crates.io), on the same weights and token ids, in one process, interleaved round by
-# round, with candle at 1 and then 2 threads (RAYON_NUM_THREADS). Each line prints a side's
-# median, its 10th and 90th percentiles, the cores it kept busy (CPU time / wall time), candle's
-# time over its time, and the largest difference between its pooled vectors and candle's.
+# from crates.io), on the same weights and token ids, each side in a process of its own, the
+# sides alternating, with candle at 1 and then 2 threads (RAYON_NUM_THREADS). Each line prints a
+# side's median, its 10th and 90th percentiles, the cores it kept busy (CPU time / wall time),
+# candle's time over its time, and the largest difference between its pooled vectors and
+# candle's.
 #
 # The harness (bench/bert_vs_candle/) is kept out of the workspace, so the test suite never
 # compiles candle; its first build takes a few minutes.

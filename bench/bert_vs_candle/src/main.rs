@@ -1,20 +1,20 @@
 //! all-MiniLM-L6-v2 sentence embeddings: the crates monogen generated for f32, bf16 and int8
 //! weights against candle-transformers' BERT (f32), on the same model file and the same token
-//! ids, in one process, interleaved round by round.
+//! ids, each side in a process of its own, the sides alternating.
 //!
-//! `bert-vs-candle MODEL_DIR [ROUNDS]`. Each case first compares every side's mean-pooled
-//! vectors with candle's, then runs `ROUNDS` rounds; a round gives each side in turn a block of
-//! [`BLOCK`] calls, back to back as a service embeds one request after another, and times all
-//! but the block's first call. It prints each side's median, 10th and 90th percentiles over
-//! every timed call, and candle's median over the side's. candle's thread count comes from
-//! RAYON_NUM_THREADS; the CPU time over wall time of each side shows how many cores it really
-//! kept busy.
+//! `bert-vs-candle MODEL_DIR [ROUNDS]`. For each case, [`REPEATS`] times over, every side in
+//! turn runs as a child process (`bert-vs-candle side NAME MODEL_DIR CASE CALLS`) that loads
+//! its model, warms up, and times calls back to back, as a service embeds one request after
+//! another: `ROUNDS / REPEATS` of them, and more until half a second has passed. The parent prints each side's median, 10th and 90th percentiles over all its
+//! calls, the cores it kept busy (CPU time over wall time), candle's median over the side's, and
+//! the largest difference between the side's pooled vectors and candle's. candle's thread count
+//! comes from RAYON_NUM_THREADS.
 //!
-//! Blocks rather than single calls: the sides share the process, and each keeps threads that
-//! spin for a while after a call (each crate's thread team, rayon's pool). Alternating single
-//! calls would time each side against the spinning threads of the side before it; a 2 ms pause
-//! before each block lets those sleep, and the untimed first call wakes the side's own.
+//! A process per side: in one process, each side's threads (a crate's thread team, rayon's
+//! pool) spin for a while after each call, and the sides' weights compete for the caches, so
+//! whichever side ran before would slow the side being timed.
 
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use all_minilm_l6_v2_cpu_bf16 as ours_bf16;
@@ -23,115 +23,150 @@ use all_minilm_l6_v2_cpu_int8 as ours_int8;
 use candle_core::{DType, Device, Tensor};
 use candle_nn::VarBuilder;
 use candle_transformers::models::bert::{BertModel, Config};
+use serde_json::{Value, json};
 
 type Result<T> = std::result::Result<T, Box<dyn std::error::Error>>;
 
-/// Calls per side per round; the first of each block is not timed.
-const BLOCK: usize = 6;
+/// Times each side's process runs per case; the sides alternate between them.
+const REPEATS: usize = 4;
 
-/// One side of the race: its name and its embedding of a batch of token ids.
-struct Side<'a> {
-    name: &'static str,
-    embed: Box<dyn FnMut(&[Vec<u32>]) -> Result<Vec<Vec<f32>>> + 'a>,
+const SIDES: [&str; 4] = ["monogen f32", "monogen bf16", "monogen int8", "candle f32"];
+
+const CASES: [&str; 3] = ["short sentence", "typical sentence", "batch of 32"];
+
+/// The sentences of a case.
+fn case(name: &str) -> Vec<String> {
+    match name {
+        "short sentence" => vec!["The cat sat on the mat.".into()],
+        "typical sentence" => vec!["The quick brown fox jumps over the lazy dog.".into()],
+        _ => (0..32)
+            .map(|i| match i % 4 {
+                0 => "A short one.".to_string(),
+                1 => "The quick brown fox jumps over the lazy dog.".to_string(),
+                2 => "Rust is a systems programming language focused on safety and speed.".to_string(),
+                _ => "Small specialized models doing narrow jobs are where a monomorphized runtime shines."
+                    .to_string(),
+            })
+            .collect(),
+    }
 }
 
 fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().collect();
-    let dir = std::path::PathBuf::from(args.get(1).ok_or("usage: bert-vs-candle MODEL_DIR [ROUNDS]")?);
-    let rounds: usize = args.get(2).map_or(Ok(40), |r| r.parse())?;
-
-    let tokenizer = ours::Tokenizer::load(&dir)?;
-    let (f32_model, bf16_model, int8_model) =
-        (ours::Model::load(&dir)?, ours_bf16::Model::load(&dir)?, ours_int8::Model::load(&dir)?);
-    let (mut f32_encoder, mut bf16_encoder, mut int8_encoder) =
-        (f32_model.encoder(), bf16_model.encoder(), int8_model.encoder());
-
-    let config: Config = serde_json::from_str(&std::fs::read_to_string(dir.join("config.json"))?)?;
-    // SAFETY: the weights file is not modified while it is mapped.
-    let vb = unsafe {
-        VarBuilder::from_mmaped_safetensors(&[dir.join("model.safetensors")], DType::F32, &Device::Cpu)?
-    };
-    let bert = BertModel::load(vb, &config)?;
-
-    let mut sides = [
-        Side { name: "monogen f32", embed: Box::new(|ids| Ok(f32_encoder.embed(ids)?)) },
-        Side { name: "monogen bf16", embed: Box::new(|ids| Ok(bf16_encoder.embed(ids)?)) },
-        Side { name: "monogen int8", embed: Box::new(|ids| Ok(int8_encoder.embed(ids)?)) },
-        Side { name: "candle f32", embed: Box::new(|ids| candle_embed(&bert, ids)) },
-    ];
-    let candle = sides.len() - 1;
-
-    let short = "The cat sat on the mat.";
-    let typical = "The quick brown fox jumps over the lazy dog.";
-    let batch: Vec<String> = (0..32)
-        .map(|i| match i % 4 {
-            0 => "A short one.".to_string(),
-            1 => typical.to_string(),
-            2 => "Rust is a systems programming language focused on safety and speed.".to_string(),
-            _ => "Small specialized models doing narrow jobs are where a monomorphized runtime shines."
-                .to_string(),
-        })
-        .collect();
-    let cases: [(&str, Vec<String>); 3] = [
-        ("short sentence", vec![short.into()]),
-        ("typical sentence", vec![typical.into()]),
-        ("batch of 32", batch),
-    ];
+    if args.get(1).map(String::as_str) == Some("side") {
+        let [name, dir, case_name, calls] = &args[2..] else {
+            return Err("usage: bert-vs-candle side NAME MODEL_DIR CASE CALLS".into());
+        };
+        return side(name, dir.as_ref(), case_name, calls.parse()?);
+    }
+    let dir = args.get(1).ok_or("usage: bert-vs-candle MODEL_DIR [ROUNDS]")?;
+    let rounds: usize = args.get(2).map_or(Ok(20), |r| r.parse())?;
+    let calls = rounds.div_ceil(REPEATS);
+    let me = std::env::current_exe()?;
+    let tokenizer = ours::Tokenizer::load(dir)?;
 
     println!(
-        "all-MiniLM-L6-v2, RAYON_NUM_THREADS={} (candle), monogen crates THREADS={}; {rounds} interleaved rounds",
+        "all-MiniLM-L6-v2, RAYON_NUM_THREADS={} (candle), monogen crates THREADS={}; each side in {REPEATS} alternating processes of at least {calls} calls and 0.5 s",
         std::env::var("RAYON_NUM_THREADS").unwrap_or_else(|_| "unset".into()),
-        ours::THREADS
+        ours::THREADS,
     );
-    for (name, texts) in &cases {
-        let ids: Vec<Vec<u32>> =
-            texts.iter().map(|t| tokenizer.encode(t)).collect::<std::result::Result<_, _>>()?;
-        let tokens: usize = ids.iter().map(Vec::len).sum();
-        let vectors: Vec<Vec<Vec<f32>>> = sides.iter_mut().map(|s| (s.embed)(&ids)).collect::<Result<_>>()?;
-        for _ in 0..3 {
-            for side in &mut sides {
-                (side.embed)(&ids)?;
-            }
-        }
-        let mut times = vec![Vec::new(); sides.len()];
-        let mut cpu = vec![Duration::ZERO; sides.len()];
-        for _ in 0..rounds {
-            for (i, side) in sides.iter_mut().enumerate() {
-                std::thread::sleep(Duration::from_millis(2));
-                (side.embed)(&ids)?;
-                for _ in 1..BLOCK {
-                    let (wall, used) = timed(|| (side.embed)(&ids).map(drop))?;
-                    times[i].push(wall);
-                    cpu[i] += used;
+    for name in CASES {
+        let mut times = vec![Vec::new(); SIDES.len()];
+        let mut cpu = vec![Duration::ZERO; SIDES.len()];
+        let mut vectors: Vec<Vec<f32>> = vec![Vec::new(); SIDES.len()];
+        for _ in 0..REPEATS {
+            for (i, side) in SIDES.iter().enumerate() {
+                let output = Command::new(&me).args(["side", side, dir, name, &calls.to_string()]).output()?;
+                if !output.status.success() {
+                    return Err(format!("{side} failed: {}", String::from_utf8_lossy(&output.stderr)).into());
                 }
+                let report: Value = serde_json::from_slice(&output.stdout)?;
+                let floats = |key: &str| -> Vec<f64> {
+                    report[key].as_array().map_or(Vec::new(), |a| a.iter().filter_map(Value::as_f64).collect())
+                };
+                times[i].extend(floats("times_ns").into_iter().map(|ns| Duration::from_nanos(ns as u64)));
+                cpu[i] += Duration::from_nanos(report["cpu_ns"].as_u64().unwrap_or(0));
+                vectors[i] = floats("vectors").into_iter().map(|v| v as f32).collect();
             }
         }
-        println!(
-            "{name} ({} sentence{}, {tokens} tokens):",
-            ids.len(),
-            if ids.len() == 1 { "" } else { "s" }
-        );
+        let texts = case(name);
+        let tokens: usize = texts.iter().map(|t| tokenizer.encode(t).map_or(0, |ids| ids.len())).sum();
+        println!("{name} ({} sentence{}, {tokens} tokens):", texts.len(), if texts.len() == 1 { "" } else { "s" });
+        let candle = SIDES.len() - 1;
         let m_candle = percentile(&times[candle], 0.5);
-        for (i, side) in sides.iter().enumerate() {
+        for (i, side) in SIDES.iter().enumerate() {
             let m = percentile(&times[i], 0.5);
             let busy = cpu[i].as_secs_f64() / times[i].iter().sum::<Duration>().as_secs_f64();
-            let diff = vectors[i]
-                .iter()
-                .flatten()
-                .zip(vectors[candle].iter().flatten())
-                .map(|(x, y)| (x - y).abs())
-                .fold(0.0f32, f32::max);
+            let diff =
+                vectors[i].iter().zip(&vectors[candle]).map(|(x, y)| (x - y).abs()).fold(0.0f32, f32::max);
             println!(
-                "  {:<13} {:>9.3} ms [{:.3}, {:.3}] {:.2} cores | candle/this {:.2}x | max abs diff from candle {diff:.1e}",
-                side.name,
+                "  {side:<13} {:>9.3} ms [{:.3}, {:.3}] {busy:.2} cores | candle/this {:.2}x | max abs diff from candle {diff:.1e}",
                 ms(m),
                 ms(percentile(&times[i], 0.1)),
                 ms(percentile(&times[i], 0.9)),
-                busy,
                 m_candle.as_secs_f64() / m.as_secs_f64(),
             );
         }
     }
+    Ok(())
+}
+
+/// A child: loads one side, embeds the case's sentences `calls` times back to back after a
+/// warm-up, and prints the times, the CPU time they took and the pooled vectors as JSON.
+fn side(name: &str, dir: &std::path::Path, case_name: &str, calls: usize) -> Result<()> {
+    let tokenizer = ours::Tokenizer::load(dir)?;
+    let ids: Vec<Vec<u32>> =
+        case(case_name).iter().map(|t| tokenizer.encode(t)).collect::<std::result::Result<_, _>>()?;
+    let (f32_model, bf16_model, int8_model, candle_model);
+    let mut embed: Box<dyn FnMut(&[Vec<u32>]) -> Result<Vec<Vec<f32>>>> = match name {
+        "monogen f32" => {
+            f32_model = ours::Model::load(dir)?;
+            let mut encoder = f32_model.encoder();
+            Box::new(move |ids| Ok(encoder.embed(ids)?))
+        }
+        "monogen bf16" => {
+            bf16_model = ours_bf16::Model::load(dir)?;
+            let mut encoder = bf16_model.encoder();
+            Box::new(move |ids| Ok(encoder.embed(ids)?))
+        }
+        "monogen int8" => {
+            int8_model = ours_int8::Model::load(dir)?;
+            let mut encoder = int8_model.encoder();
+            Box::new(move |ids| Ok(encoder.embed(ids)?))
+        }
+        "candle f32" => {
+            let config: Config = serde_json::from_str(&std::fs::read_to_string(dir.join("config.json"))?)?;
+            // SAFETY: the weights file is not modified while it is mapped.
+            let vb = unsafe {
+                VarBuilder::from_mmaped_safetensors(&[dir.join("model.safetensors")], DType::F32, &Device::Cpu)?
+            };
+            candle_model = BertModel::load(vb, &config)?;
+            let bert = &candle_model;
+            Box::new(move |ids| candle_embed(bert, ids))
+        }
+        other => return Err(format!("no side `{other}`").into()),
+    };
+    let vectors = embed(&ids)?;
+    for _ in 0..3 {
+        embed(&ids)?;
+    }
+    // At least `calls` calls and half a second, so that the CPU time (in ticks of 10 ms) is
+    // measured over many ticks.
+    let cpu_before = cpu_time();
+    let begun = Instant::now();
+    let mut times = Vec::with_capacity(calls);
+    while times.len() < calls || begun.elapsed() < Duration::from_millis(500) {
+        let start = Instant::now();
+        embed(&ids)?;
+        times.push(start.elapsed().as_nanos() as u64);
+    }
+    let cpu = cpu_time().saturating_sub(cpu_before);
+    let report = json!({
+        "times_ns": times,
+        "cpu_ns": cpu.as_nanos() as u64,
+        "vectors": vectors.concat(),
+    });
+    println!("{report}");
     Ok(())
 }
 
@@ -155,14 +190,6 @@ fn candle_embed(bert: &BertModel, batch: &[Vec<u32>]) -> Result<Vec<Vec<f32>>> {
     let mask = mask.to_dtype(DType::F32)?.unsqueeze(2)?;
     let pooled = states.broadcast_mul(&mask)?.sum(1)?.broadcast_div(&mask.sum(1)?)?;
     Ok(pooled.to_vec2()?)
-}
-
-/// Wall time and CPU time (user + system, this process) of `f`.
-fn timed(f: impl FnOnce() -> Result<()>) -> Result<(Duration, Duration)> {
-    let cpu_before = cpu_time();
-    let start = Instant::now();
-    f()?;
-    Ok((start.elapsed(), cpu_time().saturating_sub(cpu_before)))
 }
 
 /// This process's CPU time from /proc/self/stat (utime + stime, in clock ticks of 10 ms).
