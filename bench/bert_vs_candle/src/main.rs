@@ -76,13 +76,16 @@ fn main() -> Result<()> {
         let mut vectors: Vec<Vec<f32>> = vec![Vec::new(); SIDES.len()];
         for _ in 0..REPEATS {
             for (i, side) in SIDES.iter().enumerate() {
-                let output = Command::new(&me).args(["side", side, dir, name, &calls.to_string()]).output()?;
+                let output =
+                    Command::new(&me).args(["side", side, dir, name, &calls.to_string()]).output()?;
                 if !output.status.success() {
                     return Err(format!("{side} failed: {}", String::from_utf8_lossy(&output.stderr)).into());
                 }
                 let report: Value = serde_json::from_slice(&output.stdout)?;
                 let floats = |key: &str| -> Vec<f64> {
-                    report[key].as_array().map_or(Vec::new(), |a| a.iter().filter_map(Value::as_f64).collect())
+                    report[key]
+                        .as_array()
+                        .map_or(Vec::new(), |a| a.iter().filter_map(Value::as_f64).collect())
                 };
                 times[i].extend(floats("times_ns").into_iter().map(|ns| Duration::from_nanos(ns as u64)));
                 cpu[i] += Duration::from_nanos(report["cpu_ns"].as_u64().unwrap_or(0));
@@ -91,7 +94,11 @@ fn main() -> Result<()> {
         }
         let texts = case(name);
         let tokens: usize = texts.iter().map(|t| tokenizer.encode(t).map_or(0, |ids| ids.len())).sum();
-        println!("{name} ({} sentence{}, {tokens} tokens):", texts.len(), if texts.len() == 1 { "" } else { "s" });
+        println!(
+            "{name} ({} sentence{}, {tokens} tokens):",
+            texts.len(),
+            if texts.len() == 1 { "" } else { "s" }
+        );
         let candle = SIDES.len() - 1;
         let m_candle = percentile(&times[candle], 0.5);
         for (i, side) in SIDES.iter().enumerate() {
@@ -138,7 +145,11 @@ fn side(name: &str, dir: &std::path::Path, case_name: &str, calls: usize) -> Res
             let config: Config = serde_json::from_str(&std::fs::read_to_string(dir.join("config.json"))?)?;
             // SAFETY: the weights file is not modified while it is mapped.
             let vb = unsafe {
-                VarBuilder::from_mmaped_safetensors(&[dir.join("model.safetensors")], DType::F32, &Device::Cpu)?
+                VarBuilder::from_mmaped_safetensors(
+                    &[dir.join("model.safetensors")],
+                    DType::F32,
+                    &Device::Cpu,
+                )?
             };
             candle_model = BertModel::load(vb, &config)?;
             let bert = &candle_model;
