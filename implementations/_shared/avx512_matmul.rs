@@ -16,7 +16,7 @@
 //! a buffer of the calling thread, and a panel of 48 rows × 8 weight rows keeps 24
 //! accumulators whose lanes are 16 rows each: every step along K loads 3 vectors of `xᵀ` and
 //! broadcasts 8 weights for 24 fused multiply-adds, with no reduction at all. K is cut into
-//! equal chunks of at most [`K_CHUNK`] so that the chunk of `xᵀ` that every panel reads stays in L2; the
+//! equal chunks of at most [`CHUNK_BYTES`] of `xᵀ`, so that the chunk every panel reads stays in L2; the
 //! 8 weight rows of a panel stay in L1 while the panels of all the rows pass over them.
 //!
 //! The operands travel as raw pointers in a [`Product`], because the threads of one call
@@ -40,12 +40,12 @@ const LANES: usize = 16;
 /// Rows from which a product may run on transposed activations (`prepared::<true>`).
 pub const TRANSPOSED_ROWS: usize = 32;
 
-/// Most values of K per pass over the transposed activations: 1024 × 4 bytes × up to 424 rows
-/// stay within one core's 2 MiB of L2. (384 before: each extra chunk is a pass of
-/// read-modify-writes over `out`; 1024 made the 128-row prefill of stories110M's matrices 13-18%
-/// faster and a batch of 424 rows at all-MiniLM's 10% faster, in `cargo bench -p
-/// monogen-kernel-tests --bench weights`.)
-const K_CHUNK: usize = 1024;
+/// Most bytes of `xᵀ` per pass over K: well within one core's 2 MiB of L2 next to the weight
+/// rows. Each further chunk costs a pass of read-modify-writes over `out`, so the chunks are as
+/// long as this allows: K = 2048 at 128 rows in 2 chunks (it took 6 of 384 values before,
+/// and the 128-row prefill of stories110M's matrices went 13-18% faster in `cargo bench -p
+/// monogen-kernel-tests --bench weights`), K = 1536 at a 424-row batch in 4.
+const CHUNK_BYTES: usize = 768 << 10;
 
 thread_local! {
     /// `xᵀ` of the calling thread's current product, reused from call to call.
@@ -250,9 +250,10 @@ impl<W: Weight> Product<W> {
     /// The columns `cols` of every row, from `xᵀ`: K in chunks, 8 weight rows at a time.
     #[target_feature(enable = "avx512f")]
     unsafe fn columns_transposed(&self, cols: Range<usize>) {
-        // Equal chunks of at most K_CHUNK values (a short last chunk would cost a pass of
+        // Equal chunks of at most CHUNK_BYTES of xᵀ (a short last chunk would cost a pass of
         // read-modify-writes over `out` for little work).
-        let chunk_len = self.k.div_ceil(self.k.div_ceil(K_CHUNK));
+        let most = (CHUNK_BYTES / (self.rows.next_multiple_of(LANES) * 4)).max(LANES);
+        let chunk_len = self.k.div_ceil(self.k.div_ceil(most));
         let mut k0 = 0;
         while k0 < self.k {
             let chunk = k0..(k0 + chunk_len).min(self.k);
