@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # all-MiniLM-L6-v2 sentence embeddings: the committed crates monogen generated
-# (generated/all-minilm-l6-v2-cpu-{f32,bf16,int8}) against candle-transformers' BERT (CPU, f32,
-# from crates.io), on the same weights and token ids, each side in a process of its own, the
-# sides alternating, with candle at 1 and then 2 threads (RAYON_NUM_THREADS). Each line prints a
-# side's median, its 10th and 90th percentiles, the cores it kept busy (CPU time / wall time),
-# candle's time over its time, and the largest difference between its pooled vectors and
-# candle's.
+# (generated/all-minilm-l6-v2-cpu-{f32,bf16,int8}, 2 threads) and their 1-thread twins
+# (the same workloads with `threads = 1`, generated under target/bench-bert/) against
+# candle-transformers' BERT (CPU, f32, from crates.io) at RAYON_NUM_THREADS=1 and 2, on the
+# same weights and token ids, each side in a process of its own, the sides alternating. Each
+# line prints a side's median, its 10th and 90th percentiles, the cores it kept busy (CPU time
+# / wall time), candle's time at the same thread count over its time, and the largest
+# difference between its pooled vectors and candle's.
 #
 # The harness (bench/bert_vs_candle/) is kept out of the workspace, so the test suite never
 # compiles candle; its first build takes a few minutes.
@@ -21,8 +22,15 @@ for dtype in f32 bf16 int8; do
         exit 1
     }
 done
+# The 1-thread twins, which the harness's Cargo.toml finds under target/bench-bert/crates/.
+work="$PWD/target/bench-bert"
+mkdir -p "$work/crates"
+for dtype in f32 bf16 int8; do
+    name="all-minilm-l6-v2-cpu-$dtype"
+    sed -e "s/^name = \"$name\"/name = \"$name-t1\"/" -e 's/^threads = .*/threads = 1/' \
+        -e '/^hardware = /d' "workloads/$name.toml" > "$work/$name-t1.toml"
+    cargo run -q -p monogen -- build "$work/$name-t1.toml" --out "$work/crates/$name-t1" >/dev/null
+done
 export CARGO_TARGET_DIR="$PWD/target/bench-candle"
 cargo build -q --release --manifest-path bench/bert_vs_candle/Cargo.toml
-for threads in 1 2; do
-    RAYON_NUM_THREADS=$threads "$CARGO_TARGET_DIR/release/bert-vs-candle" "$models/all-minilm-l6-v2" "$rounds"
-done
+"$CARGO_TARGET_DIR/release/bert-vs-candle" "$models/all-minilm-l6-v2" "$rounds"

@@ -2,13 +2,14 @@
 //! weights against candle-transformers' BERT (f32), on the same model file and the same token
 //! ids, each side in a process of its own, the sides alternating.
 //!
-//! `bert-vs-candle MODEL_DIR [ROUNDS]`. For each case, [`REPEATS`] times over, every side in
-//! turn runs as a child process (`bert-vs-candle side NAME MODEL_DIR CASE CALLS`) that loads
+//! `bert-vs-candle MODEL_DIR [ROUNDS]`. The sides: the three crates (2 threads), their
+//! `threads = 1` twins, and candle at RAYON_NUM_THREADS=1 and 2. For each case, [`REPEATS`]
+//! times over, every side in turn runs as a child process (`bert-vs-candle side NAME MODEL_DIR
+//! CASE CALLS`) that loads
 //! its model, warms up, and times calls back to back, as a service embeds one request after
 //! another: `ROUNDS / REPEATS` of them, and more until half a second has passed. The parent prints each side's median, 10th and 90th percentiles over all its
 //! calls, the cores it kept busy (CPU time over wall time), candle's median over the side's, and
-//! the largest difference between the side's pooled vectors and candle's. candle's thread count
-//! comes from RAYON_NUM_THREADS.
+//! the largest difference between the side's pooled vectors and candle's, by thread count.
 //!
 //! A process per side: in one process, each side's threads (a crate's thread team, rayon's
 //! pool) spin for a while after each call, and the sides' weights compete for the caches, so
@@ -18,8 +19,11 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use all_minilm_l6_v2_cpu_bf16 as ours_bf16;
+use all_minilm_l6_v2_cpu_bf16_t1 as ours_bf16_t1;
 use all_minilm_l6_v2_cpu_f32 as ours;
+use all_minilm_l6_v2_cpu_f32_t1 as ours_t1;
 use all_minilm_l6_v2_cpu_int8 as ours_int8;
+use all_minilm_l6_v2_cpu_int8_t1 as ours_int8_t1;
 use candle_core::{DType, Device, Tensor};
 use candle_nn::VarBuilder;
 use candle_transformers::models::bert::{BertModel, Config};
@@ -30,7 +34,11 @@ type Result<T> = std::result::Result<T, Box<dyn std::error::Error>>;
 /// Times each side's process runs per case; the sides alternate between them.
 const REPEATS: usize = 4;
 
-const SIDES: [&str; 4] = ["monogen f32", "monogen bf16", "monogen int8", "candle f32"];
+/// The sides at each thread count; candle last.
+const SIDES: [[&str; 4]; 2] = [
+    ["monogen f32 1t", "monogen bf16 1t", "monogen int8 1t", "candle f32 1t"],
+    ["monogen f32 2t", "monogen bf16 2t", "monogen int8 2t", "candle f32 2t"],
+];
 
 const CASES: [&str; 3] = ["short sentence", "typical sentence", "batch of 32"];
 
@@ -65,17 +73,17 @@ fn main() -> Result<()> {
     let me = std::env::current_exe()?;
     let tokenizer = ours::Tokenizer::load(dir)?;
 
+    assert_eq!((ours_t1::THREADS, ours::THREADS), (1, 2), "the crates' thread counts");
     println!(
-        "all-MiniLM-L6-v2, RAYON_NUM_THREADS={} (candle), monogen crates THREADS={}; each side in {REPEATS} alternating processes of at least {calls} calls and 0.5 s",
-        std::env::var("RAYON_NUM_THREADS").unwrap_or_else(|_| "unset".into()),
-        ours::THREADS,
+        "all-MiniLM-L6-v2; each side in {REPEATS} alternating processes of at least {calls} calls and 0.5 s"
     );
+    let sides: Vec<&str> = SIDES.concat();
     for name in CASES {
-        let mut times = vec![Vec::new(); SIDES.len()];
-        let mut cpu = vec![Duration::ZERO; SIDES.len()];
-        let mut vectors: Vec<Vec<f32>> = vec![Vec::new(); SIDES.len()];
+        let mut times = vec![Vec::new(); sides.len()];
+        let mut cpu = vec![Duration::ZERO; sides.len()];
+        let mut vectors: Vec<Vec<f32>> = vec![Vec::new(); sides.len()];
         for _ in 0..REPEATS {
-            for (i, side) in SIDES.iter().enumerate() {
+            for (i, side) in sides.iter().enumerate() {
                 let output =
                     Command::new(&me).args(["side", side, dir, name, &calls.to_string()]).output()?;
                 if !output.status.success() {
@@ -99,15 +107,16 @@ fn main() -> Result<()> {
             texts.len(),
             if texts.len() == 1 { "" } else { "s" }
         );
-        let candle = SIDES.len() - 1;
-        let m_candle = percentile(&times[candle], 0.5);
-        for (i, side) in SIDES.iter().enumerate() {
+        for (i, side) in sides.iter().enumerate() {
+            // candle at the same thread count.
+            let candle = i / 4 * 4 + 3;
+            let m_candle = percentile(&times[candle], 0.5);
             let m = percentile(&times[i], 0.5);
             let busy = cpu[i].as_secs_f64() / times[i].iter().sum::<Duration>().as_secs_f64();
             let diff =
                 vectors[i].iter().zip(&vectors[candle]).map(|(x, y)| (x - y).abs()).fold(0.0f32, f32::max);
             println!(
-                "  {side:<13} {:>9.3} ms [{:.3}, {:.3}] {busy:.2} cores | candle/this {:.2}x | max abs diff from candle {diff:.1e}",
+                "  {side:<16} {:>9.3} ms [{:.3}, {:.3}] {busy:.2} cores | candle/this {:.2}x | max abs diff from candle {diff:.1e}",
                 ms(m),
                 ms(percentile(&times[i], 0.1)),
                 ms(percentile(&times[i], 0.9)),
@@ -118,30 +127,33 @@ fn main() -> Result<()> {
     Ok(())
 }
 
+/// A boxed embedding function over one of our crates, which owns its model (leaked: the child
+/// exits when done).
+macro_rules! embedder {
+    ($krate:ident, $dir:expr) => {{
+        let model: &'static $krate::Model = Box::leak(Box::new($krate::Model::load($dir)?));
+        let mut encoder = model.encoder();
+        Box::new(move |ids: &[Vec<u32>]| Ok(encoder.embed(ids)?))
+    }};
+}
+
 /// A child: loads one side, embeds the case's sentences `calls` times back to back after a
 /// warm-up, and prints the times, the CPU time they took and the pooled vectors as JSON.
 fn side(name: &str, dir: &std::path::Path, case_name: &str, calls: usize) -> Result<()> {
     let tokenizer = ours::Tokenizer::load(dir)?;
     let ids: Vec<Vec<u32>> =
         case(case_name).iter().map(|t| tokenizer.encode(t)).collect::<std::result::Result<_, _>>()?;
-    let (f32_model, bf16_model, int8_model, candle_model);
     let mut embed: Box<dyn FnMut(&[Vec<u32>]) -> Result<Vec<Vec<f32>>>> = match name {
-        "monogen f32" => {
-            f32_model = ours::Model::load(dir)?;
-            let mut encoder = f32_model.encoder();
-            Box::new(move |ids| Ok(encoder.embed(ids)?))
-        }
-        "monogen bf16" => {
-            bf16_model = ours_bf16::Model::load(dir)?;
-            let mut encoder = bf16_model.encoder();
-            Box::new(move |ids| Ok(encoder.embed(ids)?))
-        }
-        "monogen int8" => {
-            int8_model = ours_int8::Model::load(dir)?;
-            let mut encoder = int8_model.encoder();
-            Box::new(move |ids| Ok(encoder.embed(ids)?))
-        }
-        "candle f32" => {
+        "monogen f32 2t" => embedder!(ours, dir),
+        "monogen bf16 2t" => embedder!(ours_bf16, dir),
+        "monogen int8 2t" => embedder!(ours_int8, dir),
+        "monogen f32 1t" => embedder!(ours_t1, dir),
+        "monogen bf16 1t" => embedder!(ours_bf16_t1, dir),
+        "monogen int8 1t" => embedder!(ours_int8_t1, dir),
+        "candle f32 1t" | "candle f32 2t" => {
+            // rayon sizes its pool from this at its first use.
+            // SAFETY: no other thread runs yet.
+            unsafe { std::env::set_var("RAYON_NUM_THREADS", if name.ends_with("1t") { "1" } else { "2" }) };
             let config: Config = serde_json::from_str(&std::fs::read_to_string(dir.join("config.json"))?)?;
             // SAFETY: the weights file is not modified while it is mapped.
             let vb = unsafe {
@@ -151,9 +163,8 @@ fn side(name: &str, dir: &std::path::Path, case_name: &str, calls: usize) -> Res
                     &Device::Cpu,
                 )?
             };
-            candle_model = BertModel::load(vb, &config)?;
-            let bert = &candle_model;
-            Box::new(move |ids| candle_embed(bert, ids))
+            let bert = BertModel::load(vb, &config)?;
+            Box::new(move |ids| candle_embed(&bert, ids))
         }
         other => return Err(format!("no side `{other}`").into()),
     };
