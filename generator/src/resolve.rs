@@ -626,6 +626,25 @@ mod tests {
     }
 
     #[test]
+    fn the_weight_dtype_picks_the_matmul_interface_of_both_architectures() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        for (file, matmul) in [
+            ("stories260k-cpu-f32", "matmul"),
+            ("stories260k-cpu-bf16", "matmul_bf16"),
+            ("stories260k-cpu-int8", "matmul_q8"),
+            ("all-minilm-l6-v2-cpu-f32", "matmul"),
+            ("all-minilm-l6-v2-cpu-bf16", "matmul_bf16"),
+            ("all-minilm-l6-v2-cpu-int8", "matmul_q8"),
+        ] {
+            let w =
+                WorkloadSource::read(&root.join(format!("workloads/{file}.toml"))).unwrap().parse().unwrap();
+            let list = required_interfaces(&w);
+            let matmuls: Vec<_> = list.iter().filter(|i| i.starts_with("matmul")).collect();
+            assert_eq!(matmuls, [&matmul], "{file}: {list:?}");
+        }
+    }
+
+    #[test]
     fn highest_priority_compatible_wins_and_reasons_are_kept() {
         let w = workload();
         let imps = vec![

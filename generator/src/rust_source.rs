@@ -420,6 +420,17 @@ mod tests {
     }
 
     #[test]
+    fn remove_methods_drops_only_the_named_methods_of_inherent_impls() {
+        let src = "struct T;\n\nimpl T {\n    /// kept\n    fn keep(&self) {}\n\n    /// dropped\n    fn drop_me(&self) {}\n}\n\nfn drop_me() {}\n";
+        let mut file = parse_with_comments(src).unwrap();
+        remove_methods(&mut file, &["drop_me"]);
+        let out = print(&file);
+        assert!(out.contains("fn keep(&self)") && out.contains("/// kept"), "{out}");
+        assert!(!out.contains("fn drop_me(&self)") && !out.contains("dropped"), "{out}");
+        assert!(out.contains("fn drop_me() {}"), "a free function of that name stays: {out}");
+    }
+
+    #[test]
     fn keeps_own_line_comments_at_items_and_statements() {
         let src = "// about f\nfn f() -> u32 {\n    let a = 1;\n    // the answer: \"42\"\n    a + 41\n}\n";
         let out = round_trip(src);
