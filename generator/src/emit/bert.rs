@@ -678,6 +678,7 @@ fn main_rs(plan: &Plan) -> TokenStream {
         //! Command-line sentence encoding: load the model once, encode every sentence given.
 
         use std::io::{self, BufRead, Write};
+        use std::mem::ManuallyDrop;
         use std::path::PathBuf;
         use std::process::ExitCode;
         use std::time::Instant;
@@ -727,8 +728,10 @@ fn main_rs(plan: &Plan) -> TokenStream {
             if let Err(source) = std::fs::read_dir(&args.model) {
                 return Err(Error::Io { path: args.model.clone(), source });
             }
-            let model = Model::load(&args.model)?;
-            let tokenizer = Tokenizer::load(&args.model)?;
+            // The process ends when `run` returns, so the model and the tokenizer are never
+            // freed: that would only delay the exit.
+            let model = ManuallyDrop::new(Model::load(&args.model)?);
+            let tokenizer = ManuallyDrop::new(Tokenizer::load(&args.model)?);
             for warning in model.warnings() {
                 eprintln!("warning: {warning}");
             }
