@@ -113,13 +113,7 @@ fn lib_rs(plan: &Plan) -> TokenStream {
         )
     });
 
-    // In alphabetical order with the other modules.
-    let matrices = Matrices::of(plan);
-    let (bf16_mod, q8_mod) = match matrices {
-        Matrices::Bf16 => (matrices.module(), None),
-        Matrices::Q8 => (None, matrices.module()),
-        Matrices::F32 => (None, None),
-    };
+    let (bf16_mod, q8_mod) = Matrices::of(plan).modules();
 
     quote! {
         #(#![doc = #inner_doc])*

@@ -41,14 +41,21 @@ impl Matrices {
         }
     }
 
-    /// The `mod` item of that runtime file, for lib.rs.
-    pub fn module(self) -> Option<TokenStream> {
-        self.runtime_file().map(|file| {
+    /// The `mod` item of that runtime file for lib.rs, as (`bf16_tensor`, `q8_tensor`): lib.rs
+    /// lists its modules in alphabetical order, the first before `cpu`, the second after
+    /// `model`.
+    pub fn modules(self) -> (Option<TokenStream>, Option<TokenStream>) {
+        let module = self.runtime_file().map(|file| {
             let module = format_ident!("{}", file.trim_end_matches(".rs"));
             quote!(
                 mod #module;
             )
-        })
+        });
+        match self {
+            Matrices::Bf16 => (module, None),
+            Matrices::Q8 => (None, module),
+            Matrices::F32 => (None, None),
+        }
     }
 
     /// The matrix type, the `TensorFile` method that loads one, and the `use` item of the

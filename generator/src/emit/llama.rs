@@ -102,13 +102,7 @@ fn lib_rs(plan: &Plan) -> TokenStream {
     let n_eos = usize_lit(c.eos_ids.len());
     let cpu_features = &plan.cpu_features;
     let n_features = usize_lit(cpu_features.len());
-    // In alphabetical order with the other modules.
-    let matrices = Matrices::of(plan);
-    let (bf16_mod, q8_mod) = match matrices {
-        Matrices::Bf16 => (matrices.module(), None),
-        Matrices::Q8 => (None, matrices.module()),
-        Matrices::F32 => (None, None),
-    };
+    let (bf16_mod, q8_mod) = Matrices::of(plan).modules();
     let resident_mod = c.resident_weights.then(|| {
         quote!(
             mod resident;
