@@ -44,7 +44,7 @@ enum Command {
         /// Where to write the workload; standard output when omitted.
         #[arg(short, long, value_name = "FILE")]
         output: Option<PathBuf>,
-        /// Weight dtype: f32, or bf16 or int8 (blockwise, quantized at load) for LLaMA models (f16 is planned).
+        /// Weight dtype: f32, bf16, or int8 (blockwise, quantized at load); f16 is planned.
         #[arg(long, default_value = "f32", value_parser = parse_dtype)]
         dtype: Dtype,
         /// Worker threads (default: this machine's cores).

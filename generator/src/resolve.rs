@@ -576,12 +576,15 @@ fn footprint(w: &Workload, consts: &Consts) -> Footprint {
             let per_layer = 4 * (d * d + d) + 4 * d + (d * h + h) + (h * d + d);
             let embeddings = (c.vocab_size + c.max_positions + c.type_vocab_size) as u64 * d + 2 * d;
             let parameters = embeddings + c.n_layers as u64 * per_layer;
+            // Only the linear layers' weights take the workload's dtype; embeddings, biases and
+            // norms stay f32.
+            let matrices = c.n_layers as u64 * (4 * d * d + 2 * d * h);
             let rows = (c.max_batch * c.max_seq_len) as u64;
             // x, xb, q, k, v, att: [rows, DIM]; mlp: [rows, HIDDEN_DIM]; scores: [MAX_SEQ_LEN]
             let scratch = rows * (6 * d + h) + c.max_seq_len as u64;
             Footprint {
                 parameters,
-                weight_bytes: w.weights.dtype.bytes(parameters),
+                weight_bytes: w.weights.dtype.bytes(matrices) + (parameters - matrices) * f32_size,
                 kv_cache_bytes: 0,
                 scratch_bytes: scratch * f32_size,
             }
@@ -886,5 +889,23 @@ mod tests {
         // 512·64 embedding + 5 layers · (2·64 + 64·64 + 2·64·32 + 64·64 + 3·64·172) + 64
         assert_eq!(f.parameters, 32768 + 5 * (128 + 4096 + 4096 + 4096 + 33024) + 64);
         assert_eq!(f.kv_cache_bytes, 2 * 5 * 512 * 32 * 4);
+    }
+
+    #[test]
+    fn a_bert_footprint_counts_only_its_linear_layers_in_a_reduced_dtype() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let bytes = |dtype: &str| {
+            let path = root.join(format!("workloads/all-minilm-l6-v2-cpu-{dtype}.toml"));
+            let w = WorkloadSource::read(&path).unwrap().parse().unwrap();
+            let f = footprint(&w, &consts(&w));
+            (f.parameters, f.weight_bytes)
+        };
+        let (parameters, f32_bytes) = bytes("f32");
+        assert_eq!(f32_bytes, parameters * 4);
+        // 6 layers of four 384 × 384 and two 384 × 1536 matrices; the rest stays f32.
+        let matrices = 6 * (4 * 384 * 384 + 2 * 384 * 1536);
+        let rest = (parameters - matrices) * 4;
+        assert_eq!(bytes("bf16").1, matrices * 2 + rest);
+        assert_eq!(bytes("int8").1, matrices + matrices / 32 * 4 + rest);
     }
 }
