@@ -550,14 +550,20 @@ fn consts(w: &Workload) -> Consts {
 
 fn footprint(w: &Workload, consts: &Consts) -> Footprint {
     let f32_size = 4;
+    // Only the matrices take the workload's dtype; norms and biases (and a BERT's embeddings)
+    // stay f32.
+    let weight_bytes =
+        |matrices: u64, parameters: u64| w.weights.dtype.bytes(matrices) + (parameters - matrices) * f32_size;
     match consts {
         Consts::Llama(c) => {
             let (d, h, v, q, kv) =
                 (c.dim as u64, c.hidden_dim as u64, c.vocab_size as u64, c.q_dim as u64, c.kv_dim as u64);
             let biases = if c.qkv_bias { q + 2 * kv } else { 0 };
-            let per_layer = 2 * d + d * q + 2 * d * kv + q * d + 3 * d * h + biases;
+            let layer_matrices = d * q + 2 * d * kv + q * d + 3 * d * h;
+            let per_layer = layer_matrices + 2 * d + biases;
             let classifier = if c.tie_word_embeddings { 0 } else { v * d };
-            let parameters = v * d + c.n_layers as u64 * per_layer + d + classifier;
+            let matrices = v * d + c.n_layers as u64 * layer_matrices + classifier;
+            let parameters = matrices + c.n_layers as u64 * (per_layer - layer_matrices) + d;
             let chunk = c.prefill_chunk as u64;
             let kv_cache_bytes = 2 * c.n_layers as u64 * c.max_seq_len as u64 * kv * f32_size;
             // x, xb: [chunk, DIM]; q, att: [chunk, Q_DIM]; k, v: [chunk, KV_DIM]; gate, up: [chunk, HIDDEN_DIM];
@@ -565,26 +571,25 @@ fn footprint(w: &Workload, consts: &Consts) -> Footprint {
             let scratch = chunk * (2 * d + 2 * q + 2 * kv + 2 * h) + c.max_seq_len as u64 + v;
             Footprint {
                 parameters,
-                weight_bytes: w.weights.dtype.bytes(parameters),
+                weight_bytes: weight_bytes(matrices, parameters),
                 kv_cache_bytes,
                 scratch_bytes: scratch * f32_size,
             }
         }
         Consts::Bert(c) => {
             let (d, h) = (c.dim as u64, c.hidden_dim as u64);
-            // q, k, v, o with biases, two LayerNorms, the MLP with biases.
-            let per_layer = 4 * (d * d + d) + 4 * d + (d * h + h) + (h * d + d);
+            // q, k, v, o and the MLP's two matrices; their biases; two LayerNorms.
+            let layer_matrices = 4 * d * d + 2 * d * h;
+            let per_layer = layer_matrices + (4 * d + h + d) + 4 * d;
             let embeddings = (c.vocab_size + c.max_positions + c.type_vocab_size) as u64 * d + 2 * d;
             let parameters = embeddings + c.n_layers as u64 * per_layer;
-            // Only the linear layers' weights take the workload's dtype; embeddings, biases and
-            // norms stay f32.
-            let matrices = c.n_layers as u64 * (4 * d * d + 2 * d * h);
+            let matrices = c.n_layers as u64 * layer_matrices;
             let rows = (c.max_batch * c.max_seq_len) as u64;
             // x, xb, q, k, v, att: [rows, DIM]; mlp: [rows, HIDDEN_DIM]; scores: [MAX_SEQ_LEN]
             let scratch = rows * (6 * d + h) + c.max_seq_len as u64;
             Footprint {
                 parameters,
-                weight_bytes: w.weights.dtype.bytes(matrices) + (parameters - matrices) * f32_size,
+                weight_bytes: weight_bytes(matrices, parameters),
                 kv_cache_bytes: 0,
                 scratch_bytes: scratch * f32_size,
             }
@@ -889,6 +894,18 @@ mod tests {
         // 512·64 embedding + 5 layers · (2·64 + 64·64 + 2·64·32 + 64·64 + 3·64·172) + 64
         assert_eq!(f.parameters, 32768 + 5 * (128 + 4096 + 4096 + 4096 + 33024) + 64);
         assert_eq!(f.kv_cache_bytes, 2 * 5 * 512 * 32 * 4);
+    }
+
+    #[test]
+    fn a_llama_footprint_counts_its_norms_in_f32_whatever_the_dtype() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let path = root.join("workloads/stories260k-cpu-int8.toml");
+        let w = WorkloadSource::read(&path).unwrap().parse().unwrap();
+        let f = footprint(&w, &consts(&w));
+        // 2 norms of 64 per layer and the final one stay f32; every matrix is int8.
+        let norms = 5 * 128 + 64;
+        let matrices = f.parameters - norms;
+        assert_eq!(f.weight_bytes, matrices + matrices.div_ceil(32) * 4 + norms * 4);
     }
 
     #[test]

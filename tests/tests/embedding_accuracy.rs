@@ -52,6 +52,16 @@ macro_rules! vectors {
     }};
 }
 
+/// What a reduced-precision crate must keep of f32's vectors.
+struct Limits {
+    /// Each sentence's vector against f32's (and against the reference's): their cosine.
+    min_cosine: f32,
+    /// Any pairwise cosine (and the reference's cosine matrix): how far it may move.
+    max_cosine_shift: f32,
+    /// The share of similarity orderings (one sentence as the query, two others ranked) kept.
+    min_orderings_kept: f64,
+}
+
 /// Compares `got` (one reduced-precision crate's vectors) with the f32 crate's and with the
 /// reference; asserts the limits and prints the figures.
 fn assert_close(
@@ -60,30 +70,30 @@ fn assert_close(
     want: &(Vec<Vec<f32>>, Vec<Vec<f32>>),
     reference: &[Vec<f32>],
     reference_cosines: &serde_json::Value,
-    min_cosine: f32,
-    max_cosine_shift: f32,
+    limits: Limits,
 ) {
+    let Limits { min_cosine, max_cosine_shift, min_orderings_kept } = limits;
     // Each sentence's vector against f32's: their cosine (both are unit vectors).
     let to_f32: Vec<f32> = got.0.iter().zip(&want.0).map(|(a, b)| dot(a, b)).collect();
     let worst = to_f32.iter().copied().fold(1.0f32, f32::min);
     let mean = to_f32.iter().sum::<f32>() / to_f32.len() as f32;
     // Every pair's cosine, which is what a search ranks by, against f32's.
     let n = SENTENCES.len();
-    let mut shift = 0.0f32;
-    let mut order_kept = 0;
-    let mut pairs = 0;
+    let cosines = |v: &[Vec<f32>]| -> Vec<Vec<f32>> {
+        (0..n).map(|i| (0..n).map(|j| dot(&v[i], &v[j])).collect()).collect()
+    };
+    let (g, w) = (cosines(&got.0), cosines(&want.0));
+    let shift = (0..n)
+        .flat_map(|i| (0..n).map(move |j| (i, j)))
+        .fold(0.0f32, |m, (i, j)| m.max((g[i][j] - w[i][j]).abs()));
+    // With each sentence as the query, does every two others keep their order? (f32's near
+    // ties, within 1e-3, may go either way.)
+    let (mut order_kept, mut orderings) = (0, 0);
     for i in 0..n {
-        for j in i + 1..n {
-            let (g, w) = (dot(&got.0[i], &got.0[j]), dot(&want.0[i], &want.0[j]));
-            shift = shift.max((g - w).abs());
-            // Against every other sentence j2 for the same i: does the order of j and j2 hold?
-            for j2 in j + 1..n {
-                if j2 == i {
-                    continue;
-                }
-                let (g2, w2) = (dot(&got.0[i], &got.0[j2]), dot(&want.0[i], &want.0[j2]));
-                pairs += 1;
-                if (g > g2) == (w > w2) || (w - w2).abs() < 1e-3 {
+        for j in (0..n).filter(|&j| j != i) {
+            for k in (j + 1..n).filter(|&k| k != i) {
+                orderings += 1;
+                if (g[i][j] > g[i][k]) == (w[i][j] > w[i][k]) || (w[i][j] - w[i][k]).abs() < 1e-3 {
                     order_kept += 1;
                 }
             }
@@ -91,7 +101,11 @@ fn assert_close(
     }
     eprintln!(
         "{what}: cosine to f32 worst {worst:.5} mean {mean:.5}; pairwise cosines move by at most {shift:.4}; \
-         {order_kept} of {pairs} orderings kept"
+         {order_kept} of {orderings} orderings kept"
+    );
+    assert!(
+        order_kept as f64 >= min_orderings_kept * orderings as f64,
+        "{what}: {order_kept} of {orderings} similarity orderings kept (limit {min_orderings_kept})"
     );
     assert!(worst >= min_cosine, "{what}: a vector's cosine to f32's is {worst} (limit {min_cosine})");
     assert!(
@@ -127,8 +141,7 @@ fn bf16_and_int8_vectors_stay_close_to_f32_and_the_reference() {
         &want,
         &reference,
         &json["cosine"],
-        0.999,
-        0.01,
+        Limits { min_cosine: 0.999, max_cosine_shift: 0.01, min_orderings_kept: 0.999 },
     );
     assert_close(
         "int8",
@@ -136,7 +149,6 @@ fn bf16_and_int8_vectors_stay_close_to_f32_and_the_reference() {
         &want,
         &reference,
         &json["cosine"],
-        0.99,
-        0.02,
+        Limits { min_cosine: 0.99, max_cosine_shift: 0.02, min_orderings_kept: 0.98 },
     );
 }
