@@ -108,8 +108,9 @@ fn main() -> Result<()> {
             if texts.len() == 1 { "" } else { "s" }
         );
         for (i, side) in sides.iter().enumerate() {
-            // candle at the same thread count.
-            let candle = i / 4 * 4 + 3;
+            // candle at the same thread count: the last side of this side's row of SIDES.
+            let row = SIDES[0].len();
+            let candle = i / row * row + row - 1;
             let m_candle = percentile(&times[candle], 0.5);
             let m = percentile(&times[i], 0.5);
             let busy = cpu[i].as_secs_f64() / times[i].iter().sum::<Duration>().as_secs_f64();
