@@ -8,7 +8,10 @@
 //! every step of 16 along K loads 8 vectors for 16 fused multiply-adds, which keeps both FMA
 //! units busy. At the end of K one transposing reduction tree turns the 16 accumulators into
 //! one vector of the tile's 16 results. K that is not a multiple of 16 ends with masked loads;
-//! rows left over after the 4-row tiles take 3-, 2- or 1-row tiles.
+//! rows left over after the 4-row tiles take 3-, 2- or 1-row tiles. With a few rows (an
+//! encoder's sentence), K is cut into chunks of at most [`DOT_CHUNK`] values, the tiles of a
+//! chunk adding to `out`, so that the activation rows and the weight rows of a block stay in
+//! L1 together.
 //!
 //! From [`TRANSPOSED_ROWS`] rows on (a prefill), dot products spend a reduction on every 16
 //! results, so the panel implementations run on the activations transposed instead:
@@ -46,6 +49,14 @@ pub const TRANSPOSED_ROWS: usize = 32;
 /// and the 128-row prefill of stories110M's matrices went 13-18% faster in `cargo bench -p
 /// monogen-kernel-tests --bench weights`), K = 1536 at a 424-row batch in 4.
 const CHUNK_BYTES: usize = 768 << 10;
+
+/// Most values of K per pass of the dot-product tiles over 2 to 31 rows. A 4-row tile over K =
+/// 1536 reads 24 KiB of activations and 24 KiB of weights, L1's whole 48 KiB, so the next
+/// tile found neither there; in chunks of 384 both fit. all-MiniLM's down projection at 9
+/// rows went from 645-667 to 490-530 µs of the main thread per sentence (chunks of 256: 503-515, of 768:
+/// 599-609; cutting K = 384 in two cost 17%), and bf16's whole sentence from 1.52-1.55 to
+/// 1.44-1.48 ms.
+const DOT_CHUNK: usize = 384;
 
 thread_local! {
     /// `xᵀ` of the calling thread's current product, reused from call to call.
@@ -218,32 +229,52 @@ impl<W: Weight> Product<W> {
             unsafe { self.columns_transposed(cols) };
             return;
         }
-        let mut j = cols.start;
-        while j + 8 <= cols.end {
-            if self.rows == 1 {
+        if self.rows == 1 {
+            let mut j = cols.start;
+            while j + 8 <= cols.end {
                 // A decode step streams its weights once: the hardware prefetcher keeps up
                 // with the 8 rows of a tile better without software prefetches taking L1
                 // fill buffers (measured: 31.5 against 28.1 GB/s over 1 GiB on two threads).
                 // SAFETY: the columns and the row are in range (the caller's contract).
-                unsafe { self.tile::<1, 8>(0, j, W::PREFETCH_DECODE) };
-            } else {
-                // SAFETY: as above.
-                unsafe {
-                    self.all_rows::<4>(j);
-                    self.all_rows::<4>(j + 4);
-                }
+                unsafe { self.tile::<1, 8>(0, j, 0..self.k, W::PREFETCH_DECODE) };
+                j += 8;
             }
-            j += 8;
+            if j + 4 <= cols.end {
+                // SAFETY: as above.
+                unsafe { self.tile::<1, 4>(0, j, 0..self.k, false) };
+                j += 4;
+            }
+            while j < cols.end {
+                // SAFETY: as above.
+                unsafe { self.tile::<1, 1>(0, j, 0..self.k, false) };
+                j += 1;
+            }
+            return;
         }
-        if j + 4 <= cols.end {
-            // SAFETY: as above.
-            unsafe { self.all_rows::<4>(j) };
-            j += 4;
-        }
-        while j < cols.end {
-            // SAFETY: as above.
-            unsafe { self.all_rows::<1>(j) };
-            j += 1;
+        // Equal chunks of K, each a whole number of 16-value steps but the last. Many rows
+        // read their activations from L2 whatever the chunks, and each chunk costs the tiles
+        // a reduction and `out` a pass: a 128-row prefill of stories110M's bf16 matrices went
+        // from 183-189 to 166-176 GFLOP/s in chunks of 384.
+        let chunk_len = if self.rows < TRANSPOSED_ROWS {
+            self.k.div_ceil(self.k.div_ceil(DOT_CHUNK)).next_multiple_of(LANES)
+        } else {
+            self.k
+        };
+        let mut k0 = 0;
+        while k0 < self.k {
+            let ks = k0..(k0 + chunk_len).min(self.k);
+            let mut j = cols.start;
+            while j + 4 <= cols.end {
+                // SAFETY: the columns and the chunk are in range (the caller's contract).
+                unsafe { self.all_rows::<4>(j, ks.clone()) };
+                j += 4;
+            }
+            while j < cols.end {
+                // SAFETY: as above.
+                unsafe { self.all_rows::<1>(j, ks.clone()) };
+                j += 1;
+            }
+            k0 = ks.end;
         }
     }
 
@@ -341,41 +372,52 @@ impl<W: Weight> Product<W> {
         }
     }
 
-    /// Columns `j..j + C` of every row: 4-row tiles, then one smaller tile for the rest. The
-    /// first tile also prefetches the weight rows 8 further on, which the next block needs.
+    /// Columns `j..j + C` of every row over the values `ks` of K: 4-row tiles, then one
+    /// smaller tile for the rest. The first tile also prefetches the next block's weight rows.
     #[inline]
     #[target_feature(enable = "avx512f")]
-    unsafe fn all_rows<const C: usize>(&self, j: usize) {
+    unsafe fn all_rows<const C: usize>(&self, j: usize, ks: Range<usize>) {
         let mut r = 0;
         while r + 4 <= self.rows {
-            // SAFETY: rows `r..r + 4` and the columns are in range.
-            unsafe { self.tile::<4, C>(r, j, r == 0) };
+            // SAFETY: rows `r..r + 4`, the columns and the chunk are in range.
+            unsafe { self.tile::<4, C>(r, j, ks.clone(), r == 0) };
             r += 4;
         }
         // SAFETY: as above, for the rows that are left.
         match self.rows - r {
-            3 => unsafe { self.tile::<3, C>(r, j, r == 0) },
-            2 => unsafe { self.tile::<2, C>(r, j, r == 0) },
-            1 => unsafe { self.tile::<1, C>(r, j, r == 0) },
+            3 => unsafe { self.tile::<3, C>(r, j, ks, r == 0) },
+            2 => unsafe { self.tile::<2, C>(r, j, ks, r == 0) },
+            1 => unsafe { self.tile::<1, C>(r, j, ks, r == 0) },
             _ => {}
         }
     }
 
-    /// The `R × C` block of `out` at row `r`, column `j` (`R · C ≤ 16`). With `prefetch`, each
-    /// step along K also asks for the same cache line of the weight rows 8 further on: the
+    /// The `R × C` block of `out` at row `r`, column `j` (`R · C ≤ 16`) over the values `ks`
+    /// of K, added to `out` unless `ks` starts at 0. With `prefetch`, each step along K also
+    /// asks for the same cache line of the next block's weight rows (`C` further on): the
     /// hardware prefetcher alone leaves a block of rows waiting on memory when several
-    /// activation rows share it.
+    /// activation rows share it. With several rows, that block is the next one their tiles
+    /// read; 8 rows ahead, then 12, 16, 32 and 64, were each slower at all-MiniLM's 9 rows
+    /// (its matrices of K = 384 took 455, 505, 510, 530 and 570 µs per sentence against 445).
     #[inline]
     #[target_feature(enable = "avx512f")]
-    unsafe fn tile<const R: usize, const C: usize>(&self, r: usize, j: usize, prefetch: bool) {
+    unsafe fn tile<const R: usize, const C: usize>(
+        &self,
+        r: usize,
+        j: usize,
+        ks: Range<usize>,
+        prefetch: bool,
+    ) {
         let k = self.k;
+        let first = ks.start == 0;
+        let end = ks.end;
         let mut acc = [[_mm512_setzero_ps(); C]; R];
         // SAFETY (every pointer below): rows `r..r + R` of x and `j..j + C` of w hold `k`
         // values each, and the loads read at most up to the end of a row.
         let xs: [*const f32; R] = std::array::from_fn(|i| unsafe { self.x.add((r + i) * k) });
         let ws: [*const W; C] = std::array::from_fn(|c| unsafe { self.w.add((j + c) * k) });
-        let mut at = 0;
-        while at + LANES <= k {
+        let mut at = ks.start;
+        while at + LANES <= end {
             let mut xv = [_mm512_setzero_ps(); R];
             for i in 0..R {
                 xv[i] = unsafe { _mm512_loadu_ps(xs[i].add(at)) };
@@ -389,19 +431,19 @@ impl<W: Weight> Product<W> {
             if prefetch {
                 for w in ws {
                     // A prefetch never faults, even past the end of the weights.
-                    _mm_prefetch::<_MM_HINT_T0>(w.wrapping_add(8 * k + at).cast());
+                    _mm_prefetch::<_MM_HINT_T0>(w.wrapping_add(C * k + at).cast());
                 }
             }
             at += LANES;
         }
-        if at < k {
-            let mask: __mmask16 = (1u16 << (k - at)) - 1;
+        if at < end {
+            let mask: __mmask16 = (1u16 << (end - at)) - 1;
             let mut xv = [_mm512_setzero_ps(); R];
             for i in 0..R {
                 xv[i] = unsafe { _mm512_maskz_loadu_ps(mask, xs[i].add(at)) };
             }
             for c in 0..C {
-                let wv = unsafe { W::load_first(ws[c].add(at), k - at) };
+                let wv = unsafe { W::load_first(ws[c].add(at), end - at) };
                 for i in 0..R {
                     acc[i][c] = _mm512_fmadd_ps(xv[i], wv, acc[i][c]);
                 }
@@ -420,7 +462,8 @@ impl<W: Weight> Product<W> {
             for c in 0..C {
                 // SAFETY: row `r + i`, column `j + c` of `out` is in range and in this
                 // thread's columns.
-                unsafe { *self.out.add((r + i) * self.n + j + c) = sums[i * C + c] };
+                let out = unsafe { &mut *self.out.add((r + i) * self.n + j + c) };
+                *out = if first { sums[i * C + c] } else { *out + sums[i * C + c] };
             }
         }
     }

@@ -76,7 +76,7 @@ macro_rules! conform_matmul {
     ($candidate:ident, $reference:ident) => {
         $crate::conform_matmul!(@shapes $candidate, $reference,
             (1, 1) (1, 172) (5, 3) (5, 64) (32, 17) (32, 64) (33, 61) (33, 8)
-            (64, 172) (172, 64) (512, 3) (512, 64) (8, 16) (3, 7) (384, 384) (100, 1000));
+            (64, 172) (172, 64) (512, 3) (512, 64) (8, 16) (3, 7) (384, 384) (100, 1000) (40, 1536));
     };
     (@shapes $candidate:ident, $reference:ident, $(($n:literal, $k:literal))*) => {
         $(
@@ -116,7 +116,7 @@ macro_rules! conform_matmul_bf16 {
     ($candidate:ident, $reference:ident) => {
         $crate::conform_matmul_bf16!(@shapes $candidate, $reference,
             (1, 1) (1, 172) (5, 3) (5, 64) (32, 17) (33, 61) (64, 172) (172, 64) (512, 64) (3, 7)
-            (384, 384) (100, 1000));
+            (384, 384) (100, 1000) (40, 1536));
     };
     (@shapes $candidate:ident, $reference:ident, $(($n:literal, $k:literal))*) => {
         $(
