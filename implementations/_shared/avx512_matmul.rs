@@ -393,7 +393,7 @@ impl<W: Weight> Product<W> {
     ///
     /// The first tile used to ask for all of them. It then waited on memory while the later
     /// tiles, reading the block from L1, left memory idle: all-MiniLM's sentence of 9 rows (3
-    /// tiles) went from 1.60-1.71 to 1.47-1.60 ms with the prefetches shared, 12 rows from
+    /// tiles) went from 1.64-1.71 to 1.52-1.60 ms with the prefetches shared, 12 rows from
     /// 1.85 to 1.69, 28 rows from 4.94 to 4.63; 5 and 8 rows (2 tiles) did not change.
     #[inline]
     #[target_feature(enable = "avx512f")]
