@@ -140,6 +140,16 @@ fn a_tokenizer_larger_than_the_vocabulary_or_broken_is_refused() {
     assert!(matches!(e, Error::VocabularyMismatch { largest: 512.., expected: 512, .. }), "{e}");
     assert!(e.to_string().contains("but the model's vocabulary has 512 rows"), "{e}");
 
+    // A vocabulary whose ids are not 0..n is checked token by token: id 300 moved to 700.
+    let mut gapped: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(source.join("tokenizer.json")).unwrap()).unwrap();
+    let vocab = gapped["model"]["vocab"].as_object_mut().unwrap();
+    let moved = vocab.iter().find(|(_, id)| id.as_u64() == Some(300)).unwrap().0.clone();
+    vocab.insert(moved, json!(700));
+    std::fs::write(dir.path().join("tokenizer.json"), gapped.to_string()).unwrap();
+    let e = Tokenizer::load(dir.path()).err().unwrap();
+    assert!(matches!(e, Error::VocabularyMismatch { largest: 700, expected: 512, .. }), "{e}");
+
     std::fs::write(dir.path().join("tokenizer.json"), "{ not json").unwrap();
     let e = Tokenizer::load(dir.path()).err().unwrap();
     assert!(matches!(e, Error::Tokenizer { .. }) && e.to_string().contains("tokenizer.json"), "{e}");
