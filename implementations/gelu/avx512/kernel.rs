@@ -3,12 +3,15 @@
 //! The formula of `gelu/avx2-fma`: with z = |x| / √2, erfc(z) ≈ t · (a₁ + t · (a₂ + t · (a₃ +
 //! t · (a₄ + t · a₅)))) · e^(−z²), t = 1 / (1 + p · z) (Abramowitz & Stegun 7.1.26, absolute
 //! error below 1.5e-7); GELU(x) = x · (1 − erfc(z) / 2) for x ≥ 0 and x · erfc(z) / 2 for
-//! x < 0. Two instructions of AVX-512 replace the slow ones of the AVX2 version: t is the
-//! 14-bit reciprocal estimate `vrcp14ps` refined by one Newton step (relative error about
-//! 1e-8, where a division takes 16 cycles per vector), and e^(−z²) scales its polynomial by
-//! 2^n with `vscalefps`, which also flushes the far tail (z² beyond 87) to zero.
+//! x < 0. t is the 14-bit reciprocal estimate `vrcp14ps` refined by one Newton step
+//! (relative error about 1e-8), where the AVX2 version divides, and e^(−z²) is the shared
+//! AVX-512 exp of `avx512_math`, which scales by 2^n with `vscalefps`. Past z² = 87.3 that exp
+//! gives about 1e-38 rather than 0, so GELU's far negative tail is a tiny negative number
+//! (below 1e-36 for |x| up to 100) where f64 gives −0.
 
 use std::arch::x86_64::*;
+
+use super::shared::avx512_math::exp;
 
 /// The f32 lanes of an AVX-512 register.
 const LANES: usize = 16;
@@ -53,41 +56,12 @@ fn gelu16(v: __m512) -> __m512 {
         poly = _mm512_fmadd_ps(poly, t, _mm512_set1_ps(a));
     }
     poly = _mm512_mul_ps(poly, t);
-    let half_erfc =
-        _mm512_mul_ps(_mm512_mul_ps(poly, exp_negative(_mm512_mul_ps(z, z))), _mm512_set1_ps(0.5));
+    let half_erfc = _mm512_mul_ps(
+        _mm512_mul_ps(poly, exp(_mm512_sub_ps(_mm512_setzero_ps(), _mm512_mul_ps(z, z)))),
+        _mm512_set1_ps(0.5),
+    );
     // x ≥ 0: 1 − erfc/2; x < 0: erfc/2.
     let negative = _mm512_cmp_ps_mask::<_CMP_LT_OQ>(v, _mm512_setzero_ps());
     let factor = _mm512_mask_blend_ps(negative, _mm512_sub_ps(_mm512_set1_ps(1.0), half_erfc), half_erfc);
     _mm512_mul_ps(v, factor)
-}
-
-/// e^(−y) for y ≥ 0 (NaN stays NaN): Cephes' minimax polynomial of `avx2_math::exp` on the
-/// remainder of y against multiples of ln 2, scaled by 2^n with `vscalefps`. Beyond y = 87.3
-/// the result is 0 or a subnormal that `vscalefps` rounds, which GELU then multiplies by a
-/// tiny polynomial: the far tail of the negative side comes out as −0 or a subnormal, as
-/// f32 has it.
-#[inline]
-#[target_feature(enable = "avx512f")]
-fn exp_negative(y: __m512) -> __m512 {
-    // ln 2 = LN2_HIGH + LN2_LOW, where LN2_HIGH has few enough bits that n · LN2_HIGH is exact.
-    const LN2_HIGH: f32 = 355.0 / 512.0;
-    const LN2_LOW: f32 = -2.121_944_4e-4;
-    // Cephes' minimax coefficients of (e^r − 1 − r) / r², highest degree first.
-    const C: [f32; 6] = [1.987_569_1e-4, 1.398_199_9e-3, 8.333_452e-3, 4.166_579_6e-2, 1.666_666_6e-1, 5e-1];
-    // Past 104, e^(−y) is below the least subnormal; the clamp keeps n in range (with y
-    // second, a NaN passes through).
-    let x = _mm512_sub_ps(_mm512_setzero_ps(), _mm512_min_ps(_mm512_set1_ps(104.0), y));
-    let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm512_mul_ps(
-        x,
-        _mm512_set1_ps(std::f32::consts::LOG2_E),
-    ));
-    let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(LN2_HIGH), x);
-    let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(LN2_LOW), r);
-    // e^r = 1 + r + r² · p(r)
-    let mut p = _mm512_set1_ps(C[0]);
-    for &c in &C[1..] {
-        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(c));
-    }
-    let e_r = _mm512_add_ps(_mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r), _mm512_set1_ps(1.0));
-    _mm512_scalef_ps(e_r, n)
 }
