@@ -6,6 +6,10 @@ use std::arch::x86_64::*;
 /// e^x in every lane (Cephes' single-precision polynomial, within 2 ulp; −∞, NaN and values
 /// below −87.3 give about 1e-38, which callers mask or scale away): x = n·ln 2 + r with
 /// |r| ≤ ln 2 / 2, e^r by a degree-6 polynomial, then scaled by 2^n with `vscalefps`.
+///
+/// # Safety
+///
+/// Only on a CPU with AVX-512F: callable without `unsafe` from functions that enable it.
 #[inline]
 #[target_feature(enable = "avx512f")]
 pub fn exp(x: __m512) -> __m512 {
