@@ -49,8 +49,8 @@ pub(crate) fn dot_f64(a: &[f32], b: &[f32]) -> f64 {
     a.iter().zip(b).map(|(&x, &y)| f64::from(x) * f64::from(y)).sum()
 }
 
-/// Checks a `matmul` at `N`, `K` for rows 1, 2, 7 and 32. The tolerance grows with K beyond
-/// 64, as the rounding of a dot product does.
+/// Checks a `matmul` at `N`, `K` for rows 1, 2, 7, 9 (a 1-row tile after two of 4), 32 and 100. The
+/// tolerance grows with K beyond 64, as the rounding of a dot product does.
 pub fn matmul<const N: usize, const K: usize>(
     candidate: impl Fn(&mut [f32], &[f32], &[f32], usize),
     reference: impl Fn(&mut [f32], &[f32], &[f32], usize),
@@ -58,7 +58,7 @@ pub fn matmul<const N: usize, const K: usize>(
     let mut rng = Rng::for_shape(&[N, K]);
     let tolerance = TOLERANCE * (K as f32 / 64.0).max(1.0);
     let w = rng.vec(N * K, 1.0);
-    for rows in [1, 2, 7, 32, 100] {
+    for rows in [1, 2, 7, 9, 32, 100] {
         let x = rng.vec(rows * K, 1.0);
         let what = format!("matmul N={N} K={K} rows={rows}");
         let got = output_of(rows * N, |out| candidate(out, &x, &w, rows));
@@ -98,7 +98,7 @@ pub fn matmul_bf16<const N: usize, const K: usize>(
     let tolerance = TOLERANCE * (K as f32 / 64.0).max(1.0);
     let w: Vec<u16> = rng.vec(N * K, 1.0).iter().map(|v| (v.to_bits() >> 16) as u16).collect();
     let widened: Vec<f32> = w.iter().map(|&b| f32::from_bits(u32::from(b) << 16)).collect();
-    for rows in [1, 2, 7, 32, 100] {
+    for rows in [1, 2, 7, 9, 32, 100] {
         let x = rng.vec(rows * K, 1.0);
         let what = format!("matmul_bf16 N={N} K={K} rows={rows}");
         let got = output_of(rows * N, |out| candidate(out, &x, &w, rows));
