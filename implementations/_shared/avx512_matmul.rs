@@ -53,9 +53,9 @@ const CHUNK_BYTES: usize = 768 << 10;
 /// Most values of K per pass of the dot-product tiles over 2 to 31 rows. A 4-row tile over K =
 /// 1536 reads 24 KiB of activations and 24 KiB of weights, L1's whole 48 KiB, so the next
 /// tile found neither there; in chunks of 384 both fit. all-MiniLM's down projection at 9
-/// rows went from 645-667 to 490-530 µs of the main thread per sentence (chunks of 256: 503-515, of 768:
-/// 599-609; cutting K = 384 in two cost 17%), and bf16's whole sentence from 1.52-1.55 to
-/// 1.44-1.48 ms.
+/// rows went from 645-667 to 490-530 µs of the calling thread per sentence (chunks of 256:
+/// 503-515, of 768: 599-609; cutting K = 384 in two cost 17%), and bf16's whole sentence
+/// from 1.52-1.55 to 1.44-1.48 ms.
 const DOT_CHUNK: usize = 384;
 
 thread_local! {
@@ -470,20 +470,20 @@ impl<W: Weight> Product<W> {
                 at += LANES;
             };
         }
-        let mut odd = [[_mm512_setzero_ps(); C]; R];
         if R * C < 8 {
+            let mut odd = [[_mm512_setzero_ps(); C]; R];
             while at + 2 * LANES <= end {
                 step!(acc);
                 step!(odd);
             }
+            for i in 0..R {
+                for c in 0..C {
+                    acc[i][c] = _mm512_add_ps(acc[i][c], odd[i][c]);
+                }
+            }
         }
         while at + LANES <= end {
             step!(acc);
-        }
-        for i in 0..R {
-            for c in 0..C {
-                acc[i][c] = _mm512_add_ps(acc[i][c], odd[i][c]);
-            }
         }
         if at < end {
             let mask: __mmask16 = (1u16 << (end - at)) - 1;
