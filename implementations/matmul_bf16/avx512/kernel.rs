@@ -1,6 +1,8 @@
 //! Matrix product `out = x · wᵀ` with bfloat16 weights and AVX-512F on the calling thread: the
 //! product of `shared/avx512_matmul.rs` (whose documentation describes it) over `u16` weights,
-//! each 16 of them widened to f32 in a register as they load.
+//! widened to f32 in registers 32 at a time as they load: the even ones by a shift, the odd
+//! ones by a mask, each multiplied with the matching half of the activations, paired once per
+//! call.
 
 use super::shared::avx512_matmul::Product;
 
