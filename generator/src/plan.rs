@@ -107,6 +107,8 @@ pub struct Chosen {
     pub shared: Vec<String>,
     /// Crates its kernel uses, which the generated crate then depends on.
     pub dependencies: Vec<String>,
+    /// Whether its kernel reads weights that its `pack` rewrote at load.
+    pub packs_weights: bool,
     /// Why it won, in one sentence, with the evidence (for `explain`).
     pub reason: String,
     /// Why it won in words that do not change when the same ranking is measured again (for

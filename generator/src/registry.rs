@@ -60,6 +60,9 @@ pub struct Interface {
     pub reference: String,
     pub functions: Vec<FnDecl>,
     pub types: Vec<TypeDecl>,
+    /// The function that an implementation which reads its weights in a layout of its own
+    /// (`packs_weights = true`) exposes besides `functions`, to rewrite them once at load.
+    pub packing: Option<FnDecl>,
     /// Path relative to the project root.
     pub path: PathBuf,
 }
@@ -91,6 +94,8 @@ struct InterfaceFile {
     functions: Vec<FnDecl>,
     #[serde(default)]
     types: Vec<TypeDecl>,
+    #[serde(default)]
+    packing: Option<FnDecl>,
 }
 
 /// One implementation of an interface.
@@ -106,6 +111,9 @@ pub struct Implementation {
     /// Crates the kernel uses (`use gemm::...`), by their names in
     /// `templates/dependencies.toml`; a crate that chooses the implementation depends on them.
     pub dependencies: Vec<String>,
+    /// Whether the kernel reads its weights in a layout of its own, which its interface's
+    /// packing function (also in the kernel) writes once at load.
+    pub packs_weights: bool,
     pub constraints: Constraints,
     /// Folder relative to the project root.
     pub dir: PathBuf,
@@ -177,6 +185,8 @@ struct ManifestFile {
     shared: Vec<String>,
     #[serde(default)]
     dependencies: Vec<String>,
+    #[serde(default)]
+    packs_weights: bool,
     #[serde(default)]
     constraints: Constraints,
 }
@@ -359,7 +369,7 @@ fn load_interfaces(root: &Path, problems: &mut Vec<Diagnostic>) -> BTreeMap<Stri
             continue;
         }
         let mut ok = true;
-        for f in &file.functions {
+        for f in file.functions.iter().chain(&file.packing) {
             if let Err(e) = parse_fn_decl(&f.signature) {
                 problems.push(
                     Diagnostic::new(format!("interface `{}`: signature does not parse: {e}", file.name))
@@ -402,6 +412,7 @@ fn load_interfaces(root: &Path, problems: &mut Vec<Diagnostic>) -> BTreeMap<Stri
                     reference: file.reference,
                     functions: file.functions,
                     types: file.types,
+                    packing: file.packing,
                     path: rel,
                 },
             );
@@ -537,9 +548,26 @@ fn load_implementation(
     let rel_kernel = rel_dir.join(KERNEL_FILE);
     let source = read_text(root, &kernel_path, problems)?;
     if let Some(interface) = interfaces.get(&m.interface) {
+        // A packing kernel exposes the interface's packing function as well.
+        let mut interface = interface.clone();
+        if m.packs_weights {
+            match interface.packing.take() {
+                Some(packing) => interface.functions.push(packing),
+                None => problems.push(
+                    diag(
+                        format!(
+                            "`packs_weights`, but interface `{}` declares no packing function",
+                            m.interface
+                        ),
+                        &["packs_weights"],
+                    )
+                    .hint("only interfaces with a `[packing]` table let implementations pack their weights"),
+                ),
+            }
+        }
         match rust_source::parse_with_comments(&source) {
             Ok(file) => {
-                problems.extend(check_against_interface(&file, interface, &rel_kernel, &source));
+                problems.extend(check_against_interface(&file, &interface, &rel_kernel, &source));
                 problems.extend(check_target_features(
                     &file,
                     &m.constraints.cpu_features,
@@ -563,6 +591,7 @@ fn load_implementation(
         shadows: m.shadows,
         shared: m.shared,
         dependencies: m.dependencies,
+        packs_weights: m.packs_weights,
         constraints: m.constraints,
         dir: rel_dir,
         source,
@@ -841,6 +870,7 @@ mod tests {
                 doc: String::new(),
             }],
             types: vec![],
+            packing: None,
             path: "interfaces/matmul.toml".into(),
         }
     }
@@ -912,6 +942,7 @@ mod tests {
             shadows: shadows.iter().map(|s| s.to_string()).collect(),
             shared: vec![],
             dependencies: vec![],
+            packs_weights: false,
             constraints: Constraints::default(),
             dir: PathBuf::new(),
             source: Arc::from(""),

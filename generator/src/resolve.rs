@@ -236,9 +236,11 @@ pub fn resolve(
     let mut consts = consts(w);
     let footprint = footprint(w, &consts);
     if let Consts::Llama(c) = &mut consts {
-        // Int8 matrices are quantized copies in anonymous memory already.
+        // Int8 matrices are quantized copies in anonymous memory already, and so are the
+        // matrices of a matmul that packs its weights.
+        let packed = interfaces.iter().any(|i| i.interface == "matmul" && i.chosen.packs_weights);
         c.resident_weights =
-            w.weights.dtype != Dtype::Int8 && footprint.weight_bytes >= RESIDENT_WEIGHT_BYTES;
+            w.weights.dtype != Dtype::Int8 && !packed && footprint.weight_bytes >= RESIDENT_WEIGHT_BYTES;
     }
     Ok(Plan {
         workload: w.clone(),
@@ -480,6 +482,7 @@ fn choose(
                 cpu_features: win.constraints.cpu_features.clone(),
                 shared: win.shared.clone(),
                 dependencies: win.dependencies.clone(),
+                packs_weights: win.packs_weights,
                 reason,
                 basis,
             },
@@ -618,6 +621,7 @@ mod tests {
             shadows: shadows.iter().map(|s| s.to_string()).collect(),
             shared: vec![],
             dependencies: vec![],
+            packs_weights: false,
             constraints,
             dir: format!("implementations/matmul/{name}").into(),
             source: Arc::from(""),

@@ -289,16 +289,61 @@ fn only_weights_beyond_every_cache_are_copied_into_memory_at_load() {
             .as_bool()
             .unwrap_or_else(|| panic!("no resident_weights in {plan}"))
     };
-    // TinyLlama's 4.4 GB are copied; stories110M's 438 MB and stories260k's 1 MB are mapped.
-    assert!(resident("tinyllama-bench-cpu-f32"));
+    // TinyLlama's 2.2 GB of bf16 are copied; stories110M's 438 MB and stories260k's 1 MB are
+    // mapped.
     assert!(resident("tinyllama-bench-cpu-bf16"));
     assert!(!resident("stories110m-bench-cpu-f32"));
     assert!(!resident("stories260k-cpu-f32"));
-    // TinyLlama's int8 matrices (1.24 GB) are quantized copies in memory already: no second copy.
+    // TinyLlama's int8 matrices (1.24 GB) are quantized copies in memory already, and so are
+    // its f32 ones, which its matmul (by priority, `avx512-packed-threads`) packs at load: no
+    // second copy.
     assert!(!resident("tinyllama-bench-cpu-int8"));
+    assert!(!resident("tinyllama-bench-cpu-f32"));
     let weights =
-        std::fs::read_to_string(root.join("generated/tinyllama-bench-cpu-f32/src/weights.rs")).unwrap();
+        std::fs::read_to_string(root.join("generated/tinyllama-bench-cpu-bf16/src/weights.rs")).unwrap();
     assert!(weights.contains("TensorFile::open(path)?.resident()?"), "{weights}");
     let weights = std::fs::read_to_string(root.join("generated/stories260k-cpu-f32/src/weights.rs")).unwrap();
     assert!(!weights.contains("resident"), "{weights}");
+}
+
+/// A kernel that packs its weights declares it, exposes its interface's packing function, and
+/// may do so only for an interface that has one; each slip is refused with the reason.
+#[test]
+fn packing_kernels_are_checked_against_the_interface() {
+    let cases: [(&str, &str, &str, &str, &str); 3] = [
+        // Packs without saying so: `pack` is then an item the interface does not declare.
+        (
+            "matmul/avx512-packed",
+            "manifest.toml",
+            "packs_weights = true\n",
+            "",
+            "`pack` is public but not part of interface `matmul`",
+        ),
+        // Says so without the function.
+        (
+            "matmul/avx512-packed",
+            "kernel.rs",
+            "pub fn pack(",
+            "fn pack_rows(",
+            "missing `pack`, which interface `matmul` requires",
+        ),
+        // Says so for an interface that has no packing function.
+        (
+            "gelu/scalar",
+            "manifest.toml",
+            "shared = []\n",
+            "shared = []\npacks_weights = true\n",
+            "interface `gelu` declares no packing function",
+        ),
+    ];
+    for (implementation, file, from, to, expected) in cases {
+        let repo = scratch_repo();
+        let path = repo.path().join("implementations").join(implementation).join(file);
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert!(text.contains(from), "{implementation}/{file} no longer holds {from:?}");
+        std::fs::write(&path, text.replacen(from, to, 1)).unwrap();
+        let out = monogen(repo.path(), &["build", WORKLOAD]);
+        assert!(!out.status.success(), "{implementation}: {}", stdout(&out));
+        assert!(stderr(&out).contains(expected), "{implementation}: {}", stderr(&out));
+    }
 }

@@ -39,6 +39,10 @@ pub trait Job: Copy + Send + 'static {
     /// The team that shares products of this type (one `static` per implementation).
     fn team() -> &'static Team<Self>;
 
+    /// The multiple of columns a share starts at (all but the last share are whole multiples
+    /// of it).
+    const GRANULE: usize = 8;
+
     /// The columns (weight rows) of the product.
     fn n(&self) -> usize;
 
@@ -125,7 +129,7 @@ pub unsafe fn run<J: Job>(product: J) {
         team.wake.notify_all();
     }
     // SAFETY: the caller's contract; the shares are disjoint column ranges.
-    unsafe { product.columns(share(0, n)) };
+    unsafe { product.columns(share(0, n, J::GRANULE)) };
     let mut spins = 0u32;
     while team.finished.load(Acquire) < threads - 1 {
         spins = spins.saturating_add(1);
@@ -138,10 +142,10 @@ pub unsafe fn run<J: Job>(product: J) {
     team.busy.store(false, Release);
 }
 
-/// The columns of thread `index`: `THREADS` runs of equal length, rounded up to whole
-/// 8-column tiles.
-fn share(index: usize, n: usize) -> Range<usize> {
-    let run = n.div_ceil(crate::THREADS).next_multiple_of(8);
+/// The columns of thread `index`: `THREADS` runs of equal length, rounded up to a multiple of
+/// `granule` (the product's tiles or blocks of columns).
+fn share(index: usize, n: usize, granule: usize) -> Range<usize> {
+    let run = n.div_ceil(crate::THREADS).next_multiple_of(granule);
     let start = (index * run).min(n);
     start..(start + run).min(n)
 }
@@ -165,7 +169,7 @@ fn work<J: Job>(index: usize) {
         // `next_generation`), and the product stays unchanged until this worker reports.
         let product = unsafe { *team.job.get() }.expect("a product is published before its generation");
         // SAFETY: the publisher's contract, and the workers' shares are disjoint.
-        unsafe { product.columns(share(index, product.n())) };
+        unsafe { product.columns(share(index, product.n(), J::GRANULE)) };
         team.finished.fetch_add(1, Release);
     }
 }

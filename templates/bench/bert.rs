@@ -108,29 +108,52 @@ impl<W> MatmulPass<W> {
         }
     }
 
+    /// What `M` computes on this pass's matrices at `rows` rows.
+    fn outputs_of<M: Matmul<Weights = W>>(&mut self, rows: usize) -> [Vec<f32>; 6] {
+        self.outputs.iter_mut().for_each(|o| o.fill(f32::NAN));
+        self.layers_with::<M>(rows);
+        self.outputs.clone()
+    }
+
     /// Compares `C` with the reference `R` on every shape of the pass, for the typical batch,
     /// one row, and a few rows.
     pub fn check<C: Matmul<Weights = W>, R: Matmul<Weights = W>>(&mut self) -> Result<(), String> {
-        let names = ["query", "key", "value", "attention output", "intermediate", "output"];
         for rows in [ROWS, 1, 3.min(ROWS)] {
-            self.outputs.iter_mut().for_each(|o| o.fill(f32::NAN));
-            self.layers_with::<C>(rows);
-            let got = self.outputs.clone();
-            self.outputs.iter_mut().for_each(|o| o.fill(f32::NAN));
-            self.layers_with::<R>(rows);
-            for (i, name) in names.iter().enumerate() {
-                let (k, n) = match i {
-                    4 => (DIM, HIDDEN_DIM),
-                    5 => (HIDDEN_DIM, DIM),
-                    _ => (DIM, DIM),
-                };
-                let tolerance = TOLERANCE * (k as f32 / 64.0).max(1.0);
-                let len = rows * n;
-                compare(&format!("{name} at {rows} rows"), &got[i][..len], &self.outputs[i][..len], tolerance)?;
-            }
+            let got = self.outputs_of::<C>(rows);
+            compare_outputs(rows, &got, &self.outputs_of::<R>(rows))?;
         }
         Ok(())
     }
+
+    /// As [`MatmulPass::check`], for a candidate `C` that holds its weights in another layout
+    /// (it packs them): `C` runs on `candidate`, the same matrices as it holds them.
+    pub fn check_packed<C: Matmul, R: Matmul<Weights = W>>(
+        &mut self,
+        candidate: &mut MatmulPass<C::Weights>,
+    ) -> Result<(), String> {
+        for rows in [ROWS, 1, 3.min(ROWS)] {
+            let got = candidate.outputs_of::<C>(rows);
+            compare_outputs(rows, &got, &self.outputs_of::<R>(rows))?;
+        }
+        Ok(())
+    }
+}
+
+/// Compares the six products of a candidate with the reference's at `rows` rows, each within
+/// the tolerance of its K.
+fn compare_outputs(rows: usize, got: &[Vec<f32>; 6], want: &[Vec<f32>; 6]) -> Result<(), String> {
+    let names = ["query", "key", "value", "attention output", "intermediate", "output"];
+    for (i, name) in names.iter().enumerate() {
+        let (k, n) = match i {
+            4 => (DIM, HIDDEN_DIM),
+            5 => (HIDDEN_DIM, DIM),
+            _ => (DIM, DIM),
+        };
+        let tolerance = TOLERANCE * (k as f32 / 64.0).max(1.0);
+        let len = rows * n;
+        compare(&format!("{name} at {rows} rows"), &got[i][..len], &want[i][..len], tolerance)?;
+    }
+    Ok(())
 }
 
 /// The embeddings of every sentence of the batch.

@@ -168,30 +168,51 @@ impl<W> MatmulPass<W> {
         }
     }
 
+    /// What `M` computes on this pass's matrices at `rows` rows, every output named.
+    fn outputs_of<M: Matmul<Weights = W>>(&mut self, rows: usize) -> [(&'static str, Vec<f32>); 8] {
+        self.clear();
+        self.layers_with::<M>(rows);
+        M::matmul::<VOCAB_SIZE, DIM>(&mut self.logits, &self.x[..DIM], &self.classifier, 1);
+        self.outputs(rows)
+    }
+
     /// Compares `C` with the reference `R` on every shape of the pass, for the prompt, one
     /// row, and a few rows.
     pub fn check<C: Matmul<Weights = W>, R: Matmul<Weights = W>>(&mut self) -> Result<(), String> {
-        let tolerance = |k: usize| TOLERANCE * (k as f32 / 64.0).max(1.0);
         for rows in [PROMPT, 1, 3.min(PROMPT)] {
-            self.clear();
-            self.layers_with::<C>(rows);
-            C::matmul::<VOCAB_SIZE, DIM>(&mut self.logits, &self.x[..DIM], &self.classifier, 1);
-            let got = self.outputs(rows);
-            self.clear();
-            self.layers_with::<R>(rows);
-            R::matmul::<VOCAB_SIZE, DIM>(&mut self.logits, &self.x[..DIM], &self.classifier, 1);
-            let want = self.outputs(rows);
-            for ((name, g), (_, w)) in got.iter().zip(&want) {
-                let k = match *name {
-                    "o_proj" => Q_DIM,
-                    "down_proj" => HIDDEN_DIM,
-                    _ => DIM,
-                };
-                compare(&format!("{name} at {rows} rows"), g, w, tolerance(k))?;
-            }
+            let got = self.outputs_of::<C>(rows);
+            compare_outputs(rows, &got, &self.outputs_of::<R>(rows))?;
         }
         Ok(())
     }
+
+    /// As [`MatmulPass::check`], for a candidate `C` that holds its weights in another layout
+    /// (it packs them): `C` runs on `candidate`, the same matrices as it holds them.
+    pub fn check_packed<C: Matmul, R: Matmul<Weights = W>>(
+        &mut self,
+        candidate: &mut MatmulPass<C::Weights>,
+    ) -> Result<(), String> {
+        for rows in [PROMPT, 1, 3.min(PROMPT)] {
+            let got = candidate.outputs_of::<C>(rows);
+            compare_outputs(rows, &got, &self.outputs_of::<R>(rows))?;
+        }
+        Ok(())
+    }
+}
+
+/// Compares the named outputs of a candidate with the reference's, each within the tolerance
+/// of its K.
+fn compare_outputs(rows: usize, got: &[(&'static str, Vec<f32>)], want: &[(&'static str, Vec<f32>)]) -> Result<(), String> {
+    let tolerance = |k: usize| TOLERANCE * (k as f32 / 64.0).max(1.0);
+    for ((name, g), (_, w)) in got.iter().zip(want) {
+        let k = match *name {
+            "o_proj" => Q_DIM,
+            "down_proj" => HIDDEN_DIM,
+            _ => DIM,
+        };
+        compare(&format!("{name} at {rows} rows"), g, w, tolerance(k))?;
+    }
+    Ok(())
 }
 
 /// Every RMSNorm of a forward pass: two per layer on `rows` rows, and the final one on the

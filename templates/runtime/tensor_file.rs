@@ -21,7 +21,8 @@ pub struct TensorFile {
     entries: BTreeMap<String, Entry>,
     /// Names handed out so far.
     used: BTreeSet<String>,
-    /// Tensors that were not 4-byte aligned in the file, or not f32, copied as f32.
+    /// Tensors that were not 4-byte aligned in the file, or not f32, copied as f32 (and packed
+    /// matrices).
     copies: Vec<Box<[f32]>>,
 }
 
@@ -102,9 +103,7 @@ impl TensorFile {
         // BF16 and F16 (as Hugging Face checkpoints often are) widen to f32 once, here.
         if dtype != Dtype::F32 {
             let copy: Box<[f32]> = widened(dtype, bytes).collect();
-            let tensor = Tensor { ptr: copy.as_ptr(), len: copy.len() };
-            self.copies.push(copy);
-            return Ok(tensor);
+            return Ok(self.keep(copy));
         }
         let len = bytes.len() / 4;
         if bytes.as_ptr().align_offset(std::mem::align_of::<f32>()) == 0 {
@@ -115,9 +114,14 @@ impl TensorFile {
             .chunks_exact(4)
             .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
             .collect();
-        let tensor = Tensor { ptr: copy.as_ptr(), len };
+        Ok(self.keep(copy))
+    }
+
+    /// A tensor of `copy`, which the storage keeps from now on.
+    pub(crate) fn keep(&mut self, copy: Box<[f32]>) -> Tensor {
+        let tensor = Tensor { ptr: copy.as_ptr(), len: copy.len() };
         self.copies.push(copy);
-        Ok(tensor)
+        tensor
     }
 
     /// The dtype and byte range (in `map`) of tensor `name` once it is known

@@ -46,6 +46,8 @@ struct Manifest {
     #[serde(default)]
     dependencies: Vec<String>,
     #[serde(default)]
+    packs_weights: bool,
+    #[serde(default)]
     constraints: Constraints,
 }
 
@@ -81,6 +83,8 @@ struct Implementation {
     arches: Option<Vec<String>>,
     cpu_features: Vec<String>,
     shared: Vec<String>,
+    /// Whether its kernel reads weights rewritten by its `pack`.
+    packs_weights: bool,
 }
 
 impl Implementation {
@@ -205,6 +209,7 @@ fn read_implementations(
                 arches: manifest.constraints.arches,
                 cpu_features: manifest.constraints.cpu_features,
                 shared: manifest.shared,
+                packs_weights: manifest.packs_weights,
             });
         }
     }
@@ -243,6 +248,32 @@ fn kernels_module(implementations: &[Implementation], shared_modules: &BTreeMap<
         out.push_str("    #[allow(non_snake_case)]\n");
         writeln!(out, "    #[path = {:?}]", imp.kernel.display().to_string()).unwrap();
         writeln!(out, "    pub mod {};", imp.module).unwrap();
+    }
+    out.push_str("}\n\n");
+    // The weights of every matmul in the layout its kernel reads, as a generated crate loads
+    // them: packed by the kernel's `pack`, or as they are.
+    out.push_str("/// `[n, k]` row-major weights in the layout each `matmul` implementation reads.\n");
+    out.push_str("pub mod matmul_weights {\n");
+    for imp in implementations.iter().filter(|i| i.interface == "matmul") {
+        if let Some(cfg) = imp.arch_cfg() {
+            writeln!(out, "    {cfg}").unwrap();
+        }
+        out.push_str("    #[allow(non_snake_case)]\n");
+        if imp.packs_weights {
+            writeln!(
+                out,
+                "    pub fn {}(w: &[f32], n: usize, k: usize) -> Vec<f32> {{ super::kernels::{}::pack(w, n, k) }}",
+                imp.module, imp.module
+            )
+            .unwrap();
+        } else {
+            writeln!(
+                out,
+                "    pub fn {}(w: &[f32], _n: usize, _k: usize) -> Vec<f32> {{ w.to_vec() }}",
+                imp.module
+            )
+            .unwrap();
+        }
     }
     out.push_str("}\n");
     out

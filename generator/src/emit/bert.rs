@@ -487,6 +487,9 @@ fn weights_rs(plan: &Plan) -> TokenStream {
     let matrices = Matrices::of(plan);
     let copies = match matrices {
         Matrices::F32 => " (copied only if the file misaligns it).",
+        Matrices::Packed => {
+            ", except the linear layers' weights, packed at load into copies in the layout of the matmul kernel (packed.rs), and tensors it does not hold as F32 or misaligns (copied)."
+        }
         Matrices::Bf16 => {
             ", except the linear layers' weights the file does not hold as BF16 (converted to bfloat16 copies), and tensors it does not hold as F32 or misaligns (copied)."
         }

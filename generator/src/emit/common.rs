@@ -16,6 +16,9 @@ use crate::workload::Dtype;
 pub enum Matrices {
     /// f32 slices; `matmul`.
     F32,
+    /// f32 copies rewritten at load by the chosen `matmul`'s `pack` (packed.rs), for a kernel
+    /// that reads its weights in a layout of its own; `matmul`.
+    Packed,
     /// bfloat16 slices (bf16_tensor.rs); `matmul_bf16`.
     Bf16,
     /// Blockwise int8 values and scales (q8_tensor.rs); `matmul_q8`.
@@ -27,6 +30,7 @@ impl Matrices {
         match plan.workload.weights.dtype {
             Dtype::Bf16 => Matrices::Bf16,
             Dtype::Int8 => Matrices::Q8,
+            Dtype::F32 | Dtype::F16 if packs_weights(plan) => Matrices::Packed,
             Dtype::F32 | Dtype::F16 => Matrices::F32,
         }
     }
@@ -36,14 +40,15 @@ impl Matrices {
     pub fn runtime_file(self) -> Option<&'static str> {
         match self {
             Matrices::F32 => None,
+            Matrices::Packed => Some("packed.rs"),
             Matrices::Bf16 => Some("bf16_tensor.rs"),
             Matrices::Q8 => Some("q8_tensor.rs"),
         }
     }
 
-    /// The `mod` item of that runtime file for lib.rs, as (`bf16_tensor`, `q8_tensor`): lib.rs
-    /// lists its modules in alphabetical order, the first before `cpu`, the second after
-    /// `model`.
+    /// The `mod` item of that runtime file for lib.rs, as (`bf16_tensor`, `packed` or
+    /// `q8_tensor`): lib.rs lists its modules in alphabetical order, the first before `cpu`,
+    /// the second after `model`.
     pub fn modules(self) -> (Option<TokenStream>, Option<TokenStream>) {
         let module = self.runtime_file().map(|file| {
             let module = format_ident!("{}", file.trim_end_matches(".rs"));
@@ -53,7 +58,7 @@ impl Matrices {
         });
         match self {
             Matrices::Bf16 => (module, None),
-            Matrices::Q8 => (None, module),
+            Matrices::Q8 | Matrices::Packed => (None, module),
             Matrices::F32 => (None, None),
         }
     }
@@ -77,13 +82,14 @@ impl Matrices {
                 ),
             ),
             Matrices::F32 => (quote!(Tensor), format_ident!("f32"), quote!()),
+            Matrices::Packed => (quote!(Tensor), format_ident!("packed"), quote!()),
         }
     }
 
     /// The `use` item of the matmul kernel.
     pub fn matmul_use(self) -> TokenStream {
         match self {
-            Matrices::F32 => quote!(
+            Matrices::F32 | Matrices::Packed => quote!(
                 use crate::kernels::matmul::matmul;
             ),
             Matrices::Bf16 => quote!(
@@ -107,11 +113,16 @@ impl Matrices {
     ) -> TokenStream {
         let (n, k) = (format_ident!("{n}"), format_ident!("{k}"));
         match self {
-            Matrices::F32 => quote!(matmul::<#n, #k>(#out, #x, &#w, #rows);),
+            Matrices::F32 | Matrices::Packed => quote!(matmul::<#n, #k>(#out, #x, &#w, #rows);),
             Matrices::Bf16 => quote!(matmul_bf16::<#n, #k>(#out, #x, &#w, #rows);),
             Matrices::Q8 => quote!(matmul_q8::<#n, #k>(#out, #x, #w.values(), #w.scales(), #rows);),
         }
     }
+}
+
+/// Whether the crate's `matmul` reads its weights packed by its own `pack`.
+fn packs_weights(plan: &Plan) -> bool {
+    plan.interfaces.iter().any(|i| i.interface == "matmul" && i.chosen.packs_weights)
 }
 
 /// The compile-time guards of a crate's lib.rs: the target arch its kernels were compiled for

@@ -279,6 +279,19 @@ fn trait_impl(imp: &Implementation) -> TokenStream {
     let m = module_ident(imp);
     let doc = format!(" {}/{} {}", imp.interface, imp.name, imp.version);
     let body = match imp.interface.as_str() {
+        "matmul" if imp.packs_weights => quote! {
+            impl harness::Matmul for #ty {
+                type Weights = Vec<f32>;
+                /// Packed by the kernel, as the crate packs them at load.
+                fn weights(w: &[f32], n: usize, k: usize) -> Vec<f32> {
+                    kernels::#m::pack(w, n, k)
+                }
+                #[inline]
+                fn matmul<const N: usize, const K: usize>(out: &mut [f32], x: &[f32], w: &Vec<f32>, rows: usize) {
+                    kernels::#m::matmul::<N, K>(out, x, w, rows)
+                }
+            }
+        },
         "matmul" => quote! {
             impl harness::Matmul for #ty {
                 type Weights = Vec<f32>;
@@ -529,6 +542,9 @@ fn bench_fn(h: &HarnessInterface) -> TokenStream {
         let available = availability(c);
         let check = if interface == "kv_cache" {
             quote!(passes::check_kv_cache::<#ty, #reference>())
+        } else if c.packs_weights {
+            let own = format_ident!("packed_{}", i.to_string());
+            quote!(pass.check_packed::<#ty, #reference>(&mut #own))
         } else {
             quote!(pass.check::<#ty, #reference>())
         };
@@ -542,6 +558,13 @@ fn bench_fn(h: &HarnessInterface) -> TokenStream {
             quote! {
                 if bench.live(#i) {
                     bench.sample(#i, passes::KvCachePass::<#ty>::PHASES, |decode| #pass_var.run(decode));
+                }
+            }
+        } else if c.packs_weights {
+            let own = format_ident!("packed_{}", i.to_string());
+            quote! {
+                if bench.live(#i) {
+                    bench.sample(#i, #pass_ty::PHASES, |decode| #own.run::<#ty>(decode));
                 }
             }
         } else {
@@ -560,7 +583,17 @@ fn bench_fn(h: &HarnessInterface) -> TokenStream {
         });
         quote! { #(#caches)* }
     } else {
-        quote! { let mut pass = #pass_new; }
+        // A candidate that packs its weights runs on a pass of its own: the same matrices
+        // (the same seed), as it holds them.
+        let own_passes = h.candidates.iter().enumerate().filter(|(_, c)| c.packs_weights).map(|(i, c)| {
+            let ty = type_ident(c);
+            let own = format_ident!("packed_{}", i.to_string());
+            quote! { let mut #own = passes::MatmulPass::new::<#ty>(); }
+        });
+        quote! {
+            let mut pass = #pass_new;
+            #(#own_passes)*
+        }
     };
     quote! {
         #[doc = #doc]

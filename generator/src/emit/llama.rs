@@ -193,7 +193,7 @@ fn model_rs(plan: &Plan) -> TokenStream {
         Matrices::Q8 => {
             (quote!(w.embed_tokens.dequantize_row(token, &mut x[row * DIM..(row + 1) * DIM]);), quote!())
         }
-        Matrices::F32 => (
+        Matrices::F32 | Matrices::Packed => (
             quote!(x[row * DIM..(row + 1) * DIM].copy_from_slice(&w.embed_tokens[token * DIM..(token + 1) * DIM]);),
             quote!(),
         ),
@@ -219,7 +219,14 @@ fn model_rs(plan: &Plan) -> TokenStream {
         " In the shape comments, T is the number of positions run at once: 1 for a decode step,".to_string(),
         " up to PREFILL_CHUNK for prefill.".to_string(),
     ];
-    let (classifier, classifier_comment) = if c.tie_word_embeddings {
+    let (classifier, classifier_comment) = if c.tie_word_embeddings && matrices == Matrices::Packed {
+        (
+            quote!(w.classifier),
+            comment(
+                "logits = xb · embed_tokensᵀ (tied embeddings: the embedding matrix is the classifier, packed): [VOCAB_SIZE]",
+            ),
+        )
+    } else if c.tie_word_embeddings {
         (
             quote!(w.embed_tokens),
             comment(
@@ -560,7 +567,14 @@ fn weights_rs(plan: &Plan) -> TokenStream {
     // norms and biases stay f32).
     // Large weights are copied into anonymous memory at load (see resident.rs).
     let resident = c.resident_weights.then(|| quote!(.resident()?));
-    let (matrix, load_matrix, matrix_use) = Matrices::of(plan).tensor();
+    let matrices = Matrices::of(plan);
+    let (matrix, load_matrix, matrix_use) = matrices.tensor();
+    // Packed matrices serve the products only: the embedding rows stay in the file's layout,
+    // and a tied classifier gets a packed copy of them.
+    let (embed_matrix, load_embed) = match matrices {
+        Matrices::Packed => (quote!(Tensor), format_ident!("f32")),
+        _ => (matrix.clone(), load_matrix.clone()),
+    };
     let name = &plan.workload.name;
     let source = if c.resident_weights {
         " is a slice of model.safetensors, which is copied into memory at load (resident.rs),"
@@ -577,17 +591,34 @@ fn weights_rs(plan: &Plan) -> TokenStream {
         Matrices::F32 => {
             " except a tensor the file misaligns or holds as BF16 or F16, which is copied (widened to f32)."
         }
+        Matrices::Packed => {
+            " except the matrices, packed at load into copies in the layout of the matmul kernel (packed.rs), and a tensor the file misaligns or holds as BF16 or F16, which is copied (widened to f32)."
+        }
     };
     let module_doc = [
         format!(" The weights of `{name}`, checked against the baked shapes as they load. Each tensor"),
         format!("{source}{copies}"),
     ];
-    let embed_doc = if c.tie_word_embeddings {
+    let embed_doc = if c.tie_word_embeddings && matrices == Matrices::Packed {
+        doc(
+            "`model.embed_tokens.weight`: [VOCAB_SIZE, DIM]; the classifier too (tied embeddings), packed apart.",
+        )
+    } else if c.tie_word_embeddings {
         doc("`model.embed_tokens.weight`: [VOCAB_SIZE, DIM]; also the classifier (tied embeddings).")
     } else {
         doc("`model.embed_tokens.weight`: [VOCAB_SIZE, DIM]")
     };
-    let (lm_head_field, lm_head_load, lm_head_init) = if c.tie_word_embeddings {
+    let (lm_head_field, lm_head_load, lm_head_init) = if c.tie_word_embeddings && matrices == Matrices::Packed
+    {
+        (
+            quote! {
+                /// `model.embed_tokens.weight` packed for the matmul kernel: the classifier.
+                pub(crate) classifier: #matrix,
+            },
+            quote! { let classifier = file.#load_matrix("model.embed_tokens.weight", &[VOCAB_SIZE, DIM])?; },
+            quote! { classifier, },
+        )
+    } else if c.tie_word_embeddings {
         (quote!(), quote!(), quote!())
     } else {
         (
@@ -684,7 +715,7 @@ fn weights_rs(plan: &Plan) -> TokenStream {
         /// Every weight of the model.
         pub struct Weights {
             #embed_doc
-            pub(crate) embed_tokens: #matrix,
+            pub(crate) embed_tokens: #embed_matrix,
             /// The decoder layers, N_LAYERS of them.
             pub(crate) layers: Vec<LayerWeights>,
             /// `model.norm.weight`: [DIM]
@@ -701,7 +732,7 @@ fn weights_rs(plan: &Plan) -> TokenStream {
             /// for its name, dtype and shape.
             pub fn load(path: &Path) -> Result<Weights, Error> {
                 let mut file = TensorFile::open(path)? #resident;
-                let embed_tokens = file.#load_matrix("model.embed_tokens.weight", &[VOCAB_SIZE, DIM])?;
+                let embed_tokens = file.#load_embed("model.embed_tokens.weight", &[VOCAB_SIZE, DIM])?;
                 let mut layers = Vec::with_capacity(N_LAYERS);
                 for l in 0..N_LAYERS {
                     layers.push(LayerWeights { #(#loads)* #bias_loads });

@@ -278,7 +278,8 @@ fn matmul_case<const N: usize, const K: usize>(name: &str, calls: usize, rows: u
     let mut candidates = Vec::new();
     macro_rules! candidate {
         ($name:literal, $module:ident, $available:expr) => {{
-            let (x, w) = (Rc::clone(&x), Rc::clone(&w));
+            let x = Rc::clone(&x);
+            let w = monogen_kernel_tests::matmul_weights::$module(&w, N, K);
             let mut out = vec![0.0; rows * N];
             candidates.push(Candidate::new($name, $available, move || {
                 kernels::$module::matmul::<N, K>(

@@ -35,16 +35,25 @@ fn main() {
         .collect();
     let int8: Vec<[(Vec<i8>, Vec<f32>); 7]> =
         f32_layers.iter().map(|l| l.clone().map(|m| quantize(&m))).collect();
+    let packed: Vec<[Vec<f32>; 7]> = f32_layers
+        .iter()
+        .map(|l| {
+            std::array::from_fn(|i| {
+                kernels::matmul__avx512_packed_threads::pack(&l[i], SHAPES[i].0, SHAPES[i].1)
+            })
+        })
+        .collect();
     let f32 = f32_layers;
     let params: usize = SHAPES.iter().map(|(n, k)| n * k).sum::<usize>() * layers;
-    let bytes = [params * 4, params * 2, params + params / 32 * 4, params + params / 32 * 4, params * 4];
+    let bytes =
+        [params * 4, params * 2, params + params / 32 * 4, params + params / 32 * 4, params * 4, params * 4];
     println!(
         "stories110M's matrices: {layers} layers, {params} weights; 2 threads; median of {rounds} rounds"
     );
     for rows in [1usize, 128] {
         let x = rng.vec(rows * HIDDEN, 1.0);
         let mut out = vec![0f32; rows * HIDDEN];
-        let mut times = [Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new()];
+        let mut times = [Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new()];
         for _ in 0..rounds {
             times[0].push(time(|| {
                 for l in &f32 {
@@ -57,6 +66,13 @@ fn main() {
                 for l in &f32 {
                     for (w, &(n, k)) in l.iter().zip(&SHAPES) {
                         f32_panels(n, k, &mut out, &x, w, rows);
+                    }
+                }
+            }));
+            times[5].push(time(|| {
+                for l in &packed {
+                    for (w, &(n, k)) in l.iter().zip(&SHAPES) {
+                        f32_packed(n, k, &mut out, &x, w, rows);
                     }
                 }
             }));
@@ -88,6 +104,7 @@ fn main() {
             "int8 (matmul_q8/avx512-vnni-threads)",
             "int8 (matmul_q8/avx512-vnni, 1 thread)",
             "f32 (matmul/avx512-panels-threads)",
+            "f32 (matmul/avx512-packed-threads)",
         ]
         .iter()
         .zip(&mut times)
@@ -146,6 +163,7 @@ macro_rules! dispatch {
 
 dispatch!(f32_product, matmul__avx512_threads, matmul, &[f32]);
 dispatch!(f32_panels, matmul__avx512_panels_threads, matmul, &[f32]);
+dispatch!(f32_packed, matmul__avx512_packed_threads, matmul, &[f32]);
 dispatch!(bf16_product, matmul_bf16__avx512_threads, matmul_bf16, &[u16]);
 dispatch!(q8_product, matmul_q8__avx512_vnni_threads, matmul_q8, &[i8], scales: &[f32]);
 dispatch!(q8_one, matmul_q8__avx512_vnni, matmul_q8, &[i8], scales: &[f32]);

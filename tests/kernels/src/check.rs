@@ -49,26 +49,29 @@ pub(crate) fn dot_f64(a: &[f32], b: &[f32]) -> f64 {
     a.iter().zip(b).map(|(&x, &y)| f64::from(x) * f64::from(y)).sum()
 }
 
-/// Checks a `matmul` at `N`, `K` for rows 1, 2, 7, 9 (a 1-row tile after two of 4), 32 and 100. The
-/// tolerance grows with K beyond 64, as the rounding of a dot product does.
+/// Checks a `matmul` at `N`, `K` for rows 1, 2, 7, 9 (a 1-row tile after two of 4), 10, 13, 32
+/// and 100, with the weights in the layout the candidate reads (`layout`: its `pack`, or a copy).
+/// The tolerance grows with K beyond 64, as the rounding of a dot product does.
 pub fn matmul<const N: usize, const K: usize>(
     candidate: impl Fn(&mut [f32], &[f32], &[f32], usize),
+    layout: impl Fn(&[f32]) -> Vec<f32>,
     reference: impl Fn(&mut [f32], &[f32], &[f32], usize),
 ) {
     let mut rng = Rng::for_shape(&[N, K]);
     let tolerance = TOLERANCE * (K as f32 / 64.0).max(1.0);
     let w = rng.vec(N * K, 1.0);
-    for rows in [1, 2, 7, 9, 32, 100] {
+    let laid_out = layout(&w);
+    for rows in [1, 2, 7, 9, 10, 13, 32, 100] {
         let x = rng.vec(rows * K, 1.0);
         let what = format!("matmul N={N} K={K} rows={rows}");
-        let got = output_of(rows * N, |out| candidate(out, &x, &w, rows));
+        let got = output_of(rows * N, |out| candidate(out, &x, &laid_out, rows));
         let want = output_of(rows * N, |out| reference(out, &x, &w, rows));
         assert_close(&format!("{what}, against the reference"), &got, &want, tolerance);
         let exact: Vec<f32> =
             (0..rows * N).map(|i| dot_f64(&x[i / N * K..][..K], &w[i % N * K..][..K]) as f32).collect();
         assert_close(&format!("{what}, against f64"), &got, &exact, tolerance);
     }
-    candidate(&mut [], &[], &w, 0);
+    candidate(&mut [], &[], &laid_out, 0);
 }
 
 #[macro_export]
@@ -82,6 +85,7 @@ macro_rules! conform_matmul {
         $(
             $crate::check::matmul::<$n, $k>(
                 $crate::kernels::$candidate::matmul::<$n, $k>,
+                |w| $crate::matmul_weights::$candidate(w, $n, $k),
                 $crate::kernels::$reference::matmul::<$n, $k>,
             );
         )*

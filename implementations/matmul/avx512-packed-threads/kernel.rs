@@ -1,0 +1,52 @@
+//! Matrix product `out = x · wᵀ` with AVX-512F on `THREADS` threads, over weights packed at
+//! load: the broadcast tiles of `shared/avx512_packed.rs`, their blocks of 48 weight rows
+//! cut into `THREADS` shares that the persistent team of `shared/matmul_team.rs` computes,
+//! the calling thread taking the first. Each thread streams only its share of the weights.
+
+use std::ops::Range;
+
+use super::shared::avx512_packed::{self, BLOCK, Packed};
+use super::shared::matmul_team::{self, Job, Team};
+
+/// The `[n, k]` row-major weights `w` in the layout [`matmul`] reads: blocks of 48 weight
+/// rows, each stored column by column.
+pub fn pack(w: &[f32], n: usize, k: usize) -> Vec<f32> {
+    avx512_packed::pack(w, n, k)
+}
+
+/// Computes `out[r, n] = Σₖ x[r, k] · w[n, k]` for `rows` rows.
+///
+/// `x`: `[rows, K]` and `out`: `[rows, N]`, row-major; `w`: `[N, K]` as [`pack`] wrote it.
+#[inline]
+pub fn matmul<const N: usize, const K: usize>(out: &mut [f32], x: &[f32], w: &[f32], rows: usize) {
+    // SAFETY: the generated crate checks at start-up that the CPU has AVX-512F, and the
+    // product's pointers come from slices whose lengths `Packed::new` checked; `out` stays
+    // borrowed until every share is done.
+    unsafe { matmul_team::run(Shared(Packed::new::<N, K>(out, x, w, rows))) }
+}
+
+/// A product of this implementation, as its team shares it.
+#[derive(Clone, Copy)]
+struct Shared(Packed);
+
+impl Job for Shared {
+    const GRANULE: usize = BLOCK;
+
+    fn team() -> &'static Team<Shared> {
+        static TEAM: Team<Shared> = Team::new();
+        &TEAM
+    }
+
+    fn n(&self) -> usize {
+        self.0.n
+    }
+
+    fn macs(&self) -> usize {
+        self.0.rows * self.0.n * self.0.k
+    }
+
+    unsafe fn columns(&self, cols: Range<usize>) {
+        // SAFETY: the caller's contract, which `run` keeps; every share starts at a block.
+        unsafe { self.0.columns(cols) }
+    }
+}
