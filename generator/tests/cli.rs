@@ -289,18 +289,15 @@ fn only_weights_beyond_every_cache_are_copied_into_memory_at_load() {
             .as_bool()
             .unwrap_or_else(|| panic!("no resident_weights in {plan}"))
     };
-    // TinyLlama's 2.2 GB of bf16 are copied; stories110M's 438 MB and stories260k's 1 MB are
-    // mapped.
+    // TinyLlama's 4.4 GB are copied; stories110M's 438 MB and stories260k's 1 MB are mapped.
+    assert!(resident("tinyllama-bench-cpu-f32"));
     assert!(resident("tinyllama-bench-cpu-bf16"));
     assert!(!resident("stories110m-bench-cpu-f32"));
     assert!(!resident("stories260k-cpu-f32"));
-    // TinyLlama's int8 matrices (1.24 GB) are quantized copies in memory already, and so are
-    // its f32 ones, which its matmul (by priority, `avx512-packed-threads`) packs at load: no
-    // second copy.
+    // TinyLlama's int8 matrices (1.24 GB) are quantized copies in memory already: no second copy.
     assert!(!resident("tinyllama-bench-cpu-int8"));
-    assert!(!resident("tinyllama-bench-cpu-f32"));
     let weights =
-        std::fs::read_to_string(root.join("generated/tinyllama-bench-cpu-bf16/src/weights.rs")).unwrap();
+        std::fs::read_to_string(root.join("generated/tinyllama-bench-cpu-f32/src/weights.rs")).unwrap();
     assert!(weights.contains("TensorFile::open(path)?.resident()?"), "{weights}");
     let weights = std::fs::read_to_string(root.join("generated/stories260k-cpu-f32/src/weights.rs")).unwrap();
     assert!(!weights.contains("resident"), "{weights}");
@@ -346,4 +343,23 @@ fn packing_kernels_are_checked_against_the_interface() {
         assert!(!out.status.success(), "{implementation}: {}", stdout(&out));
         assert!(stderr(&out).contains(expected), "{implementation}: {}", stderr(&out));
     }
+}
+
+/// Matrices that the matmul packs at load are copies in memory already: even TinyLlama's f32
+/// weights are then not copied a second time.
+#[test]
+fn packed_weights_are_not_also_copied_into_memory() {
+    let repo = scratch_repo();
+    let manifest = repo.path().join("implementations/matmul/avx512-packed-threads/manifest.toml");
+    let text = std::fs::read_to_string(&manifest).unwrap();
+    let priority = text.lines().find(|l| l.starts_with("priority = ")).unwrap().to_string();
+    std::fs::write(&manifest, text.replace(&priority, "priority = 1000")).unwrap();
+    let workload = "workloads/tinyllama-bench-cpu-f32.toml";
+    std::fs::copy(workspace_root().join(workload), repo.path().join(workload)).unwrap();
+    let out = monogen(repo.path(), &["explain", workload, "--json"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let plan: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(plan["consts"]["resident_weights"], false, "{}", plan["consts"]);
+    let matmul = plan["interfaces"].as_array().unwrap().iter().find(|i| i["interface"] == "matmul").unwrap();
+    assert_eq!(matmul["chosen"]["packs_weights"], true, "{}", matmul["chosen"]);
 }

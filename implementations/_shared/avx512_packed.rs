@@ -55,18 +55,42 @@ pub fn packed_len(n: usize, k: usize) -> usize {
 }
 
 /// The `[n, k]` row-major weights `w` (as nn.Linear stores them) in the packed layout that
-/// [`Packed::columns`] reads: blocks of 48 weight rows, each column by column.
+/// [`Packed::columns`] reads: blocks of 48 weight rows, each column by column. A large matrix
+/// is packed on `THREADS` threads, each taking whole blocks.
 pub fn pack(w: &[f32], n: usize, k: usize) -> Vec<f32> {
     assert!(w.len() >= n * k, "pack: w is shorter than {n} rows of {k}");
-    let mut packed = Vec::with_capacity(packed_len(n, k));
-    for j0 in (0..n).step_by(BLOCK) {
-        let width = (n - j0).min(BLOCK).next_multiple_of(LANES);
-        let rows = &w[j0 * k..(j0 + width).min(n) * k];
-        for at in 0..k {
-            packed.extend((0..width).map(|j| rows.get(j * k + at).copied().unwrap_or(0.0)));
+    let mut packed = vec![0.0; packed_len(n, k)];
+    let threads = if n * k >= 1 << 18 { crate::THREADS.max(1) } else { 1 };
+    let blocks = n.div_ceil(BLOCK).div_ceil(threads).max(1);
+    std::thread::scope(|scope| {
+        for (t, part) in packed.chunks_mut(blocks * BLOCK * k).enumerate() {
+            let first = t * blocks * BLOCK;
+            if t + 1 == threads || first + blocks * BLOCK >= n {
+                pack_blocks(w, n, k, first, part);
+            } else {
+                scope.spawn(move || pack_blocks(w, n, k, first, part));
+            }
+        }
+    });
+    packed
+}
+
+/// Packs the blocks of `w` from weight row `first` (a multiple of 48) into `part`, which
+/// starts with the first of them: step by step along K, each step's 48 values written in a
+/// row, read from the block's 48 weight rows, whose current lines stay in L1 from step to step.
+fn pack_blocks(w: &[f32], n: usize, k: usize, first: usize, part: &mut [f32]) {
+    for j0 in (first..n).step_by(BLOCK) {
+        let rows = (n - j0).min(BLOCK);
+        let width = rows.next_multiple_of(LANES);
+        // The blocks before are whole: this one starts `(j0 - first) · k` values into `part`.
+        let Some(block) = part.get_mut((j0 - first) * k..(j0 - first + width) * k) else { return };
+        let weights = &w[j0 * k..(j0 + rows) * k];
+        for (at, step) in block.chunks_exact_mut(width).enumerate() {
+            for (slot, row) in step.iter_mut().zip(weights.chunks_exact(k)) {
+                *slot = row[at];
+            }
         }
     }
-    packed
 }
 
 /// One call's operands: `out[r, j] = Σₖ x[r, k] · w[j, k]` for `r < rows`, `j < n`, with `w`

@@ -8,9 +8,7 @@ use std::sync::OnceLock;
 use std::time::Instant;
 
 use all_minilm_l6_v2_cpu_f32 as minilm;
-use monogen_tests::{
-    build_copy, build_crate, ids, max_abs_diff, model_dir, read_npy_f32, reference_json, workspace_root,
-};
+use monogen_tests::{build_copy, ids, max_abs_diff, model_dir, read_npy_f32, reference_json};
 use serde_json::Value;
 
 const MODEL: &str = "all-minilm-l6-v2";
@@ -244,44 +242,4 @@ fn ctrl_c_stops_a_long_run_promptly_with_the_usual_status() {
     let status = child.wait().unwrap();
     assert_eq!(status.signal(), Some(2), "{status:?}: Ctrl-C ends the process as SIGINT does");
     assert!(sent.elapsed().as_secs_f64() < 2.0, "it took {:?} to stop", sent.elapsed());
-}
-
-/// The f32 workload without its hardware class, generated into a scratch folder: the kernels
-/// of highest priority, whose matmul packs the weights at load (as no ranking picks it for
-/// this model), embed the reference sentences as the committed crate does.
-#[test]
-fn a_crate_whose_matmul_packs_its_weights_matches_the_reference() {
-    let Some(f) = fixture() else { return };
-    let scratch = tempfile::tempdir().unwrap();
-    let name = "all-minilm-l6-v2-packed";
-    let workload = std::fs::read_to_string(workspace_root().join("workloads/all-minilm-l6-v2-cpu-f32.toml"))
-        .unwrap()
-        .replace("name = \"all-minilm-l6-v2-cpu-f32\"", &format!("name = \"{name}\""))
-        .lines()
-        .filter(|l| !l.starts_with("hardware = "))
-        .collect::<Vec<_>>()
-        .join("\n");
-    let path = scratch.path().join("workload.toml");
-    std::fs::write(&path, workload).unwrap();
-    let project = monogen::Project::load(&workspace_root()).unwrap();
-    let out = scratch.path().join(name);
-    let (plan, output) = project.generate_into(&path, Some(&out)).unwrap();
-    assert!(plan.interface("matmul").chosen.packs_weights, "{}", plan.interface("matmul").chosen.name);
-    monogen::write::write(&out, &output, false).unwrap();
-    let binary = build_crate(&out, name);
-
-    let texts: Vec<String> = sentences(f).into_iter().map(|(t, _)| t).collect();
-    let run = Command::new(&binary)
-        .args(["--model", f.dir.to_str().unwrap(), "--normalize", "--json"])
-        .args(texts.iter().flat_map(|t| ["--text", t.as_str()]))
-        .output()
-        .unwrap();
-    assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
-    let report: Value = serde_json::from_slice(&run.stdout).unwrap();
-    let want = rows(&f.dir.join("reference/normalized.npy"));
-    for (i, vector) in report["embeddings"].as_array().unwrap().iter().enumerate() {
-        let got: Vec<f32> = vector.as_array().unwrap().iter().map(|v| v.as_f64().unwrap() as f32).collect();
-        let (diff, _) = max_abs_diff(&got, &want[i]);
-        assert!(diff <= TOLERANCE, "sentence {i}: {diff}");
-    }
 }

@@ -210,9 +210,6 @@ macro_rules! llama_reference_tests {
 }
 
 llama_reference_tests!(stories260k, stories260k_cpu_f32, model_dir("stories260k"));
-// The same model with the AVX-512 kernels of highest priority: a matmul that packs its weights
-// at load, and a tied classifier packed apart from the embedding rows.
-llama_reference_tests!(stories260k_avx512, stories260k_cpu_avx512, model_dir("stories260k"));
 llama_reference_tests!(aidreams260k, aidreams260k_cpu_f32, model_dir("aidreams260k"));
 // Untied embeddings (the classifier is lm_head.weight) and the scalar reference kernels.
 llama_reference_tests!(stories260k_untied, stories260k_untied_scalar, untied_stories260k());

@@ -1,0 +1,120 @@
+//! Crates whose matmul packs its weights at load (`matmul/avx512-packed-threads`), on the real
+//! models against the reference outputs. No committed workload gets that kernel (the rankings
+//! and the declared priorities choose others), so each test generates its crate from a scratch
+//! copy of the registry in which the packing kernel has the highest priority, builds it, and
+//! runs its binary: stories260k (LLaMA; its classifier is tied to the embedding rows, which stay
+//! unpacked, and its 64-wide matrices end in a partial block) and all-MiniLM-L6-v2 (BERT).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use monogen_tests::{
+    build_crate, copy_dir, ids, max_abs_diff, model_dir, read_npy_f32, reference_json, workspace_root,
+};
+use serde_json::Value;
+
+/// The AVX-512 features a generated crate may use on this machine (as the committed
+/// `all-minilm-l6-v2-cpu-f32` lists them).
+const AVX512: &str = r#""avx512f", "avx512cd", "avx512bw", "avx512dq", "avx512vl""#;
+
+/// Generates `workload` (a file of `workloads/`, renamed `name`, without its hardware class and
+/// with the AVX-512 features) from a scratch registry that prefers the packing kernel, builds
+/// it and returns its binary; `None` on a CPU without AVX-512F.
+fn packed_crate(scratch: &Path, workload: &str, name: &str) -> Option<PathBuf> {
+    if !std::arch::is_x86_feature_detected!("avx512f") {
+        eprintln!("skipped: this CPU has no AVX-512F");
+        return None;
+    }
+    for dir in ["interfaces", "implementations", "templates"] {
+        copy_dir(&workspace_root().join(dir), &scratch.join(dir));
+    }
+    let manifest = scratch.join("implementations/matmul/avx512-packed-threads/manifest.toml");
+    let text = std::fs::read_to_string(&manifest).unwrap();
+    let priority = text.lines().find(|l| l.starts_with("priority = ")).unwrap().to_string();
+    std::fs::write(&manifest, text.replace(&priority, "priority = 1000")).unwrap();
+
+    let text = std::fs::read_to_string(workspace_root().join("workloads").join(workload)).unwrap();
+    let old_name = text.lines().find(|l| l.starts_with("name = ")).unwrap().to_string();
+    let mut text = text
+        .replace(&old_name, &format!("name = \"{name}\""))
+        .lines()
+        .filter(|l| !l.starts_with("hardware = "))
+        .collect::<Vec<_>>()
+        .join("\n");
+    if !text.contains("avx512f") {
+        text = text.replace(r#""movbe"]"#, &format!(r#""movbe", {AVX512}]"#));
+    }
+    let path = scratch.join("workload.toml");
+    std::fs::write(&path, text).unwrap();
+
+    let project = monogen::Project::load(scratch).unwrap();
+    let out = scratch.join(name);
+    let (plan, output) = project.generate_into(&path, Some(&out)).unwrap();
+    let chosen = &plan.interface("matmul").chosen;
+    assert!(chosen.packs_weights, "matmul/{} does not pack", chosen.name);
+    monogen::write::write(&out, &output, false).unwrap();
+    let source = std::fs::read_to_string(out.join("src/weights.rs")).unwrap();
+    assert!(source.contains(".packed("), "{source}");
+    Some(build_crate(&out, name))
+}
+
+fn json(binary: &Path, args: &[&str]) -> Value {
+    let out = Command::new(binary).args(args).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+#[test]
+fn a_llama_crate_with_packed_weights_continues_as_the_reference() {
+    let Some(model) = model_dir("stories260k") else { return };
+    let scratch = tempfile::tempdir().unwrap();
+    let Some(binary) = packed_crate(scratch.path(), "stories260k-cpu-f32.toml", "stories260k-packed") else {
+        return;
+    };
+    let weights = std::fs::read_to_string(scratch.path().join("stories260k-packed/src/weights.rs")).unwrap();
+    assert!(weights.contains("classifier"), "a tied classifier gets its packed copy: {weights}");
+    let reference = reference_json(&model);
+    for case in reference["greedy"].as_array().unwrap() {
+        let prompt_ids: Vec<String> = ids(&case["prompt_ids"]).iter().map(u32::to_string).collect();
+        let out = json(
+            &binary,
+            &[
+                "--model",
+                model.to_str().unwrap(),
+                "--prompt-ids",
+                &prompt_ids.join(","),
+                "--max-tokens",
+                "32",
+                "--json",
+            ],
+        );
+        let want = ids(&case["new_ids"]);
+        assert_eq!(ids(&out["generated_ids"]), want[..want.len().min(32)], "{}", case["prompt"]);
+    }
+}
+
+#[test]
+fn a_bert_crate_with_packed_weights_embeds_as_the_reference() {
+    let Some(model) = model_dir("all-minilm-l6-v2") else { return };
+    let scratch = tempfile::tempdir().unwrap();
+    let Some(binary) = packed_crate(scratch.path(), "all-minilm-l6-v2-cpu-f32.toml", "all-minilm-packed")
+    else {
+        return;
+    };
+    let reference = reference_json(&model);
+    let texts: Vec<&str> =
+        reference["sentences"].as_array().unwrap().iter().map(|s| s["text"].as_str().unwrap()).collect();
+    let mut args = vec!["--model", model.to_str().unwrap(), "--normalize", "--json"];
+    for text in &texts {
+        args.extend(["--text", text]);
+    }
+    let out = json(&binary, &args);
+    let (shape, values) = read_npy_f32(&model.join("reference/normalized.npy"));
+    let embeddings = out["embeddings"].as_array().unwrap();
+    assert_eq!(embeddings.len(), shape[0]);
+    for (i, vector) in embeddings.iter().enumerate() {
+        let got: Vec<f32> = vector.as_array().unwrap().iter().map(|v| v.as_f64().unwrap() as f32).collect();
+        let (diff, _) = max_abs_diff(&got, &values[i * shape[1]..(i + 1) * shape[1]]);
+        assert!(diff <= 1e-4, "sentence {i}: {diff}");
+    }
+}
