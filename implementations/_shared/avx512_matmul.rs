@@ -530,6 +530,22 @@ impl<W: Weight> Product<W> {
         let xs: [*const f32; R] = std::array::from_fn(|i| unsafe { self.x.add((r + i) * k) });
         let ws: [*const W; C] = std::array::from_fn(|c| unsafe { self.w.add((j + c) * k) });
         let mut at = ks.start;
+        // At the steps `prefetch` names, the cache line at `at` of each of the next block's
+        // weight rows.
+        macro_rules! prefetch_next {
+            () => {
+                if prefetch.period > 0 {
+                    if countdown == 0 {
+                        for w in ws {
+                            // A prefetch never faults, even past the end of the weights.
+                            _mm_prefetch::<_MM_HINT_T0>(w.wrapping_add(C * k + at).cast());
+                        }
+                        countdown = prefetch.period;
+                    }
+                    countdown -= 1;
+                }
+            };
+        }
         // One step of 16 values of K into the accumulators `$acc`, and its prefetches.
         macro_rules! step {
             ($acc:ident) => {
@@ -543,16 +559,7 @@ impl<W: Weight> Product<W> {
                         $acc[i][c] = _mm512_fmadd_ps(xv[i], wv, $acc[i][c]);
                     }
                 }
-                if prefetch.period > 0 {
-                    if countdown == 0 {
-                        for w in ws {
-                            // A prefetch never faults, even past the end of the weights.
-                            _mm_prefetch::<_MM_HINT_T0>(w.wrapping_add(C * k + at).cast());
-                        }
-                        countdown = prefetch.period;
-                    }
-                    countdown -= 1;
-                }
+                prefetch_next!();
                 at += LANES;
             };
         }
@@ -572,15 +579,7 @@ impl<W: Weight> Product<W> {
                         $odd[i][c] = _mm512_fmadd_ps(xv[i][1], wo, $odd[i][c]);
                     }
                 }
-                if prefetch.period > 0 {
-                    if countdown == 0 {
-                        for w in ws {
-                            _mm_prefetch::<_MM_HINT_T0>(w.wrapping_add(C * k + at).cast());
-                        }
-                        countdown = prefetch.period;
-                    }
-                    countdown -= 1;
-                }
+                prefetch_next!();
                 at += PAIR;
             };
         }
