@@ -8,8 +8,10 @@
 //! weights that every activation row multiplies by its value of K, broadcast: `out[r, j..j +
 //! 48]` gathers in 3 accumulators per row, lane by lane, with no reduction at the end and no
 //! lane wasted whatever the number of rows. Up to [`GROUP`] rows share one pass over a block
-//! (27 accumulators); more rows go in as few groups as that allows, of equal sizes, each a pass
-//! over the whole block: the first streams it from memory, the others read it again from L2.
+//! (27 accumulators); up to [`WIDE`] take its first 2 vectors, then its third, so that each
+//! line of the block is still read from memory once; more rows go in as few groups of at most
+//! 9 as possible, of equal sizes, each a pass over the whole block: the first streams it from
+//! memory, the others read it again from L2.
 //!
 //! Where the dot products of `shared/avx512_matmul.rs` spend a transposing reduction on every
 //! 16 results, these tiles only multiply and add: 9 rows of all-MiniLM's 384 × 384 matrices,
