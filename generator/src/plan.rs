@@ -97,6 +97,11 @@ pub struct InterfacePlan {
     pub unmeasured: Vec<String>,
 }
 
+/// Whether the chosen `matmul` reads weights that its `pack` rewrote at load.
+pub fn matmul_packs_weights(interfaces: &[InterfacePlan]) -> bool {
+    interfaces.iter().any(|i| i.interface == "matmul" && i.chosen.packs_weights)
+}
+
 /// The implementation picked for an interface.
 #[derive(Debug, Clone, Serialize)]
 pub struct Chosen {

@@ -238,7 +238,7 @@ pub fn resolve(
     if let Consts::Llama(c) = &mut consts {
         // Int8 matrices are quantized copies in anonymous memory already, and so are the
         // matrices of a matmul that packs its weights.
-        let packed = interfaces.iter().any(|i| i.interface == "matmul" && i.chosen.packs_weights);
+        let packed = crate::plan::matmul_packs_weights(&interfaces);
         c.resident_weights =
             w.weights.dtype != Dtype::Int8 && !packed && footprint.weight_bytes >= RESIDENT_WEIGHT_BYTES;
     }

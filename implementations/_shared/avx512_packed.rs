@@ -16,7 +16,7 @@
 //! Where the dot products of `shared/avx512_matmul.rs` spend a transposing reduction on every
 //! 16 results, these tiles only multiply and add: 9 rows of all-MiniLM's 384 × 384 matrices,
 //! resident in L2, ran at 169-170 GFLOP/s on one thread (97% of its FMA peak) against 111 for
-//! the dot products, and 72 such matrices streamed from memory in 1.84-1.87 ms against
+//! the dot products, and 72 such matrices streamed from memory in 1.84-1.91 ms against
 //! 2.27-2.33 (`tests/kernels/examples`, since removed).
 //!
 //! # Safety
@@ -47,7 +47,7 @@ const WIDE: usize = 13;
 /// Steps along K between a prefetch and the step that reads its lines: 32 steps of a block
 /// are 6 KiB ahead. On 72 of all-MiniLM's 384 × 384 matrices at 9 rows, one thread: no
 /// prefetch 2.99-3.31 ms, 4 steps 2.41-2.64, 8 steps 2.15-2.27, 16 steps 1.92-1.97, 32 steps
-/// 1.84-1.87, 64 steps 1.85-1.88.
+/// 1.84-1.91, 64 steps 1.85-1.88.
 const AHEAD: usize = 32;
 
 /// Values the packed form of `[n, k]` weights holds: `n` rounded up to a multiple of 16, by

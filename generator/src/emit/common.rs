@@ -30,7 +30,9 @@ impl Matrices {
         match plan.workload.weights.dtype {
             Dtype::Bf16 => Matrices::Bf16,
             Dtype::Int8 => Matrices::Q8,
-            Dtype::F32 | Dtype::F16 if packs_weights(plan) => Matrices::Packed,
+            Dtype::F32 | Dtype::F16 if crate::plan::matmul_packs_weights(&plan.interfaces) => {
+                Matrices::Packed
+            }
             Dtype::F32 | Dtype::F16 => Matrices::F32,
         }
     }
@@ -118,11 +120,6 @@ impl Matrices {
             Matrices::Q8 => quote!(matmul_q8::<#n, #k>(#out, #x, #w.values(), #w.scales(), #rows);),
         }
     }
-}
-
-/// Whether the crate's `matmul` reads its weights packed by its own `pack`.
-fn packs_weights(plan: &Plan) -> bool {
-    plan.interfaces.iter().any(|i| i.interface == "matmul" && i.chosen.packs_weights)
 }
 
 /// The compile-time guards of a crate's lib.rs: the target arch its kernels were compiled for

@@ -279,31 +279,32 @@ fn trait_impl(imp: &Implementation) -> TokenStream {
     let m = module_ident(imp);
     let doc = format!(" {}/{} {}", imp.interface, imp.name, imp.version);
     let body = match imp.interface.as_str() {
-        "matmul" if imp.packs_weights => quote! {
-            impl harness::Matmul for #ty {
-                type Weights = Vec<f32>;
-                /// Packed by the kernel, as the crate packs them at load.
-                fn weights(w: &[f32], n: usize, k: usize) -> Vec<f32> {
-                    kernels::#m::pack(w, n, k)
+        "matmul" => {
+            let weights = if imp.packs_weights {
+                quote! {
+                    /// Packed by the kernel, as the crate packs them at load.
+                    fn weights(w: &[f32], n: usize, k: usize) -> Vec<f32> {
+                        kernels::#m::pack(w, n, k)
+                    }
                 }
-                #[inline]
-                fn matmul<const N: usize, const K: usize>(out: &mut [f32], x: &[f32], w: &Vec<f32>, rows: usize) {
-                    kernels::#m::matmul::<N, K>(out, x, w, rows)
+            } else {
+                quote! {
+                    fn weights(w: &[f32], _n: usize, _k: usize) -> Vec<f32> {
+                        w.to_vec()
+                    }
+                }
+            };
+            quote! {
+                impl harness::Matmul for #ty {
+                    type Weights = Vec<f32>;
+                    #weights
+                    #[inline]
+                    fn matmul<const N: usize, const K: usize>(out: &mut [f32], x: &[f32], w: &Vec<f32>, rows: usize) {
+                        kernels::#m::matmul::<N, K>(out, x, w, rows)
+                    }
                 }
             }
-        },
-        "matmul" => quote! {
-            impl harness::Matmul for #ty {
-                type Weights = Vec<f32>;
-                fn weights(w: &[f32], _n: usize, _k: usize) -> Vec<f32> {
-                    w.to_vec()
-                }
-                #[inline]
-                fn matmul<const N: usize, const K: usize>(out: &mut [f32], x: &[f32], w: &Vec<f32>, rows: usize) {
-                    kernels::#m::matmul::<N, K>(out, x, w, rows)
-                }
-            }
-        },
+        }
         "matmul_bf16" => quote! {
             impl harness::Matmul for #ty {
                 type Weights = Vec<u16>;
