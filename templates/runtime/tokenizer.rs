@@ -7,7 +7,7 @@ use tokenizers::{
     PreTokenizerWrapper,
 };
 
-use crate::{Error, VOCAB_SIZE};
+use crate::{Error, VOCAB_SIZE, tokenizer_file};
 
 /// The tokenizer of the model directory.
 pub struct Tokenizer {
@@ -22,7 +22,7 @@ impl Tokenizer {
         if let Err(source) = std::fs::metadata(&path) {
             return Err(Error::Io { path, source });
         }
-        let mut inner = tokenizers::Tokenizer::from_file(&path)
+        let mut inner = tokenizer_file::read(&path)
             .map_err(|e| Error::Tokenizer { path: path.clone(), reason: e.to_string() })?;
         // Prompts are encoded as they are: no padding, no silent truncation.
         inner.with_padding(None);
@@ -30,7 +30,7 @@ impl Tokenizer {
             .with_truncation(None)
             .map_err(|e| Error::Tokenizer { path: path.clone(), reason: e.to_string() })?;
         // Every id the tokenizer can produce, added tokens included, needs an embedding row.
-        let largest = largest_id(&inner);
+        let largest = tokenizer_file::largest_id(&inner);
         if largest as usize >= VOCAB_SIZE {
             return Err(Error::VocabularyMismatch { path, largest, expected: VOCAB_SIZE });
         }
@@ -58,21 +58,6 @@ impl Tokenizer {
     fn error(&self, reason: String) -> Error {
         Error::Tokenizer { path: self.path.clone(), reason }
     }
-}
-
-/// The largest id the tokenizer can produce, added tokens included. When its n tokens hold
-/// the ids 0..n, as trained vocabularies do, none can hold a larger one: n lookups settle it
-/// without the copy of the whole vocabulary that `get_vocab` makes (about 4 ms of a
-/// 32000-token tokenizer's load). Otherwise, that copy.
-fn largest_id(tokenizer: &tokenizers::Tokenizer) -> u32 {
-    let tokens = tokenizer.get_vocab_size(true);
-    if let Ok(n) = u32::try_from(tokens)
-        && n > 0
-        && (0..n).all(|id| tokenizer.id_to_token(id).is_some())
-    {
-        return n - 1;
-    }
-    tokenizer.get_vocab(true).into_values().max().unwrap_or(0)
 }
 
 /// Text of a growing sequence of ids, piece by piece (see [`Tokenizer::stream`]).

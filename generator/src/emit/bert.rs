@@ -18,7 +18,7 @@ use crate::workload::Pooling;
 
 /// The crates every BERT crate depends on (versions in templates/dependencies.toml).
 pub const DEPENDENCIES: &[&str] =
-    &["clap", "memmap2", "safetensors", "serde_json", "thiserror", "tokenizers"];
+    &["clap", "memmap2", "safetensors", "serde", "serde_json", "thiserror", "tokenizers"];
 
 /// Every `.rs` file of the crate: (relative path, formatted body without header).
 pub fn rust_files(
@@ -35,7 +35,7 @@ pub fn rust_files(
         ("src/cpu.rs".to_string(), rust_source::print_tokens(common::cpu_rs(plan))),
         ("src/kernels/mod.rs".to_string(), rust_source::print_tokens(common::kernels_mod_rs(plan))),
     ];
-    for file in ["error.rs", "tensor_file.rs"] {
+    for file in ["error.rs", "tensor_file.rs", "tokenizer_file.rs"] {
         files.push((format!("src/{file}"), rust_source::print(&templates.runtime(file, &krate)?)));
     }
     files.push((
@@ -128,6 +128,7 @@ fn lib_rs(plan: &Plan) -> TokenStream {
         #q8_mod
         mod tensor_file;
         pub mod tokenizer;
+        mod tokenizer_file;
         pub mod weights;
 
         pub use error::Error;

@@ -14,10 +14,11 @@ use crate::workload::RopeScaling;
 
 /// The crates every LLaMA crate depends on (versions in templates/dependencies.toml).
 pub const DEPENDENCIES: &[&str] =
-    &["clap", "memmap2", "safetensors", "serde_json", "thiserror", "tokenizers"];
+    &["clap", "memmap2", "safetensors", "serde", "serde_json", "thiserror", "tokenizers"];
 
 /// The fixed runtime files, copied through syn and prettyplease.
-const RUNTIME_FILES: &[&str] = &["error.rs", "generate.rs", "main.rs", "tensor_file.rs", "tokenizer.rs"];
+const RUNTIME_FILES: &[&str] =
+    &["error.rs", "generate.rs", "main.rs", "tensor_file.rs", "tokenizer.rs", "tokenizer_file.rs"];
 
 /// Every `.rs` file of the crate: (relative path, formatted body without header).
 pub fn rust_files(
@@ -124,6 +125,7 @@ fn lib_rs(plan: &Plan) -> TokenStream {
         #resident_mod
         mod tensor_file;
         pub mod tokenizer;
+        mod tokenizer_file;
         pub mod weights;
 
         pub use error::Error;

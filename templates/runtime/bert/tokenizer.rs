@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 use tokenizers::TruncationParams;
 
-use crate::{Error, MAX_SEQ_LEN, VOCAB_SIZE};
+use crate::{Error, MAX_SEQ_LEN, VOCAB_SIZE, tokenizer_file};
 
 /// The tokenizer of the model directory.
 pub struct Tokenizer {
@@ -25,13 +25,13 @@ impl Tokenizer {
             return Err(Error::Io { path, source });
         }
         let fail = |e: tokenizers::Error| Error::Tokenizer { path: path.clone(), reason: e.to_string() };
-        let mut inner = tokenizers::Tokenizer::from_file(&path).map_err(fail)?;
+        let mut inner = tokenizer_file::read(&path).map_err(fail)?;
         inner.with_padding(None);
         let truncation = inner.get_truncation().cloned().unwrap_or_default();
         let max_len = if inner.get_truncation().is_some() { truncation.max_length.min(MAX_SEQ_LEN) } else { MAX_SEQ_LEN };
         inner.with_truncation(Some(TruncationParams { max_length: max_len, ..truncation })).map_err(fail)?;
         // Every id the tokenizer can produce, added tokens included, needs an embedding row.
-        let largest = largest_id(&inner);
+        let largest = tokenizer_file::largest_id(&inner);
         if largest as usize >= VOCAB_SIZE {
             return Err(Error::VocabularyMismatch { path, largest, expected: VOCAB_SIZE });
         }
@@ -52,19 +52,4 @@ impl Tokenizer {
             .map_err(|e| Error::Tokenizer { path: self.path.clone(), reason: e.to_string() })?;
         Ok(encoding.get_ids().to_vec())
     }
-}
-
-/// The largest id the tokenizer can produce, added tokens included. When its n tokens hold
-/// the ids 0..n, as trained vocabularies do, none can hold a larger one: n lookups settle it
-/// without the copy of the whole vocabulary that `get_vocab` makes (about 4 ms of a
-/// 32000-token tokenizer's load). Otherwise, that copy.
-fn largest_id(tokenizer: &tokenizers::Tokenizer) -> u32 {
-    let tokens = tokenizer.get_vocab_size(true);
-    if let Ok(n) = u32::try_from(tokens)
-        && n > 0
-        && (0..n).all(|id| tokenizer.id_to_token(id).is_some())
-    {
-        return n - 1;
-    }
-    tokenizer.get_vocab(true).into_values().max().unwrap_or(0)
 }

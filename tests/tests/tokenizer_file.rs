@@ -1,0 +1,186 @@
+//! `templates/runtime/tokenizer_file.rs`, the tokenizer.json reader of every generated crate,
+//! builds the tokenizer that `tokenizers::Tokenizer::from_file` builds: same serialized form,
+//! same ids for the same text, the same refusals.
+
+#[path = "../../templates/runtime/tokenizer_file.rs"]
+mod tokenizer_file;
+
+use std::path::{Path, PathBuf};
+
+use monogen::workload::WorkloadSource;
+use monogen_tests::{model_dir, workspace_root};
+use serde_json::Value;
+use tokenizers::Tokenizer;
+
+const TEXTS: &[&str] = &[
+    "Once upon a time, there was a little girl named Lily.",
+    "  leading spaces, trailing spaces  ",
+    "Ünïcödé, emoji 🦀 and 漢字",
+    "<s> special </s> tokens <unk> in text",
+    "",
+];
+
+/// Every tokenizer.json at hand: the real models', the test fixtures' and a synthetic one.
+fn tokenizer_files(synthetic: &Path) -> Vec<PathBuf> {
+    let mut files = Vec::new();
+    for name in ["stories260k", "aidreams260k", "all-minilm-l6-v2"] {
+        if let Some(dir) = model_dir(name) {
+            files.push(dir.join("tokenizer.json"));
+        }
+    }
+    let fixtures = workspace_root().join("tests/fixtures");
+    let mut fixtures: Vec<PathBuf> = std::fs::read_dir(fixtures)
+        .unwrap()
+        .map(|entry| entry.unwrap().path().join("tokenizer.json"))
+        .collect();
+    fixtures.sort();
+    files.extend(fixtures);
+    let workload = WorkloadSource::read(&workspace_root().join("workloads/stories15m-bench-cpu-f32.toml"))
+        .unwrap()
+        .parse()
+        .unwrap();
+    monogen::synth::write_model_dir(&workload, synthetic, 3).unwrap();
+    files.push(synthetic.join("tokenizer.json"));
+    files
+}
+
+/// The reader and `from_file` agree on `text`: both build, or both refuse.
+fn assert_same(what: &str, text: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("tokenizer.json");
+    std::fs::write(&path, text).unwrap();
+    match (tokenizer_file::read(&path), Tokenizer::from_file(&path)) {
+        (Ok(ours), Ok(theirs)) => {
+            assert_eq!(ours.to_string(false).unwrap(), theirs.to_string(false).unwrap(), "{what}");
+            assert_eq!(tokenizer_file::largest_id(&ours), tokenizer_file::largest_id(&theirs), "{what}");
+            for sample in TEXTS {
+                let (a, b) = (ours.encode(*sample, true).unwrap(), theirs.encode(*sample, true).unwrap());
+                assert_eq!(a.get_ids(), b.get_ids(), "{what}: {sample:?}");
+                assert_eq!(
+                    ours.decode(a.get_ids(), true).unwrap(),
+                    theirs.decode(b.get_ids(), true).unwrap(),
+                    "{what}"
+                );
+            }
+        }
+        (Err(_), Err(_)) => {}
+        (ours, theirs) => panic!(
+            "{what}: the reader gives {:?}, from_file {:?}",
+            ours.map(|_| "a tokenizer").map_err(|e| e.to_string()),
+            theirs.map(|_| "a tokenizer").map_err(|e| e.to_string()),
+        ),
+    }
+}
+
+#[test]
+fn builds_what_from_file_builds() {
+    let synthetic = tempfile::tempdir().unwrap();
+    let files = tokenizer_files(synthetic.path());
+    assert!(files.len() >= 7, "{files:?}");
+    let mut models = std::collections::BTreeSet::new();
+    for file in files {
+        let text = std::fs::read_to_string(&file).unwrap();
+        let json: Value = serde_json::from_str(&text).unwrap();
+        models.insert(json["model"]["type"].as_str().unwrap().to_string());
+        assert_same(&file.display().to_string(), &text);
+    }
+    // BPE (the LLaMA tokenizers), WordPiece (all-MiniLM), WordLevel (synthetic).
+    assert!(models.len() >= 2, "{models:?}");
+}
+
+#[test]
+fn variants_of_the_format_read_as_from_file_reads_them() {
+    let synthetic = tempfile::tempdir().unwrap();
+    let file =
+        tokenizer_files(synthetic.path()).into_iter().find(|f| f.starts_with(workspace_root())).unwrap();
+    let base: Value = serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
+    let edit = |change: &dyn Fn(&mut Value)| {
+        let mut json = base.clone();
+        change(&mut json);
+        json.to_string()
+    };
+
+    // An old file whose model has no `type`, and whose merges are "a b" strings.
+    assert_same(
+        "model without type",
+        &edit(&|j| {
+            j["model"].as_object_mut().unwrap().remove("type");
+        }),
+    );
+    assert_same(
+        "legacy merges",
+        &edit(&|j| {
+            let merges: Vec<Value> = j["model"]["merges"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|m| match m {
+                    Value::Array(pair) => {
+                        Value::String(format!("{} {}", pair[0].as_str().unwrap(), pair[1].as_str().unwrap()))
+                    }
+                    other => other.clone(),
+                })
+                .collect();
+            j["model"]["merges"] = Value::Array(merges);
+        }),
+    );
+    // Fields left out, fields unknown, fields null.
+    assert_same(
+        "no added tokens",
+        &edit(&|j| {
+            j.as_object_mut().unwrap().remove("added_tokens");
+        }),
+    );
+    assert_same(
+        "no version",
+        &edit(&|j| {
+            j.as_object_mut().unwrap().remove("version");
+        }),
+    );
+    // An unknown field: `from_file` stumbles on it (its deserializer reads the key and not the
+    // value), the reader skips it.
+    let dir = tempfile::tempdir().unwrap();
+    let (plain, commented) = (dir.path().join("plain.json"), dir.path().join("commented.json"));
+    std::fs::write(&plain, base.to_string()).unwrap();
+    std::fs::write(&commented, edit(&|j| j["comment"] = Value::from("ignored"))).unwrap();
+    assert_eq!(
+        tokenizer_file::read(&commented).unwrap().to_string(false).unwrap(),
+        Tokenizer::from_file(&plain).unwrap().to_string(false).unwrap(),
+    );
+    assert_same("no decoder", &edit(&|j| j["decoder"] = Value::Null));
+    assert_same(
+        "an added token beyond the vocabulary",
+        &edit(&|j| {
+            let tokens = j["added_tokens"].as_array_mut().unwrap();
+            let mut token = tokens[0].clone();
+            token["content"] = Value::from("<new>");
+            token["id"] = Value::from(1_000_000);
+            tokens.push(token);
+        }),
+    );
+
+    // Refusals.
+    assert_same("version 2.0", &edit(&|j| j["version"] = Value::from("2.0")));
+    assert_same(
+        "no model",
+        &edit(&|j| {
+            j.as_object_mut().unwrap().remove("model");
+        }),
+    );
+    assert_same("unknown model type", &edit(&|j| j["model"]["type"] = Value::from("Tiktoken")));
+    assert_same(
+        "model without vocab",
+        &edit(&|j| {
+            j["model"].as_object_mut().unwrap().remove("vocab");
+        }),
+    );
+    assert_same(
+        "added token without id",
+        &edit(&|j| {
+            j["added_tokens"][0].as_object_mut().unwrap().remove("id");
+        }),
+    );
+    let text = base.to_string();
+    assert_same("truncated", &text[..text.len() / 2]);
+    assert_same("not JSON", "{ not json");
+}
