@@ -3,7 +3,8 @@
 //!
 //! `from_file` buffers the whole `model` object (for a 32000-token vocabulary, 32000 strings)
 //! into a `serde_json::Value` to learn its `type`, then deserializes the model from that copy.
-//! Here the model stays raw JSON text: its `type` is read on its own, and the deserializer of
+//! Here the model stays raw JSON text: its `type` is read on its own (from the first key, where
+//! `tokenizers` writes it, without scanning the rest), and the deserializer of
 //! that model (`BPE`, `WordPiece`, `WordLevel`, `Unigram`), the one `from_file` runs on the
 //! copy, runs on the text. A model without a `type` (an old format) goes through
 //! `ModelWrapper`'s deserializer, as in `from_file`. The other fields are read as
@@ -13,6 +14,7 @@
 use std::path::Path;
 
 use serde::Deserialize;
+use serde::de::{Deserializer, Error as _, MapAccess, Visitor};
 use serde_json::value::RawValue;
 use tokenizers::models::{bpe::BPE, unigram::Unigram, wordlevel::WordLevel, wordpiece::WordPiece};
 use tokenizers::{
@@ -54,6 +56,36 @@ struct ModelType {
     name: Option<String>,
 }
 
+/// Reads a map's first entry if its key is `type`, and stops there (with an error that
+/// [`model_type`] drops): the rest of the model, its whole vocabulary, is not scanned.
+struct FirstKeyType<'a>(&'a mut Option<String>);
+
+impl<'de> Visitor<'de> for FirstKeyType<'_> {
+    type Value = ();
+
+    fn expecting(&self, formatter: &mut std::fmt::Formatter) -> std::fmt::Result {
+        formatter.write_str("a model object")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+        if map.next_key::<String>()?.as_deref() == Some("type") {
+            *self.0 = map.next_value()?;
+        }
+        Err(A::Error::custom("read the first key only"))
+    }
+}
+
+/// The model's `type`: read from the first key when it is there (`tokenizers` writes it first),
+/// else from a scan of the whole object.
+fn model_type(json: &str) -> serde_json::Result<Option<String>> {
+    let mut first = None;
+    let _stopped = serde_json::Deserializer::from_str(json).deserialize_map(FirstKeyType(&mut first));
+    if first.is_some() {
+        return Ok(first);
+    }
+    Ok(serde_json::from_str::<ModelType>(json)?.name)
+}
+
 /// Reads the tokenizer.json at `path`.
 pub fn read(path: &Path) -> Result<Tokenizer, tokenizers::Error> {
     parse(&std::fs::read_to_string(path)?)
@@ -68,7 +100,7 @@ pub fn parse(text: &str) -> Result<Tokenizer, tokenizers::Error> {
         return Err(format!("Unknown tokenizer version '{version}'").into());
     }
     let json = file.model.get();
-    let model: ModelWrapper = match serde_json::from_str::<ModelType>(json)?.name.as_deref() {
+    let model: ModelWrapper = match model_type(json)?.as_deref() {
         Some("BPE") => serde_json::from_str::<BPE>(json)?.into(),
         Some("WordPiece") => serde_json::from_str::<WordPiece>(json)?.into(),
         Some("WordLevel") => serde_json::from_str::<WordLevel>(json)?.into(),
