@@ -22,7 +22,7 @@ impl Tokenizer {
         if let Err(source) = std::fs::metadata(&path) {
             return Err(Error::Io { path, source });
         }
-        let mut inner = tokenizer_file::read(&path)
+        let (mut inner, largest) = tokenizer_file::read(&path)
             .map_err(|e| Error::Tokenizer { path: path.clone(), reason: e.to_string() })?;
         // Prompts are encoded as they are: no padding, no silent truncation.
         inner.with_padding(None);
@@ -30,7 +30,6 @@ impl Tokenizer {
             .with_truncation(None)
             .map_err(|e| Error::Tokenizer { path: path.clone(), reason: e.to_string() })?;
         // Every id the tokenizer can produce, added tokens included, needs an embedding row.
-        let largest = tokenizer_file::largest_id(&inner);
         if largest as usize >= VOCAB_SIZE {
             return Err(Error::VocabularyMismatch { path, largest, expected: VOCAB_SIZE });
         }

@@ -25,13 +25,12 @@ impl Tokenizer {
             return Err(Error::Io { path, source });
         }
         let fail = |e: tokenizers::Error| Error::Tokenizer { path: path.clone(), reason: e.to_string() };
-        let mut inner = tokenizer_file::read(&path).map_err(fail)?;
+        let (mut inner, largest) = tokenizer_file::read(&path).map_err(fail)?;
         inner.with_padding(None);
         let truncation = inner.get_truncation().cloned().unwrap_or_default();
         let max_len = if inner.get_truncation().is_some() { truncation.max_length.min(MAX_SEQ_LEN) } else { MAX_SEQ_LEN };
         inner.with_truncation(Some(TruncationParams { max_length: max_len, ..truncation })).map_err(fail)?;
         // Every id the tokenizer can produce, added tokens included, needs an embedding row.
-        let largest = tokenizer_file::largest_id(&inner);
         if largest as usize >= VOCAB_SIZE {
             return Err(Error::VocabularyMismatch { path, largest, expected: VOCAB_SIZE });
         }
