@@ -5,12 +5,16 @@
 //! into a `serde_json::Value` to learn its `type`, then deserializes the model from that copy.
 //! Here the model stays raw JSON text: one scan reads its `type` and its vocabulary's largest
 //! id (so that no lookup of every id is needed to check them against the model), and the
-//! deserializer of
-//! that model (`BPE`, `WordPiece`, `WordLevel`, `Unigram`), the one `from_file` runs on the
-//! copy, runs on the text. A model without a `type` (an old format) goes through
-//! `ModelWrapper`'s deserializer, as in `from_file`. The other fields are read as
+//! deserializer of that model (`BPE`, `WordPiece`, `WordLevel`, `Unigram`), the one
+//! `from_file` runs on the copy, runs on the text. A model without a `type` (an old format)
+//! goes through `ModelWrapper`'s deserializer, as in `from_file`. The other fields are read as
 //! `TokenizerImpl`'s deserializer reads them: version 1.0 only, the model and its pipeline,
 //! then the added tokens, added to the model's vocabulary.
+//!
+//! Where the two differ, on files no tokenizer library writes: this reader skips an unknown
+//! top-level field (`from_file` fails on it, reading its key but not its value) and takes a
+//! null `version` for none, and it refuses a top-level field given twice (`from_file` keeps
+//! the last) and a model `type` written with escapes.
 
 use std::path::Path;
 
@@ -23,8 +27,7 @@ use tokenizers::{
     PreTokenizerWrapper, Tokenizer, TokenizerBuilder, TruncationParams,
 };
 
-/// The fields of a tokenizer.json, the model left as JSON text. Other fields are ignored, as
-/// `from_file` ignores them.
+/// The fields of a tokenizer.json, the model left as JSON text. Other fields are skipped.
 #[derive(Deserialize)]
 struct File<'a> {
     version: Option<String>,
@@ -138,7 +141,9 @@ fn summary(json: &str) -> serde_json::Result<ModelSummary> {
     }
 }
 
-/// Reads the tokenizer.json at `path`: the tokenizer, and the largest id it can produce.
+/// Reads the tokenizer.json at `path`: the tokenizer, and the largest id its model and added
+/// tokens can produce (a post-processor's own special-token ids are not among them: the
+/// session checks every id of a prompt).
 pub fn read(path: &Path) -> Result<(Tokenizer, u32), tokenizers::Error> {
     parse(&std::fs::read_to_string(path)?)
 }

@@ -1,6 +1,7 @@
 //! `templates/runtime/tokenizer_file.rs`, the tokenizer.json reader of every generated crate,
-//! builds the tokenizer that `tokenizers::Tokenizer::from_file` builds: same serialized form,
-//! same ids for the same text, the same refusals.
+//! builds the tokenizer that `tokenizers::Tokenizer::from_file` builds (same serialized form,
+//! same ids for the same text) and finds the largest id it can produce, and it refuses what
+//! `from_file` refuses, but for the differences the reader documents.
 
 #[path = "../../templates/runtime/tokenizer_file.rs"]
 mod tokenizer_file;
@@ -44,13 +45,14 @@ fn tokenizer_files(synthetic: &Path) -> Vec<PathBuf> {
     files
 }
 
-/// The reader and `from_file` agree on `text`: both build, or both refuse.
-fn assert_same(what: &str, text: &str) {
+/// The reader and `from_file` agree on `text`: both build the same tokenizer (and the reader
+/// the largest id), or, where `builds` is false, both refuse.
+fn assert_same(what: &str, text: &str, builds: bool) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("tokenizer.json");
     std::fs::write(&path, text).unwrap();
     match (tokenizer_file::read(&path), Tokenizer::from_file(&path)) {
-        (Ok((ours, largest)), Ok(theirs)) => {
+        (Ok((ours, largest)), Ok(theirs)) if builds => {
             assert_eq!(ours.to_string(false).unwrap(), theirs.to_string(false).unwrap(), "{what}");
             // The largest id any token of the vocabulary or the added tokens has.
             assert_eq!(Some(largest), theirs.get_vocab(true).into_values().max(), "{what}");
@@ -64,13 +66,26 @@ fn assert_same(what: &str, text: &str) {
                 );
             }
         }
-        (Err(_), Err(_)) => {}
+        (Err(_), Err(_)) if !builds => {}
         (ours, theirs) => panic!(
-            "{what}: the reader gives {:?}, from_file {:?}",
+            "{what}: expected both to {}, but the reader gives {:?}, from_file {:?}",
+            if builds { "build" } else { "refuse" },
             ours.map(|(_, largest)| format!("a tokenizer, largest id {largest}")).map_err(|e| e.to_string()),
             theirs.map(|_| "a tokenizer").map_err(|e| e.to_string()),
         ),
     }
+}
+
+/// A tokenizer.json around `model`, with one added token.
+fn with_model(model: Value) -> String {
+    serde_json::json!({
+        "version": "1.0",
+        "added_tokens": [{"id": 0, "content": "<unk>", "single_word": false, "lstrip": false,
+                          "rstrip": false, "normalized": false, "special": true}],
+        "normalizer": null, "pre_tokenizer": null, "post_processor": null, "decoder": null,
+        "model": model,
+    })
+    .to_string()
 }
 
 #[test]
@@ -83,7 +98,7 @@ fn builds_what_from_file_builds() {
         let text = std::fs::read_to_string(&file).unwrap();
         let json: Value = serde_json::from_str(&text).unwrap();
         models.insert(json["model"]["type"].as_str().unwrap().to_string());
-        assert_same(&file.display().to_string(), &text);
+        assert_same(&file.display().to_string(), &text, true);
     }
     // BPE (the LLaMA tokenizers), WordPiece (all-MiniLM), WordLevel (synthetic).
     assert!(models.len() >= 2, "{models:?}");
@@ -91,9 +106,8 @@ fn builds_what_from_file_builds() {
 
 #[test]
 fn variants_of_the_format_read_as_from_file_reads_them() {
-    let synthetic = tempfile::tempdir().unwrap();
-    let file =
-        tokenizer_files(synthetic.path()).into_iter().find(|f| f.starts_with(workspace_root())).unwrap();
+    // A BPE tokenizer (byte-level, with merges and added tokens).
+    let file = workspace_root().join("tests/fixtures/qwen2-tiny/tokenizer.json");
     let base: Value = serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
     let edit = |change: &dyn Fn(&mut Value)| {
         let mut json = base.clone();
@@ -107,6 +121,7 @@ fn variants_of_the_format_read_as_from_file_reads_them() {
         &edit(&|j| {
             j["model"].as_object_mut().unwrap().remove("type");
         }),
+        true,
     );
     assert_same(
         "legacy merges",
@@ -124,6 +139,7 @@ fn variants_of_the_format_read_as_from_file_reads_them() {
                 .collect();
             j["model"]["merges"] = Value::Array(merges);
         }),
+        true,
     );
     // Fields left out, fields unknown, fields null.
     assert_same(
@@ -131,12 +147,14 @@ fn variants_of_the_format_read_as_from_file_reads_them() {
         &edit(&|j| {
             j.as_object_mut().unwrap().remove("added_tokens");
         }),
+        true,
     );
     assert_same(
         "no version",
         &edit(&|j| {
             j.as_object_mut().unwrap().remove("version");
         }),
+        true,
     );
     // An unknown field: `from_file` stumbles on it (its deserializer reads the key and not the
     // value), the reader skips it.
@@ -148,7 +166,31 @@ fn variants_of_the_format_read_as_from_file_reads_them() {
         tokenizer_file::read(&commented).unwrap().0.to_string(false).unwrap(),
         Tokenizer::from_file(&plain).unwrap().to_string(false).unwrap(),
     );
-    assert_same("no decoder", &edit(&|j| j["decoder"] = Value::Null));
+    assert_same("no decoder", &edit(&|j| j["decoder"] = Value::Null), true);
+    assert_same(
+        "an id past the others, a gap before it",
+        &edit(&|j| {
+            let vocab = j["model"]["vocab"].as_object_mut().unwrap();
+            let token = vocab.keys().next_back().unwrap().clone();
+            vocab.insert(token, Value::from(5000));
+        }),
+        true,
+    );
+    // Vocabularies the scan finds no largest id in (an empty one: the ids come from the added
+    // tokens), and a Unigram list, whose ids are the indices.
+    assert_same(
+        "an empty vocabulary",
+        &with_model(serde_json::json!({"type": "BPE", "vocab": {}, "merges": []})),
+        true,
+    );
+    let pieces = serde_json::json!([["<unk>", 0.0], ["a", -1.0], ["b", -2.0], ["ab", -1.5], ["ba", -3.0]]);
+    assert_same(
+        "a Unigram vocabulary",
+        &with_model(
+            serde_json::json!({"type": "Unigram", "unk_id": 0, "vocab": pieces, "byte_fallback": false}),
+        ),
+        true,
+    );
     assert_same(
         "an added token beyond the vocabulary",
         &edit(&|j| {
@@ -158,30 +200,34 @@ fn variants_of_the_format_read_as_from_file_reads_them() {
             token["id"] = Value::from(1_000_000);
             tokens.push(token);
         }),
+        true,
     );
 
     // Refusals.
-    assert_same("version 2.0", &edit(&|j| j["version"] = Value::from("2.0")));
+    assert_same("version 2.0", &edit(&|j| j["version"] = Value::from("2.0")), false);
     assert_same(
         "no model",
         &edit(&|j| {
             j.as_object_mut().unwrap().remove("model");
         }),
+        false,
     );
-    assert_same("unknown model type", &edit(&|j| j["model"]["type"] = Value::from("Tiktoken")));
+    assert_same("unknown model type", &edit(&|j| j["model"]["type"] = Value::from("Tiktoken")), false);
     assert_same(
         "model without vocab",
         &edit(&|j| {
             j["model"].as_object_mut().unwrap().remove("vocab");
         }),
+        false,
     );
     assert_same(
         "added token without id",
         &edit(&|j| {
             j["added_tokens"][0].as_object_mut().unwrap().remove("id");
         }),
+        false,
     );
     let text = base.to_string();
-    assert_same("truncated", &text[..text.len() / 2]);
-    assert_same("not JSON", "{ not json");
+    assert_same("truncated", &text[..text.len() / 2], false);
+    assert_same("not JSON", "{ not json", false);
 }

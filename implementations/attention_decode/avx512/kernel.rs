@@ -9,7 +9,8 @@
 //!    (HEAD_DIM / 16 fused multiply-adds and a horizontal sum), scaled by 1/√HEAD_DIM, into
 //!    a buffer of the calling thread holding `[N_HEADS, len]` scores;
 //! 2. softmax: per head, the maximum, the numerators `exp(score − max)` with the shared
-//!    AVX-512 exp, 16 at a time, and their sum;
+//!    AVX-512 exp, 16 at a time, and their sum (a head with a NaN or +∞ score gets NaN
+//!    outputs, as in the reference);
 //! 3. output: the value rows, four positions at a time, each head's 16-lane pieces of the
 //!    output gaining the four weighted values with fused multiply-adds (the output, N_HEADS ·
 //!    HEAD_DIM values, stays in the L1 cache), then each head is divided by its sum.
@@ -96,6 +97,9 @@ fn decode_avx512<const N_HEADS: usize, const N_KV_HEADS: usize, const HEAD_DIM: 
     let kv_dim = N_KV_HEADS * HEAD_DIM;
     let group = N_HEADS / N_KV_HEADS;
     let len = scores.len() / N_HEADS;
+    // What the raw-pointer accesses below rely on.
+    assert!(len > 0 && scores.len() == N_HEADS * len && keys.len() == len * kv_dim && values.len() == keys.len());
+    assert!(q.len() == N_HEADS * HEAD_DIM && out.len() == N_HEADS * HEAD_DIM);
     let vectors = HEAD_DIM.div_ceil(LANES);
     let last = tail_mask(HEAD_DIM);
     let mask = |v: usize| if v + 1 == vectors { last } else { u16::MAX };
@@ -123,13 +127,22 @@ fn decode_avx512<const N_HEADS: usize, const N_KV_HEADS: usize, const HEAD_DIM: 
     let mut inverse_sums = [0.0f32; N_HEADS];
     for (h, head) in scores.chunks_exact_mut(len).enumerate() {
         let mut max = _mm512_set1_ps(f32::NEG_INFINITY);
+        let mut not_finite: __mmask16 = 0;
         for at in (0..len).step_by(LANES) {
             let m = span_mask(len - at);
             // SAFETY: the mask keeps the load inside the head's scores.
             let s = unsafe { _mm512_maskz_loadu_ps(m, head.as_ptr().add(at)) };
             max = _mm512_mask_max_ps(max, m, max, s);
+            not_finite |= _mm512_mask_cmp_ps_mask::<_CMP_NLT_UQ>(m, s, _mm512_set1_ps(f32::INFINITY));
         }
-        let max = _mm512_set1_ps(_mm512_reduce_max_ps(max));
+        let top = _mm512_reduce_max_ps(max);
+        // A NaN or +∞ score, or no score above −∞, makes the reference's softmax NaN, and
+        // so this head's output (the vectorised exp would turn NaN into a tiny number).
+        if not_finite != 0 || top == f32::NEG_INFINITY {
+            inverse_sums[h] = f32::NAN;
+            continue;
+        }
+        let max = _mm512_set1_ps(top);
         let mut sum = _mm512_setzero_ps();
         for at in (0..len).step_by(LANES) {
             let m = span_mask(len - at);
@@ -152,7 +165,7 @@ fn decode_avx512<const N_HEADS: usize, const N_KV_HEADS: usize, const HEAD_DIM: 
         let position = 4 * quad;
         for h in 0..N_HEADS {
             let p = &scores[h * len + position..][..4];
-            let weights = [0, 1, 2, 3].map(|u| _mm512_set1_ps(p[u]));
+            let weights = [_mm512_set1_ps(p[0]), _mm512_set1_ps(p[1]), _mm512_set1_ps(p[2]), _mm512_set1_ps(p[3])];
             let offset = (h / group) * HEAD_DIM;
             for v in 0..vectors {
                 let at = v * LANES;

@@ -13,7 +13,8 @@
 //! 2. when the block raises a row's running maximum, its running sum and output are rescaled
 //!    by exp(old − new), and the block's weights are exp(score − maximum) (a vectorised exp);
 //!    one compare tells whether any score rose above the maximum, and the sum is kept in 16
-//!    lanes, so the common block needs no horizontal reduction;
+//!    lanes, so the common block needs no horizontal reduction (a row that meets a NaN or +∞
+//!    score gets NaN outputs, as in the reference);
 //! 3. each value of the block is loaded once and added to every row's output with the row's
 //!    weight, the outputs staying in registers (HEAD_DIM / 16 vectors a row).
 //!
@@ -132,6 +133,9 @@ fn block<const N_HEADS: usize, const N_KV_HEADS: usize, const HEAD_DIM: usize, c
     let mut acc = [[_mm512_setzero_ps(); MAX_VECTORS]; R];
     // Each row's running maximum, and its running sum as 16 lanes reduced once at the end.
     let (mut max, mut sum) = ([f32::NEG_INFINITY; R], [_mm512_setzero_ps(); R]);
+    // Whether a row met a NaN or +∞ score: the reference's softmax is then NaN, and so is the
+    // row's output (the vectorised exp would turn NaN into a tiny number).
+    let mut not_finite: [__mmask16; R] = [0; R];
     let mut j0 = 0;
     while j0 < end {
         // 1. Scores of positions j0..j0 + 16 for every row: one load of transposed keys feeds
@@ -157,7 +161,10 @@ fn block<const N_HEADS: usize, const N_KV_HEADS: usize, const HEAD_DIM: usize, c
                 even[i] = _mm512_fmadd_ps(_mm512_set1_ps(queries[i][d]), k, even[i]);
             }
         }
-        let dots: [__m512; R] = std::array::from_fn(|i| _mm512_add_ps(even[i], odd[i]));
+        let mut dots = even;
+        for i in 0..R {
+            dots[i] = _mm512_add_ps(even[i], odd[i]);
+        }
         // 2. The online softmax of each row: the block's weights (zero past the row's own
         //    position), with the row's sum and output rescaled when its maximum grows.
         let mut w = [[0.0f32; LANES]; R];
@@ -167,6 +174,7 @@ fn block<const N_HEADS: usize, const N_KV_HEADS: usize, const HEAD_DIM: usize, c
             }
             let live = lanes(lens[i] - j0);
             let s = _mm512_mask_mov_ps(_mm512_set1_ps(f32::NEG_INFINITY), live, _mm512_mul_ps(dots[i], scale));
+            not_finite[i] |= _mm512_cmp_ps_mask::<_CMP_NLT_UQ>(s, _mm512_set1_ps(f32::INFINITY));
             // Only a score above the running maximum (one compare; masked lanes hold −∞)
             // needs the block's maximum and a rescale.
             if _mm512_cmp_ps_mask::<_CMP_GT_OQ>(s, _mm512_set1_ps(max[i])) != 0 {
@@ -204,7 +212,8 @@ fn block<const N_HEADS: usize, const N_KV_HEADS: usize, const HEAD_DIM: usize, c
         j0 += LANES;
     }
     for i in 0..R {
-        let inverse = _mm512_set1_ps(1.0 / _mm512_reduce_add_ps(sum[i]));
+        let nan = not_finite[i] != 0 || max[i] == f32::NEG_INFINITY;
+        let inverse = _mm512_set1_ps(if nan { f32::NAN } else { 1.0 / _mm512_reduce_add_ps(sum[i]) });
         let at = (r0 + i) * q_dim + h * HEAD_DIM;
         for v in 0..vectors {
             let o = _mm512_mul_ps(acc[i][v], inverse);
@@ -222,7 +231,8 @@ fn block<const N_HEADS: usize, const N_KV_HEADS: usize, const HEAD_DIM: usize, c
 fn transpose_keys<const N_KV_HEADS: usize, const HEAD_DIM: usize>(keys_t: &mut [f32], keys: &[f32], padded: usize) {
     let kv_dim = N_KV_HEADS * HEAD_DIM;
     let len = keys.len() / kv_dim;
-    assert!(keys_t.len() >= kv_dim * padded && padded >= len && i32::try_from(LANES * kv_dim).is_ok());
+    assert!(keys_t.len() >= kv_dim * padded && padded >= len.next_multiple_of(LANES));
+    assert!(i32::try_from(LANES * kv_dim).is_ok() && keys.len() == len * kv_dim);
     let offsets = _mm512_mullo_epi32(
         _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
         _mm512_set1_epi32(kv_dim as i32),
@@ -231,7 +241,8 @@ fn transpose_keys<const N_KV_HEADS: usize, const HEAD_DIM: usize>(keys_t: &mut [
         let live = lanes(len - p0);
         for c in 0..kv_dim {
             // SAFETY: the live lanes read positions p0.. < len of channel c < kv_dim, inside
-            // `keys`; the store writes 16 values of row c, inside its `padded` ≥ p0 + 16.
+            // `keys`; the store writes 16 values of row c, inside it as `padded` is a multiple
+            // of 16 above p0 (asserted above).
             unsafe {
                 let base = keys.as_ptr().add(p0 * kv_dim + c);
                 let column = _mm512_mask_i32gather_ps::<4>(_mm512_setzero_ps(), live, offsets, base);

@@ -35,6 +35,7 @@ fn span_mask(remaining: usize) -> __mmask16 {
 #[target_feature(enable = "avx512f")]
 fn row_avx512(out: &mut [f32], x: &[f32], weight: &[f32], eps: f32) {
     let n = x.len();
+    assert!(out.len() == n && weight.len() == n, "rmsnorm: a row, its output and the weight differ in length");
     let mut acc = [_mm512_setzero_ps(); 4];
     let mut at = 0;
     while at + 4 * LANES <= n {

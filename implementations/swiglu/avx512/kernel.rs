@@ -1,9 +1,10 @@
 //! SwiGLU with AVX-512F, sixteen values at a time: `gate = gate · up / (1 + e^(−gate))`.
 //!
 //! e^(−gate) is the shared AVX-512 exp of `avx512_math` (within 2 ulp), and the quotient is
-//! a true division, so each value is within a few ulp of the f64 result. The exp clamps its
-//! argument to about ±88: a gate below −88 gives gate · up / 3.4e38, a tiny number of the
-//! right sign where f64 gives one tinier still, and a gate above 87 gives gate · up.
+//! a true division, so for gates above −88 each value is within a few ulp of the f64 result.
+//! The exp clamps its argument to about ±88: a gate below −88 gives gate · up / 3.4e38, where
+//! f64 gives a smaller number (the two differ when `up` is huge), and a gate above 87 gives
+//! gate · up.
 //! The last values of the slice, fewer than 16, go through a masked load and store.
 
 use std::arch::x86_64::*;
@@ -29,6 +30,7 @@ pub fn swiglu<const HIDDEN: usize>(gate: &mut [f32], up: &[f32], rows: usize) {
 
 #[target_feature(enable = "avx512f")]
 fn swiglu_avx512(gate: &mut [f32], up: &[f32]) {
+    assert_eq!(gate.len(), up.len(), "swiglu: gate and up differ in length");
     let mut at = 0;
     while at < gate.len() {
         let len = (gate.len() - at).min(LANES);

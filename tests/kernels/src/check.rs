@@ -267,6 +267,36 @@ pub fn attention_prefill<const N_HEADS: usize, const N_KV_HEADS: usize, const HE
             .collect();
         assert_close(&format!("{what}, against f64"), &got, &exact, TOLERANCE);
     }
+    // A NaN in the first kv head's key at position 30 (rows from there on are NaN in the
+    // reference), and, with two kv heads or more, an infinite key in the last one: every output
+    // the reference makes NaN is NaN, the others agree.
+    let (start, rows) = (9, 40);
+    let len = start + rows;
+    let q = rng.vec(rows * q_dim, 1.0);
+    let mut keys = rng.vec(len * kv_dim, 1.0);
+    let values = rng.vec(len * kv_dim, 1.0);
+    keys[30 * kv_dim] = f32::NAN;
+    if N_KV_HEADS > 1 {
+        keys[4 * kv_dim + kv_dim - 1] = f32::INFINITY;
+    }
+    let got =
+        output_of(rows * q_dim, |out| candidate(out, &q, &keys, &values, &mut scratch(len), start, rows));
+    let want =
+        output_of(rows * q_dim, |out| reference(out, &q, &keys, &values, &mut scratch(len), start, rows));
+    assert_same_nans("attention_prefill with a NaN and an infinite key", &got, &want);
+}
+
+/// `got` is NaN exactly where `want` is, and close to it elsewhere.
+fn assert_same_nans(what: &str, got: &[f32], want: &[f32]) {
+    assert!(
+        want.iter().any(|v| v.is_nan()) && want.iter().any(|v| !v.is_nan()),
+        "{what}: the case tests nothing"
+    );
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        assert_eq!(g.is_nan(), w.is_nan(), "{what}: output {i} is {g}, the reference's {w}");
+    }
+    let finite = |v: &[f32]| v.iter().map(|x| if x.is_nan() { 0.0 } else { *x }).collect::<Vec<f32>>();
+    assert_close(what, &finite(got), &finite(want), TOLERANCE);
 }
 
 /// Checks an `attention_decode` at the given heads for contexts of 1 to 300 positions.
@@ -290,6 +320,23 @@ pub fn attention_decode<const N_HEADS: usize, const N_KV_HEADS: usize, const HEA
         assert_close(&format!("{what}, against the reference"), &got, &want, TOLERANCE);
         let exact = attention_f64(&q, &keys, &values, len, [N_HEADS, N_KV_HEADS, HEAD_DIM]);
         assert_close(&format!("{what}, against f64"), &got, &exact, TOLERANCE);
+    }
+    // A NaN in the first kv head's keys (its query heads' outputs are NaN in the reference),
+    // and, with three kv heads or more, an infinite key in the last one.
+    let len = 40;
+    let q = rng.vec(q_dim, 1.0);
+    let mut keys = rng.vec(len * kv_dim, 1.0);
+    let values = rng.vec(len * kv_dim, 1.0);
+    keys[7 * kv_dim] = f32::NAN;
+    if N_KV_HEADS > 2 {
+        keys[20 * kv_dim + kv_dim - 1] = f32::INFINITY;
+    }
+    let got = output_of(q_dim, |out| candidate(out, &q, &keys, &values, &mut scratch(len)));
+    let want = output_of(q_dim, |out| reference(out, &q, &keys, &values, &mut scratch(len)));
+    if N_KV_HEADS > 1 {
+        assert_same_nans("attention_decode with a NaN and an infinite key", &got, &want);
+    } else {
+        assert!(got.iter().chain(&want).all(|v| v.is_nan()), "attention_decode with a NaN key: {got:?}");
     }
 }
 
