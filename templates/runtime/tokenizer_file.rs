@@ -148,10 +148,10 @@ pub fn read(path: &Path) -> Result<(Tokenizer, u32), tokenizers::Error> {
     parse(&std::fs::read_to_string(path)?)
 }
 
-/// Builds the tokenizer that the JSON `text` describes, and finds the largest id it can
-/// produce: its vocabulary's largest, from the scan that also reads the model's `type`, or
-/// its added tokens' largest.
-pub fn parse(text: &str) -> Result<(Tokenizer, u32), tokenizers::Error> {
+/// Builds the tokenizer that the JSON `text` describes, and the largest id it can produce:
+/// the larger of its vocabulary's largest (from the scan that also reads the model's `type`)
+/// and its added tokens' largest, or, where the scan found no vocabulary, [`largest_id`].
+fn parse(text: &str) -> Result<(Tokenizer, u32), tokenizers::Error> {
     let file: File = serde_json::from_str(text)?;
     if let Some(version) = &file.version
         && version != "1.0"

@@ -78,14 +78,6 @@ pub fn attention_decode<const N_HEADS: usize, const N_KV_HEADS: usize, const HEA
     });
 }
 
-/// The mask of the last vector of a head: all 16 lanes, or HEAD_DIM mod 16.
-const fn tail_mask(head_dim: usize) -> __mmask16 {
-    match head_dim % LANES {
-        0 => u16::MAX,
-        rest => (1u16 << rest) - 1,
-    }
-}
-
 #[target_feature(enable = "avx512f")]
 fn decode_avx512<const N_HEADS: usize, const N_KV_HEADS: usize, const HEAD_DIM: usize>(
     out: &mut [f32],
@@ -101,7 +93,7 @@ fn decode_avx512<const N_HEADS: usize, const N_KV_HEADS: usize, const HEAD_DIM: 
     assert!(len > 0 && scores.len() == N_HEADS * len && keys.len() == len * kv_dim && values.len() == keys.len());
     assert!(q.len() == N_HEADS * HEAD_DIM && out.len() == N_HEADS * HEAD_DIM);
     let vectors = HEAD_DIM.div_ceil(LANES);
-    let last = tail_mask(HEAD_DIM);
+    let last = span_mask(HEAD_DIM - (vectors - 1) * LANES);
     let mask = |v: usize| if v + 1 == vectors { last } else { u16::MAX };
     let scale = 1.0 / (HEAD_DIM as f32).sqrt();
 
