@@ -29,6 +29,12 @@ pub const BUILD_FLAGS: &str =
 /// The smallest relative difference that counts as a real one, however quiet the samples.
 pub const MIN_MARGIN: f64 = 0.03;
 
+/// The largest noise margin: medians more than twice apart always count as a real difference.
+/// A slow tail reaching past twice the median is a disturbance of the machine (a preempted
+/// sample), not the code's own variation; and with few samples the 90th percentile is a single
+/// sample, so one such disturbance must not hide a 7x faster kernel.
+pub const MAX_MARGIN: f64 = 1.0;
+
 /// One measurement of one implementation at one workload's shapes on one machine.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -105,10 +111,10 @@ impl Distribution {
     }
 }
 
-/// The noise margin of a comparison: the larger relative spread of the two, and at least
-/// [`MIN_MARGIN`].
+/// The noise margin of a comparison: the larger relative spread of the two, at least
+/// [`MIN_MARGIN`] and at most [`MAX_MARGIN`].
 pub fn noise_margin(a: &Distribution, b: &Distribution) -> f64 {
-    MIN_MARGIN.max(a.relative_spread()).max(b.relative_spread())
+    MIN_MARGIN.max(a.relative_spread()).max(b.relative_spread()).min(MAX_MARGIN)
 }
 
 /// The flip rule: `challenger` replaces `incumbent` only if its median, raised by the noise
@@ -364,6 +370,18 @@ mod tests {
         assert!(!beats(&dist(100.0, 110.0), &dist(50.0, 55.0)), "slower never flips");
         // A 2x difference flips unless the spread reaches 100%.
         assert!(!beats(&dist(50.0, 101.0), &dist(100.0, 110.0)));
+    }
+
+    #[test]
+    fn one_disturbed_sample_cannot_hide_a_difference_beyond_2x() {
+        // A CI run: 5 samples, one of the incumbent's preempted (p90 12x its median). The
+        // challenger's median is 7x lower; the margin stops at 100%, so it flips.
+        assert!(beats(&dist(3_397_457.8, 3_906_892.8), &dist(25_093_280.6, 306_931_570.0)));
+        assert!(!beats(&dist(25_093_280.6, 306_931_570.0), &dist(3_397_457.8, 3_906_892.8)));
+        // Up to 2x, a wide tail still keeps the incumbent.
+        assert!(!beats(&dist(51.0, 55.0), &dist(100.0, 1000.0)));
+        assert!(!beats(&dist(50.0, 55.0), &dist(100.0, 1000.0)), "exactly 2x does not flip");
+        assert_eq!(noise_margin(&dist(1.0, 50.0), &dist(1.0, 1.0)), MAX_MARGIN);
     }
 
     #[test]
