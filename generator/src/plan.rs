@@ -114,6 +114,8 @@ pub struct Chosen {
     pub dependencies: Vec<String>,
     /// Whether its kernel reads weights that its `pack` rewrote at load.
     pub packs_weights: bool,
+    /// The type in which its kernel hands work to the crate's thread team, if it uses one.
+    pub team_job: Option<String>,
     /// Why it won, in one sentence, with the evidence (for `explain`).
     pub reason: String,
     /// Why it won in words that do not change when the same ranking is measured again (for

@@ -24,6 +24,10 @@ use crate::workload::{Device, Dtype};
 /// Folder of `implementations/` that holds shared helper modules instead of an interface.
 pub const SHARED_DIR: &str = "_shared";
 
+/// The shared module of the crate's thread team: a kernel that lists it in `shared` names its
+/// job type in `team_job`.
+pub const TEAM_MODULE: &str = "team";
+
 /// The file of an implementation that holds its Rust source.
 pub const KERNEL_FILE: &str = "kernel.rs";
 
@@ -114,6 +118,10 @@ pub struct Implementation {
     /// Whether the kernel reads its weights in a layout of its own, which its interface's
     /// packing function (also in the kernel) writes once at load.
     pub packs_weights: bool,
+    /// The type (a `pub(crate)` struct of kernel.rs) in which the kernel hands work to the
+    /// crate's thread team, [`TEAM_MODULE`]; a crate with such kernels gets an enum of their
+    /// job types (`kernels::TeamJob`) for the team's workers to run.
+    pub team_job: Option<String>,
     pub constraints: Constraints,
     /// Folder relative to the project root.
     pub dir: PathBuf,
@@ -187,6 +195,8 @@ struct ManifestFile {
     dependencies: Vec<String>,
     #[serde(default)]
     packs_weights: bool,
+    #[serde(default)]
+    team_job: Option<String>,
     #[serde(default)]
     constraints: Constraints,
 }
@@ -544,6 +554,22 @@ fn load_implementation(
         }
     }
 
+    let uses_team = m.shared.iter().any(|s| s == TEAM_MODULE);
+    match &m.team_job {
+        None if uses_team => problems.push(
+            diag(format!("uses shared module `{TEAM_MODULE}` but names no `team_job`"), &["shared"])
+                .hint("add `team_job = \"<type>\"`: the struct of kernel.rs that it hands to the team"),
+        ),
+        Some(job) if !uses_team => problems.push(
+            diag(
+                format!("`team_job = \"{job}\"`, but `shared` does not list `{TEAM_MODULE}`"),
+                &["team_job"],
+            )
+            .hint(format!("add \"{TEAM_MODULE}\" to `shared`, or remove `team_job`")),
+        ),
+        _ => {}
+    }
+
     let kernel_path = dir.join(KERNEL_FILE);
     let rel_kernel = rel_dir.join(KERNEL_FILE);
     let source = read_text(root, &kernel_path, problems)?;
@@ -567,6 +593,9 @@ fn load_implementation(
         }
         match rust_source::parse_with_comments(&source) {
             Ok(file) => {
+                if let Some(job) = &m.team_job {
+                    problems.extend(check_team_job(&file, job, &rel_kernel, &source));
+                }
                 problems.extend(check_against_interface(&file, &interface, &rel_kernel, &source));
                 problems.extend(check_target_features(
                     &file,
@@ -592,6 +621,7 @@ fn load_implementation(
         shared: m.shared,
         dependencies: m.dependencies,
         packs_weights: m.packs_weights,
+        team_job: m.team_job,
         constraints: m.constraints,
         dir: rel_dir,
         source,
@@ -779,6 +809,28 @@ pub fn check_against_interface(
     problems
 }
 
+/// The job type a kernel on the thread team names: a `pub(crate)` struct of kernel.rs (the
+/// generated `kernels::TeamJob` holds it).
+fn check_team_job(file: &syn::File, job: &str, rel: &Path, source: &Arc<str>) -> Vec<Diagnostic> {
+    let found = file.items.iter().find_map(|item| match item {
+        syn::Item::Struct(s) if s.ident == job => Some((&s.vis, s.ident.span())),
+        _ => None,
+    });
+    match found {
+        Some((syn::Visibility::Restricted(r), _)) if r.path.is_ident("crate") => vec![],
+        Some((_, span)) => vec![
+            Diagnostic::new(format!("team job `{job}` must be `pub(crate)`"))
+                .in_file(rel, source)
+                .primary(span_offset(source, span), "declared here")
+                .hint("the crate's `kernels::TeamJob` holds it, and the team's `run` is `pub(crate)`"),
+        ],
+        None => vec![
+            Diagnostic::new(format!("team job `{job}` is not a struct of {}", rel.display()))
+                .hint("`team_job` names the struct that the kernel hands to `team::run`"),
+        ],
+    }
+}
+
 fn is_pub(vis: &syn::Visibility) -> bool {
     matches!(vis, syn::Visibility::Public(_))
 }
@@ -943,6 +995,7 @@ mod tests {
             shared: vec![],
             dependencies: vec![],
             packs_weights: false,
+            team_job: None,
             constraints: Constraints::default(),
             dir: PathBuf::new(),
             source: Arc::from(""),

@@ -345,6 +345,56 @@ fn packing_kernels_are_checked_against_the_interface() {
     }
 }
 
+/// A kernel on the crate's thread team names its job type, a `pub(crate)` struct of its
+/// kernel.rs, and only such a kernel names one; each slip is refused with the reason.
+#[test]
+fn team_jobs_are_checked() {
+    let cases: [(&str, &str, &str, &str, &str); 4] = [
+        // On the team without naming the job.
+        (
+            "matmul/avx512-threads",
+            "manifest.toml",
+            "team_job = \"Shared\"\n",
+            "",
+            "uses shared module `team` but names no `team_job`",
+        ),
+        // Naming a job without the team.
+        (
+            "gelu/scalar",
+            "manifest.toml",
+            "shared = []\n",
+            "shared = []\nteam_job = \"Shared\"\n",
+            "`team_job = \"Shared\"`, but `shared` does not list `team`",
+        ),
+        // A job that kernel.rs does not define.
+        (
+            "matmul/avx512-threads",
+            "manifest.toml",
+            "team_job = \"Shared\"\n",
+            "team_job = \"Product\"\n",
+            "team job `Product` is not a struct of implementations/matmul/avx512-threads/kernel.rs",
+        ),
+        // A job that the crate's `TeamJob` could not hold.
+        (
+            "matmul/avx512-threads",
+            "kernel.rs",
+            "pub(crate) struct Shared(",
+            "struct Shared(",
+            "team job `Shared` must be `pub(crate)`",
+        ),
+    ];
+    for (implementation, file, from, to, expected) in cases {
+        let repo = scratch_repo();
+        let path = repo.path().join("implementations").join(implementation).join(file);
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert!(text.contains(from), "{implementation}/{file} no longer holds {from:?}");
+        std::fs::write(&path, text.replacen(from, to, 1)).unwrap();
+        let out = monogen(repo.path(), &["build", WORKLOAD]);
+        assert!(!out.status.success(), "{implementation}: {}", stdout(&out));
+        assert!(stderr(&out).contains(expected), "{implementation}: {}", stderr(&out));
+    }
+}
+
 /// Matrices that the matmul packs at load are copies in memory already: even TinyLlama's f32
 /// weights are then not copied a second time.
 #[test]

@@ -48,6 +48,8 @@ struct Manifest {
     #[serde(default)]
     packs_weights: bool,
     #[serde(default)]
+    team_job: Option<String>,
+    #[serde(default)]
     constraints: Constraints,
 }
 
@@ -85,6 +87,8 @@ struct Implementation {
     shared: Vec<String>,
     /// Whether its kernel reads weights rewritten by its `pack`.
     packs_weights: bool,
+    /// The type in which it hands work to the thread team (`shared/team.rs`).
+    team_job: Option<String>,
 }
 
 impl Implementation {
@@ -210,6 +214,7 @@ fn read_implementations(
                 cpu_features: manifest.constraints.cpu_features,
                 shared: manifest.shared,
                 packs_weights: manifest.packs_weights,
+                team_job: manifest.team_job,
             });
         }
     }
@@ -223,17 +228,7 @@ fn kernels_module(implementations: &[Implementation], shared_modules: &BTreeMap<
     out.push_str("    /// The helper modules of `implementations/_shared/`.\n");
     out.push_str("    pub mod shared {\n");
     for (module, path) in shared_modules {
-        // A shared module compiles wherever one of its users does; unused, everywhere.
-        let users: Vec<&Implementation> =
-            implementations.iter().filter(|i| i.shared.contains(module)).collect();
-        let arches: Option<Vec<String>> = if users.iter().any(|i| i.arches.is_none()) || users.is_empty() {
-            None
-        } else {
-            let union: BTreeSet<String> =
-                users.iter().flat_map(|i| i.arches.iter().flatten().cloned()).collect();
-            Some(union.into_iter().collect())
-        };
-        if let Some(cfg) = arch_cfg(arches.as_deref()) {
+        if let Some(cfg) = arch_cfg(users_arches(implementations, module).as_deref()) {
             writeln!(out, "        {cfg}").unwrap();
         }
         writeln!(out, "        #[path = {:?}]", path.display().to_string()).unwrap();
@@ -249,6 +244,7 @@ fn kernels_module(implementations: &[Implementation], shared_modules: &BTreeMap<
         writeln!(out, "    #[path = {:?}]", imp.kernel.display().to_string()).unwrap();
         writeln!(out, "    pub mod {};", imp.module).unwrap();
     }
+    out.push_str(&team_job_enum(implementations));
     out.push_str("}\n\n");
     // The weights of every matmul in the layout its kernel reads, as a generated crate loads
     // them: packed by the kernel's `pack`, or as they are.
@@ -276,6 +272,75 @@ fn kernels_module(implementations: &[Implementation], shared_modules: &BTreeMap<
         }
     }
     out.push_str("}\n");
+    out
+}
+
+/// The arches where shared module `module` compiles: wherever one of its users does (`None`:
+/// everywhere, as for an unused module).
+fn users_arches(implementations: &[Implementation], module: &str) -> Option<Vec<String>> {
+    let users: Vec<&Implementation> =
+        implementations.iter().filter(|i| i.shared.iter().any(|s| s == module)).collect();
+    if users.iter().any(|i| i.arches.is_none()) || users.is_empty() {
+        return None;
+    }
+    let union: BTreeSet<String> = users.iter().flat_map(|i| i.arches.iter().flatten().cloned()).collect();
+    Some(union.into_iter().collect())
+}
+
+/// `kernels::TeamJob`, as monogen writes it into a crate, over every implementation that hands
+/// work to the thread team: the team's workers run it.
+fn team_job_enum(implementations: &[Implementation]) -> String {
+    let jobs: Vec<(&Implementation, &str)> =
+        implementations.iter().filter_map(|i| Some((i, i.team_job.as_deref()?))).collect();
+    if jobs.is_empty() {
+        return String::new();
+    }
+    let module_cfg = arch_cfg(users_arches(implementations, "team").as_deref()).unwrap_or_default();
+    let mut out = String::new();
+    let arm = |out: &mut String, imp: &Implementation, body: &str| {
+        if let Some(cfg) = imp.arch_cfg() {
+            writeln!(out, "            {cfg}").unwrap();
+        }
+        writeln!(out, "            TeamJob::{}(job) => {body},", imp.module).unwrap();
+    };
+    out.push_str("    /// The work of every kernel on the thread team of `shared/team.rs`.\n");
+    writeln!(out, "    {module_cfg}").unwrap();
+    out.push_str(
+        "    #[derive(Clone, Copy)]\n    #[allow(non_camel_case_types)]\n    pub(crate) enum TeamJob {\n",
+    );
+    for (imp, job) in &jobs {
+        if let Some(cfg) = imp.arch_cfg() {
+            writeln!(out, "        {cfg}").unwrap();
+        }
+        writeln!(out, "        {}({}::{job}),", imp.module, imp.module).unwrap();
+    }
+    out.push_str("    }\n");
+    for (imp, job) in &jobs {
+        if let Some(cfg) = imp.arch_cfg() {
+            writeln!(out, "    {cfg}").unwrap();
+        }
+        writeln!(
+            out,
+            "    impl From<{m}::{job}> for TeamJob {{ fn from(job: {m}::{job}) -> TeamJob {{ TeamJob::{m}(job) }} }}",
+            m = imp.module
+        )
+        .unwrap();
+    }
+    writeln!(out, "    {module_cfg}").unwrap();
+    out.push_str("    impl shared::team::Job for TeamJob {\n");
+    for (method, body) in [
+        ("fn n(&self) -> usize", "job.n()"),
+        ("fn granule(&self) -> usize", "job.granule()"),
+        ("fn work(&self) -> usize", "job.work()"),
+        ("unsafe fn columns(&self, cols: std::ops::Range<usize>)", "unsafe { job.columns(cols) }"),
+    ] {
+        writeln!(out, "        {method} {{\n            match self {{").unwrap();
+        for (imp, _) in &jobs {
+            arm(&mut out, imp, body);
+        }
+        out.push_str("            }\n        }\n");
+    }
+    out.push_str("    }\n");
     out
 }
 

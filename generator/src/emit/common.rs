@@ -251,6 +251,16 @@ pub fn kernels_mod_rs(plan: &Plan) -> TokenStream {
             quote!(pub mod #module;)
         }
     });
+    let jobs: Vec<TeamJob> = plan
+        .interfaces
+        .iter()
+        .filter_map(|i| {
+            let job = i.chosen.team_job.as_ref()?;
+            let (module, job) = (format_ident!("{}", i.interface), format_ident!("{job}"));
+            Some(TeamJob { variant: camel_ident(&i.interface), path: quote!(#module::#job) })
+        })
+        .collect();
+    let team_job = team_job_enum(&jobs);
     let shared = (!plan.shared_modules.is_empty()).then(|| {
         let shared = plan.shared_modules.iter().map(|m| format_ident!("{m}"));
         quote! {
@@ -265,5 +275,82 @@ pub fn kernels_mod_rs(plan: &Plan) -> TokenStream {
 
         #(#modules)*
         #shared
+        #team_job
     }
+}
+
+/// One kernel's job type on the crate's thread team.
+pub struct TeamJob {
+    /// The enum variant that holds it.
+    pub variant: proc_macro2::Ident,
+    /// Its path from the kernels module.
+    pub path: TokenStream,
+}
+
+/// `UpperCamelCase` of a snake- or kebab-case name, as an identifier.
+pub fn camel_ident(name: &str) -> proc_macro2::Ident {
+    let camel: String = name
+        .split(['_', '-'])
+        .filter(|p| !p.is_empty())
+        .map(|p| {
+            let mut c = p.chars();
+            c.next().map(|f| f.to_ascii_uppercase().to_string() + c.as_str()).unwrap_or_default()
+        })
+        .collect();
+    format_ident!("{camel}")
+}
+
+/// `TeamJob`, the work that the crate's thread team (`shared/team.rs`) runs: one variant per
+/// kernel that hands work to it, each delegating to the kernel's own job type. Nothing when no
+/// kernel uses the team.
+pub fn team_job_enum(jobs: &[TeamJob]) -> Option<TokenStream> {
+    if jobs.is_empty() {
+        return None;
+    }
+    let variants: Vec<_> = jobs.iter().map(|j| &j.variant).collect();
+    let paths: Vec<_> = jobs.iter().map(|j| &j.path).collect();
+    Some(quote! {
+        /// The work of the kernels that share their calls with the thread team of
+        /// `shared/team.rs`, one variant per kernel: the team's workers run whichever the
+        /// calling thread published.
+        #[derive(Clone, Copy)]
+        pub(crate) enum TeamJob {
+            #(#variants(#paths),)*
+        }
+
+        #(
+            impl From<#paths> for TeamJob {
+                fn from(job: #paths) -> TeamJob {
+                    TeamJob::#variants(job)
+                }
+            }
+        )*
+
+        impl shared::team::Job for TeamJob {
+            fn n(&self) -> usize {
+                match self {
+                    #(TeamJob::#variants(job) => job.n(),)*
+                }
+            }
+
+            fn granule(&self) -> usize {
+                match self {
+                    #(TeamJob::#variants(job) => job.granule(),)*
+                }
+            }
+
+            fn work(&self) -> usize {
+                match self {
+                    #(TeamJob::#variants(job) => job.work(),)*
+                }
+            }
+
+            unsafe fn columns(&self, cols: std::ops::Range<usize>) {
+                // SAFETY: the caller's contract, which each kernel's job shares.
+                match self {
+                    #(TeamJob::#variants(job) => unsafe { job.columns(cols) },)*
+                }
+            }
+        }
+    })
 }

@@ -63,16 +63,9 @@ fn module_ident(imp: &Implementation) -> proc_macro2::Ident {
 }
 
 fn type_ident(imp: &Implementation) -> proc_macro2::Ident {
-    let camel = |s: &str| -> String {
-        s.split(['_', '-'])
-            .filter(|p| !p.is_empty())
-            .map(|p| {
-                let mut c = p.chars();
-                c.next().map(|f| f.to_ascii_uppercase().to_string() + c.as_str()).unwrap_or_default()
-            })
-            .collect()
-    };
-    format_ident!("{}{}", camel(&imp.interface), camel(&imp.name))
+    let (interface, name) =
+        (super::common::camel_ident(&imp.interface), super::common::camel_ident(&imp.name));
+    format_ident!("{interface}{name}")
 }
 
 /// Emits the harness crate for `plan`; returns it and its crate name.
@@ -105,6 +98,15 @@ pub fn emit(plan: &Plan, registry: &Registry, templates: &Templates) -> Result<(
     }
     let modules = included.values().map(module_ident);
     let shared_idents = shared.iter().map(|m| format_ident!("{m}"));
+    let jobs: Vec<super::common::TeamJob> = included
+        .values()
+        .filter_map(|imp| {
+            let job = format_ident!("{}", imp.team_job.as_ref()?);
+            let module = module_ident(imp);
+            Some(super::common::TeamJob { variant: type_ident(imp), path: quote!(#module::#job) })
+        })
+        .collect();
+    let team_job = super::common::team_job_enum(&jobs);
     files.insert(
         PathBuf::from("src/kernels/mod.rs"),
         rust_source::print_tokens(quote! {
@@ -114,6 +116,7 @@ pub fn emit(plan: &Plan, registry: &Registry, templates: &Templates) -> Result<(
             pub mod shared {
                 #(pub mod #shared_idents;)*
             }
+            #team_job
         }),
     );
     let harness_source = templates.get("bench/harness.rs")?;

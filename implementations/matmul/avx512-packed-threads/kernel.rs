@@ -1,12 +1,12 @@
 //! Matrix product `out = x · wᵀ` with AVX-512F on `THREADS` threads, over weights packed at
 //! load: the broadcast tiles of `shared/avx512_packed.rs`, their blocks of 48 weight rows
-//! cut into `THREADS` shares that the persistent team of `shared/matmul_team.rs` computes,
+//! cut into `THREADS` shares that the persistent team of `shared/team.rs` computes,
 //! the calling thread taking the first. Each thread streams only its share of the weights.
 
 use std::ops::Range;
 
 use super::shared::avx512_packed::{self, BLOCK, Packed};
-use super::shared::matmul_team::{self, Job, Team};
+use super::shared::team::{self, Job};
 
 /// The `[n, k]` row-major weights `w` in the layout [`matmul`] reads: blocks of 48 weight
 /// rows, each stored column by column.
@@ -22,26 +22,23 @@ pub fn matmul<const N: usize, const K: usize>(out: &mut [f32], x: &[f32], w: &[f
     // SAFETY: the generated crate checks at start-up that the CPU has AVX-512F, and the
     // product's pointers come from slices whose lengths `Packed::new` checked; `out` stays
     // borrowed until every share is done.
-    unsafe { matmul_team::run(Shared(Packed::new::<N, K>(out, x, w, rows))) }
+    unsafe { team::run(Shared(Packed::new::<N, K>(out, x, w, rows))) }
 }
 
-/// A product of this implementation, as its team shares it.
+/// A product of this implementation, as the crate's team shares it.
 #[derive(Clone, Copy)]
-struct Shared(Packed);
+pub(crate) struct Shared(Packed);
 
 impl Job for Shared {
-    const GRANULE: usize = BLOCK;
-
-    fn team() -> &'static Team<Shared> {
-        static TEAM: Team<Shared> = Team::new();
-        &TEAM
+    fn granule(&self) -> usize {
+        BLOCK
     }
 
     fn n(&self) -> usize {
         self.0.n
     }
 
-    fn macs(&self) -> usize {
+    fn work(&self) -> usize {
         self.0.rows * self.0.n * self.0.k
     }
 

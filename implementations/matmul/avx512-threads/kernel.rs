@@ -1,6 +1,6 @@
 //! Matrix product `out = x · wᵀ` with AVX-512F on `THREADS` threads: the product of
 //! `shared/avx512_matmul.rs`, its weight rows cut into `THREADS` equal shares that the
-//! persistent team of `shared/matmul_team.rs` computes, the calling thread taking the first;
+//! persistent team of `shared/team.rs` computes, the calling thread taking the first;
 //! dot products at every row count.
 //! Each thread reads only its share of the weights, which halves the memory traffic per
 //! thread of a decode step as well as the work of a prefill.
@@ -8,7 +8,7 @@
 use std::ops::Range;
 
 use super::shared::avx512_matmul::Product;
-use super::shared::matmul_team::{self, Job, Team};
+use super::shared::team::{self, Job};
 
 /// Computes `out[r, n] = Σₖ x[r, k] · w[n, k]` for `rows` rows.
 ///
@@ -18,24 +18,19 @@ pub fn matmul<const N: usize, const K: usize>(out: &mut [f32], x: &[f32], w: &[f
     // SAFETY: the generated crate checks at start-up that the CPU has AVX-512F, and the
     // product's pointers come from slices whose lengths `Product::new` checked; `out` and the
     // transposed activations stay alive until every share is done.
-    unsafe { Product::new::<N, K>(out, x, w, rows).prepared::<false, _>(|product| matmul_team::run(Shared(*product))) }
+    unsafe { Product::new::<N, K>(out, x, w, rows).prepared::<false, _>(|product| team::run(Shared(*product))) }
 }
 
-/// A product of this implementation, as its team shares it.
+/// A product of this implementation, as the crate's team shares it.
 #[derive(Clone, Copy)]
-struct Shared(Product<f32>);
+pub(crate) struct Shared(Product<f32>);
 
 impl Job for Shared {
-    fn team() -> &'static Team<Shared> {
-        static TEAM: Team<Shared> = Team::new();
-        &TEAM
-    }
-
     fn n(&self) -> usize {
         self.0.n
     }
 
-    fn macs(&self) -> usize {
+    fn work(&self) -> usize {
         self.0.rows * self.0.n * self.0.k
     }
 

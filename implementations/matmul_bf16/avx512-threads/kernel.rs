@@ -1,12 +1,12 @@
 //! Matrix product `out = x · wᵀ` with bfloat16 weights and AVX-512F on `THREADS` threads: the
 //! product of `shared/avx512_matmul.rs` over `u16` weights, its weight rows cut into `THREADS`
-//! equal shares that the persistent team of `shared/matmul_team.rs` computes, the calling
+//! equal shares that the persistent team of `shared/team.rs` computes, the calling
 //! thread taking the first.
 
 use std::ops::Range;
 
 use super::shared::avx512_matmul::Product;
-use super::shared::matmul_team::{self, Job, Team};
+use super::shared::team::{self, Job};
 
 /// Computes `out[r, n] = Σₖ x[r, k] · f32(w[n, k])` for `rows` rows.
 ///
@@ -16,24 +16,19 @@ pub fn matmul_bf16<const N: usize, const K: usize>(out: &mut [f32], x: &[f32], w
     // SAFETY: the generated crate checks at start-up that the CPU has AVX-512F, and the
     // product's pointers come from slices whose lengths `Product::new` checked; `out` stays
     // borrowed until every share is done.
-    unsafe { Product::new::<N, K>(out, x, w, rows).prepared::<false, _>(|product| matmul_team::run(Shared(*product))) }
+    unsafe { Product::new::<N, K>(out, x, w, rows).prepared::<false, _>(|product| team::run(Shared(*product))) }
 }
 
-/// A product of this implementation, as its team shares it.
+/// A product of this implementation, as the crate's team shares it.
 #[derive(Clone, Copy)]
-struct Shared(Product<u16>);
+pub(crate) struct Shared(Product<u16>);
 
 impl Job for Shared {
-    fn team() -> &'static Team<Shared> {
-        static TEAM: Team<Shared> = Team::new();
-        &TEAM
-    }
-
     fn n(&self) -> usize {
         self.0.n
     }
 
-    fn macs(&self) -> usize {
+    fn work(&self) -> usize {
         self.0.rows * self.0.n * self.0.k
     }
 

@@ -1,12 +1,12 @@
 //! Matrix product `out = x · wᵀ` with blockwise int8 weights and AVX-512 VNNI on `THREADS`
 //! threads: the product of `shared/avx512_q8.rs`, its activations quantized once by the
 //! calling thread, and its weight rows cut into `THREADS` equal shares that the persistent
-//! team of `shared/matmul_team.rs` computes, the calling thread taking the first.
+//! team of `shared/team.rs` computes, the calling thread taking the first.
 
 use std::ops::Range;
 
 use super::shared::avx512_q8::Q8Product;
-use super::shared::matmul_team::{self, Job, Team};
+use super::shared::team::{self, Job};
 
 /// Computes `out[r, n] = Σ_b dx[r, b] · dw[n, b] · Σ_{k in b} qx[r, k] · w[n, k]` for `rows`
 /// rows.
@@ -26,25 +26,20 @@ pub fn matmul_q8<const N: usize, const K: usize>(
     // `Q8Product::new` checked; `out` and the quantized activations stay alive until every
     // share is done.
     unsafe {
-        Q8Product::new::<N, K>(out, x, w, scales, rows).prepared(|product| matmul_team::run(Shared(*product)))
+        Q8Product::new::<N, K>(out, x, w, scales, rows).prepared(|product| team::run(Shared(*product)))
     }
 }
 
-/// A product of this implementation, as its team shares it.
+/// A product of this implementation, as the crate's team shares it.
 #[derive(Clone, Copy)]
-struct Shared(Q8Product);
+pub(crate) struct Shared(Q8Product);
 
 impl Job for Shared {
-    fn team() -> &'static Team<Shared> {
-        static TEAM: Team<Shared> = Team::new();
-        &TEAM
-    }
-
     fn n(&self) -> usize {
         self.0.n
     }
 
-    fn macs(&self) -> usize {
+    fn work(&self) -> usize {
         self.0.rows * self.0.n * self.0.k
     }
 

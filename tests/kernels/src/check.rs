@@ -299,14 +299,16 @@ fn assert_same_nans(what: &str, got: &[f32], want: &[f32]) {
     assert_close(what, &finite(got), &finite(want), TOLERANCE);
 }
 
-/// Checks an `attention_decode` at the given heads for contexts of 1 to 300 positions.
+/// Checks an `attention_decode` at the given heads for contexts of 1 to 1000 positions. At
+/// 1000, every head shape but the smallest two has the 65536 multiply-adds from which the
+/// team of `shared/team.rs` shares a call, so that multi-threaded kernels run split too.
 pub fn attention_decode<const N_HEADS: usize, const N_KV_HEADS: usize, const HEAD_DIM: usize>(
     candidate: impl Fn(&mut [f32], &[f32], &[f32], &[f32], &mut [f32]),
     reference: impl Fn(&mut [f32], &[f32], &[f32], &[f32], &mut [f32]),
 ) {
     let (q_dim, kv_dim) = (N_HEADS * HEAD_DIM, N_KV_HEADS * HEAD_DIM);
     let mut rng = Rng::for_shape(&[2, N_HEADS, N_KV_HEADS, HEAD_DIM]);
-    let lens = [1, 2, 3, 7, 8, 9, 15, 16, 17, 31, 64, 100, 192, 300];
+    let lens = [1, 2, 3, 7, 8, 9, 15, 16, 17, 31, 64, 100, 192, 300, 1000];
     for (case, len) in lens.into_iter().enumerate() {
         let amplitude = [1.0, 2.0, 6.0][case % 3];
         let q = rng.vec(q_dim, amplitude);
@@ -322,8 +324,9 @@ pub fn attention_decode<const N_HEADS: usize, const N_KV_HEADS: usize, const HEA
         assert_close(&format!("{what}, against f64"), &got, &exact, TOLERANCE);
     }
     // A NaN in the first kv head's keys (its query heads' outputs are NaN in the reference),
-    // and, with three kv heads or more, an infinite key in the last one.
-    let len = 40;
+    // and, with three kv heads or more, an infinite key in the last one; a context long
+    // enough to be split where a kernel splits.
+    let len = 1000;
     let q = rng.vec(q_dim, 1.0);
     let mut keys = rng.vec(len * kv_dim, 1.0);
     let values = rng.vec(len * kv_dim, 1.0);
