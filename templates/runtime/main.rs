@@ -72,7 +72,12 @@ fn run(args: &Args, started: Instant) -> Result<(), Error> {
     // The process ends when `run` returns, so the model and the tokenizer are never freed:
     // freeing a 32000-word tokenizer's maps alone would delay the exit by 3-4 ms.
     let model = ManuallyDrop::new(Model::load(&args.model)?);
-    let tokenizer = ManuallyDrop::new(Tokenizer::load(&args.model)?);
+    // A text prompt needs the whole tokenizer; ids need only what decodes them.
+    let tokenizer = ManuallyDrop::new(if args.prompt.is_some() {
+        Tokenizer::load_with_encoder(&args.model)?
+    } else {
+        Tokenizer::load(&args.model)?
+    });
     for warning in model.warnings() {
         eprintln!("warning: {warning}");
     }
@@ -139,6 +144,8 @@ fn run(args: &Args, started: Instant) -> Result<(), Error> {
     let prefill = generation.prefill_tok_s();
     let decode = generation.decode_tok_s();
     let stop = generation.stop.as_str();
-    eprintln!("[{prompt_tokens} prompt tokens: prefill {prefill:.1} tok/s; {new_tokens} new tokens: decode {decode:.1} tok/s; stop: {stop}]");
+    eprintln!(
+        "[{prompt_tokens} prompt tokens: prefill {prefill:.1} tok/s; {new_tokens} new tokens: decode {decode:.1} tok/s; stop: {stop}]"
+    );
     Ok(())
 }

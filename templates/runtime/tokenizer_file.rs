@@ -11,12 +11,12 @@
 //! `TokenizerImpl`'s deserializer reads them: version 1.0 only, the model and its pipeline,
 //! then the added tokens, added to the model's vocabulary.
 //!
+//! `detokenizer.rs` reads the same fields ([`File`]) for decoding only.
+//!
 //! Where the two differ, on files no tokenizer library writes: this reader skips an unknown
 //! top-level field (`from_file` fails on it, reading its key but not its value) and takes a
 //! null `version` for none, and it refuses a top-level field given twice (`from_file` keeps
 //! the last) and a model `type` written with escapes.
-
-use std::path::Path;
 
 use serde::Deserialize;
 use serde::de::{Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
@@ -29,28 +29,41 @@ use tokenizers::{
 
 /// The fields of a tokenizer.json, the model left as JSON text. Other fields are skipped.
 #[derive(Deserialize)]
-struct File<'a> {
-    version: Option<String>,
+pub(crate) struct File<'a> {
+    pub(crate) version: Option<String>,
     #[serde(default)]
-    added_tokens: Vec<AddedTokenWithId>,
-    normalizer: Option<NormalizerWrapper>,
-    pre_tokenizer: Option<PreTokenizerWrapper>,
+    pub(crate) added_tokens: Vec<AddedTokenWithId>,
+    pub(crate) normalizer: Option<NormalizerWrapper>,
+    pub(crate) pre_tokenizer: Option<PreTokenizerWrapper>,
     #[serde(borrow)]
-    model: &'a RawValue,
-    post_processor: Option<PostProcessorWrapper>,
-    decoder: Option<DecoderWrapper>,
-    truncation: Option<TruncationParams>,
-    padding: Option<PaddingParams>,
+    pub(crate) model: &'a RawValue,
+    pub(crate) post_processor: Option<PostProcessorWrapper>,
+    pub(crate) decoder: Option<DecoderWrapper>,
+    pub(crate) truncation: Option<TruncationParams>,
+    pub(crate) padding: Option<PaddingParams>,
+}
+
+impl<'a> File<'a> {
+    /// Reads the fields of `text`, refusing a version other than 1.0.
+    pub(crate) fn read(text: &'a str) -> Result<File<'a>, tokenizers::Error> {
+        let file: File = serde_json::from_str(text)?;
+        if let Some(version) = &file.version
+            && version != "1.0"
+        {
+            return Err(format!("Unknown tokenizer version '{version}'").into());
+        }
+        Ok(file)
+    }
 }
 
 /// An entry of `added_tokens`. Its id is required, as `from_file` requires it, but the
 /// vocabulary gives the id: an added token that the model lacks takes the next free one.
 #[derive(Deserialize)]
-struct AddedTokenWithId {
+pub(crate) struct AddedTokenWithId {
     #[serde(rename = "id")]
     _id: u32,
     #[serde(flatten)]
-    token: AddedToken,
+    pub(crate) token: AddedToken,
 }
 
 /// What one scan of a model object's text tells, before anything is built: its `type`, and
@@ -141,23 +154,12 @@ fn summary(json: &str) -> serde_json::Result<ModelSummary> {
     }
 }
 
-/// Reads the tokenizer.json at `path`: the tokenizer, and the largest id its model and added
-/// tokens can produce (a post-processor's own special-token ids are not among them: the
-/// session checks every id of a prompt).
-pub fn read(path: &Path) -> Result<(Tokenizer, u32), tokenizers::Error> {
-    parse(&std::fs::read_to_string(path)?)
-}
-
-/// Builds the tokenizer that the JSON `text` describes, and the largest id it can produce:
-/// the larger of its vocabulary's largest (from the scan that also reads the model's `type`)
+/// Builds the tokenizer that the JSON `text` (a tokenizer.json) describes, and the largest id
+/// its model and added tokens can produce (a post-processor's own special-token ids are not
+/// among them: the session checks every id of a prompt): the larger of its vocabulary's largest (from the scan that also reads the model's `type`)
 /// and its added tokens' largest, or, where the scan found no vocabulary, [`largest_id`].
-fn parse(text: &str) -> Result<(Tokenizer, u32), tokenizers::Error> {
-    let file: File = serde_json::from_str(text)?;
-    if let Some(version) = &file.version
-        && version != "1.0"
-    {
-        return Err(format!("Unknown tokenizer version '{version}'").into());
-    }
+pub fn parse(text: &str) -> Result<(Tokenizer, u32), tokenizers::Error> {
+    let file = File::read(text)?;
     let json = file.model.get();
     let summary = summary(json)?;
     let model: ModelWrapper = match summary.name.as_deref() {

@@ -1,10 +1,16 @@
 //! `templates/runtime/tokenizer_file.rs`, the tokenizer.json reader of every generated crate,
 //! builds the tokenizer that `tokenizers::Tokenizer::from_file` builds (same serialized form,
 //! same ids for the same text) and finds the largest id it can produce, and it refuses what
-//! `from_file` refuses, but for the differences the reader documents.
+//! `from_file` refuses, but for the differences the reader documents. The decoding-only reader of
+//! LLaMA crates (`templates/runtime/detokenizer.rs`) finds the same largest id, and decodes
+//! every id, and sequences of them, one-shot and streamed, to the text `from_file`'s tokenizer
+//! gives.
 
 #[path = "../../templates/runtime/tokenizer_file.rs"]
 mod tokenizer_file;
+
+#[path = "../../templates/runtime/detokenizer.rs"]
+mod detokenizer;
 
 use std::path::{Path, PathBuf};
 
@@ -51,11 +57,12 @@ fn assert_same(what: &str, text: &str, builds: bool) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("tokenizer.json");
     std::fs::write(&path, text).unwrap();
-    match (tokenizer_file::read(&path), Tokenizer::from_file(&path)) {
+    match (tokenizer_file::parse(text), Tokenizer::from_file(&path)) {
         (Ok((ours, largest)), Ok(theirs)) if builds => {
             assert_eq!(ours.to_string(false).unwrap(), theirs.to_string(false).unwrap(), "{what}");
             // The largest id any token of the vocabulary or the added tokens has.
             assert_eq!(Some(largest), theirs.get_vocab(true).into_values().max(), "{what}");
+            assert_decodes_alike(what, text, &theirs, largest);
             for sample in TEXTS {
                 let (a, b) = (ours.encode(*sample, true).unwrap(), theirs.encode(*sample, true).unwrap());
                 assert_eq!(a.get_ids(), b.get_ids(), "{what}: {sample:?}");
@@ -73,6 +80,43 @@ fn assert_same(what: &str, text: &str, builds: bool) {
             ours.map(|(_, largest)| format!("a tokenizer, largest id {largest}")).map_err(|e| e.to_string()),
             theirs.map(|_| "a tokenizer").map_err(|e| e.to_string()),
         ),
+    }
+}
+
+/// The decoding-only reader of `text` finds the same largest id, and decodes every id (and
+/// sequences of them, streamed too) to the text that `theirs` decodes it to.
+fn assert_decodes_alike(what: &str, text: &str, theirs: &Tokenizer, largest: u32) {
+    let (ours, our_largest) = detokenizer::read(text).unwrap();
+    assert_eq!(our_largest, largest, "{what}: the largest id");
+    // Every id, one at a time, and two past the largest (which decode to nothing).
+    for id in 0..=largest + 2 {
+        for skip in [true, false] {
+            assert_eq!(
+                ours.decode(&[id], skip).unwrap(),
+                theirs.decode(&[id], skip).unwrap(),
+                "{what}: id {id}, skip_special_tokens {skip}"
+            );
+        }
+    }
+    // Sequences: the samples' ids, and runs of ids from across the vocabulary.
+    let mut sequences: Vec<Vec<u32>> =
+        TEXTS.iter().map(|t| theirs.encode(*t, true).unwrap().get_ids().to_vec()).collect();
+    let n = largest + 1;
+    sequences.extend((0..20u32).map(|s| (0..40u32).map(|i| (s * 7919 + i * 104_729) % n).collect()));
+    sequences.push((0..n.min(300)).collect());
+    for ids in &sequences {
+        assert_eq!(ours.decode(ids, true).unwrap(), theirs.decode(ids, true).unwrap(), "{what}: {ids:?}");
+        // Streamed, as `DecodeStream` streams them: the same pieces at the same steps.
+        let mut stream = theirs.decode_stream(true);
+        let mut our_stream = detokenizer::DecodeStream::default();
+        for &id in ids {
+            let theirs_step = stream.step(id).map_err(|e| e.to_string());
+            let ours_step = our_stream.step(id, |ids| ours.decode(ids, true).map_err(|e| e.to_string()));
+            assert_eq!(ours_step.is_ok(), theirs_step.is_ok(), "{what}: streaming {ids:?} at {id}");
+            if let (Ok(a), Ok(b)) = (ours_step, theirs_step) {
+                assert_eq!(a, b, "{what}: streaming {ids:?} at {id}");
+            }
+        }
     }
 }
 
@@ -163,7 +207,11 @@ fn variants_of_the_format_read_as_from_file_reads_them() {
     std::fs::write(&plain, base.to_string()).unwrap();
     std::fs::write(&commented, edit(&|j| j["comment"] = Value::from("ignored"))).unwrap();
     assert_eq!(
-        tokenizer_file::read(&commented).unwrap().0.to_string(false).unwrap(),
+        tokenizer_file::parse(&std::fs::read_to_string(&commented).unwrap())
+            .unwrap()
+            .0
+            .to_string(false)
+            .unwrap(),
         Tokenizer::from_file(&plain).unwrap().to_string(false).unwrap(),
     );
     assert_same("no decoder", &edit(&|j| j["decoder"] = Value::Null), true);

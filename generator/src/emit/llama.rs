@@ -17,8 +17,15 @@ pub const DEPENDENCIES: &[&str] =
     &["clap", "memmap2", "safetensors", "serde", "serde_json", "thiserror", "tokenizers"];
 
 /// The fixed runtime files, copied through syn and prettyplease.
-const RUNTIME_FILES: &[&str] =
-    &["error.rs", "generate.rs", "main.rs", "tensor_file.rs", "tokenizer.rs", "tokenizer_file.rs"];
+const RUNTIME_FILES: &[&str] = &[
+    "detokenizer.rs",
+    "error.rs",
+    "generate.rs",
+    "main.rs",
+    "tensor_file.rs",
+    "tokenizer.rs",
+    "tokenizer_file.rs",
+];
 
 /// Every `.rs` file of the crate: (relative path, formatted body without header).
 pub fn rust_files(
@@ -117,6 +124,7 @@ fn lib_rs(plan: &Plan) -> TokenStream {
 
         #bf16_mod
         pub mod cpu;
+        mod detokenizer;
         pub mod error;
         pub mod generate;
         mod kernels;

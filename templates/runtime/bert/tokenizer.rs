@@ -21,14 +21,17 @@ impl Tokenizer {
     /// Loads `dir/tokenizer.json` and checks that every id it produces has an embedding.
     pub fn load(dir: impl AsRef<Path>) -> Result<Tokenizer, Error> {
         let path = dir.as_ref().join("tokenizer.json");
-        if let Err(source) = std::fs::metadata(&path) {
-            return Err(Error::Io { path, source });
-        }
+        let text =
+            std::fs::read_to_string(&path).map_err(|source| Error::Io { path: path.clone(), source })?;
         let fail = |e: tokenizers::Error| Error::Tokenizer { path: path.clone(), reason: e.to_string() };
-        let (mut inner, largest) = tokenizer_file::read(&path).map_err(fail)?;
+        let (mut inner, largest) = tokenizer_file::parse(&text).map_err(fail)?;
         inner.with_padding(None);
         let truncation = inner.get_truncation().cloned().unwrap_or_default();
-        let max_len = if inner.get_truncation().is_some() { truncation.max_length.min(MAX_SEQ_LEN) } else { MAX_SEQ_LEN };
+        let max_len = if inner.get_truncation().is_some() {
+            truncation.max_length.min(MAX_SEQ_LEN)
+        } else {
+            MAX_SEQ_LEN
+        };
         inner.with_truncation(Some(TruncationParams { max_length: max_len, ..truncation })).map_err(fail)?;
         // Every id the tokenizer can produce, added tokens included, needs an embedding row.
         if largest as usize >= VOCAB_SIZE {
