@@ -50,6 +50,10 @@ for shape in "${shapes[@]}"; do
     for crate in "generated/$name" "$work/crates/$name-t1"; do
         CARGO_TARGET_DIR="$work/target" cargo build -q --release --manifest-path "$crate/Cargo.toml"
     done
+    # The builds leave tens of megabytes of dirty pages, which the kernel writes back about
+    # 30 s later, in the middle of the timed runs: the 2-thread time to first token at
+    # stories15M measured 34-38 ms without this flush and 28 ms with it (bench/RESULTS.md).
+    sync
     echo "== $shape ($(du -h "$model/model.safetensors" | cut -f1) of $dtype weights)"
     # An int8 crate races candle's quantized Llama on the same weights in Q8_0.
     q8=(); [ "$dtype" = int8 ] && q8=(q8)
