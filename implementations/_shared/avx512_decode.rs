@@ -54,11 +54,10 @@ pub struct Decode {
     q: *const f32,
     keys: *const f32,
     values: *const f32,
-    /// Cached positions, the new one included.
-    pub len: usize,
-    pub n_heads: usize,
-    pub n_kv_heads: usize,
-    pub head_dim: usize,
+    len: usize,
+    n_heads: usize,
+    n_kv_heads: usize,
+    head_dim: usize,
 }
 
 // SAFETY: pointers to buffers that the caller keeps alive and shares out by disjoint ranges of
@@ -67,6 +66,22 @@ unsafe impl Send for Decode {}
 unsafe impl Sync for Decode {}
 
 impl Decode {
+    /// Cached positions, the new one included.
+    pub fn positions(&self) -> usize {
+        self.len
+    }
+
+    /// The kv heads, which [`Decode::kv_heads`] takes ranges of.
+    pub fn n_kv_heads(&self) -> usize {
+        self.n_kv_heads
+    }
+
+    /// Multiply-adds of the whole call: one per query value and cached position, for the
+    /// scores and again for the output.
+    pub fn work(&self) -> usize {
+        2 * self.len * self.n_heads * self.head_dim
+    }
+
     /// The attention of `q` (`[N_HEADS · HEAD_DIM]`) over `keys` and `values` (`[len,
     /// N_KV_HEADS · HEAD_DIM]`) into `out` (`[N_HEADS · HEAD_DIM]`), with the slices' lengths
     /// checked.

@@ -128,6 +128,9 @@ where
         let _guard = team.lock.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         team.wake.notify_all();
     }
+    // The workers use the job's operands until they report: a panic that unwound past here
+    // would free them first.
+    let abort = AbortOnUnwind;
     // SAFETY: the caller's contract; the shares are disjoint column ranges.
     unsafe { job.columns(share(0, n, job.granule())) };
     let mut spins = 0u32;
@@ -140,6 +143,21 @@ where
         }
     }
     team.busy.store(false, Release);
+    drop(abort);
+}
+
+/// Aborts the process if dropped while its thread unwinds from a panic: a share that panics
+/// (a bug) must neither leave its caller waiting forever for a worker that died nor unwind the
+/// caller while the workers still use its operands.
+struct AbortOnUnwind;
+
+impl Drop for AbortOnUnwind {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!("a share of the thread team panicked; aborting");
+            std::process::abort();
+        }
+    }
 }
 
 /// The columns of thread `index`: `THREADS` runs of equal length, rounded up to a multiple of
@@ -165,8 +183,10 @@ fn work(index: usize) {
         // SAFETY: the generation was published after the job was written (acquired in
         // `next_generation`), and the job stays unchanged until this worker reports.
         let job = unsafe { *team.job.get() }.expect("a job is published before its generation");
+        let abort = AbortOnUnwind;
         // SAFETY: the publisher's contract, and the workers' shares are disjoint.
         unsafe { job.columns(share(index, job.n(), job.granule())) };
+        drop(abort);
         team.finished.fetch_add(1, Release);
     }
 }

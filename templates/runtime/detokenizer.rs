@@ -7,6 +7,12 @@
 //! decodes as `Tokenizer::decode` does, and [`DecodeStream`] streams as `DecodeStream` does.
 //! Reading a 32000-piece vocabulary this way takes 2-4 ms, against 8-9 ms for the whole
 //! tokenizer (`tokenizer_file::parse`) and 15-17 ms for `Tokenizer::from_file`.
+//!
+//! No model is built, so what only the model's own reader checks is not checked here: its
+//! merges, its scores, its unknown token. A model `type` must be one of the four. Where the
+//! two differ on files no library writes: a vocabulary that gives a piece twice keeps both ids
+//! here (the model keeps the last and counts it once, which also moves the ids of added tokens
+//! missing from the vocabulary), and a model object with two `vocab` fields is refused.
 
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -114,12 +120,45 @@ pub fn read(text: &str) -> Result<(Detokenizer, u32), tokenizers::Error> {
 /// vocabulary ask (`id_to_token`; `token_to_id` of the added tokens' contents; the vocabulary's
 /// size), so that no map of the whole vocabulary is built.
 struct Pieces {
+    /// The pieces of the ids below the vocabulary's dense range's end.
     by_id: Vec<Option<String>>,
+    /// Pieces of ids far past the others (a hand-edited file), kept apart so that a huge id
+    /// costs no huge table: it then fails the crate's check against its embedding rows.
+    far: HashMap<u32, String>,
     /// Entries of the vocabulary (`get_vocab_size`, as the model counts them).
     entries: usize,
     largest: Option<u32>,
     /// The ids of the added tokens' contents that the vocabulary holds.
     ids_of_added: HashMap<String, u32>,
+}
+
+impl Pieces {
+    /// The vocabulary of `(piece, id)` entries in file order, `added` the added tokens'
+    /// contents. Ids below twice the entries (and 1024 more) go in a table, others apart.
+    fn new(entries: Vec<(String, u32)>, added: &HashSet<&str>) -> Pieces {
+        let dense = 2 * entries.len() + 1024;
+        let largest = entries.iter().map(|&(_, id)| id).max();
+        let table = largest.map_or(0, |l| (l as usize + 1).min(dense));
+        let mut pieces = Pieces {
+            by_id: vec![None; table],
+            far: HashMap::new(),
+            entries: entries.len(),
+            largest,
+            ids_of_added: HashMap::new(),
+        };
+        for (piece, id) in entries {
+            if added.contains(piece.as_str()) {
+                pieces.ids_of_added.insert(piece.clone(), id);
+            }
+            match pieces.by_id.get_mut(id as usize) {
+                Some(slot) => *slot = Some(piece),
+                None => {
+                    pieces.far.insert(id, piece);
+                }
+            }
+        }
+        pieces
+    }
 }
 
 impl Model for Pieces {
@@ -134,12 +173,16 @@ impl Model for Pieces {
     }
 
     fn id_to_token(&self, id: u32) -> Option<String> {
-        self.by_id.get(id as usize).cloned().flatten()
+        match self.by_id.get(id as usize) {
+            Some(piece) => piece.clone(),
+            None => self.far.get(&id).cloned(),
+        }
     }
 
     fn get_vocab(&self) -> HashMap<String, u32> {
-        let pieces = self.by_id.iter().enumerate();
-        pieces.filter_map(|(id, piece)| Some((piece.clone()?, id as u32))).collect()
+        let pieces =
+            self.by_id.iter().enumerate().filter_map(|(id, piece)| Some((piece.clone()?, id as u32)));
+        pieces.chain(self.far.iter().map(|(&id, piece)| (piece.clone(), id))).collect()
     }
 
     fn get_vocab_size(&self) -> usize {
@@ -155,15 +198,23 @@ impl Model for Pieces {
     }
 }
 
-/// A model object's `vocab`, kept as text until the added tokens' contents are known.
+/// A model object's `type` and `vocab`, the vocabulary kept as text until the added tokens'
+/// contents are known.
 #[derive(Deserialize)]
 struct PiecesOf<'a> {
+    #[serde(rename = "type")]
+    name: Option<String>,
     #[serde(borrow)]
     vocab: Option<&'a RawValue>,
 }
 
 impl PiecesOf<'_> {
     fn read(&self, added: &HashSet<&str>) -> Result<Pieces, tokenizers::Error> {
+        if let Some(name) = &self.name
+            && !["BPE", "WordPiece", "WordLevel", "Unigram"].contains(&name.as_str())
+        {
+            return Err(format!("unknown model type `{name}`").into());
+        }
         let vocab = self.vocab.ok_or("the model has no `vocab`")?;
         let mut deserializer = serde_json::Deserializer::from_str(vocab.get());
         Ok(PiecesSeed { added }.deserialize(&mut deserializer)?)
@@ -191,43 +242,19 @@ impl<'de> Visitor<'de> for PiecesSeed<'_> {
     }
 
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Pieces, A::Error> {
-        let mut pieces = Pieces {
-            by_id: Vec::with_capacity(map.size_hint().unwrap_or(0)),
-            entries: 0,
-            largest: None,
-            ids_of_added: HashMap::new(),
-        };
-        while let Some((piece, id)) = map.next_entry::<String, u32>()? {
-            if self.added.contains(piece.as_str()) {
-                pieces.ids_of_added.insert(piece.clone(), id);
-            }
-            let at = id as usize;
-            if pieces.by_id.len() <= at {
-                pieces.by_id.resize(at + 1, None);
-            }
-            pieces.by_id[at] = Some(piece);
-            pieces.entries += 1;
-            pieces.largest = pieces.largest.max(Some(id));
+        let mut entries = Vec::with_capacity(map.size_hint().unwrap_or(0));
+        while let Some(entry) = map.next_entry::<String, u32>()? {
+            entries.push(entry);
         }
-        Ok(pieces)
+        Ok(Pieces::new(entries, self.added))
     }
 
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Pieces, A::Error> {
-        let mut pieces = Pieces {
-            by_id: Vec::with_capacity(seq.size_hint().unwrap_or(0)),
-            entries: 0,
-            largest: None,
-            ids_of_added: HashMap::new(),
-        };
+        let mut entries = Vec::with_capacity(seq.size_hint().unwrap_or(0));
         while let Some((piece, _score)) = seq.next_element::<(String, f64)>()? {
-            let id = pieces.by_id.len() as u32;
-            if self.added.contains(piece.as_str()) {
-                pieces.ids_of_added.insert(piece.clone(), id);
-            }
-            pieces.by_id.push(Some(piece));
+            let id = entries.len() as u32;
+            entries.push((piece, id));
         }
-        pieces.entries = pieces.by_id.len();
-        pieces.largest = pieces.entries.checked_sub(1).map(|last| last as u32);
-        Ok(pieces)
+        Ok(Pieces::new(entries, self.added))
     }
 }

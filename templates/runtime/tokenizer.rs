@@ -26,7 +26,8 @@ pub struct Tokenizer {
 
 impl Tokenizer {
     /// Loads what decodes `dir/tokenizer.json`'s ids, and checks that every id it produces has
-    /// an embedding. The whole tokenizer is built if [`Tokenizer::encode`] is called.
+    /// an embedding. The whole tokenizer is built if [`Tokenizer::encode`] is called, and what
+    /// only it checks (the model's merges, scores and unknown token) is checked then.
     pub fn load(dir: impl AsRef<Path>) -> Result<Tokenizer, Error> {
         let (path, text) = read(dir.as_ref())?;
         let (detokenizer, largest) = detokenizer::read(&text)

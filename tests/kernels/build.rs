@@ -227,7 +227,12 @@ fn kernels_module(implementations: &[Implementation], shared_modules: &BTreeMap<
     out.push_str("pub mod kernels {\n");
     out.push_str("    /// The helper modules of `implementations/_shared/`.\n");
     out.push_str("    pub mod shared {\n");
+    let team_jobs = implementations.iter().any(|i| i.team_job.is_some());
     for (module, path) in shared_modules {
+        // The team runs the `TeamJob` enum, which exists only when some kernel has a job.
+        if module == "team" && !team_jobs {
+            continue;
+        }
         if let Some(cfg) = arch_cfg(users_arches(implementations, module).as_deref()) {
             writeln!(out, "        {cfg}").unwrap();
         }

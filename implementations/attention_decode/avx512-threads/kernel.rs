@@ -22,7 +22,7 @@ pub fn attention_decode<const N_HEADS: usize, const N_KV_HEADS: usize, const HEA
     scores: &mut [f32],
 ) {
     let decode = Decode::new::<N_HEADS, N_KV_HEADS, HEAD_DIM>(out, q, keys, values);
-    assert!(scores.len() >= decode.len, "attention_decode: scores is shorter than len");
+    assert!(scores.len() >= decode.positions(), "attention_decode: scores is shorter than len");
     // SAFETY: the generated crate checks at start-up that the CPU has AVX-512F; `Decode::new`
     // checked the slices, which stay borrowed until every share is done, and the team gives
     // each thread its own kv heads.
@@ -35,7 +35,7 @@ pub(crate) struct Shared(Decode);
 
 impl Job for Shared {
     fn n(&self) -> usize {
-        self.0.n_kv_heads
+        self.0.n_kv_heads()
     }
 
     fn granule(&self) -> usize {
@@ -43,8 +43,7 @@ impl Job for Shared {
     }
 
     fn work(&self) -> usize {
-        // A multiply-add per query value and cached position, for the scores and the output.
-        2 * self.0.len * self.0.n_heads * self.0.head_dim
+        self.0.work()
     }
 
     unsafe fn columns(&self, cols: Range<usize>) {

@@ -300,8 +300,9 @@ fn assert_same_nans(what: &str, got: &[f32], want: &[f32]) {
 }
 
 /// Checks an `attention_decode` at the given heads for contexts of 1 to 1000 positions. At
-/// 1000, every head shape but the smallest two has the 65536 multiply-adds from which the
-/// team of `shared/team.rs` shares a call, so that multi-threaded kernels run split too.
+/// 1000, every head shape with two kv heads or more has the 65536 multiply-adds from which the
+/// team of `shared/team.rs` shares a call, so that a multi-threaded kernel splitting by kv
+/// heads runs split too (evenly, and 2 + 1 at three kv heads).
 pub fn attention_decode<const N_HEADS: usize, const N_KV_HEADS: usize, const HEAD_DIM: usize>(
     candidate: impl Fn(&mut [f32], &[f32], &[f32], &[f32], &mut [f32]),
     reference: impl Fn(&mut [f32], &[f32], &[f32], &[f32], &mut [f32]),
