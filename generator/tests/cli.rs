@@ -333,7 +333,14 @@ fn packing_kernels_are_checked_against_the_interface() {
             "interface `gelu` declares no packing function",
         ),
     ];
-    for (implementation, file, from, to, expected) in cases {
+    assert_each_slip_refused(&cases);
+}
+
+/// For each `(implementation, file, from, to, expected)`: in a scratch repository whose
+/// `implementations/<implementation>/<file>` has `from` replaced by `to`, `monogen build`
+/// fails, saying `expected`.
+fn assert_each_slip_refused(cases: &[(&str, &str, &str, &str, &str)]) {
+    for &(implementation, file, from, to, expected) in cases {
         let repo = scratch_repo();
         let path = repo.path().join("implementations").join(implementation).join(file);
         let text = std::fs::read_to_string(&path).unwrap();
@@ -383,16 +390,7 @@ fn team_jobs_are_checked() {
             "team job `Shared` must be `pub(crate)`",
         ),
     ];
-    for (implementation, file, from, to, expected) in cases {
-        let repo = scratch_repo();
-        let path = repo.path().join("implementations").join(implementation).join(file);
-        let text = std::fs::read_to_string(&path).unwrap();
-        assert!(text.contains(from), "{implementation}/{file} no longer holds {from:?}");
-        std::fs::write(&path, text.replacen(from, to, 1)).unwrap();
-        let out = monogen(repo.path(), &["build", WORKLOAD]);
-        assert!(!out.status.success(), "{implementation}: {}", stdout(&out));
-        assert!(stderr(&out).contains(expected), "{implementation}: {}", stderr(&out));
-    }
+    assert_each_slip_refused(&cases);
 }
 
 /// Matrices that the matmul packs at load are copies in memory already: even TinyLlama's f32
