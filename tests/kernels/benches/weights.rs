@@ -45,84 +45,59 @@ fn main() {
         .collect();
     let f32 = f32_layers;
     let params: usize = SHAPES.iter().map(|(n, k)| n * k).sum::<usize>() * layers;
-    let bytes =
-        [params * 4, params * 2, params + params / 32 * 4, params + params / 32 * 4, params * 4, params * 4];
+    let q8_bytes = params + params / 32 * 4;
+    // Each implementation: its name, the bytes its weights hold, and one pass over every
+    // layer's matrices at `rows` rows.
+    let runs: Vec<(&str, usize, Pass)> = vec![
+        ("f32 (matmul/avx512-threads)", params * 4, over(&f32, f32_product)),
+        ("f32 (matmul/avx512-panels-threads)", params * 4, over(&f32, f32_panels)),
+        ("f32 (matmul/avx512-packed-threads)", params * 4, over(&packed, f32_packed)),
+        ("f32 (matmul/avx512-repack-threads)", params * 4, over(&f32, f32_repack)),
+        ("bf16 (matmul_bf16/avx512-threads)", params * 2, over(&bf16, bf16_product)),
+        ("bf16 (matmul_bf16/avx512-repack-threads)", params * 2, over(&bf16, bf16_repack)),
+        ("int8 (matmul_q8/avx512-vnni-threads)", q8_bytes, over(&int8, q8_product)),
+        ("int8 (matmul_q8/avx512-vnni, 1 thread)", q8_bytes, over(&int8, q8_one)),
+    ];
     println!(
         "stories110M's matrices: {layers} layers, {params} weights; 2 threads; median of {rounds} rounds"
     );
     for rows in [1usize, 128] {
         let x = rng.vec(rows * HIDDEN, 1.0);
         let mut out = vec![0f32; rows * HIDDEN];
-        let mut times = [Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new()];
+        let mut times = vec![Vec::new(); runs.len()];
         for _ in 0..rounds {
-            times[0].push(time(|| {
-                for l in &f32 {
-                    for (w, &(n, k)) in l.iter().zip(&SHAPES) {
-                        f32_product(n, k, &mut out, &x, w, rows);
-                    }
-                }
-            }));
-            times[4].push(time(|| {
-                for l in &f32 {
-                    for (w, &(n, k)) in l.iter().zip(&SHAPES) {
-                        f32_panels(n, k, &mut out, &x, w, rows);
-                    }
-                }
-            }));
-            times[5].push(time(|| {
-                for l in &packed {
-                    for (w, &(n, k)) in l.iter().zip(&SHAPES) {
-                        f32_packed(n, k, &mut out, &x, w, rows);
-                    }
-                }
-            }));
-            times[1].push(time(|| {
-                for l in &bf16 {
-                    for (w, &(n, k)) in l.iter().zip(&SHAPES) {
-                        bf16_product(n, k, &mut out, &x, w, rows);
-                    }
-                }
-            }));
-            times[2].push(time(|| {
-                for l in &int8 {
-                    for ((values, scales), &(n, k)) in l.iter().zip(&SHAPES) {
-                        q8_product(n, k, &mut out, &x, values, scales, rows);
-                    }
-                }
-            }));
-            times[3].push(time(|| {
-                for l in &int8 {
-                    for ((values, scales), &(n, k)) in l.iter().zip(&SHAPES) {
-                        q8_one(n, k, &mut out, &x, values, scales, rows);
-                    }
-                }
-            }));
+            for ((_, _, pass), t) in runs.iter().zip(&mut times) {
+                t.push(time(|| pass(&mut out, &x, rows)));
+            }
         }
-        for ((name, t), bytes) in [
-            "f32 (matmul/avx512-threads)",
-            "bf16 (matmul_bf16/avx512-threads)",
-            "int8 (matmul_q8/avx512-vnni-threads)",
-            "int8 (matmul_q8/avx512-vnni, 1 thread)",
-            "f32 (matmul/avx512-panels-threads)",
-            "f32 (matmul/avx512-packed-threads)",
-        ]
-        .iter()
-        .zip(&mut times)
-        .zip(bytes)
-        {
+        for ((name, bytes, _), t) in runs.iter().zip(&mut times) {
             t.sort_by(f64::total_cmp);
             let s = t[t.len() / 2];
             if rows == 1 {
-                println!("  decode  {name:<40} {:>8.3} ms   {:>6.1} GB/s", s * 1e3, bytes as f64 / s / 1e9);
+                println!("  decode  {name:<44} {:>8.3} ms   {:>6.1} GB/s", s * 1e3, *bytes as f64 / s / 1e9);
             } else {
                 println!(
-                    "  prefill {name:<40} {:>8.3} ms   {:>6.1} GFLOP/s",
+                    "  prefill {name:<44} {:>8.3} ms   {:>6.1} GFLOP/s",
                     s * 1e3,
                     2.0 * (params * rows) as f64 / s / 1e9
                 );
             }
         }
     }
+}
+
+/// One pass of an implementation over every layer's matrices: `(out, x, rows)`.
+type Pass<'a> = Box<dyn Fn(&mut [f32], &[f32], usize) + 'a>;
+
+/// The pass of `product` over `layers`, each matrix at its shape.
+fn over<'a, M>(layers: &'a [[M; 7]], product: fn(usize, usize, &mut [f32], &[f32], &M, usize)) -> Pass<'a> {
+    Box::new(move |out, x, rows| {
+        for l in layers {
+            for (w, &(n, k)) in l.iter().zip(&SHAPES) {
+                product(n, k, out, x, w, rows);
+            }
+        }
+    })
 }
 
 fn time(f: impl FnOnce()) -> f64 {
@@ -148,22 +123,35 @@ fn quantize(m: &[f32]) -> (Vec<i8>, Vec<f32>) {
 }
 
 macro_rules! dispatch {
-    ($name:ident, $module:ident, $kernel:ident, $w:ty $(, $extra:ident : $extra_ty:ty)?) => {
-        fn $name(n: usize, k: usize, out: &mut [f32], x: &[f32], w: $w, $($extra: $extra_ty,)? rows: usize) {
-            let (out, x, w) = (black_box(out), black_box(x), black_box(w));
+    ($name:ident, $module:ident, $kernel:ident, int8) => {
+        fn $name(n: usize, k: usize, out: &mut [f32], x: &[f32], w: &(Vec<i8>, Vec<f32>), rows: usize) {
+            let (out, x, (values, scales)) = (black_box(out), black_box(x), black_box(w));
             match (n, k) {
-                (DIM, DIM) => kernels::$module::$kernel::<DIM, DIM>(out, x, w, $($extra,)? rows),
-                (HIDDEN, DIM) => kernels::$module::$kernel::<HIDDEN, DIM>(out, x, w, $($extra,)? rows),
-                (DIM, HIDDEN) => kernels::$module::$kernel::<DIM, HIDDEN>(out, x, w, $($extra,)? rows),
+                (DIM, DIM) => kernels::$module::$kernel::<DIM, DIM>(out, x, values, scales, rows),
+                (HIDDEN, DIM) => kernels::$module::$kernel::<HIDDEN, DIM>(out, x, values, scales, rows),
+                (DIM, HIDDEN) => kernels::$module::$kernel::<DIM, HIDDEN>(out, x, values, scales, rows),
+                _ => unreachable!(),
+            }
+        }
+    };
+    ($name:ident, $module:ident, $kernel:ident, $w:ty) => {
+        fn $name(n: usize, k: usize, out: &mut [f32], x: &[f32], w: &Vec<$w>, rows: usize) {
+            let (out, x, w) = (black_box(out), black_box(x), black_box(w.as_slice()));
+            match (n, k) {
+                (DIM, DIM) => kernels::$module::$kernel::<DIM, DIM>(out, x, w, rows),
+                (HIDDEN, DIM) => kernels::$module::$kernel::<HIDDEN, DIM>(out, x, w, rows),
+                (DIM, HIDDEN) => kernels::$module::$kernel::<DIM, HIDDEN>(out, x, w, rows),
                 _ => unreachable!(),
             }
         }
     };
 }
 
-dispatch!(f32_product, matmul__avx512_threads, matmul, &[f32]);
-dispatch!(f32_panels, matmul__avx512_panels_threads, matmul, &[f32]);
-dispatch!(f32_packed, matmul__avx512_packed_threads, matmul, &[f32]);
-dispatch!(bf16_product, matmul_bf16__avx512_threads, matmul_bf16, &[u16]);
-dispatch!(q8_product, matmul_q8__avx512_vnni_threads, matmul_q8, &[i8], scales: &[f32]);
-dispatch!(q8_one, matmul_q8__avx512_vnni, matmul_q8, &[i8], scales: &[f32]);
+dispatch!(f32_product, matmul__avx512_threads, matmul, f32);
+dispatch!(f32_panels, matmul__avx512_panels_threads, matmul, f32);
+dispatch!(f32_packed, matmul__avx512_packed_threads, matmul, f32);
+dispatch!(f32_repack, matmul__avx512_repack_threads, matmul, f32);
+dispatch!(bf16_product, matmul_bf16__avx512_threads, matmul_bf16, u16);
+dispatch!(bf16_repack, matmul_bf16__avx512_repack_threads, matmul_bf16, u16);
+dispatch!(q8_product, matmul_q8__avx512_vnni_threads, matmul_q8, int8);
+dispatch!(q8_one, matmul_q8__avx512_vnni, matmul_q8, int8);
