@@ -445,7 +445,7 @@ impl Q8Product {
 /// `q = round(x · (127 / max|x|))` (ties to even, as the CPU rounds by default); `q` is padded
 /// with zeros to whole steps and `d` spread over 8 lanes per block.
 #[target_feature(enable = "avx512f,avx512bw")]
-fn quantize_row(x: &[f32], q: &mut [i8], d: &mut [f32]) {
+pub fn quantize_row(x: &[f32], q: &mut [i8], d: &mut [f32]) {
     assert!(q.len() >= x.len().div_ceil(STEP) * STEP && d.len() >= x.len().div_ceil(STEP) * 16);
     for (b, block) in x.chunks(BLOCK).enumerate() {
         let (low, high) = block.split_at(block.len().min(16));

@@ -56,6 +56,7 @@ fn main() {
         ("bf16 (matmul_bf16/avx512-threads)", params * 2, over(&bf16, bf16_product)),
         ("bf16 (matmul_bf16/avx512-repack-threads)", params * 2, over(&bf16, bf16_repack)),
         ("int8 (matmul_q8/avx512-vnni-threads)", q8_bytes, over(&int8, q8_product)),
+        ("int8 (matmul_q8/avx512-vnni-repack-threads)", q8_bytes, over(&int8, q8_repack)),
         ("int8 (matmul_q8/avx512-vnni, 1 thread)", q8_bytes, over(&int8, q8_one)),
     ];
     println!(
@@ -154,4 +155,5 @@ dispatch!(f32_repack, matmul__avx512_repack_threads, matmul, f32);
 dispatch!(bf16_product, matmul_bf16__avx512_threads, matmul_bf16, u16);
 dispatch!(bf16_repack, matmul_bf16__avx512_repack_threads, matmul_bf16, u16);
 dispatch!(q8_product, matmul_q8__avx512_vnni_threads, matmul_q8, int8);
+dispatch!(q8_repack, matmul_q8__avx512_vnni_repack_threads, matmul_q8, int8);
 dispatch!(q8_one, matmul_q8__avx512_vnni, matmul_q8, int8);
