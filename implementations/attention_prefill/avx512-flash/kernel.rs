@@ -25,6 +25,7 @@
 use std::arch::x86_64::*;
 use std::cell::RefCell;
 
+use super::shared::avx512_flash::transpose_keys;
 use super::shared::avx512_math::exp;
 
 /// f32 lanes of an AVX-512 register.
@@ -54,7 +55,10 @@ pub fn attention_prefill<const N_HEADS: usize, const N_KV_HEADS: usize, const HE
     rows: usize,
 ) {
     const {
-        assert!(N_KV_HEADS > 0 && N_HEADS.is_multiple_of(N_KV_HEADS), "N_HEADS must be a multiple of N_KV_HEADS");
+        assert!(
+            N_KV_HEADS > 0 && N_HEADS.is_multiple_of(N_KV_HEADS),
+            "N_HEADS must be a multiple of N_KV_HEADS"
+        );
         assert!(HEAD_DIM > 0 && HEAD_DIM <= MAX_VECTORS * LANES, "HEAD_DIM must be 1..=256");
     };
     let (q_dim, kv_dim) = (N_HEADS * HEAD_DIM, N_KV_HEADS * HEAD_DIM);
@@ -71,7 +75,7 @@ pub fn attention_prefill<const N_HEADS: usize, const N_KV_HEADS: usize, const HE
         keys_t.resize(kv_dim * padded, 0.0);
         // SAFETY: the generated crate checks at start-up that the CPU has AVX-512F; `keys`
         // holds `len` positions and `keys_t` `kv_dim · padded` values (checked above).
-        unsafe { transpose_keys::<N_KV_HEADS, HEAD_DIM>(keys_t, &keys[..len * kv_dim], padded) };
+        unsafe { transpose_keys(keys_t, &keys[..len * kv_dim], kv_dim, padded) };
         // Rows of one head go R at a time (as many as keep their outputs in registers), so
         // that each row of transposed keys loaded serves R independent chains.
         let vectors = HEAD_DIM.div_ceil(LANES);
@@ -173,7 +177,8 @@ fn block<const N_HEADS: usize, const N_KV_HEADS: usize, const HEAD_DIM: usize, c
                 continue;
             }
             let live = lanes(lens[i] - j0);
-            let s = _mm512_mask_mov_ps(_mm512_set1_ps(f32::NEG_INFINITY), live, _mm512_mul_ps(dots[i], scale));
+            let s =
+                _mm512_mask_mov_ps(_mm512_set1_ps(f32::NEG_INFINITY), live, _mm512_mul_ps(dots[i], scale));
             not_finite[i] |= _mm512_cmp_ps_mask::<_CMP_NLT_UQ>(s, _mm512_set1_ps(f32::INFINITY));
             // Only a score above the running maximum (one compare; masked lanes hold −∞)
             // needs the block's maximum and a rescale.
@@ -222,34 +227,6 @@ fn block<const N_HEADS: usize, const N_KV_HEADS: usize, const HEAD_DIM: usize, c
         }
     }
     R
-}
-
-/// Writes `keys` (`[len, KV_DIM]`) transposed into `keys_t` (`[KV_DIM, padded]`): each 16
-/// positions of one channel are one gather of 16 strided values and one contiguous store,
-/// where a store per value to rows `padded` apart was a third of this kernel's time.
-#[target_feature(enable = "avx512f")]
-fn transpose_keys<const N_KV_HEADS: usize, const HEAD_DIM: usize>(keys_t: &mut [f32], keys: &[f32], padded: usize) {
-    let kv_dim = N_KV_HEADS * HEAD_DIM;
-    let len = keys.len() / kv_dim;
-    assert!(keys_t.len() >= kv_dim * padded && padded >= len.next_multiple_of(LANES));
-    assert!(i32::try_from(LANES * kv_dim).is_ok() && keys.len() == len * kv_dim);
-    let offsets = _mm512_mullo_epi32(
-        _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-        _mm512_set1_epi32(kv_dim as i32),
-    );
-    for p0 in (0..len).step_by(LANES) {
-        let live = lanes(len - p0);
-        for c in 0..kv_dim {
-            // SAFETY: the live lanes read positions p0.. < len of channel c < kv_dim, inside
-            // `keys`; the store writes 16 values of row c, inside it as `padded` is a multiple
-            // of 16 above p0 (asserted above).
-            unsafe {
-                let base = keys.as_ptr().add(p0 * kv_dim + c);
-                let column = _mm512_mask_i32gather_ps::<4>(_mm512_setzero_ps(), live, offsets, base);
-                _mm512_storeu_ps(keys_t.as_mut_ptr().add(c * padded + p0), column);
-            }
-        }
-    }
 }
 
 /// A mask of the first `n` (≤ 16) lanes.
