@@ -57,13 +57,14 @@ for shape in "${shapes[@]}"; do
     echo "== $shape ($(du -h "$model/model.safetensors" | cut -f1) of $dtype weights)"
     # An int8 crate races candle's quantized Llama on the same weights in Q8_0.
     q8=(); [ "$dtype" = int8 ] && q8=(q8)
-    "$harness" compare "$work/target/release/$name-t1" "$model" 1 "$rounds" "${q8[@]}"
-    "$harness" compare "$work/target/release/$name" "$model" 2 "$rounds" "${q8[@]}"
+    "$harness" compare "$work/target/release/$name-t1" "$model" 1 "$rounds" "${q8[@]}" | tee "$work/compare-1.txt"
+    "$harness" compare "$work/target/release/$name" "$model" 2 "$rounds" "${q8[@]}" | tee "$work/compare-2.txt"
     # Weight bytes read per decoded token: every tensor but the embedding table, which a step
     # reads one row of (unless the classifier is tied to it, when it is read whole), as the
     # crate holds it: an int8 crate's matrices take a byte per value and an f32 scale per 32
-    # (its norms stay f32), whatever the file holds.
-    bytes=$(python3 - "$model" "$dtype" <<'PY'
+    # (its norms stay f32), whatever the file holds. Then the operations of a prefill token:
+    # two per weight of the layers' matrices (the classifier runs for the last token only).
+    read -r bytes ops < <(python3 - "$model" "$dtype" <<'PY'
 import json, struct, sys
 path = sys.argv[1] + "/model.safetensors"
 int8 = sys.argv[2] == "int8"
@@ -85,10 +86,41 @@ for name, t in header.items():
     if name == "model.embed_tokens.weight" and not tied:
         size = size // t["shape"][0]
     total += size
-print(total)
+layers = sum(
+    t["shape"][0] * t["shape"][1]
+    for name, t in header.items()
+    if name.startswith("model.layers.") and len(t.get("shape", [])) == 2
+)
+print(total, 2 * layers)
 PY
 )
-    "$peaks" --rounds 3 "$bytes" | sed 's/^/  peaks: /'
+    "$peaks" --rounds 3 "$bytes" | tee "$work/peaks.txt" | sed 's/^/  peaks: /'
     echo "  weight bytes read per decoded token: $bytes"
+    # Each decode figure against its floor (those bytes over the read bandwidth of the same
+    # run, at the same thread count), and the prefill against the peak of its instructions.
+    python3 - "$work/compare-1.txt" "$work/compare-2.txt" "$work/peaks.txt" "$bytes" "$ops" "$dtype" <<'PY'
+import re, sys
+one, two, peaks_file, size, ops, dtype = sys.argv[1:]
+size, ops = int(size), int(ops)
+def ours(path, what):
+    for line in open(path):
+        if line.strip().startswith(what):
+            return float(re.search(r"monogen\s+([0-9.]+)", line).group(1))
+peaks = {}
+for line in open(peaks_file):
+    fields = line.split()
+    peaks[(fields[0], fields[-2])] = float(fields[-1])
+for threads, path in (("1t", one), ("2t", two)):
+    bandwidth = peaks[("read_gb_s", threads)]
+    floor = size / (bandwidth * 1e9) * 1e3
+    measured = 1e3 / ours(path, "decode tok/s")
+    peak_name, unit = ("vnni_avx512_gop_s", "GOP/s of the VNNI") if dtype == "int8" else ("fma_avx512_gflop_s", "GFLOP/s of the FMA")
+    rate = ours(path, "prefill tok/s") * ops / 1e9
+    print(
+        f"  {threads}: decode floor {floor:.2f} ms ({size / 1e6:.0f} MB at {bandwidth:.2f} GB/s), measured {measured:.2f} ms,"
+        f" floor / measured {floor / measured:.2f}; prefill {rate:.0f} {unit.split(' of')[0]}, {100 * rate / peaks[(peak_name, threads)]:.0f}% of the"
+        f" {peaks[(peak_name, threads)]:.0f} {unit} peak"
+    )
+PY
   done
 done
