@@ -224,6 +224,9 @@ impl Flash {
             //    those vectors stay in registers over the block's positions, and each value
             //    vector loaded serves the 4 rows.
             let positions = (end - j0).min(LANES);
+            // Past its own position a row takes no value, not even with weight 0: 0 times an
+            // infinite or NaN value would be NaN where the reference never reads that value.
+            let all_live = j0 + positions <= lens[0];
             for v0 in (0..vectors).step_by(CHUNK) {
                 let mut o = [[_mm512_setzero_ps(); CHUNK]; R];
                 for i in 0..R {
@@ -245,6 +248,9 @@ impl Flash {
                         }
                     }
                     for i in 0..R {
+                        if !all_live && j0 + jj >= lens[i] {
+                            continue;
+                        }
                         let p = _mm512_set1_ps(w[i][jj]);
                         for u in 0..CHUNK {
                             if v0 + u < vectors {

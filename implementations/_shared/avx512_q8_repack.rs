@@ -26,8 +26,8 @@
 //! # Safety
 //!
 //! [`Q8Repack::columns`] may be called only on a CPU with AVX-512F, AVX-512BW and AVX-512
-//! VNNI, from inside [`Q8Repack::prepared`], on column ranges that start at a multiple of
-//! [`GRANULE`], and never twice at once on overlapping column ranges of the same `out`.
+//! VNNI, from inside [`Q8Repack::prepared`], and never twice at once on overlapping column
+//! ranges of the same `out`.
 #![allow(dead_code, clippy::missing_safety_doc, clippy::needless_range_loop)]
 
 use std::arch::x86_64::*;
@@ -56,8 +56,9 @@ const GROUP: usize = 4;
 /// Rows from which a call packs its weights; fewer keep the dot tiles.
 pub const REPACK_ROWS: usize = 32;
 
-/// The first column of every share is a multiple of this (the team's granule), so that only
-/// the share ending at `n` has a block narrower than a whole number of vectors.
+/// The team's granule: shares start at a multiple of it, so that only the last block of the
+/// share that ends at `n` is narrower than a whole number of vectors (any range is computed
+/// right, a narrower block only wastes lanes).
 pub const GRANULE: usize = LANES;
 
 thread_local! {
@@ -130,8 +131,7 @@ impl Q8Repack {
         })
     }
 
-    /// Computes the columns `cols` (weight rows) of every row of `out`; `cols.start` is a
-    /// multiple of [`GRANULE`], and so is `cols.end` unless it is `n`.
+    /// Computes the columns `cols` (weight rows) of every row of `out`, and no other.
     #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
     pub unsafe fn columns(&self, cols: Range<usize>) {
         if self.xo.is_null() {
@@ -139,10 +139,9 @@ impl Q8Repack {
             unsafe { self.product.columns(cols) };
             return;
         }
-        debug_assert!(
-            cols.is_empty() || cols.start.is_multiple_of(GRANULE),
-            "a share starts at a whole vector"
-        );
+        if cols.is_empty() {
+            return;
+        }
         let k = self.product.k;
         let (quads, blocks) = (k.div_ceil(QUAD), k.div_ceil(BLOCK));
         PACKED.with_borrow_mut(|(weights, scales, corrections)| {
@@ -163,7 +162,8 @@ impl Q8Repack {
                     match width.div_ceil(LANES) {
                         3 => self.block::<3>(&packed, j, width),
                         2 => self.block::<2>(&packed, j, width),
-                        _ => self.block::<1>(&packed, j, width),
+                        1 => self.block::<1>(&packed, j, width),
+                        _ => unreachable!("blocks of at most 3 vectors"),
                     }
                 }
                 j += width;
@@ -185,10 +185,11 @@ impl Q8Repack {
             // SAFETY: the block is packed and rows `r..r + count` are in range.
             unsafe {
                 match count {
-                    4 => self.tile::<4, V>(packed, r, j),
-                    3 => self.tile::<3, V>(packed, r, j),
-                    2 => self.tile::<2, V>(packed, r, j),
-                    _ => self.tile::<1, V>(packed, r, j),
+                    4 => self.tile::<4, V>(packed, r, j, width),
+                    3 => self.tile::<3, V>(packed, r, j, width),
+                    2 => self.tile::<2, V>(packed, r, j, width),
+                    1 => self.tile::<1, V>(packed, r, j, width),
+                    _ => unreachable!("tiles of at most {GROUP} rows"),
                 }
             }
             r += count;
@@ -253,7 +254,7 @@ impl Q8Repack {
     /// The `R × 16·V` block of `out` at row `r`, column `j`, from the packed block.
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-    unsafe fn tile<const R: usize, const V: usize>(&self, packed: &Packed, r: usize, j: usize) {
+    unsafe fn tile<const R: usize, const V: usize>(&self, packed: &Packed, r: usize, j: usize, width: usize) {
         let p = &self.product;
         let (quads, blocks) = (p.k.div_ceil(QUAD), p.k.div_ceil(BLOCK));
         let spread = self.stride / STEP * LANES;
@@ -294,7 +295,7 @@ impl Q8Repack {
         for i in 0..R {
             for v in 0..V {
                 let col = j + v * LANES;
-                let valid = p.n.saturating_sub(col).min(LANES);
+                let valid = (j + width).saturating_sub(col).min(LANES);
                 let mask: __mmask16 = if valid == LANES { u16::MAX } else { (1u16 << valid) - 1 };
                 // SAFETY: row `r + i`, columns `col..col + valid` of `out` are in range and in
                 // this thread's columns; the lanes past `valid` are masked off.

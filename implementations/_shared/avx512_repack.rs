@@ -51,8 +51,9 @@ pub const REPACK_ROWS: usize = 32;
 /// Steps along K between a prefetch of the block buffer (from L2) and the step that reads it.
 const AHEAD: usize = 32;
 
-/// The first column of every share is a multiple of this (the team's granule), so that only
-/// the share ending at `n` has a block narrower than a whole number of vectors.
+/// The team's granule: shares start at a multiple of it, so that only the last block of the
+/// share that ends at `n` is narrower than a whole number of vectors (any range is computed
+/// right, a narrower block only wastes lanes).
 pub const GRANULE: usize = LANES;
 
 thread_local! {
@@ -66,8 +67,7 @@ thread_local! {
 pub struct Repack<W: Weight>(pub Product<W>);
 
 impl<W: Weight> Repack<W> {
-    /// Computes the columns `cols` (weight rows) of every row of `out`; `cols.start` is a
-    /// multiple of [`GRANULE`], and so is `cols.end` unless it is `n`.
+    /// Computes the columns `cols` (weight rows) of every row of `out`, and no other.
     #[target_feature(enable = "avx512f")]
     pub unsafe fn columns(&self, cols: Range<usize>) {
         let p = &self.0;
@@ -76,7 +76,9 @@ impl<W: Weight> Repack<W> {
             unsafe { p.columns(cols) };
             return;
         }
-        debug_assert!(cols.is_empty() || cols.start.is_multiple_of(GRANULE), "a share starts at a whole vector");
+        if cols.is_empty() {
+            return;
+        }
         BUFFER.with_borrow_mut(|buffer| {
             buffer.resize(BLOCK / LANES * p.k, _mm512_setzero_ps());
             let packed: *mut f32 = buffer.as_mut_ptr().cast();
@@ -89,7 +91,8 @@ impl<W: Weight> Repack<W> {
                     match width.div_ceil(LANES) {
                         3 => self.block::<3>(packed, j, width, next),
                         2 => self.block::<2>(packed, j, width, next),
-                        _ => self.block::<1>(packed, j, width, next),
+                        1 => self.block::<1>(packed, j, width, next),
+                        _ => unreachable!("blocks of at most 3 vectors"),
                     }
                 }
                 j += width;
@@ -114,15 +117,16 @@ impl<W: Weight> Repack<W> {
             // SAFETY: the block is packed and the rows are in range.
             unsafe {
                 match count {
-                    9 => self.tile::<9, V>(packed, r, j, next),
-                    8 => self.tile::<8, V>(packed, r, j, next),
-                    7 => self.tile::<7, V>(packed, r, j, next),
-                    6 => self.tile::<6, V>(packed, r, j, next),
-                    5 => self.tile::<5, V>(packed, r, j, next),
-                    4 => self.tile::<4, V>(packed, r, j, next),
-                    3 => self.tile::<3, V>(packed, r, j, next),
-                    2 => self.tile::<2, V>(packed, r, j, next),
-                    _ => self.tile::<1, V>(packed, r, j, next),
+                    9 => self.tile::<9, V>(packed, r, j, width, next),
+                    8 => self.tile::<8, V>(packed, r, j, width, next),
+                    7 => self.tile::<7, V>(packed, r, j, width, next),
+                    6 => self.tile::<6, V>(packed, r, j, width, next),
+                    5 => self.tile::<5, V>(packed, r, j, width, next),
+                    4 => self.tile::<4, V>(packed, r, j, width, next),
+                    3 => self.tile::<3, V>(packed, r, j, width, next),
+                    2 => self.tile::<2, V>(packed, r, j, width, next),
+                    1 => self.tile::<1, V>(packed, r, j, width, next),
+                    _ => unreachable!("groups of at most {GROUP} rows"),
                 }
             }
             r += count;
@@ -169,21 +173,22 @@ impl<W: Weight> Repack<W> {
         packed: *const f32,
         r: usize,
         j: usize,
+        width: usize,
         next: Range<usize>,
     ) {
         let p = &self.0;
         let k = p.k;
-        let width = V * LANES;
+        let stride = V * LANES;
         // Each weight row's lines of the next block, one line of every row per `per_line`
         // steps: at step `at`, the rows whose turn falls on phase `at % per_line`.
         let per_line = 64 / size_of::<W>();
         let next_rows = next.len();
         // SAFETY (every pointer below): rows `r..r + R` of x hold `k` values each; the buffer
-        // holds `k` steps of `width` values.
+        // holds `k` steps of `stride` values.
         let xs: [*const f32; R] = std::array::from_fn(|i| unsafe { p.x.add((r + i) * k) });
         let mut acc = [[_mm512_setzero_ps(); V]; R];
         for at in 0..k {
-            let step = unsafe { packed.add(at * width) };
+            let step = unsafe { packed.add(at * stride) };
             if next_rows > 0 {
                 let phase = at % per_line;
                 for row in phase * next_rows / per_line..(phase + 1) * next_rows / per_line {
@@ -193,7 +198,7 @@ impl<W: Weight> Repack<W> {
                 }
             }
             for v in 0..V {
-                _mm_prefetch::<_MM_HINT_T0>(step.wrapping_add(AHEAD * width + v * LANES).cast());
+                _mm_prefetch::<_MM_HINT_T0>(step.wrapping_add(AHEAD * stride + v * LANES).cast());
             }
             let mut wv = [_mm512_setzero_ps(); V];
             for v in 0..V {
@@ -209,7 +214,7 @@ impl<W: Weight> Repack<W> {
         for i in 0..R {
             for v in 0..V {
                 let col = j + v * LANES;
-                let valid = p.n.saturating_sub(col).min(LANES);
+                let valid = (j + width).saturating_sub(col).min(LANES);
                 let mask: __mmask16 = if valid == LANES { u16::MAX } else { (1u16 << valid) - 1 };
                 // SAFETY: row `r + i`, columns `col..col + valid` of `out` are in range and in
                 // this thread's columns; the lanes past `valid` are masked off.

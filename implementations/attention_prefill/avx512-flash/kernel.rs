@@ -199,6 +199,9 @@ fn block<const N_HEADS: usize, const N_KV_HEADS: usize, const HEAD_DIM: usize, c
 
         // 3. The block's values, each loaded once and added to every row's output with the
         //    row's weight.
+        // Past its own position a row takes no value, not even with weight 0: 0 times an
+        // infinite or NaN value would be NaN where the reference never reads that value.
+        let all_live = j0 + LANES <= lens[0];
         for jj in 0..(end - j0).min(LANES) {
             // SAFETY: position j0 + jj < end, and its kv head lies inside its row.
             let value = unsafe { values.as_ptr().add((j0 + jj) * kv_dim + kv_head * HEAD_DIM) };
@@ -208,6 +211,9 @@ fn block<const N_HEADS: usize, const N_KV_HEADS: usize, const HEAD_DIM: usize, c
                 x[v] = unsafe { _mm512_maskz_loadu_ps(mask_of(v), value.add(v * LANES)) };
             }
             for i in 0..R {
+                if !all_live && j0 + jj >= lens[i] {
+                    continue;
+                }
                 let p = _mm512_set1_ps(w[i][jj]);
                 for v in 0..vectors {
                     acc[i][v] = _mm512_fmadd_ps(p, x[v], acc[i][v]);

@@ -284,6 +284,16 @@ pub fn attention_prefill<const N_HEADS: usize, const N_KV_HEADS: usize, const HE
     let want =
         output_of(rows * q_dim, |out| reference(out, &q, &keys, &values, &mut scratch(len), start, rows));
     assert_same_nans("attention_prefill with a NaN and an infinite key", &got, &want);
+    // A NaN value at position 30: the rows before it never read it, even where they share a
+    // block of rows or of positions with those that do.
+    let keys = rng.vec(len * kv_dim, 1.0);
+    let mut values = values;
+    values[30 * kv_dim] = f32::NAN;
+    let got =
+        output_of(rows * q_dim, |out| candidate(out, &q, &keys, &values, &mut scratch(len), start, rows));
+    let want =
+        output_of(rows * q_dim, |out| reference(out, &q, &keys, &values, &mut scratch(len), start, rows));
+    assert_same_nans("attention_prefill with a NaN value", &got, &want);
 }
 
 /// `got` is NaN exactly where `want` is, and close to it elsewhere.
