@@ -7,9 +7,11 @@
 //! softmax, each row's 16 scores one vector (even and odd dimensions in separate chains). That
 //! kernel keeps each row's output in registers, which needs HEAD_DIM as a constant; a team job
 //! cannot be generic over the kernel's constants (see `shared/team.rs`), so here the outputs
-//! live in a small array and are taken one vector of 16 dimensions at a time: the 4 rows' 16
-//! values of that vector stay in registers while the block's 16 values are added in, one load
-//! of each value vector for the 4 rows.
+//! live in a small array and are taken 4 vectors of 16 dimensions at a time: the 4 rows'
+//! values of those vectors stay in registers while the block's 16 positions are added in, one
+//! load of each value vector for the 4 rows. On one thread it runs 1.15x slower than
+//! `avx512-flash` (one layer of stories110M, 128 new positions: 0.49-0.51 against 0.43-0.45
+//! ms).
 //!
 //! # Safety
 //!
