@@ -38,8 +38,9 @@ use std::ops::Range;
 /// Values of K that share one scale.
 pub const BLOCK: usize = 32;
 
-/// Values of K per step: the bytes of one AVX-512 register, two blocks.
-const STEP: usize = 64;
+/// Values of K per step: the bytes of one AVX-512 register, two blocks. [`quantize_row`] pads a
+/// row to a whole number of steps.
+pub const STEP: usize = 64;
 
 /// Rows from which a product runs as panels on packed activations.
 pub const PANEL_ROWS: usize = 32;
@@ -275,7 +276,11 @@ impl Q8Product {
                 // A whole block: 8 steps, each weight a plain 4-byte load.
                 for q in first..last {
                     // SAFETY: the 4 weights at 4·q lie inside each row (checked above).
-                    unsafe { Self::step::<V, C>(&mut dots, xs, q, |c| std::ptr::read_unaligned(ws[c].add(4 * q).cast())) };
+                    unsafe {
+                        Self::step::<V, C>(&mut dots, xs, q, |c| {
+                            std::ptr::read_unaligned(ws[c].add(4 * q).cast())
+                        })
+                    };
                 }
             } else {
                 for q in first..last {
@@ -403,13 +408,23 @@ impl Q8Product {
                 let (wv, dw) = if left >= STEP {
                     let w = unsafe { _mm512_loadu_si512(ws[c].add(at).cast()) };
                     let d = unsafe {
-                        _mm512_mask_blend_ps(0xff00, _mm512_set1_ps(*ss[c].add(2 * s)), _mm512_set1_ps(*ss[c].add(2 * s + 1)))
+                        _mm512_mask_blend_ps(
+                            0xff00,
+                            _mm512_set1_ps(*ss[c].add(2 * s)),
+                            _mm512_set1_ps(*ss[c].add(2 * s + 1)),
+                        )
                     };
                     (w, d)
                 } else {
                     let w = unsafe { _mm512_maskz_loadu_epi8(u64::MAX >> (STEP - left), ws[c].add(at)) };
                     let second = if left > BLOCK { unsafe { *ss[c].add(2 * s + 1) } } else { 0.0 };
-                    let d = unsafe { _mm512_mask_blend_ps(0xff00, _mm512_set1_ps(*ss[c].add(2 * s)), _mm512_set1_ps(second)) };
+                    let d = unsafe {
+                        _mm512_mask_blend_ps(
+                            0xff00,
+                            _mm512_set1_ps(*ss[c].add(2 * s)),
+                            _mm512_set1_ps(second),
+                        )
+                    };
                     (w, d)
                 };
                 // −128 · Σw over each lane's 4 weights, where the rows are offset by 128.

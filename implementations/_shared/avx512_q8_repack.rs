@@ -34,7 +34,7 @@ use std::arch::x86_64::*;
 use std::cell::RefCell;
 use std::ops::Range;
 
-use super::avx512_q8::{BLOCK, Q8Product, quantize_row};
+use super::avx512_q8::{BLOCK, Q8Product, STEP, quantize_row};
 use super::avx512_transpose::transpose;
 
 /// The 32-bit lanes of an AVX-512 register.
@@ -42,9 +42,6 @@ const LANES: usize = 16;
 
 /// Values of K in one 32-bit lane: the bytes `vpdpbusd` multiplies and adds at once.
 const QUAD: usize = 4;
-
-/// Values of K per step of `quantize_row`'s padding.
-const STEP: usize = 64;
 
 /// Weight rows (output columns) per packed block: 3 vectors.
 const BLOCK_COLS: usize = 48;
