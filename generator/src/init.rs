@@ -15,8 +15,8 @@ use serde_json::{Map, Value};
 use crate::diagnostics::Diagnostic;
 use crate::emit::Templates;
 use crate::workload::{
-    ArchitectureTag, DecoderRequest, Device, Dtype, Llama, Model, Request, RopeScaling, Target, Weights,
-    Workload,
+    ArchitectureTag, DecoderRequest, Device, Dtype, KvCache, KvDtype, Llama, Model, Request, RopeScaling,
+    Target, Weights, Workload,
 };
 use crate::{Error, cpu};
 
@@ -79,6 +79,8 @@ impl CpuFeatures {
 pub struct InitOptions {
     pub name: String,
     pub dtype: Dtype,
+    /// The KV cache's element type (decoders only).
+    pub kv_cache: KvDtype,
     /// Default: this machine's available parallelism.
     pub threads: Option<usize>,
     pub cpu_features: CpuFeatures,
@@ -429,6 +431,7 @@ pub fn workload_from_config(path: &Path, text: &str, opts: &InitOptions) -> Resu
             sliding_window,
         }),
         weights: Weights { dtype: opts.dtype },
+        kv_cache: KvCache { dtype: opts.kv_cache },
         target: Target {
             device: Device::Cpu,
             arch: cpu::host_arch().to_string(),
@@ -451,6 +454,7 @@ struct WorkloadContext<'a> {
     m: &'a Llama,
     rope_theta: String,
     rms_norm_eps: String,
+    kv_dtype: &'static str,
     source: String,
 }
 
@@ -465,6 +469,7 @@ pub fn render(w: &Workload, templates: &Templates, source: &Path) -> Result<Stri
         m,
         rope_theta: format!("{:?}", m.rope_theta),
         rms_norm_eps: format!("{:?}", m.rms_norm_eps),
+        kv_dtype: w.kv_cache.dtype.as_str(),
         source: source.display().to_string(),
     };
     templates.render("workload.toml.j2", &context)
@@ -507,6 +512,7 @@ mod tests {
         InitOptions {
             name: "t".into(),
             dtype: Dtype::F32,
+            kv_cache: KvDtype::F32,
             threads: Some(2),
             cpu_features: CpuFeatures::parse("x86-64-v3").unwrap(),
             max_seq_len: None,

@@ -12,8 +12,8 @@ use crate::diagnostics::Diagnostic;
 use crate::emit::Templates;
 use crate::init::{BOOKKEEPING, InitOptions, usize_field};
 use crate::workload::{
-    Activation, ArchitectureTag, Bert, Device, EncoderRequest, Model, Pooling, Request, Target, Weights,
-    Workload,
+    Activation, ArchitectureTag, Bert, Device, EncoderRequest, KvCache, KvDtype, Model, Pooling, Request,
+    Target, Weights, Workload,
 };
 use crate::{Error, cpu};
 
@@ -54,6 +54,13 @@ pub fn workload(
     source: &Arc<str>,
     opts: &InitOptions,
 ) -> Result<Workload, Error> {
+    if opts.kv_cache != KvDtype::F32 {
+        return Err(Error::Refused(format!(
+            "--kv-cache {}: {} is a BERT encoder, which keeps no KV cache; leave the option out",
+            opts.kv_cache.as_str(),
+            path.display()
+        )));
+    }
     let text: &str = source;
     let key_span = |key: &str| {
         let needle = format!("\"{key}\"");
@@ -149,6 +156,7 @@ pub fn workload(
             normalize,
         }),
         weights: Weights { dtype: opts.dtype },
+        kv_cache: KvCache::default(),
         target: Target {
             device: Device::Cpu,
             arch: cpu::host_arch().to_string(),
@@ -255,7 +263,7 @@ pub fn render(w: &Workload, m: &Bert, templates: &Templates, source: &Path) -> R
 #[cfg(test)]
 mod tests {
     use crate::init::{CpuFeatures, InitOptions, workload_from_config};
-    use crate::workload::{Dtype, Pooling};
+    use crate::workload::{Dtype, KvDtype, Pooling};
     use std::path::Path;
 
     const MINILM: &str = r#"{
@@ -269,6 +277,7 @@ mod tests {
         InitOptions {
             name: "m".into(),
             dtype: Dtype::F32,
+            kv_cache: KvDtype::F32,
             threads: Some(2),
             cpu_features: CpuFeatures::parse("x86-64-v3").unwrap(),
             max_seq_len: None,

@@ -13,7 +13,7 @@ use monogen::emit::LOCK_FILE;
 use monogen::init::{CpuFeatures, InitOptions};
 use monogen::plan::{Consts, Plan, Verdict, human_bytes, human_ns};
 use monogen::rankings::Evidence;
-use monogen::workload::{Dtype, Request};
+use monogen::workload::{Dtype, KvDtype, Request};
 use monogen::{Error, Project, check, init, write};
 
 #[derive(Parser)]
@@ -47,6 +47,9 @@ enum Command {
         /// Weight dtype: f32, bf16, or int8 (blockwise, quantized at load); f16 is planned.
         #[arg(long, default_value = "f32", value_parser = parse_dtype)]
         dtype: Dtype,
+        /// KV cache element type (decoders): f32, or bf16, which halves what attention reads per step.
+        #[arg(long, default_value = "f32", value_parser = parse_kv_dtype, value_name = "DTYPE")]
+        kv_cache: KvDtype,
         /// Worker threads (default: this machine's cores).
         #[arg(long)]
         threads: Option<usize>,
@@ -152,6 +155,14 @@ fn parse_dtype(s: &str) -> Result<Dtype, String> {
     }
 }
 
+fn parse_kv_dtype(s: &str) -> Result<KvDtype, String> {
+    match s {
+        "f32" => Ok(KvDtype::F32),
+        "bf16" => Ok(KvDtype::Bf16),
+        other => Err(format!("unknown KV cache dtype `{other}`; use f32 or bf16")),
+    }
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match run(cli) {
@@ -189,6 +200,7 @@ fn run(cli: Cli) -> Result<ExitCode, Error> {
             name,
             output,
             dtype,
+            kv_cache,
             threads,
             cpu_features,
             max_seq_len,
@@ -218,6 +230,7 @@ fn run(cli: Cli) -> Result<ExitCode, Error> {
             let opts = InitOptions {
                 name,
                 dtype,
+                kv_cache,
                 threads,
                 cpu_features,
                 max_seq_len,
@@ -775,8 +788,9 @@ fn explain(plan: &Plan, path: &Path, out_dir: &Path) -> String {
     ));
     let per_run = match &plan.consts {
         Consts::Llama(_) => format!(
-            "per session: KV cache {}, activations {}",
+            "per session: KV cache {} ({}), activations {}",
             human_bytes(f.kv_cache_bytes),
+            w.kv_cache.dtype.as_str(),
             human_bytes(f.scratch_bytes)
         ),
         Consts::Bert(_) => {

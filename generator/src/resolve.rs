@@ -17,7 +17,7 @@ use crate::plan::{
 };
 use crate::rankings::{self, Distribution, Evidence, Rankings};
 use crate::registry::{Implementation, Registry, sha256_hex};
-use crate::workload::{Dtype, Model, Pooling, Workload};
+use crate::workload::{Dtype, KvDtype, Model, Pooling, Workload};
 
 /// The interfaces a workload's forward pass calls, in the order it calls them. Options the
 /// workload does not use (no pooling, no normalization) need no interface, so their code is
@@ -30,11 +30,17 @@ pub fn required_interfaces(w: &Workload) -> Vec<&'static str> {
         Dtype::Int8 => "matmul_q8",
         Dtype::F32 | Dtype::F16 => "matmul",
     };
+    // A bfloat16 KV cache is stored, and read by both attentions, through interfaces of its own.
+    let bf16_cache = w.kv_cache.dtype == KvDtype::Bf16;
     let mut list = required_f32_interfaces(w);
     for name in &mut list {
-        if *name == "matmul" {
-            *name = matmul;
-        }
+        *name = match *name {
+            "matmul" => matmul,
+            "kv_cache" if bf16_cache => "kv_cache_bf16",
+            "attention_prefill" if bf16_cache => "attention_prefill_bf16",
+            "attention_decode" if bf16_cache => "attention_decode_bf16",
+            other => other,
+        };
     }
     list
 }
@@ -569,7 +575,8 @@ fn footprint(w: &Workload, consts: &Consts) -> Footprint {
             let matrices = v * d + c.n_layers as u64 * layer_matrices + classifier;
             let parameters = matrices + c.n_layers as u64 * (per_layer - layer_matrices) + d;
             let chunk = c.prefill_chunk as u64;
-            let kv_cache_bytes = 2 * c.n_layers as u64 * c.max_seq_len as u64 * kv * f32_size;
+            let kv_cache_bytes =
+                2 * c.n_layers as u64 * c.max_seq_len as u64 * kv * w.kv_cache.dtype.size() as u64;
             // x, xb: [chunk, DIM]; q, att: [chunk, Q_DIM]; k, v: [chunk, KV_DIM]; gate, up: [chunk, HIDDEN_DIM];
             // scores: [MAX_SEQ_LEN]; logits: [VOCAB_SIZE]
             let scratch = chunk * (2 * d + 2 * q + 2 * kv + 2 * h) + c.max_seq_len as u64 + v;
@@ -656,6 +663,27 @@ mod tests {
             let matmuls: Vec<_> = list.iter().filter(|i| i.starts_with("matmul")).collect();
             assert_eq!(matmuls, [&matmul], "{file}: {list:?}");
         }
+    }
+
+    #[test]
+    fn a_bf16_kv_cache_picks_the_bf16_cache_and_attention_interfaces() {
+        let f32_cache =
+            WorkloadSource::from_text("w.toml", crate::workload::tests_support::GOOD).parse().unwrap();
+        let text = format!("{}\n[kv_cache]\ndtype = \"bf16\"\n", crate::workload::tests_support::GOOD);
+        let bf16_cache = WorkloadSource::from_text("w.toml", &text).parse().unwrap();
+        let (f32_list, bf16_list) = (required_interfaces(&f32_cache), required_interfaces(&bf16_cache));
+        assert_eq!(f32_list.len(), bf16_list.len());
+        for (a, b) in f32_list.iter().zip(&bf16_list) {
+            match *a {
+                "kv_cache" | "attention_prefill" | "attention_decode" => assert_eq!(*b, format!("{a}_bf16")),
+                _ => assert_eq!(a, b),
+            }
+        }
+        let (f32_bytes, bf16_bytes) = (
+            footprint(&f32_cache, &consts(&f32_cache)).kv_cache_bytes,
+            footprint(&bf16_cache, &consts(&bf16_cache)).kv_cache_bytes,
+        );
+        assert_eq!(bf16_bytes * 2, f32_bytes);
     }
 
     #[test]

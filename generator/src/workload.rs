@@ -31,6 +31,9 @@ pub struct Workload {
     pub description: Option<String>,
     pub model: Model,
     pub weights: Weights,
+    /// The KV cache's element type (a LLaMA's; f32 unless the file says otherwise).
+    #[serde(skip_serializing_if = "KvCache::is_default")]
+    pub kv_cache: KvCache,
     pub target: Target,
     pub request: Request,
 }
@@ -250,6 +253,47 @@ impl Dtype {
     }
 }
 
+/// How a decoder's KV cache holds the keys and values of past positions: the optional
+/// `[kv_cache]` table.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KvCache {
+    pub dtype: KvDtype,
+}
+
+impl KvCache {
+    fn is_default(&self) -> bool {
+        *self == KvCache::default()
+    }
+}
+
+/// KV cache element types: `f32` (the default), or `bf16`, which halves the bytes that
+/// attention reads at every step (the keys and values are rounded once, when stored).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum KvDtype {
+    #[default]
+    F32,
+    Bf16,
+}
+
+impl KvDtype {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            KvDtype::F32 => "f32",
+            KvDtype::Bf16 => "bf16",
+        }
+    }
+
+    /// Bytes per cached value.
+    pub fn size(self) -> usize {
+        match self {
+            KvDtype::F32 => 4,
+            KvDtype::Bf16 => 2,
+        }
+    }
+}
+
 /// The hardware the crate runs on.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -345,6 +389,8 @@ struct WorkloadFile<M, R> {
     description: Option<String>,
     model: M,
     weights: Weights,
+    #[serde(default)]
+    kv_cache: Option<KvCache>,
     target: Target,
     request: R,
 }
@@ -451,6 +497,7 @@ impl WorkloadSource {
                     description: file.description,
                     model: Model::Llama(file.model),
                     weights: file.weights,
+                    kv_cache: file.kv_cache.unwrap_or_default(),
                     target: file.target,
                     request: Request::Decoder(file.request),
                 }
@@ -458,11 +505,20 @@ impl WorkloadSource {
             "bert" => {
                 let file: WorkloadFile<Bert, EncoderRequest> =
                     toml::from_str(text).map_err(|e| vec![self.toml_error(&e)])?;
+                if file.kv_cache.is_some() {
+                    let span = span_of(&doc, &["kv_cache"]).unwrap_or(0..0);
+                    return Err(vec![
+                        self.diag("a `bert` workload has no KV cache")
+                            .primary(span, "only decoders (`llama`) keep keys and values between steps")
+                            .hint("remove the [kv_cache] table"),
+                    ]);
+                }
                 Workload {
                     name: file.name,
                     description: file.description,
                     model: Model::Bert(file.model),
                     weights: file.weights,
+                    kv_cache: KvCache::default(),
                     target: file.target,
                     request: Request::Encoder(file.request),
                 }
@@ -1206,5 +1262,29 @@ mod tests {
         let canonical = w.canonical_toml();
         assert!(canonical.contains("architecture = \"llama\""), "{canonical}");
         assert_eq!(parse(&canonical).unwrap(), w);
+        // The default KV cache is left out, so that the workloads written before the table
+        // existed keep their canonical form (and their measurements); a bf16 one round-trips.
+        assert!(!canonical.contains("kv_cache"), "{canonical}");
+        let bf16 = parse(&format!("{GOOD}\n[kv_cache]\ndtype = \"bf16\"\n")).unwrap();
+        assert_eq!(bf16.kv_cache.dtype, KvDtype::Bf16);
+        assert_eq!(parse(&bf16.canonical_toml()).unwrap(), bf16);
+    }
+
+    #[test]
+    fn the_kv_cache_table_is_checked() {
+        let e = first_error(&format!("{GOOD}\n[kv_cache]\ndtype = \"int8\"\n"));
+        assert!(
+            e.starts_with("w.toml:36:9:") && e.contains("unknown variant `int8`, expected `f32` or `bf16`"),
+            "{e}"
+        );
+        let e = first_error(&format!("{GOOD}\n[kv_cache]\ndtype = \"bf16\"\nlayout = \"paged\"\n"));
+        assert!(e.contains("unknown field `layout`"), "{e}");
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let bert = std::fs::read_to_string(root.join("workloads/all-minilm-l6-v2-cpu-f32.toml")).unwrap();
+        let e = first_error(&format!("{bert}\n[kv_cache]\ndtype = \"bf16\"\n"));
+        assert!(
+            e.contains("a `bert` workload has no KV cache") && e.contains("remove the [kv_cache] table"),
+            "{e}"
+        );
     }
 }

@@ -64,6 +64,40 @@ fn init_reproduces_the_committed_workloads() {
 }
 
 #[test]
+fn init_writes_a_bf16_kv_cache_for_decoders_and_refuses_it_for_encoders() {
+    let root = workspace_root();
+    let temp = tempfile::tempdir().unwrap();
+    let (llama, bert) = (temp.path().join("llama"), temp.path().join("bert"));
+    for dir in [&llama, &bert] {
+        std::fs::create_dir_all(dir).unwrap();
+    }
+    let llama_config = r#"{"model_type": "llama", "hidden_size": 64, "intermediate_size": 172,
+        "num_hidden_layers": 2, "num_attention_heads": 8, "num_key_value_heads": 4, "vocab_size": 512,
+        "max_position_embeddings": 512, "bos_token_id": 1, "eos_token_id": 2, "tie_word_embeddings": true}"#;
+    std::fs::write(llama.join("config.json"), llama_config).unwrap();
+    let args = |dir: &std::path::Path| {
+        ["init", "--hf", dir.to_str().unwrap(), "--name", "m", "--kv-cache", "bf16", "--hardware", "none"]
+            .map(String::from)
+    };
+    let out = monogen(&root, &args(&llama).each_ref().map(String::as_str));
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    assert!(text.contains("[kv_cache]\ndtype = \"bf16\""), "{text}");
+    let w = monogen::workload::WorkloadSource::from_text("m.toml", &text).parse().unwrap();
+    assert_eq!(w.kv_cache.dtype, monogen::workload::KvDtype::Bf16);
+
+    let bert_config = r#"{"model_type": "bert", "hidden_size": 64, "intermediate_size": 128,
+        "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 512, "max_position_embeddings": 64,
+        "type_vocab_size": 2, "layer_norm_eps": 1e-12, "hidden_act": "gelu"}"#;
+    std::fs::write(bert.join("config.json"), bert_config).unwrap();
+    let out = monogen(&root, &args(&bert).each_ref().map(String::as_str));
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("keeps no KV cache"), "{}", stderr(&out));
+    let out = monogen(&root, &["init", "--hf", llama.to_str().unwrap(), "--name", "m", "--kv-cache", "int8"]);
+    assert!(stderr(&out).contains("unknown KV cache dtype `int8`; use f32 or bf16"), "{}", stderr(&out));
+}
+
+#[test]
 fn init_refuses_configs_it_cannot_honour() {
     let temp = tempfile::tempdir().unwrap();
     let config = r#"{"model_type": "llama", "hidden_size": 64, "intermediate_size": 172, "num_hidden_layers": 2,
@@ -86,7 +120,7 @@ fn explain_shows_every_candidate_and_why() {
         "  avx2-fma 1.0.0 (priority 20): CHOSEN, highest declared priority (20) among 2 compatible implementations",
         "  scalar 1.0.0 (priority 0): compatible, not chosen: declared priority 0 is below avx2-fma's 20",
         "start-up check: avx2, fma",
-        "memory: weights 1015.8 KiB (260032 parameters, f32, memory-mapped); per session: KV cache 640.0 KiB",
+        "memory: weights 1015.8 KiB (260032 parameters, f32, memory-mapped); per session: KV cache 640.0 KiB (f32)",
     ] {
         assert!(text.contains(expected), "missing {expected:?} in\n{text}");
     }

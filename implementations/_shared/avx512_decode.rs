@@ -1,6 +1,7 @@
 //! Grouped-query attention of one new position over the KV cache with AVX-512F, reading the
 //! cache row by row, for a range of kv heads: each thread's share of them on the crate's team
-//! (`attention_decode/avx512-threads`).
+//! (`attention_decode/avx512-threads`, and `attention_decode_bf16/avx512-threads` over a
+//! bfloat16 cache: [`Decode`] is generic over the cache's [`KvElement`]).
 //!
 //! The shapes are fields of [`Decode`], not consts: the team's `TeamJob` enum holds one job
 //! type per kernel, which therefore cannot be generic over the kernel's consts. The scores
@@ -37,6 +38,7 @@ use std::arch::x86_64::*;
 use std::cell::RefCell;
 use std::ops::Range;
 
+use super::avx512_kv::KvElement;
 use super::avx512_math::exp;
 
 /// f32 lanes of an AVX-512 register.
@@ -47,13 +49,13 @@ thread_local! {
     static SCORES: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
 }
 
-/// One call's operands and shapes.
+/// One call's operands and shapes, over a cache of `E`.
 #[derive(Clone, Copy)]
-pub struct Decode {
+pub struct Decode<E> {
     out: *mut f32,
     q: *const f32,
-    keys: *const f32,
-    values: *const f32,
+    keys: *const E,
+    values: *const E,
     len: usize,
     n_heads: usize,
     n_kv_heads: usize,
@@ -62,10 +64,10 @@ pub struct Decode {
 
 // SAFETY: pointers to buffers that the caller keeps alive and shares out by disjoint ranges of
 // kv heads until every thread is done (the module's safety section).
-unsafe impl Send for Decode {}
-unsafe impl Sync for Decode {}
+unsafe impl<E> Send for Decode<E> {}
+unsafe impl<E> Sync for Decode<E> {}
 
-impl Decode {
+impl<E: KvElement> Decode<E> {
     /// Cached positions, the new one included.
     pub fn positions(&self) -> usize {
         self.len
@@ -88,9 +90,9 @@ impl Decode {
     pub fn new<const N_HEADS: usize, const N_KV_HEADS: usize, const HEAD_DIM: usize>(
         out: &mut [f32],
         q: &[f32],
-        keys: &[f32],
-        values: &[f32],
-    ) -> Decode {
+        keys: &[E],
+        values: &[E],
+    ) -> Decode<E> {
         const {
             assert!(
                 N_KV_HEADS > 0 && N_HEADS.is_multiple_of(N_KV_HEADS),
@@ -182,7 +184,7 @@ impl Decode {
                     // SAFETY: whole vectors, then the masked rest, inside the head's values of
                     // the query and of the four key rows (kv_dim apart); four scores at `at`.
                     unsafe {
-                        let dots = dot4(key, kv_dim, query, full, rest);
+                        let dots = dot4::<E>(key, kv_dim, query, full, rest);
                         _mm_storeu_ps(at.as_mut_ptr(), _mm_mul_ps(dots, _mm_set1_ps(scale)));
                     }
                     h += 1;
@@ -197,7 +199,7 @@ impl Decode {
                 for _ in 0..group {
                     let query = q[h * head_dim..][..head_dim].as_ptr();
                     // SAFETY: whole vectors, then the masked rest, inside the head's values.
-                    let dot = unsafe { dot(key, query, full, rest) };
+                    let dot = unsafe { dot::<E>(key, query, full, rest) };
                     scores[h * len + first_rest + i] = dot * scale;
                     h += 1;
                 }
@@ -258,7 +260,7 @@ impl Decode {
                     // SAFETY: head h's HEAD_DIM values of its row of `out` and of the four
                     // value rows (`value` starts the kv head's piece of the first, each next
                     // one kv_dim further).
-                    unsafe { add_weighted(o, value, kv_dim, &weights, full, rest) };
+                    unsafe { add_weighted::<E>(o, value, kv_dim, &weights, full, rest) };
                     h += 1;
                 }
             }
@@ -275,7 +277,7 @@ impl Decode {
                         let at = v * LANES;
                         // SAFETY: as above, for one value row.
                         unsafe {
-                            let x = _mm512_maskz_loadu_ps(mask(v), value.add(at));
+                            let x = E::maskz_load(mask(v), value.add(at));
                             let acc = _mm512_fmadd_ps(w, x, _mm512_maskz_loadu_ps(mask(v), o.add(at)));
                             _mm512_mask_storeu_ps(o.add(at), mask(v), acc);
                         }
@@ -292,28 +294,25 @@ impl Decode {
     }
 }
 
-/// The dot product of `full` whole vectors at `a` and `b` and the lanes `rest` of the next.
+/// The dot product of `full` whole vectors at `a` (cached) and `b` and the lanes `rest` of
+/// the next.
 ///
 /// # Safety
 ///
 /// `full · 16` values, and those of `rest` after them, are readable at both.
 #[inline]
 #[target_feature(enable = "avx512f")]
-unsafe fn dot(a: *const f32, b: *const f32, full: usize, rest: __mmask16) -> f32 {
+unsafe fn dot<E: KvElement>(a: *const E, b: *const f32, full: usize, rest: __mmask16) -> f32 {
     let mut sum = _mm512_setzero_ps();
     for v in 0..full {
         // SAFETY: the caller's contract.
-        unsafe {
-            sum = _mm512_fmadd_ps(_mm512_loadu_ps(a.add(v * LANES)), _mm512_loadu_ps(b.add(v * LANES)), sum)
-        };
+        unsafe { sum = _mm512_fmadd_ps(E::load(a.add(v * LANES)), _mm512_loadu_ps(b.add(v * LANES)), sum) };
     }
     if rest != 0 {
         // SAFETY: the caller's contract; the mask keeps the loads inside it.
         unsafe {
-            let (x, y) = (
-                _mm512_maskz_loadu_ps(rest, a.add(full * LANES)),
-                _mm512_maskz_loadu_ps(rest, b.add(full * LANES)),
-            );
+            let (x, y) =
+                (E::maskz_load(rest, a.add(full * LANES)), _mm512_maskz_loadu_ps(rest, b.add(full * LANES)));
             sum = _mm512_fmadd_ps(x, y, sum);
         }
     }
@@ -328,7 +327,13 @@ unsafe fn dot(a: *const f32, b: *const f32, full: usize, rest: __mmask16) -> f32
 /// Those values are readable at `query` and at each key.
 #[inline]
 #[target_feature(enable = "avx512f")]
-unsafe fn dot4(keys: *const f32, stride: usize, query: *const f32, full: usize, rest: __mmask16) -> __m128 {
+unsafe fn dot4<E: KvElement>(
+    keys: *const E,
+    stride: usize,
+    query: *const f32,
+    full: usize,
+    rest: __mmask16,
+) -> __m128 {
     let mut sums = [_mm512_setzero_ps(); 4];
     for v in 0..full {
         let at = v * LANES;
@@ -336,7 +341,7 @@ unsafe fn dot4(keys: *const f32, stride: usize, query: *const f32, full: usize, 
         unsafe {
             let x = _mm512_loadu_ps(query.add(at));
             for (u, sum) in sums.iter_mut().enumerate() {
-                *sum = _mm512_fmadd_ps(_mm512_loadu_ps(keys.add(u * stride + at)), x, *sum);
+                *sum = _mm512_fmadd_ps(E::load(keys.add(u * stride + at)), x, *sum);
             }
         }
     }
@@ -346,7 +351,7 @@ unsafe fn dot4(keys: *const f32, stride: usize, query: *const f32, full: usize, 
         unsafe {
             let x = _mm512_maskz_loadu_ps(rest, query.add(at));
             for (u, sum) in sums.iter_mut().enumerate() {
-                *sum = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(rest, keys.add(u * stride + at)), x, *sum);
+                *sum = _mm512_fmadd_ps(E::maskz_load(rest, keys.add(u * stride + at)), x, *sum);
             }
         }
     }
@@ -367,9 +372,9 @@ unsafe fn dot4(keys: *const f32, stride: usize, query: *const f32, full: usize, 
 /// Those values are readable at `values + u · stride` for u < 4, and writable at `out`.
 #[inline]
 #[target_feature(enable = "avx512f")]
-unsafe fn add_weighted(
+unsafe fn add_weighted<E: KvElement>(
     out: *mut f32,
-    values: *const f32,
+    values: *const E,
     stride: usize,
     weights: &[__m512; 4],
     full: usize,
@@ -381,7 +386,7 @@ unsafe fn add_weighted(
         unsafe {
             let mut acc = _mm512_loadu_ps(out.add(at));
             for (u, w) in weights.iter().enumerate() {
-                acc = _mm512_fmadd_ps(*w, _mm512_loadu_ps(values.add(u * stride + at)), acc);
+                acc = _mm512_fmadd_ps(*w, E::load(values.add(u * stride + at)), acc);
             }
             _mm512_storeu_ps(out.add(at), acc);
         }
@@ -392,7 +397,7 @@ unsafe fn add_weighted(
         unsafe {
             let mut acc = _mm512_maskz_loadu_ps(rest, out.add(at));
             for (u, w) in weights.iter().enumerate() {
-                acc = _mm512_fmadd_ps(*w, _mm512_maskz_loadu_ps(rest, values.add(u * stride + at)), acc);
+                acc = _mm512_fmadd_ps(*w, E::maskz_load(rest, values.add(u * stride + at)), acc);
             }
             _mm512_mask_storeu_ps(out.add(at), rest, acc);
         }

@@ -13,6 +13,13 @@
 //! `avx512-flash` (one layer of stories110M, 128 new positions: 0.49-0.51 against 0.43-0.45
 //! ms).
 //!
+//! The cache may hold f32 (`attention_prefill/avx512-flash-threads`) or bfloat16
+//! (`attention_prefill_bf16/avx512-flash-threads`): [`Flash::prepared`] is generic over its
+//! [`KvElement`], widening the keys as it transposes them and, from bfloat16, the values into
+//! a buffer of the calling thread, so that the loops of [`Flash::kv_heads`] read f32 either way.
+//! Widening each value as the loop loads it instead, once per block of query rows, made the
+//! prefill of 896 positions at stories110M's shapes 13% slower than over an f32 cache.
+//!
 //! # Safety
 //!
 //! [`Flash::kv_heads`] may be called only on a CPU with AVX-512F, from inside
@@ -23,7 +30,9 @@ use std::arch::x86_64::*;
 use std::cell::RefCell;
 use std::ops::Range;
 
+use super::avx512_kv::KvElement;
 use super::avx512_math::exp;
+use super::avx512_transpose::transpose;
 
 /// The f32 lanes of an AVX-512 register.
 const LANES: usize = 16;
@@ -40,6 +49,9 @@ const CHUNK: usize = 4;
 thread_local! {
     /// The transposed keys of the calling thread's current call.
     static KEYS_T: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+    /// The values of the calling thread's current call, widened to f32 when the cache holds
+    /// bfloat16 (each is read once per query row block; widening each once is cheaper).
+    static VALUES: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
 }
 
 /// One call's operands and shapes.
@@ -47,6 +59,7 @@ thread_local! {
 pub struct Flash {
     out: *mut f32,
     q: *const f32,
+    /// The values as f32: the cache's own, or their widened copy.
     values: *const f32,
     /// The keys transposed, `[kv_dim, padded]`, once `prepared` has written them.
     keys_t: *const f32,
@@ -64,20 +77,21 @@ unsafe impl Send for Flash {}
 unsafe impl Sync for Flash {}
 
 impl Flash {
-    /// Checks the slices' lengths, transposes the keys into this thread's buffer (alive until
-    /// `f` returns) and runs `f` on the call.
+    /// Checks the slices' lengths, transposes the keys into this thread's buffer (and, from a
+    /// bfloat16 cache, widens the values into another; both alive until `f` returns) and runs
+    /// `f` on the call.
     ///
     /// `q`, `out`: `[rows, n_heads · head_dim]`; `keys`, `values`: `[start + rows, n_kv_heads ·
     /// head_dim]`.
     ///
     /// # Safety
     ///
-    /// Only on a CPU with AVX-512F.
-    pub unsafe fn prepared<T>(
+    /// Only on a CPU with AVX-512F (and, over a bfloat16 cache, BW and VL).
+    pub unsafe fn prepared<E: KvElement, T>(
         out: &mut [f32],
         q: &[f32],
-        keys: &[f32],
-        values: &[f32],
+        keys: &[E],
+        values: &[E],
         (n_heads, n_kv_heads, head_dim): (usize, usize, usize),
         start: usize,
         rows: usize,
@@ -103,17 +117,21 @@ impl Flash {
             // SAFETY: the caller's contract; `keys` holds `len` positions and `keys_t` `kv_dim ·
             // padded` values (checked above).
             unsafe { transpose_keys(keys_t, &keys[..len * kv_dim], kv_dim, padded) };
-            f(&Flash {
-                out: out.as_mut_ptr(),
-                q: q.as_ptr(),
-                values: values.as_ptr(),
-                keys_t: keys_t.as_ptr(),
-                n_heads,
-                n_kv_heads,
-                head_dim,
-                start,
-                rows,
-                padded,
+            VALUES.with_borrow_mut(|buffer| {
+                // SAFETY: the caller's contract.
+                let values = unsafe { E::as_f32(&values[..len * kv_dim], buffer) };
+                f(&Flash {
+                    out: out.as_mut_ptr(),
+                    q: q.as_ptr(),
+                    values: values.as_ptr(),
+                    keys_t: keys_t.as_ptr(),
+                    n_heads,
+                    n_kv_heads,
+                    head_dim,
+                    start,
+                    rows,
+                    padded,
+                })
             })
         })
     }
@@ -286,29 +304,35 @@ impl Flash {
     }
 }
 
-/// Writes `keys` (`[len, kv_dim]`) transposed into `keys_t` (`[kv_dim, padded]`): each 16
-/// positions of one channel are one gather of 16 strided values and one contiguous store,
-/// where a store per value to rows `padded` apart was a third of the const-shaped kernel's
-/// time. `attention_prefill/avx512-flash` uses it too.
+/// Writes `keys` (`[len, kv_dim]`, f32 or bfloat16) transposed into `keys_t` (`[kv_dim,
+/// padded]`, f32): each block of 16 positions × 16 channels is 16 row loads, the register
+/// transpose of `shared/avx512_transpose.rs` and 16 contiguous stores of one channel's 16
+/// positions (zero past `len`). A store per value, to rows `padded` apart, was a third of the
+/// const-shaped kernel's time. `attention_prefill/avx512-flash` uses it too.
+///
+/// # Safety
+///
+/// The CPU has AVX-512F (and, for bfloat16 keys, BW and VL).
 #[target_feature(enable = "avx512f")]
-pub fn transpose_keys(keys_t: &mut [f32], keys: &[f32], kv_dim: usize, padded: usize) {
+pub unsafe fn transpose_keys<E: KvElement>(keys_t: &mut [f32], keys: &[E], kv_dim: usize, padded: usize) {
     let len = keys.len() / kv_dim;
     assert!(keys_t.len() >= kv_dim * padded && padded >= len.next_multiple_of(LANES));
-    assert!(i32::try_from(LANES * kv_dim).is_ok() && keys.len() == len * kv_dim);
-    let offsets = _mm512_mullo_epi32(
-        _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-        _mm512_set1_epi32(kv_dim as i32),
-    );
+    assert!(keys.len() == len * kv_dim);
     for p0 in (0..len).step_by(LANES) {
-        let live = lanes(len - p0);
-        for c in 0..kv_dim {
-            // SAFETY: the live lanes read positions p0.. < len of channel c < kv_dim, inside
-            // `keys`; the store writes 16 values of row c, inside it as `padded` is a multiple
-            // of 16 above p0 (asserted above).
-            unsafe {
-                let base = keys.as_ptr().add(p0 * kv_dim + c);
-                let column = _mm512_mask_i32gather_ps::<4>(_mm512_setzero_ps(), live, offsets, base);
-                _mm512_storeu_ps(keys_t.as_mut_ptr().add(c * padded + p0), column);
+        let live = (len - p0).min(LANES);
+        for c0 in (0..kv_dim).step_by(LANES) {
+            let (channels, mask) = ((kv_dim - c0).min(LANES), lanes(kv_dim - c0));
+            let mut rows = [_mm512_setzero_ps(); LANES];
+            for (i, row) in rows.iter_mut().enumerate().take(live) {
+                // SAFETY: position p0 + i < len; the mask keeps the load inside its channels
+                // c0.. < kv_dim (and the caller's contract, the features).
+                *row = unsafe { E::maskz_load(mask, keys.as_ptr().add((p0 + i) * kv_dim + c0)) };
+            }
+            let columns = transpose(rows);
+            for (c, column) in columns.iter().enumerate().take(channels) {
+                // SAFETY: 16 values of row c0 + c < kv_dim, inside it as `padded` is a multiple
+                // of 16 above p0 (asserted above).
+                unsafe { _mm512_storeu_ps(keys_t.as_mut_ptr().add((c0 + c) * padded + p0), *column) };
             }
         }
     }

@@ -20,12 +20,43 @@ pub trait Rope {
     fn rope<const H: usize, const HD: usize>(x: &mut [f32], cos: &[f32], sin: &[f32], start: usize, rows: usize);
 }
 
+/// A value of a KV cache: `f32`, or `u16` holding a bfloat16 (the high 16 bits of an f32).
+pub trait Cached: Copy + 'static {
+    /// `v` as the cache stores it: itself, or rounded to the nearest bfloat16.
+    fn from_f32(v: f32) -> Self;
+    /// The value, exactly.
+    fn to_f32(self) -> f32;
+}
+
+impl Cached for f32 {
+    fn from_f32(v: f32) -> f32 {
+        v
+    }
+
+    fn to_f32(self) -> f32 {
+        self
+    }
+}
+
+impl Cached for u16 {
+    /// Nearest, ties to even (the inputs here are finite).
+    fn from_f32(v: f32) -> u16 {
+        let bits = v.to_bits();
+        (bits.wrapping_add(0x7fff + ((bits >> 16) & 1)) >> 16) as u16
+    }
+
+    fn to_f32(self) -> f32 {
+        f32::from_bits(u32::from(self) << 16)
+    }
+}
+
 pub trait AttentionPrefill {
+    type Kv: Cached;
     fn attention_prefill<const H: usize, const KVH: usize, const HD: usize>(
         out: &mut [f32],
         q: &[f32],
-        keys: &[f32],
-        values: &[f32],
+        keys: &[Self::Kv],
+        values: &[Self::Kv],
         scores: &mut [f32],
         start: usize,
         rows: usize,
@@ -33,11 +64,12 @@ pub trait AttentionPrefill {
 }
 
 pub trait AttentionDecode {
+    type Kv: Cached;
     fn attention_decode<const H: usize, const KVH: usize, const HD: usize>(
         out: &mut [f32],
         q: &[f32],
-        keys: &[f32],
-        values: &[f32],
+        keys: &[Self::Kv],
+        values: &[Self::Kv],
         scores: &mut [f32],
     );
 }
@@ -47,11 +79,12 @@ pub trait Swiglu {
 }
 
 pub trait KvCache {
+    type Kv: Cached;
     type Cache;
     fn new() -> Self::Cache;
     fn store(cache: &mut Self::Cache, start: usize, k: &[f32], v: &[f32]);
-    fn keys(cache: &Self::Cache, len: usize) -> &[f32];
-    fn values(cache: &Self::Cache, len: usize) -> &[f32];
+    fn keys(cache: &Self::Cache, len: usize) -> &[Self::Kv];
+    fn values(cache: &Self::Cache, len: usize) -> &[Self::Kv];
 }
 
 pub trait Sampler {
@@ -314,23 +347,25 @@ impl RopePass {
     }
 }
 
-/// Queries, the keys and values of every layer over `len` positions, and the buffers the
-/// attention kernels write.
-pub struct AttentionInputs {
+/// Queries, the keys and values of every layer over `len` positions (in the cache's element
+/// type `E`), and the buffers the attention kernels write.
+pub struct AttentionInputs<E> {
     q: Vec<f32>,
-    keys: Vec<Vec<f32>>,
-    values: Vec<Vec<f32>>,
+    keys: Vec<Vec<E>>,
+    values: Vec<Vec<E>>,
     scores: Vec<f32>,
     out: Vec<f32>,
 }
 
-impl AttentionInputs {
-    fn new(seed: u64, rows: usize, len: usize) -> AttentionInputs {
+impl<E: Cached> AttentionInputs<E> {
+    fn new(seed: u64, rows: usize, len: usize) -> AttentionInputs<E> {
         let mut rng = Rng::new(seed);
+        let q = rng.vec(rows * Q_DIM, 1.0);
+        let mut cached = |len: usize| rng.vec(len, 1.0).into_iter().map(E::from_f32).collect::<Vec<E>>();
         AttentionInputs {
-            q: rng.vec(rows * Q_DIM, 1.0),
-            keys: (0..N_LAYERS).map(|_| rng.vec(len * KV_DIM, 1.0)).collect(),
-            values: (0..N_LAYERS).map(|_| rng.vec(len * KV_DIM, 1.0)).collect(),
+            q,
+            keys: (0..N_LAYERS).map(|_| cached(len * KV_DIM)).collect(),
+            values: (0..N_LAYERS).map(|_| cached(len * KV_DIM)).collect(),
             scores: vec![0.0; MAX_SEQ_LEN],
             out: vec![0.0; rows * Q_DIM],
         }
@@ -338,16 +373,16 @@ impl AttentionInputs {
 }
 
 /// Attention over the prompt, one call per layer.
-pub struct AttentionPrefillPass(AttentionInputs);
+pub struct AttentionPrefillPass<E>(AttentionInputs<E>);
 
-impl AttentionPrefillPass {
+impl<E: Cached> AttentionPrefillPass<E> {
     pub const PHASES: Phases = (true, false);
 
-    pub fn new() -> AttentionPrefillPass {
+    pub fn new() -> AttentionPrefillPass<E> {
         AttentionPrefillPass(AttentionInputs::new(4, PROMPT, PROMPT))
     }
 
-    pub fn run<M: AttentionPrefill>(&mut self, _decode: bool) {
+    pub fn run<M: AttentionPrefill<Kv = E>>(&mut self, _decode: bool) {
         let a = &mut self.0;
         for (keys, values) in a.keys.iter().zip(&a.values) {
             M::attention_prefill::<N_HEADS, N_KV_HEADS, HEAD_DIM>(&mut a.out, &a.q, keys, values, &mut a.scores, 0, PROMPT);
@@ -355,7 +390,7 @@ impl AttentionPrefillPass {
         black_box(&a.out);
     }
 
-    pub fn check<C: AttentionPrefill, R: AttentionPrefill>(&mut self) -> Result<(), String> {
+    pub fn check<C: AttentionPrefill<Kv = E>, R: AttentionPrefill<Kv = E>>(&mut self) -> Result<(), String> {
         let a = &mut self.0;
         let mut got = vec![f32::NAN; PROMPT * Q_DIM];
         let mut want = vec![f32::NAN; PROMPT * Q_DIM];
@@ -366,16 +401,16 @@ impl AttentionPrefillPass {
 }
 
 /// Attention of one decode step at the typical context, one call per layer.
-pub struct AttentionDecodePass(AttentionInputs);
+pub struct AttentionDecodePass<E>(AttentionInputs<E>);
 
-impl AttentionDecodePass {
+impl<E: Cached> AttentionDecodePass<E> {
     pub const PHASES: Phases = (false, true);
 
-    pub fn new() -> AttentionDecodePass {
+    pub fn new() -> AttentionDecodePass<E> {
         AttentionDecodePass(AttentionInputs::new(5, 1, CONTEXT + 1))
     }
 
-    pub fn run<M: AttentionDecode>(&mut self, _decode: bool) {
+    pub fn run<M: AttentionDecode<Kv = E>>(&mut self, _decode: bool) {
         let a = &mut self.0;
         for (keys, values) in a.keys.iter().zip(&a.values) {
             M::attention_decode::<N_HEADS, N_KV_HEADS, HEAD_DIM>(&mut a.out, &a.q, keys, values, &mut a.scores);
@@ -383,7 +418,7 @@ impl AttentionDecodePass {
         black_box(&a.out);
     }
 
-    pub fn check<C: AttentionDecode, R: AttentionDecode>(&mut self) -> Result<(), String> {
+    pub fn check<C: AttentionDecode<Kv = E>, R: AttentionDecode<Kv = E>>(&mut self) -> Result<(), String> {
         let a = &mut self.0;
         for len in [CONTEXT + 1, 1, 17.min(CONTEXT + 1)] {
             let keys = &a.keys[0][..len * KV_DIM];
@@ -470,7 +505,8 @@ impl<M: KvCache> KvCachePass<M> {
 
 /// Compares a candidate cache with the reference's after the prompt and decode steps up to
 /// the typical context.
-pub fn check_kv_cache<C: KvCache, R: KvCache>() -> Result<(), String> {
+pub fn check_kv_cache<C: KvCache, R: KvCache<Kv = C::Kv>>() -> Result<(), String> {
+    let widened = |values: &[C::Kv]| values.iter().map(|v| v.to_f32()).collect::<Vec<f32>>();
     let mut rng = Rng::new(8);
     let k = rng.vec((CONTEXT + 1) * KV_DIM, 1.0);
     let v = rng.vec((CONTEXT + 1) * KV_DIM, 1.0);
@@ -483,8 +519,10 @@ pub fn check_kv_cache<C: KvCache, R: KvCache>() -> Result<(), String> {
         R::store(&mut want, pos, &k[pos * KV_DIM..(pos + 1) * KV_DIM], &v[pos * KV_DIM..(pos + 1) * KV_DIM]);
     }
     for len in [PROMPT, CONTEXT + 1] {
-        compare(&format!("keys of {len} positions"), C::keys(&got, len), R::keys(&want, len), 0.0)?;
-        compare(&format!("values of {len} positions"), C::values(&got, len), R::values(&want, len), 0.0)?;
+        let (got_keys, want_keys) = (widened(C::keys(&got, len)), widened(R::keys(&want, len)));
+        compare(&format!("keys of {len} positions"), &got_keys, &want_keys, 0.0)?;
+        let (got_values, want_values) = (widened(C::values(&got, len)), widened(R::values(&want, len)));
+        compare(&format!("values of {len} positions"), &got_values, &want_values, 0.0)?;
     }
     Ok(())
 }

@@ -4,11 +4,14 @@
 //! per block in every product) against the f32 crate of the same model, teacher-forced over a
 //! few hundred positions of sampled stories: the share of positions where both pick the same
 //! most likely next token, and the mean KL divergence of the reduced-precision next-token
-//! distribution from the f32 one.
+//! distribution from the f32 one. `stories260k-cpu-f32-kv-bf16` (f32 weights, the KV cache
+//! rounded to bfloat16) is measured the same way, through its prefill and its decode
+//! attention.
 
 use monogen_tests::model_dir;
 use stories260k_cpu_bf16 as bf16;
 use stories260k_cpu_f32 as f32m;
+use stories260k_cpu_f32_kv_bf16 as kv_bf16;
 use stories260k_cpu_int8 as int8;
 
 /// Natural-log softmax of `logits`, in f64.
@@ -83,6 +86,34 @@ fn int8_weights_agree_with_f32_on_top1_and_kl() {
     let Some(dir) = model_dir("stories260k") else { return };
     let model = int8::Model::load(&dir).unwrap();
     assert_agreement("int8", |ids| model.session().logits_all(ids).unwrap(), 0.95, 1e-2);
+}
+
+#[test]
+fn bf16_kv_cache_agrees_with_f32_on_top1_and_kl_in_prefill_and_decode() {
+    let Some(dir) = model_dir("stories260k") else { return };
+    let model = kv_bf16::Model::load(&dir).unwrap();
+    // Whole sequences at once: the prefill attention, in chunks over the cache before them.
+    assert_agreement("bf16 KV cache (prefill)", |ids| model.session().logits_all(ids).unwrap(), 0.98, 1e-3);
+    // One position at a time: the decode attention over the whole bf16 cache.
+    assert_agreement(
+        "bf16 KV cache (decode)",
+        |ids| {
+            let mut session = model.session();
+            ids.iter().flat_map(|&id| session.decode(id).unwrap().to_vec()).collect()
+        },
+        0.98,
+        1e-3,
+    );
+}
+
+#[test]
+fn bf16_kv_cache_crate_generates_the_reference_story_opening() {
+    let Some(dir) = model_dir("stories260k") else { return };
+    let model = kv_bf16::Model::load(&dir).unwrap();
+    let params = kv_bf16::GenerateParams { max_tokens: 16, temperature: 0.0, top_k: 0, top_p: 1.0, seed: 0 };
+    assert_reference_opening(16, |ids| {
+        model.session().generate(ids, &params, |_| true).unwrap().generated_ids
+    });
 }
 
 /// The first `n` greedy tokens from the reference prompt (reduced precision may change a late

@@ -3,7 +3,7 @@
 //! the same model.
 
 use monogen::init::{CpuFeatures, InitOptions, workload_from_hf};
-use monogen::workload::{Dtype, WorkloadSource};
+use monogen::workload::{Dtype, KvDtype, WorkloadSource};
 use monogen_tests::workspace_root;
 use stories260k_cpu_f32::{GenerateParams, Model, Tokenizer, VOCAB_SIZE};
 
@@ -30,6 +30,7 @@ fn synthetic_weights_load_run_and_read_back() {
     let opts = InitOptions {
         name: "synth".into(),
         dtype: Dtype::F32,
+        kv_cache: KvDtype::F32,
         threads: Some(2),
         cpu_features: CpuFeatures::parse("x86-64-v3").unwrap(),
         max_seq_len: None,

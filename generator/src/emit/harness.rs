@@ -376,26 +376,34 @@ fn trait_impl(imp: &Implementation) -> TokenStream {
                 }
             }
         },
-        "attention_prefill" => quote! {
-            impl passes::AttentionPrefill for #ty {
-                #[inline]
-                fn attention_prefill<const H: usize, const KVH: usize, const HD: usize>(
-                    out: &mut [f32], q: &[f32], keys: &[f32], values: &[f32], scores: &mut [f32], start: usize, rows: usize,
-                ) {
-                    kernels::#m::attention_prefill::<H, KVH, HD>(out, q, keys, values, scores, start, rows)
+        "attention_prefill" | "attention_prefill_bf16" => {
+            let (kv, function) = kv_element(&imp.interface);
+            quote! {
+                impl passes::AttentionPrefill for #ty {
+                    type Kv = #kv;
+                    #[inline]
+                    fn attention_prefill<const H: usize, const KVH: usize, const HD: usize>(
+                        out: &mut [f32], q: &[f32], keys: &[#kv], values: &[#kv], scores: &mut [f32], start: usize, rows: usize,
+                    ) {
+                        kernels::#m::#function::<H, KVH, HD>(out, q, keys, values, scores, start, rows)
+                    }
                 }
             }
-        },
-        "attention_decode" => quote! {
-            impl passes::AttentionDecode for #ty {
-                #[inline]
-                fn attention_decode<const H: usize, const KVH: usize, const HD: usize>(
-                    out: &mut [f32], q: &[f32], keys: &[f32], values: &[f32], scores: &mut [f32],
-                ) {
-                    kernels::#m::attention_decode::<H, KVH, HD>(out, q, keys, values, scores)
+        }
+        "attention_decode" | "attention_decode_bf16" => {
+            let (kv, function) = kv_element(&imp.interface);
+            quote! {
+                impl passes::AttentionDecode for #ty {
+                    type Kv = #kv;
+                    #[inline]
+                    fn attention_decode<const H: usize, const KVH: usize, const HD: usize>(
+                        out: &mut [f32], q: &[f32], keys: &[#kv], values: &[#kv], scores: &mut [f32],
+                    ) {
+                        kernels::#m::#function::<H, KVH, HD>(out, q, keys, values, scores)
+                    }
                 }
             }
-        },
+        }
         "swiglu" => quote! {
             impl passes::Swiglu for #ty {
                 #[inline]
@@ -404,8 +412,11 @@ fn trait_impl(imp: &Implementation) -> TokenStream {
                 }
             }
         },
-        "kv_cache" => quote! {
+        "kv_cache" | "kv_cache_bf16" => {
+            let (kv, _) = kv_element(&imp.interface);
+            quote! {
             impl passes::KvCache for #ty {
+                type Kv = #kv;
                 type Cache = kernels::#m::KvCache<MAX_SEQ_LEN, KV_DIM>;
                 fn new() -> Self::Cache {
                     kernels::#m::KvCache::new()
@@ -415,15 +426,16 @@ fn trait_impl(imp: &Implementation) -> TokenStream {
                     cache.store(start, k, v)
                 }
                 #[inline]
-                fn keys(cache: &Self::Cache, len: usize) -> &[f32] {
+                fn keys(cache: &Self::Cache, len: usize) -> &[#kv] {
                     cache.keys(len)
                 }
                 #[inline]
-                fn values(cache: &Self::Cache, len: usize) -> &[f32] {
+                fn values(cache: &Self::Cache, len: usize) -> &[#kv] {
                     cache.values(len)
                 }
             }
-        },
+            }
+        }
         "sampler" => quote! {
             impl passes::Sampler for #ty {
                 #[inline]
@@ -495,6 +507,13 @@ fn trait_impl(imp: &Implementation) -> TokenStream {
     }
 }
 
+/// The element type of the KV cache that an interface stores or reads, and the name of its
+/// function: f32 and the plain name, or bfloat16 bits and the `_bf16` one.
+fn kv_element(interface: &str) -> (TokenStream, proc_macro2::Ident) {
+    let kv = if interface.ends_with("_bf16") { quote!(u16) } else { quote!(f32) };
+    (kv, format_ident!("{}", interface))
+}
+
 /// An expression that is `Ok(())` when this machine has `imp`'s CPU features.
 fn availability(imp: &Implementation) -> TokenStream {
     if imp.constraints.cpu_features.is_empty() {
@@ -521,15 +540,17 @@ fn bench_fn(h: &HarnessInterface) -> TokenStream {
         ),
         "rmsnorm" => (quote!(passes::RmsnormPass::new()), quote!(passes::RmsnormPass)),
         "rope" => (quote!(passes::RopePass::new::<#reference>()), quote!(passes::RopePass)),
-        "attention_prefill" => {
-            (quote!(passes::AttentionPrefillPass::new()), quote!(passes::AttentionPrefillPass))
+        "attention_prefill" | "attention_prefill_bf16" => {
+            let (kv, _) = kv_element(interface);
+            (quote!(passes::AttentionPrefillPass::<#kv>::new()), quote!(passes::AttentionPrefillPass::<#kv>))
         }
-        "attention_decode" => {
-            (quote!(passes::AttentionDecodePass::new()), quote!(passes::AttentionDecodePass))
+        "attention_decode" | "attention_decode_bf16" => {
+            let (kv, _) = kv_element(interface);
+            (quote!(passes::AttentionDecodePass::<#kv>::new()), quote!(passes::AttentionDecodePass::<#kv>))
         }
         "swiglu" => (quote!(passes::SwigluPass::new()), quote!(passes::SwigluPass)),
         "sampler" => (quote!(passes::SamplerPass::new()), quote!(passes::SamplerPass)),
-        "kv_cache" => (quote!(()), quote!(())),
+        "kv_cache" | "kv_cache_bf16" => (quote!(()), quote!(())),
         "embedding" => (quote!(passes::EmbeddingPass::new()), quote!(passes::EmbeddingPass)),
         "layernorm" => (quote!(passes::LayernormPass::new()), quote!(passes::LayernormPass)),
         "attention_encoder" => {
@@ -544,7 +565,7 @@ fn bench_fn(h: &HarnessInterface) -> TokenStream {
         let ty = type_ident(c);
         let i = usize_lit(i);
         let available = availability(c);
-        let check = if interface == "kv_cache" {
+        let check = if interface.starts_with("kv_cache") {
             quote!(passes::check_kv_cache::<#ty, #reference>())
         } else if c.packs_weights {
             let own = format_ident!("packed_{}", i.to_string());
@@ -558,7 +579,7 @@ fn bench_fn(h: &HarnessInterface) -> TokenStream {
         let ty = type_ident(c);
         let pass_var = format_ident!("cache_{}", i);
         let i = usize_lit(i);
-        if interface == "kv_cache" {
+        if interface.starts_with("kv_cache") {
             quote! {
                 if bench.live(#i) {
                     bench.sample(#i, passes::KvCachePass::<#ty>::PHASES, |decode| #pass_var.run(decode));
@@ -579,7 +600,7 @@ fn bench_fn(h: &HarnessInterface) -> TokenStream {
             }
         }
     });
-    let setup = if interface == "kv_cache" {
+    let setup = if interface.starts_with("kv_cache") {
         let caches = h.candidates.iter().enumerate().map(|(i, c)| {
             let ty = type_ident(c);
             let var = format_ident!("cache_{}", i);

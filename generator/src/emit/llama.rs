@@ -10,7 +10,7 @@ use crate::Error;
 use crate::plan::Plan;
 use crate::registry::Registry;
 use crate::rust_source::{self, comment};
-use crate::workload::RopeScaling;
+use crate::workload::{KvDtype, RopeScaling};
 
 /// The crates every LLaMA crate depends on (versions in templates/dependencies.toml).
 pub const DEPENDENCIES: &[&str] =
@@ -66,8 +66,12 @@ fn lib_rs(plan: &Plan) -> TokenStream {
             c.n_layers, c.dim, c.n_heads, c.n_kv_heads, c.head_dim, c.vocab_size
         ),
         format!(
-            "{} weights, up to {} positions, on {} {}{}. Every shape is a constant below; the",
+            "{} weights{}, up to {} positions, on {} {}{}. Every shape is a constant below; the",
             w.weights.dtype.as_str(),
+            match w.kv_cache.dtype {
+                KvDtype::F32 => "",
+                KvDtype::Bf16 => " and a bfloat16 KV cache",
+            },
             c.max_seq_len,
             w.target.device.as_str(),
             w.target.arch,
@@ -265,17 +269,24 @@ fn model_rs(plan: &Plan) -> TokenStream {
             use crate::SLIDING_WINDOW;
         )
     });
+    // A bfloat16 KV cache has interfaces of its own, whose functions carry the suffix.
+    let (kv_cache, decode, prefill) = match plan.workload.kv_cache.dtype {
+        KvDtype::F32 => ("kv_cache", "attention_decode", "attention_prefill"),
+        KvDtype::Bf16 => ("kv_cache_bf16", "attention_decode_bf16", "attention_prefill_bf16"),
+    };
+    let (kv_cache, decode, prefill) =
+        (format_ident!("{kv_cache}"), format_ident!("{decode}"), format_ident!("{prefill}"));
     let (prefill_use, attention, c_att) = match c.sliding_window {
         None => (
             quote!(
-                use crate::kernels::attention_prefill::attention_prefill;
+                use crate::kernels::#prefill::#prefill;
             ),
             quote! {
                 let (keys, values) = (cache.keys(start + t), cache.values(start + t));
                 if t == 1 {
-                    attention_decode::<N_HEADS, N_KV_HEADS, HEAD_DIM>(att, q, keys, values, scores);
+                    #decode::<N_HEADS, N_KV_HEADS, HEAD_DIM>(att, q, keys, values, scores);
                 } else {
-                    attention_prefill::<N_HEADS, N_KV_HEADS, HEAD_DIM>(att, q, keys, values, scores, start, t);
+                    #prefill::<N_HEADS, N_KV_HEADS, HEAD_DIM>(att, q, keys, values, scores, start, t);
                 }
             },
             comment("att = softmax(q · kᵀ / √HEAD_DIM) · v, each row over positions 0..=its own: [T, Q_DIM]"),
@@ -288,7 +299,7 @@ fn model_rs(plan: &Plan) -> TokenStream {
                     let from = end.saturating_sub(SLIDING_WINDOW) * KV_DIM;
                     let (keys, values) = (&cache.keys(end)[from..], &cache.values(end)[from..]);
                     let (q_row, att_row) = (&q[r * Q_DIM..(r + 1) * Q_DIM], &mut att[r * Q_DIM..(r + 1) * Q_DIM]);
-                    attention_decode::<N_HEADS, N_KV_HEADS, HEAD_DIM>(att_row, q_row, keys, values, scores);
+                    #decode::<N_HEADS, N_KV_HEADS, HEAD_DIM>(att_row, q_row, keys, values, scores);
                 }
             },
             comment(
@@ -316,7 +327,12 @@ fn model_rs(plan: &Plan) -> TokenStream {
         (quote!(), quote!(), quote!(), quote!())
     };
     let c_rope = comment("rotate q and k by their positions start..start + T");
-    let c_store = comment("append k and v to this layer's cache: it now holds positions 0..start + T");
+    let c_store = match plan.workload.kv_cache.dtype {
+        KvDtype::F32 => comment("append k and v to this layer's cache: it now holds positions 0..start + T"),
+        KvDtype::Bf16 => comment(
+            "append k and v, rounded to bfloat16, to this layer's cache: it now holds positions 0..start + T",
+        ),
+    };
     let c_o = comment("xb = att · o_projᵀ: [T, DIM]");
     let c_res1 = comment("x = x + xb (residual)");
     let c_norm2 = comment("xb = rmsnorm(x) · post_attention_layernorm: [T, DIM]");
@@ -333,9 +349,9 @@ fn model_rs(plan: &Plan) -> TokenStream {
 
         use std::path::Path;
 
-        use crate::kernels::attention_decode::attention_decode;
+        use crate::kernels::#decode::#decode;
         #prefill_use
-        use crate::kernels::kv_cache::KvCache;
+        use crate::kernels::#kv_cache::KvCache;
         #matmul_use
         use crate::kernels::rmsnorm::rmsnorm;
         #rope_use

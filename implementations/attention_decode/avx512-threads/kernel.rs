@@ -31,7 +31,7 @@ pub fn attention_decode<const N_HEADS: usize, const N_KV_HEADS: usize, const HEA
 
 /// A call of this implementation, as the crate's team shares it: by kv heads.
 #[derive(Clone, Copy)]
-pub(crate) struct Shared(Decode);
+pub(crate) struct Shared(Decode<f32>);
 
 impl Job for Shared {
     fn n(&self) -> usize {

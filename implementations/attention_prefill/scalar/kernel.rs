@@ -6,7 +6,7 @@
 //! subtracts the maximum, and the probability-weighted sum of the values. This is the
 //! definition every other prefill implementation is checked against.
 
-use super::shared::scalar_attention::attend;
+use super::shared::scalar_attention::prefill;
 
 /// Causal attention of the queries of positions `start..start + rows` over the cache.
 ///
@@ -23,47 +23,5 @@ pub fn attention_prefill<const N_HEADS: usize, const N_KV_HEADS: usize, const HE
     start: usize,
     rows: usize,
 ) {
-    const {
-        assert!(
-            N_KV_HEADS > 0 && N_HEADS.is_multiple_of(N_KV_HEADS),
-            "N_HEADS must be a multiple of N_KV_HEADS"
-        )
-    };
-    let q_dim = N_HEADS * HEAD_DIM;
-    let kv_dim = N_KV_HEADS * HEAD_DIM;
-    let group = N_HEADS / N_KV_HEADS;
-    assert!(
-        q.len() >= rows * q_dim,
-        "attention_prefill: q is shorter than {rows} rows"
-    );
-    assert!(
-        out.len() >= rows * q_dim,
-        "attention_prefill: out is shorter than {rows} rows"
-    );
-    assert!(
-        keys.len() >= (start + rows) * kv_dim,
-        "attention_prefill: keys hold fewer than start + rows positions"
-    );
-    assert!(
-        values.len() >= (start + rows) * kv_dim,
-        "attention_prefill: values hold fewer than start + rows positions"
-    );
-    assert!(
-        scores.len() >= start + rows,
-        "attention_prefill: scores is shorter than start + rows"
-    );
-    for r in 0..rows {
-        let len = start + r + 1;
-        for h in 0..N_HEADS {
-            let at = r * q_dim + h * HEAD_DIM;
-            attend::<N_KV_HEADS, HEAD_DIM>(
-                &mut out[at..],
-                &q[at..],
-                keys,
-                values,
-                &mut scores[..len],
-                h / group,
-            );
-        }
-    }
+    prefill::<N_HEADS, N_KV_HEADS, HEAD_DIM>(out, q, keys, values, scores, start, rows)
 }

@@ -45,6 +45,65 @@ pub(crate) fn scratch(len: usize) -> Vec<f32> {
     vec![f32::NAN; len + 3]
 }
 
+/// A value of a KV cache as the checks build and compare them: `f32`, or `u16` holding a
+/// bfloat16 (the high 16 bits of an f32).
+pub trait Cached: Copy + std::fmt::Debug {
+    /// `v` as the cache holds it: itself, or the nearest bfloat16 (ties to even; NaN stays
+    /// NaN).
+    fn from_f32(v: f32) -> Self;
+    /// The value, exactly.
+    fn to_f32(self) -> f32;
+}
+
+impl Cached for f32 {
+    fn from_f32(v: f32) -> f32 {
+        v
+    }
+
+    fn to_f32(self) -> f32 {
+        self
+    }
+}
+
+impl Cached for u16 {
+    /// Picks the nearer of the two bfloat16 values around `v` by comparing distances in f64
+    /// (the even one on a tie): a model of rounding independent of the kernels' bit trick.
+    fn from_f32(v: f32) -> u16 {
+        if v.is_nan() {
+            return 0x7fc0;
+        }
+        let down = (v.to_bits() >> 16) as u16;
+        let up = down + 1;
+        let value = |b: u16| f64::from(f32::from_bits(u32::from(b) << 16));
+        if (v.to_bits() & 0xffff) == 0 {
+            return down;
+        }
+        // `up` is one step away from zero; from the largest finite value it is the infinity.
+        let (d, u) = ((f64::from(v) - value(down)).abs(), (value(up) - f64::from(v)).abs());
+        if u.is_infinite() {
+            // Beyond f32::MAX's bfloat16 neighbour: halfway to 2^128 or more rounds to ∞.
+            let largest = value(down).abs();
+            let halfway = largest + (2f64.powi(128) - largest) / 2.0;
+            return if f64::from(v).abs() >= halfway { up } else { down };
+        }
+        if d < u || (d == u && down.is_multiple_of(2)) { down } else { up }
+    }
+
+    fn to_f32(self) -> f32 {
+        f32::from_bits(u32::from(self) << 16)
+    }
+}
+
+/// `values` as a cache of `E` holds them.
+pub fn cached<E: Cached>(values: Vec<f32>) -> Vec<E> {
+    values.into_iter().map(E::from_f32).collect()
+}
+
+/// The values of a cache of `E`, exactly, as f32.
+pub fn widened<E: Cached>(values: &[E]) -> Vec<f32> {
+    values.iter().map(|v| v.to_f32()).collect()
+}
+
 pub(crate) fn dot_f64(a: &[f32], b: &[f32]) -> f64 {
     a.iter().zip(b).map(|(&x, &y)| f64::from(x) * f64::from(y)).sum()
 }
@@ -238,11 +297,12 @@ fn attention_f64(q: &[f32], keys: &[f32], values: &[f32], len: usize, heads: [us
     out
 }
 
-/// Checks an `attention_prefill` at the given heads for chunks from the first one
-/// (`start` 0) to late ones (`start` 250, 300 positions), with inputs of growing magnitude.
-pub fn attention_prefill<const N_HEADS: usize, const N_KV_HEADS: usize, const HEAD_DIM: usize>(
-    candidate: impl Fn(&mut [f32], &[f32], &[f32], &[f32], &mut [f32], usize, usize),
-    reference: impl Fn(&mut [f32], &[f32], &[f32], &[f32], &mut [f32], usize, usize),
+/// Checks an `attention_prefill` (or `attention_prefill_bf16`: a cache of `E`) at the given
+/// heads for chunks from the first one (`start` 0) to late ones (`start` 250, 300 positions),
+/// with inputs of growing magnitude. The f64 evaluation reads the cached values exactly.
+pub fn attention_prefill<E: Cached, const N_HEADS: usize, const N_KV_HEADS: usize, const HEAD_DIM: usize>(
+    candidate: impl Fn(&mut [f32], &[f32], &[E], &[E], &mut [f32], usize, usize),
+    reference: impl Fn(&mut [f32], &[f32], &[E], &[E], &mut [f32], usize, usize),
 ) {
     let (q_dim, kv_dim) = (N_HEADS * HEAD_DIM, N_KV_HEADS * HEAD_DIM);
     let mut rng = Rng::for_shape(&[1, N_HEADS, N_KV_HEADS, HEAD_DIM]);
@@ -251,8 +311,8 @@ pub fn attention_prefill<const N_HEADS: usize, const N_KV_HEADS: usize, const HE
         let len = start + rows;
         let amplitude = [1.0, 2.0, 6.0][case % 3];
         let q = rng.vec(rows * q_dim, amplitude);
-        let keys = rng.vec(len * kv_dim, amplitude);
-        let values = rng.vec(len * kv_dim, 1.0);
+        let keys = cached::<E>(rng.vec(len * kv_dim, amplitude));
+        let values = cached::<E>(rng.vec(len * kv_dim, 1.0));
         let what = format!(
             "attention_prefill N_HEADS={N_HEADS} N_KV_HEADS={N_KV_HEADS} HEAD_DIM={HEAD_DIM} start={start} rows={rows}"
         );
@@ -262,6 +322,7 @@ pub fn attention_prefill<const N_HEADS: usize, const N_KV_HEADS: usize, const HE
             output_of(rows * q_dim, |out| reference(out, &q, &keys, &values, &mut scratch(len), start, rows));
         assert_close(&format!("{what}, against the reference"), &got, &want, TOLERANCE);
         let heads = [N_HEADS, N_KV_HEADS, HEAD_DIM];
+        let (keys, values) = (widened(&keys), widened(&values));
         let exact: Vec<f32> = (0..rows)
             .flat_map(|r| attention_f64(&q[r * q_dim..][..q_dim], &keys, &values, start + r + 1, heads))
             .collect();
@@ -273,11 +334,11 @@ pub fn attention_prefill<const N_HEADS: usize, const N_KV_HEADS: usize, const HE
     let (start, rows) = (9, 40);
     let len = start + rows;
     let q = rng.vec(rows * q_dim, 1.0);
-    let mut keys = rng.vec(len * kv_dim, 1.0);
-    let values = rng.vec(len * kv_dim, 1.0);
-    keys[30 * kv_dim] = f32::NAN;
+    let mut keys = cached::<E>(rng.vec(len * kv_dim, 1.0));
+    let values = cached::<E>(rng.vec(len * kv_dim, 1.0));
+    keys[30 * kv_dim] = E::from_f32(f32::NAN);
     if N_KV_HEADS > 1 {
-        keys[4 * kv_dim + kv_dim - 1] = f32::INFINITY;
+        keys[4 * kv_dim + kv_dim - 1] = E::from_f32(f32::INFINITY);
     }
     let got =
         output_of(rows * q_dim, |out| candidate(out, &q, &keys, &values, &mut scratch(len), start, rows));
@@ -286,9 +347,9 @@ pub fn attention_prefill<const N_HEADS: usize, const N_KV_HEADS: usize, const HE
     assert_same_nans("attention_prefill with a NaN and an infinite key", &got, &want);
     // A NaN value at position 30: the rows before it never read it, even where they share a
     // block of rows or of positions with those that do.
-    let keys = rng.vec(len * kv_dim, 1.0);
+    let keys = cached::<E>(rng.vec(len * kv_dim, 1.0));
     let mut values = values;
-    values[30 * kv_dim] = f32::NAN;
+    values[30 * kv_dim] = E::from_f32(f32::NAN);
     let got =
         output_of(rows * q_dim, |out| candidate(out, &q, &keys, &values, &mut scratch(len), start, rows));
     let want =
@@ -309,13 +370,14 @@ fn assert_same_nans(what: &str, got: &[f32], want: &[f32]) {
     assert_close(what, &finite(got), &finite(want), TOLERANCE);
 }
 
-/// Checks an `attention_decode` at the given heads for contexts of 1 to 1000 positions. At
+/// Checks an `attention_decode` (or `attention_decode_bf16`: a cache of `E`) at the given
+/// heads for contexts of 1 to 1000 positions. At
 /// 1000, every head shape with two kv heads or more has the 65536 multiply-adds from which the
 /// team of `shared/team.rs` shares a call, so that a multi-threaded kernel splitting by kv
 /// heads runs split too (evenly, and 2 + 1 at three kv heads).
-pub fn attention_decode<const N_HEADS: usize, const N_KV_HEADS: usize, const HEAD_DIM: usize>(
-    candidate: impl Fn(&mut [f32], &[f32], &[f32], &[f32], &mut [f32]),
-    reference: impl Fn(&mut [f32], &[f32], &[f32], &[f32], &mut [f32]),
+pub fn attention_decode<E: Cached, const N_HEADS: usize, const N_KV_HEADS: usize, const HEAD_DIM: usize>(
+    candidate: impl Fn(&mut [f32], &[f32], &[E], &[E], &mut [f32]),
+    reference: impl Fn(&mut [f32], &[f32], &[E], &[E], &mut [f32]),
 ) {
     let (q_dim, kv_dim) = (N_HEADS * HEAD_DIM, N_KV_HEADS * HEAD_DIM);
     let mut rng = Rng::for_shape(&[2, N_HEADS, N_KV_HEADS, HEAD_DIM]);
@@ -323,15 +385,16 @@ pub fn attention_decode<const N_HEADS: usize, const N_KV_HEADS: usize, const HEA
     for (case, len) in lens.into_iter().enumerate() {
         let amplitude = [1.0, 2.0, 6.0][case % 3];
         let q = rng.vec(q_dim, amplitude);
-        let keys = rng.vec(len * kv_dim, amplitude);
-        let values = rng.vec(len * kv_dim, 1.0);
+        let keys = cached::<E>(rng.vec(len * kv_dim, amplitude));
+        let values = cached::<E>(rng.vec(len * kv_dim, 1.0));
         let what = format!(
             "attention_decode N_HEADS={N_HEADS} N_KV_HEADS={N_KV_HEADS} HEAD_DIM={HEAD_DIM} len={len}"
         );
         let got = output_of(q_dim, |out| candidate(out, &q, &keys, &values, &mut scratch(len)));
         let want = output_of(q_dim, |out| reference(out, &q, &keys, &values, &mut scratch(len)));
         assert_close(&format!("{what}, against the reference"), &got, &want, TOLERANCE);
-        let exact = attention_f64(&q, &keys, &values, len, [N_HEADS, N_KV_HEADS, HEAD_DIM]);
+        let exact =
+            attention_f64(&q, &widened(&keys), &widened(&values), len, [N_HEADS, N_KV_HEADS, HEAD_DIM]);
         assert_close(&format!("{what}, against f64"), &got, &exact, TOLERANCE);
     }
     // A NaN in the first kv head's keys (its query heads' outputs are NaN in the reference),
@@ -339,11 +402,11 @@ pub fn attention_decode<const N_HEADS: usize, const N_KV_HEADS: usize, const HEA
     // enough to be split where a kernel splits.
     let len = 1000;
     let q = rng.vec(q_dim, 1.0);
-    let mut keys = rng.vec(len * kv_dim, 1.0);
-    let values = rng.vec(len * kv_dim, 1.0);
-    keys[7 * kv_dim] = f32::NAN;
+    let mut keys = cached::<E>(rng.vec(len * kv_dim, 1.0));
+    let values = cached::<E>(rng.vec(len * kv_dim, 1.0));
+    keys[7 * kv_dim] = E::from_f32(f32::NAN);
     if N_KV_HEADS > 2 {
-        keys[20 * kv_dim + kv_dim - 1] = f32::INFINITY;
+        keys[20 * kv_dim + kv_dim - 1] = E::from_f32(f32::INFINITY);
     }
     let got = output_of(q_dim, |out| candidate(out, &q, &keys, &values, &mut scratch(len)));
     let want = output_of(q_dim, |out| reference(out, &q, &keys, &values, &mut scratch(len)));
@@ -367,30 +430,46 @@ macro_rules! attention_shapes {
 #[macro_export]
 macro_rules! conform_attention_prefill {
     ($candidate:ident, $reference:ident) => {
-        $crate::attention_shapes!(conform_attention_prefill!(@shapes $candidate, $reference));
+        $crate::attention_shapes!(conform_attention_prefill!(@shapes $candidate, $reference, attention_prefill));
     };
-    (@shapes $candidate:ident, $reference:ident, $(($h:literal, $kv:literal, $d:literal))*) => {
+    (@shapes $candidate:ident, $reference:ident, $function:ident, $(($h:literal, $kv:literal, $d:literal))*) => {
         $(
-            $crate::check::attention_prefill::<$h, $kv, $d>(
-                $crate::kernels::$candidate::attention_prefill::<$h, $kv, $d>,
-                $crate::kernels::$reference::attention_prefill::<$h, $kv, $d>,
+            $crate::check::attention_prefill::<_, $h, $kv, $d>(
+                $crate::kernels::$candidate::$function::<$h, $kv, $d>,
+                $crate::kernels::$reference::$function::<$h, $kv, $d>,
             );
         )*
+    };
+}
+
+/// `attention_prefill_bf16`: the check of `attention_prefill` over a bfloat16 cache.
+#[macro_export]
+macro_rules! conform_attention_prefill_bf16 {
+    ($candidate:ident, $reference:ident) => {
+        $crate::attention_shapes!(conform_attention_prefill!(@shapes $candidate, $reference, attention_prefill_bf16));
     };
 }
 
 #[macro_export]
 macro_rules! conform_attention_decode {
     ($candidate:ident, $reference:ident) => {
-        $crate::attention_shapes!(conform_attention_decode!(@shapes $candidate, $reference));
+        $crate::attention_shapes!(conform_attention_decode!(@shapes $candidate, $reference, attention_decode));
     };
-    (@shapes $candidate:ident, $reference:ident, $(($h:literal, $kv:literal, $d:literal))*) => {
+    (@shapes $candidate:ident, $reference:ident, $function:ident, $(($h:literal, $kv:literal, $d:literal))*) => {
         $(
-            $crate::check::attention_decode::<$h, $kv, $d>(
-                $crate::kernels::$candidate::attention_decode::<$h, $kv, $d>,
-                $crate::kernels::$reference::attention_decode::<$h, $kv, $d>,
+            $crate::check::attention_decode::<_, $h, $kv, $d>(
+                $crate::kernels::$candidate::$function::<$h, $kv, $d>,
+                $crate::kernels::$reference::$function::<$h, $kv, $d>,
             );
         )*
+    };
+}
+
+/// `attention_decode_bf16`: the check of `attention_decode` over a bfloat16 cache.
+#[macro_export]
+macro_rules! conform_attention_decode_bf16 {
+    ($candidate:ident, $reference:ident) => {
+        $crate::attention_shapes!(conform_attention_decode!(@shapes $candidate, $reference, attention_decode_bf16));
     };
 }
 
@@ -576,12 +655,30 @@ pub enum KvStep {
     Read(usize),
 }
 
-/// Checks a `KvCache` at `MAX_SEQ`, `KV_DIM`: both replay the same script of stores (a
-/// prompt in chunks, decode steps, a rewind that overwrites) and reads, and every read must
-/// match the reference and a plain model of the cache exactly.
-pub fn kv_cache<const MAX_SEQ: usize, const KV_DIM: usize>(
-    candidate: impl Fn(&[KvStep]) -> Vec<(Vec<f32>, Vec<f32>)>,
-    reference: impl Fn(&[KvStep]) -> Vec<(Vec<f32>, Vec<f32>)>,
+/// Values whose rounding to bfloat16 is easy to get wrong, stored first by the KV cache check:
+/// NaN, infinities, signed zeros, ties to even in both directions, the largest f32 (which
+/// rounds to ∞), a subnormal.
+const SPECIAL_VALUES: [f32; 10] = [
+    f32::NAN,
+    f32::INFINITY,
+    f32::NEG_INFINITY,
+    -0.0,
+    1.0 + 1.0 / 256.0,
+    1.0 + 3.0 / 256.0,
+    -(1.0 + 3.0 / 256.0),
+    f32::MAX,
+    1e-40,
+    0.0,
+];
+
+/// Checks a `KvCache` (of `kv_cache`, or of `kv_cache_bf16`: values of `E`) at `MAX_SEQ`,
+/// `KV_DIM`: both replay the same script of stores (a prompt in chunks, the first holding
+/// [`SPECIAL_VALUES`], decode steps, a rewind that overwrites) and reads, and every read must
+/// match the reference and a plain model of the cache exactly (each value as
+/// [`Cached::from_f32`] holds it; NaN as any NaN).
+pub fn kv_cache<E: Cached, const MAX_SEQ: usize, const KV_DIM: usize>(
+    candidate: impl Fn(&[KvStep]) -> Vec<(Vec<E>, Vec<E>)>,
+    reference: impl Fn(&[KvStep]) -> Vec<(Vec<E>, Vec<E>)>,
 ) {
     let mut rng = Rng::for_shape(&[6, MAX_SEQ, KV_DIM]);
     let mut script = vec![KvStep::Read(0)];
@@ -594,14 +691,25 @@ pub fn kv_cache<const MAX_SEQ: usize, const KV_DIM: usize>(
     while end < MAX_SEQ {
         // A chunk of up to 17 positions, then a rewind to the middle once.
         let rows = 1 + rng.below((MAX_SEQ - end).min(17));
-        let (k, v) = (rng.vec(rows * KV_DIM, 1.0), rng.vec(rows * KV_DIM, 1.0));
+        let (mut k, mut v) = (rng.vec(rows * KV_DIM, 1.0), rng.vec(rows * KV_DIM, 1.0));
+        if end == 0 {
+            for (slot, special) in k.iter_mut().zip(SPECIAL_VALUES) {
+                *slot = special;
+            }
+            for (slot, special) in v.iter_mut().rev().zip(SPECIAL_VALUES) {
+                *slot = special;
+            }
+        }
         model_keys[end * KV_DIM..][..k.len()].copy_from_slice(&k);
         model_values[end * KV_DIM..][..v.len()].copy_from_slice(&v);
         script.push(KvStep::Store { start: end, k, v });
         end += rows;
         for len in [end, rng.below(end) + 1] {
             script.push(KvStep::Read(len));
-            expected.push((model_keys[..len * KV_DIM].to_vec(), model_values[..len * KV_DIM].to_vec()));
+            expected.push((
+                cached::<E>(model_keys[..len * KV_DIM].to_vec()),
+                cached::<E>(model_values[..len * KV_DIM].to_vec()),
+            ));
         }
         if !rewound && end > rewind_at {
             rewound = true;
@@ -609,9 +717,19 @@ pub fn kv_cache<const MAX_SEQ: usize, const KV_DIM: usize>(
         }
     }
     let what = format!("kv_cache MAX_SEQ={MAX_SEQ} KV_DIM={KV_DIM}");
+    let same = |a: &[(Vec<E>, Vec<E>)], b: &[(Vec<E>, Vec<E>)]| {
+        let equal = |x: &[E], y: &[E]| {
+            x.len() == y.len()
+                && x.iter().zip(y).all(|(p, q)| {
+                    let (p, q) = (p.to_f32(), q.to_f32());
+                    (p.is_nan() && q.is_nan()) || p.to_bits() == q.to_bits()
+                })
+        };
+        a.len() == b.len() && a.iter().zip(b).all(|(x, y)| equal(&x.0, &y.0) && equal(&x.1, &y.1))
+    };
     let got = candidate(&script);
-    assert!(got == reference(&script), "{what}: the reads differ from the reference's");
-    assert!(got == expected, "{what}: the reads differ from what was stored");
+    assert!(same(&got, &reference(&script)), "{what}: the reads differ from the reference's");
+    assert!(same(&got, &expected), "{what}: the reads differ from what was stored");
 }
 
 #[macro_export]
@@ -621,7 +739,7 @@ macro_rules! conform_kv_cache {
     };
     (@shapes $candidate:ident, $reference:ident, $(($max:literal, $dim:literal))*) => {
         $(
-            $crate::check::kv_cache::<$max, $dim>(
+            $crate::check::kv_cache::<_, $max, $dim>(
                 $crate::conform_kv_cache!(@replay $candidate, $max, $dim),
                 $crate::conform_kv_cache!(@replay $reference, $max, $dim),
             );
@@ -641,6 +759,14 @@ macro_rules! conform_kv_cache {
             }
             reads
         }
+    };
+}
+
+/// `kv_cache_bf16`: the check of `kv_cache`, each value as the nearest bfloat16.
+#[macro_export]
+macro_rules! conform_kv_cache_bf16 {
+    ($candidate:ident, $reference:ident) => {
+        $crate::conform_kv_cache!($candidate, $reference);
     };
 }
 
