@@ -44,6 +44,9 @@ use super::avx512_math::exp;
 /// f32 lanes of an AVX-512 register.
 const LANES: usize = 16;
 
+/// How many quads of cache rows ahead the loops prefetch (4 measured the same).
+const AHEAD: usize = 2;
+
 thread_local! {
     /// The calling thread's scores, `[heads, len]`, then each head's reciprocal sum.
     static SCORES: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
@@ -174,7 +177,9 @@ impl<E: KvElement> Decode<E> {
         //    each kv head in turn (h counts this call's query heads).
         let quads = keys.chunks_exact(4 * kv_dim);
         let remainder = quads.remainder();
+        let span = heads.start * head_dim..heads.end * head_dim;
         for (quad, rows) in quads.enumerate() {
+            prefetch_rows(keys, 4 * (quad + AHEAD), kv_dim, span.clone());
             let mut h = 0;
             for kv in heads.clone() {
                 let key = rows[kv * head_dim..3 * kv_dim + (kv + 1) * head_dim].as_ptr();
@@ -244,6 +249,7 @@ impl<E: KvElement> Decode<E> {
         let quads = values.chunks_exact(4 * kv_dim);
         let remainder = quads.remainder();
         for (quad, rows) in quads.enumerate() {
+            prefetch_rows(values, 4 * (quad + AHEAD), kv_dim, span.clone());
             let position = 4 * quad;
             let mut h = 0;
             for kv in heads.clone() {
@@ -400,6 +406,24 @@ unsafe fn add_weighted<E: KvElement>(
                 acc = _mm512_fmadd_ps(*w, E::maskz_load(rest, values.add(u * stride + at)), acc);
             }
             _mm512_mask_storeu_ps(out.add(at), rest, acc);
+        }
+    }
+}
+
+/// Asks for the pieces `span` of the 4 cache rows from `first` (those that exist) to be brought
+/// into the L1 cache: the rows that a quad `AHEAD` quads later reads. The cache of every layer
+/// stays in the L3 cache from one step to the next, and without this its reads waited on
+/// each line (a step at 850 positions of stories110M's shapes read its bfloat16 cache at
+/// 15.6 GB/s, against 37 GB/s for the weights).
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn prefetch_rows<E>(cache: &[E], first: usize, kv_dim: usize, span: Range<usize>) {
+    let bytes = span.len() * size_of::<E>();
+    for row in first..(first + 4).min(cache.len() / kv_dim) {
+        let start = cache[row * kv_dim + span.start..].as_ptr().cast::<i8>();
+        for offset in (0..bytes).step_by(64).chain([bytes - 1]) {
+            // A prefetch reads nothing and never faults; the address stays inside the piece.
+            _mm_prefetch::<_MM_HINT_T0>(start.wrapping_add(offset));
         }
     }
 }
