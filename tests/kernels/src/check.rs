@@ -656,10 +656,13 @@ pub enum KvStep {
 }
 
 /// Values whose rounding to bfloat16 is easy to get wrong, stored first by the KV cache check:
-/// NaN, infinities, signed zeros, ties to even in both directions, the largest f32 (which
-/// rounds to ∞), a subnormal.
-const SPECIAL_VALUES: [f32; 10] = [
+/// NaN (one whose low payload bits would carry into the exponent, and one whose would overflow
+/// the whole word), infinities, signed zeros, ties to even in both directions, the largest f32
+/// (which rounds to ∞), a subnormal.
+const SPECIAL_VALUES: [f32; 12] = [
     f32::NAN,
+    f32::from_bits(0x7f80_0001),
+    f32::from_bits(0xffff_ffff),
     f32::INFINITY,
     f32::NEG_INFINITY,
     -0.0,
