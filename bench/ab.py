@@ -1,0 +1,55 @@
+#!/usr/bin/env python3
+"""Alternating runs of generated crates' binaries on the same model and prompt ids.
+
+Each round runs every binary once, in turn, with `--prompt-ids` (N ids, the same
+deterministic sequence as bench/llama_vs_candle.sh's prompt when N is 128), `--max-tokens` and
+`--json`, and reads the prefill and decode speeds the binary reports. Prints per binary the
+median and the range over the rounds, and whether every run generated the same ids.
+
+The binaries must be release builds of crates generated for the same model shapes (two crates
+share a target folder only under different package names: rename one in its Cargo.toml and
+its src/main.rs). Keep the machine otherwise idle while it runs.
+
+Usage: bench/ab.py [--rounds R] [--prompt-len N] [--max-tokens M] MODEL_DIR BINARY...
+"""
+
+import argparse
+import json
+import statistics
+import subprocess
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--prompt-len", type=int, default=128)
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("model")
+    parser.add_argument("binaries", nargs="+")
+    args = parser.parse_args()
+
+    ids = ",".join(str(1 + (i * 7919) % 31000) for i in range(args.prompt_len))
+    results = {b: {"decode": [], "prefill": [], "ids": set()} for b in args.binaries}
+    for _ in range(args.rounds):
+        for binary in args.binaries:
+            command = [binary, "--model", args.model, "--prompt-ids", ids]
+            command += ["--max-tokens", str(args.max_tokens), "--json"]
+            out = json.loads(subprocess.run(command, capture_output=True, text=True, check=True).stdout)
+            results[binary]["decode"].append(out["decode_tok_s"])
+            results[binary]["prefill"].append(out["prefill_tok_s"])
+            results[binary]["ids"].add(tuple(out["generated_ids"]))
+
+    print(f"{args.rounds} alternating rounds, {args.prompt_len} prompt ids, {args.max_tokens} new tokens")
+    for binary, r in results.items():
+        name = binary.rsplit("/", 1)[-1]
+        d, p = r["decode"], r["prefill"]
+        print(
+            f"{name:40s} decode tok/s {statistics.median(d):8.1f} [{min(d):.1f}-{max(d):.1f}]"
+            f"   prefill tok/s {statistics.median(p):8.1f} [{min(p):.1f}-{max(p):.1f}]"
+        )
+    generated = set().union(*(r["ids"] for r in results.values()))
+    print("every run generated the same ids:", len(generated) == 1)
+
+
+if __name__ == "__main__":
+    main()
