@@ -415,25 +415,25 @@ fn trait_impl(imp: &Implementation) -> TokenStream {
         "kv_cache" | "kv_cache_bf16" => {
             let (kv, _) = kv_element(&imp.interface);
             quote! {
-            impl passes::KvCache for #ty {
-                type Kv = #kv;
-                type Cache = kernels::#m::KvCache<MAX_SEQ_LEN, KV_DIM>;
-                fn new() -> Self::Cache {
-                    kernels::#m::KvCache::new()
+                impl passes::KvCache for #ty {
+                    type Kv = #kv;
+                    type Cache = kernels::#m::KvCache<MAX_SEQ_LEN, KV_DIM>;
+                    fn new() -> Self::Cache {
+                        kernels::#m::KvCache::new()
+                    }
+                    #[inline]
+                    fn store(cache: &mut Self::Cache, start: usize, k: &[f32], v: &[f32]) {
+                        cache.store(start, k, v)
+                    }
+                    #[inline]
+                    fn keys(cache: &Self::Cache, len: usize) -> &[#kv] {
+                        cache.keys(len)
+                    }
+                    #[inline]
+                    fn values(cache: &Self::Cache, len: usize) -> &[#kv] {
+                        cache.values(len)
+                    }
                 }
-                #[inline]
-                fn store(cache: &mut Self::Cache, start: usize, k: &[f32], v: &[f32]) {
-                    cache.store(start, k, v)
-                }
-                #[inline]
-                fn keys(cache: &Self::Cache, len: usize) -> &[#kv] {
-                    cache.keys(len)
-                }
-                #[inline]
-                fn values(cache: &Self::Cache, len: usize) -> &[#kv] {
-                    cache.values(len)
-                }
-            }
             }
         }
         "sampler" => quote! {
