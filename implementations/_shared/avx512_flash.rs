@@ -112,7 +112,7 @@ impl Flash {
         );
         let padded = len.next_multiple_of(LANES);
         KEYS_T.with_borrow_mut(|keys_t| {
-            keys_t.clear();
+            // `transpose_keys` writes all of it (zeros past `len`): only growth is zero-filled.
             keys_t.resize(kv_dim * padded, 0.0);
             // SAFETY: the caller's contract; `keys` holds `len` positions and `keys_t` `kv_dim ·
             // padded` values (checked above).

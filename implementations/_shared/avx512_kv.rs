@@ -48,6 +48,7 @@ impl KvElement for f32 {
         unsafe { _mm512_maskz_loadu_ps(mask, p) }
     }
 
+    #[inline]
     unsafe fn as_f32<'a>(values: &'a [f32], _buffer: &'a mut Vec<f32>) -> &'a [f32] {
         values
     }
@@ -74,7 +75,7 @@ impl KvElement for u16 {
 
     #[target_feature(enable = "avx512f")]
     unsafe fn as_f32<'a>(values: &'a [u16], buffer: &'a mut Vec<f32>) -> &'a [f32] {
-        buffer.clear();
+        // Every value is written below: only growth is zero-filled.
         buffer.resize(values.len(), 0.0);
         let whole = values.len() / 16 * 16;
         for at in (0..whole).step_by(16) {

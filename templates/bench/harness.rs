@@ -108,6 +108,14 @@ impl Rng {
     }
 }
 
+/// `v` rounded to the nearest bfloat16 (ties to even) as its bit pattern, as the crates round
+/// an F32 file's matrices at load and a bf16 KV cache's values when stored (the inputs here are
+/// finite).
+pub fn bf16_bits(v: f32) -> u16 {
+    let bits = v.to_bits();
+    (bits.wrapping_add(0x7fff + ((bits >> 16) & 1)) >> 16) as u16
+}
+
 /// Ok unless `|got − want| > tolerance · (1 + |want|)` somewhere (NaN included).
 pub fn compare(what: &str, got: &[f32], want: &[f32], tolerance: f32) -> Result<(), String> {
     if got.len() != want.len() {

@@ -4,7 +4,7 @@
 
 use std::hint::black_box;
 
-use crate::harness::{Matmul, Phases, Rng, TOLERANCE, compare};
+use crate::harness::{Matmul, Phases, Rng, TOLERANCE, bf16_bits, compare};
 use crate::{
     CONTEXT, DIM, HEAD_DIM, HIDDEN_DIM, KV_DIM, MAX_SEQ_LEN, N_HEADS, N_KV_HEADS, N_LAYERS, PROMPT, Q_DIM,
     RMS_NORM_EPS, ROPE_THETA, VOCAB_SIZE,
@@ -39,10 +39,8 @@ impl Cached for f32 {
 }
 
 impl Cached for u16 {
-    /// Nearest, ties to even (the inputs here are finite).
     fn from_f32(v: f32) -> u16 {
-        let bits = v.to_bits();
-        (bits.wrapping_add(0x7fff + ((bits >> 16) & 1)) >> 16) as u16
+        bf16_bits(v)
     }
 
     fn to_f32(self) -> f32 {

@@ -313,12 +313,7 @@ fn trait_impl(imp: &Implementation) -> TokenStream {
                 type Weights = Vec<u16>;
                 /// Rounded to the nearest bfloat16, as the crate converts an F32 file.
                 fn weights(w: &[f32], _n: usize, _k: usize) -> Vec<u16> {
-                    w.iter()
-                        .map(|v| {
-                            let bits = v.to_bits();
-                            (bits.wrapping_add(0x7fff + ((bits >> 16) & 1)) >> 16) as u16
-                        })
-                        .collect()
+                    w.iter().map(|&v| harness::bf16_bits(v)).collect()
                 }
                 #[inline]
                 fn matmul<const N: usize, const K: usize>(out: &mut [f32], x: &[f32], w: &Vec<u16>, rows: usize) {

@@ -71,7 +71,7 @@ pub fn attention_prefill<const N_HEADS: usize, const N_KV_HEADS: usize, const HE
     let group = N_HEADS / N_KV_HEADS;
     let padded = len.next_multiple_of(LANES);
     KEYS_T.with_borrow_mut(|keys_t| {
-        keys_t.clear();
+        // `transpose_keys` writes all of it (zeros past `len`): only growth is zero-filled.
         keys_t.resize(kv_dim * padded, 0.0);
         // SAFETY: the generated crate checks at start-up that the CPU has AVX-512F; `keys`
         // holds `len` positions and `keys_t` `kv_dim · padded` values (checked above).

@@ -64,13 +64,13 @@ impl<const MAX_SEQ: usize, const KV_DIM: usize> Default for KvCache<MAX_SEQ, KV_
 fn round_into(dst: &mut [u16], src: &[f32]) {
     assert_eq!(dst.len(), src.len());
     let whole = src.len() / 16 * 16;
-    let (half, low_byte) = (_mm512_set1_epi32(0x7fff), _mm512_set1_epi32(1));
+    let (half, low_bit) = (_mm512_set1_epi32(0x7fff), _mm512_set1_epi32(1));
     for at in (0..whole).step_by(16) {
         // SAFETY: 16 values at `at` < whole ≤ len, in both slices.
         let v = unsafe { _mm512_loadu_ps(src.as_ptr().add(at)) };
         let bits = _mm512_castps_si512(v);
         let high = _mm512_srli_epi32::<16>(bits);
-        let bias = _mm512_add_epi32(half, _mm512_and_si512(high, low_byte));
+        let bias = _mm512_add_epi32(half, _mm512_and_si512(high, low_bit));
         let rounded = _mm512_srli_epi32::<16>(_mm512_add_epi32(bits, bias));
         let nan = _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(v, v);
         let quiet_nan = _mm512_or_si512(high, _mm512_set1_epi32(0x0040));
