@@ -1,10 +1,13 @@
 #!/usr/bin/env python3
 """Alternating runs of generated crates' binaries on the same model and prompt ids.
 
-Each round runs every binary once, in turn, with `--prompt-ids` (N ids, the same
-deterministic sequence as bench/llama_vs_candle.sh's prompt when N is 128), `--max-tokens` and
-`--json`, and reads the prefill and decode speeds the binary reports. Prints per binary the
-median and the range over the rounds, and whether every run generated the same ids.
+Each round runs every binary once, in turn (every other round in reverse order), with
+`--prompt-ids` (N ids, the same deterministic sequence as bench/llama_vs_candle.sh's prompt when
+N is 128), `--max-tokens` and `--json`, and reads the prefill and decode speeds the binary
+reports. Prints per binary the median and the range over the rounds, and whether every run
+generated the same ids. From the second binary on, it also prints the ratio of its speed to the
+first binary's within each round (median and range): a slow phase of the machine slows both
+runs of a round, so the ratios spread less than the speeds do.
 
 The binaries must be release builds of crates generated for the same model shapes (two crates
 share a target folder only under different package names: rename one in its Cargo.toml and
@@ -30,8 +33,9 @@ def main() -> None:
 
     ids = ",".join(str(1 + (i * 7919) % 31000) for i in range(args.prompt_len))
     results = {b: {"decode": [], "prefill": [], "ids": set()} for b in args.binaries}
-    for _ in range(args.rounds):
-        for binary in args.binaries:
+    for round in range(args.rounds):
+        # Every other round in reverse order, so that no binary always runs first.
+        for binary in args.binaries if round % 2 == 0 else args.binaries[::-1]:
             command = [binary, "--model", args.model, "--prompt-ids", ids]
             command += ["--max-tokens", str(args.max_tokens), "--json"]
             out = json.loads(subprocess.run(command, capture_output=True, text=True, check=True).stdout)
@@ -46,6 +50,20 @@ def main() -> None:
         print(
             f"{name:40s} decode tok/s {statistics.median(d):8.1f} [{min(d):.1f}-{max(d):.1f}]"
             f"   prefill tok/s {statistics.median(p):8.1f} [{min(p):.1f}-{max(p):.1f}]"
+        )
+    first = results[args.binaries[0]]
+    for binary in args.binaries[1:]:
+        name = binary.rsplit("/", 1)[-1]
+        ratios = {
+            what: [b / a for a, b in zip(first[what], results[binary][what])]
+            for what in ("decode", "prefill")
+        }
+        print(
+            f"{name:40s} per round, speed / the first binary's:"
+            + "".join(
+                f"   {what} {statistics.median(r):.3f} [{min(r):.3f}-{max(r):.3f}]"
+                for what, r in ratios.items()
+            )
         )
     generated = set().union(*(r["ids"] for r in results.values()))
     print("every run generated the same ids:", len(generated) == 1)

@@ -11,11 +11,12 @@
 # Each shape runs in each weight dtype of DTYPES (default "f32 bf16": the workloads
 # workloads/<shape>-bench-cpu-<dtype>.toml; candle computes in the same dtype, and for int8 runs
 # its quantized Llama on a Q8_0 GGUF of the same weights: int8 with a scale per 32 values, as
-# the int8 crates hold them). The 1-thread
+# the int8 crates hold them; "bf16-amx" is the bf16 workload whose products run on AMX tiles,
+# workloads/<shape>-bench-cpu-bf16-amx.toml, on a CPU that has them). The 1-thread
 # crates are the same workloads generated with `threads = 1` under target/. Everything is built
 # and written under target/bench-llama (TinyLlama's weights take 4.4 GB in f32, 2.2 in bf16).
 #
-# Usage: [DTYPES="f32 bf16 int8"] bench/llama_vs_candle.sh [ROUNDS] [SHAPE...]
+# Usage: [DTYPES="f32 bf16 int8 bf16-amx"] bench/llama_vs_candle.sh [ROUNDS] [SHAPE...]
 #        (SHAPE: stories15m stories110m tinyllama)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -116,10 +117,15 @@ for threads, path in (("1t", one), ("2t", two)):
     measured = 1e3 / ours(path, "decode tok/s")
     peak_name, unit = ("vnni_avx512_gop_s", "GOP/s of the VNNI") if dtype == "int8" else ("fma_avx512_gflop_s", "GFLOP/s of the FMA")
     rate = ours(path, "prefill tok/s") * ops / 1e9
+    # A crate on AMX tiles: its prefill against the tiles' peak as well.
+    amx = ""
+    if dtype.endswith("-amx") and ("amx_bf16_gflop_s", threads) in peaks:
+        amx_peak = peaks[("amx_bf16_gflop_s", threads)]
+        amx = f", {100 * rate / amx_peak:.0f}% of the {amx_peak:.0f} GFLOP/s of the AMX bf16 peak"
     print(
         f"  {threads}: decode floor {floor:.2f} ms ({size / 1e6:.0f} MB at {bandwidth:.2f} GB/s), measured {measured:.2f} ms,"
         f" floor / measured {floor / measured:.2f}; prefill {rate:.0f} {unit.split(' of')[0]}, {100 * rate / peaks[(peak_name, threads)]:.0f}% of the"
-        f" {peaks[(peak_name, threads)]:.0f} {unit} peak"
+        f" {peaks[(peak_name, threads)]:.0f} {unit} peak{amx}"
     )
 PY
   done

@@ -3,16 +3,21 @@
 //!
 //! The test generates such a crate from a scratch copy of the registry with one more matmul
 //! implementation: the scalar kernel, declared to need a feature this CPU does not have
-//! (AVX-IFMA or AVX-VNNI-INT8 here), and preferred by priority.
+//! (AMX-TILE, AVX-IFMA or AVX-VNNI-INT8), and preferred by priority.
 
 use std::process::Command;
 
 use monogen_tests::{build_crate, copy_dir, model_dir, workspace_root};
 
-/// A feature monogen knows that this CPU lacks, if there is one.
+/// A feature monogen knows that this CPU lacks, if there is one: AMX-TILE first, whose start-up
+/// check (CPUID, then asking Linux for the tiles' state) differs from the others'.
 fn missing_feature() -> Option<&'static str> {
     #[cfg(target_arch = "x86_64")]
     {
+        use std::arch::x86_64::{__cpuid, __cpuid_count};
+        if __cpuid(0).eax < 7 || __cpuid_count(7, 0).edx & (1 << 24) == 0 {
+            return Some("amx-tile");
+        }
         if !std::arch::is_x86_feature_detected!("avxifma") {
             return Some("avxifma");
         }

@@ -1,7 +1,8 @@
 //! Measures this machine's limits: read bandwidth over buffers of the sizes given on the command
 //! line, the peak rate of f32 fused multiply-adds with AVX2 and AVX-512, and that of int8
-//! products with AVX-512 VNNI (`vpdpbusd`: 64 multiply-adds of bytes into 16 i32 lanes), at 1
-//! to `--threads` threads. Each figure is the best of `--rounds` rounds (a peak is what the hardware can do,
+//! products with AVX-512 VNNI (`vpdpbusd`: 64 multiply-adds of bytes into 16 i32 lanes), and,
+//! where the CPU has AMX-BF16, that of bfloat16 tile products (`tdpbf16ps`: 16 × 16 × 32
+//! multiply-adds into a tile of f32), at 1 to `--threads` threads. Each figure is the best of `--rounds` rounds (a peak is what the hardware can do,
 //! so the fastest round is the estimate; noise only makes rounds slower).
 //!
 //! Usage: monogen-peaks [--threads N] [--rounds R] [--json] SIZE...   (SIZE like 64M, 2G)
@@ -41,6 +42,9 @@ fn main() {
         }
         if is_x86_feature_detected!("avx512vnni") {
             results.push((format!("vnni_avx512_gop_s {t}t"), vnni_peak(t, rounds)));
+        }
+        if amx_bf16_usable() {
+            results.push((format!("amx_bf16_gflop_s {t}t"), amx_peak(t, rounds)));
         }
     }
     if json {
@@ -226,4 +230,96 @@ fn fma_loop_avx2(iters: usize) -> f32 {
     // SAFETY: `lanes` holds 8 values.
     unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), total) };
     lanes.iter().sum()
+}
+
+/// Whether the CPU has AMX-TILE and AMX-BF16 (CPUID leaf 7, EDX bits 24 and 22) and the kernel
+/// grants this process the tiles' state (Linux: `arch_prctl(ARCH_REQ_XCOMP_PERM,
+/// XFEATURE_XTILEDATA)`, asked before the first tile instruction of any thread).
+fn amx_bf16_usable() -> bool {
+    let bits = (1 << 24) | (1 << 22);
+    if __cpuid(0).eax < 7 || __cpuid_count(7, 0).edx & bits != bits {
+        return false;
+    }
+    let result: isize;
+    // SAFETY: this system call only changes which register state the kernel lets the process
+    // use; it reads and writes none of the process's memory.
+    unsafe {
+        std::arch::asm!(
+            "syscall",
+            inlateout("rax") 158isize => result,
+            in("rdi") 0x1023usize,
+            in("rsi") 18usize,
+            lateout("rcx") _,
+            lateout("r11") _,
+            options(nostack),
+        )
+    };
+    result == 0
+}
+
+/// GFLOP/s of bfloat16 tile products (2 per multiply-add, 16 × 16 × 32 per `tdpbf16ps`) on
+/// `threads` threads, best of `rounds`.
+fn amx_peak(threads: usize, rounds: usize) -> f64 {
+    const ITERS: usize = 1_000_000;
+    let mut best = f64::INFINITY;
+    for round in 0..=rounds {
+        let start = Instant::now();
+        std::thread::scope(|s| {
+            for _ in 0..threads {
+                // SAFETY: the caller checked the features and was granted the tiles.
+                s.spawn(|| unsafe { amx_loop(ITERS) });
+            }
+        });
+        let elapsed = start.elapsed().as_secs_f64();
+        if round > 0 {
+            best = best.min(elapsed);
+        }
+    }
+    (threads * ITERS * 4 * 16 * 16 * 32 * 2) as f64 / best / 1e9
+}
+
+/// 4 independent chains of `tdpbf16ps` (tiles 0-3 of sums, from tiles 4-5 and 6-7 of bfloat16
+/// operands, each 16 rows of 64 bytes), as a 2 × 2 block of a matrix product holds them.
+///
+/// # Safety
+///
+/// Only on a CPU with AMX-TILE and AMX-BF16, in a process granted the tiles' state.
+unsafe fn amx_loop(iters: usize) {
+    let mut config = [0u8; 64];
+    config[0] = 1;
+    for tile in 0..8 {
+        config[16 + 2 * tile..18 + 2 * tile].copy_from_slice(&64u16.to_le_bytes());
+        config[48 + tile] = 16;
+    }
+    // Operands of small finite values (0x3f80 is 1.0), so that the sums stay finite.
+    let operand = [0x3f80_3f80u32; 256];
+    // SAFETY: the caller's contract; the configuration is valid, each load reads the 1 KiB
+    // of `operand` (16 rows of 64 bytes).
+    unsafe {
+        std::arch::asm!(
+            "ldtilecfg [{config}]",
+            "tilezero tmm0",
+            "tilezero tmm1",
+            "tilezero tmm2",
+            "tilezero tmm3",
+            "tileloadd tmm4, [{a} + {stride}*1]",
+            "tileloadd tmm5, [{a} + {stride}*1]",
+            "tileloadd tmm6, [{a} + {stride}*1]",
+            "tileloadd tmm7, [{a} + {stride}*1]",
+            config = in(reg) config.as_ptr(),
+            a = in(reg) operand.as_ptr(),
+            stride = in(reg) 64usize,
+            options(nostack, readonly),
+        );
+        for _ in 0..iters {
+            std::arch::asm!(
+                "tdpbf16ps tmm0, tmm4, tmm6",
+                "tdpbf16ps tmm1, tmm4, tmm7",
+                "tdpbf16ps tmm2, tmm5, tmm6",
+                "tdpbf16ps tmm3, tmm5, tmm7",
+                options(nostack, nomem),
+            );
+        }
+        std::arch::asm!("tilerelease", options(nostack, nomem));
+    }
 }

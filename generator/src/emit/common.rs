@@ -208,6 +208,8 @@ pub fn cpu_rs(plan: &Plan) -> TokenStream {
     }
     let list = features.join(", ");
     let module_doc = format!(" The start-up check: the kernels of this crate were compiled for {list}.");
+    let detected = features.iter().map(|f| feature_detected(f));
+    let amx = features.iter().any(|f| amx_bit(f).is_some()).then(amx_fn);
     quote! {
         #![doc = #module_doc]
 
@@ -218,7 +220,7 @@ pub fn cpu_rs(plan: &Plan) -> TokenStream {
         pub fn check() -> Result<(), Error> {
             let mut missing = Vec::new();
             #(
-                if !std::arch::is_x86_feature_detected!(#features) {
+                if !#detected {
                     missing.push(#features);
                 }
             )*
@@ -226,6 +228,75 @@ pub fn cpu_rs(plan: &Plan) -> TokenStream {
                 return Ok(());
             }
             Err(Error::UnsupportedCpu { missing: missing.join(", "), workload: WORKLOAD })
+        }
+
+        #amx
+    }
+}
+
+/// The CPUID leaf 7 EDX bit of an AMX feature; `None` for any other feature.
+fn amx_bit(feature: &str) -> Option<u32> {
+    match feature {
+        "amx-bf16" => Some(22),
+        "amx-tile" => Some(24),
+        "amx-int8" => Some(25),
+        _ => None,
+    }
+}
+
+/// The test of one CPU feature at start-up: `is_x86_feature_detected!`, except for the AMX
+/// features, whose detection macro is unstable: a call of the `amx` function of [`amx_fn`].
+pub fn feature_detected(feature: &str) -> TokenStream {
+    match amx_bit(feature) {
+        Some(bit) => {
+            let bit = Literal::u32_unsuffixed(bit);
+            quote!(amx(#bit))
+        }
+        None => quote!(std::arch::is_x86_feature_detected!(#feature)),
+    }
+}
+
+/// Whether any of `features` is an AMX feature, which [`feature_detected`] tests with [`amx_fn`].
+pub fn needs_amx_fn(features: &[String]) -> bool {
+    features.iter().any(|f| amx_bit(f).is_some())
+}
+
+/// `fn amx(bit)`: whether the CPU has the AMX feature of CPUID leaf 7's EDX bit `bit` and the
+/// kernel lets the process use the tiles (on Linux, the 8 KiB of tile state go only to a
+/// process that asks for them before its first tile instruction).
+pub fn amx_fn() -> TokenStream {
+    let safety = [
+        "SAFETY: this system call only changes which register state the kernel lets the",
+        "process use; it reads and writes none of the process's memory.",
+    ]
+    .map(crate::rust_source::comment);
+    quote! {
+        /// Whether the CPU has the AMX feature of CPUID leaf 7's EDX bit `bit`, and the kernel
+        /// lets this process use the tiles: Linux hands their 8 KiB of register state only to a
+        /// process that asks, `arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)`, before its
+        /// first tile instruction. Asking again is harmless.
+        fn amx(bit: u32) -> bool {
+            use std::arch::x86_64::{__cpuid, __cpuid_count};
+            if __cpuid(0).eax < 7 || __cpuid_count(7, 0).edx & (1 << bit) == 0 {
+                return false;
+            }
+            const SYS_ARCH_PRCTL: isize = 158;
+            const ARCH_REQ_XCOMP_PERM: usize = 0x1023;
+            const XFEATURE_XTILEDATA: usize = 18;
+            let result: isize;
+            #(#safety)*
+            unsafe {
+                std::arch::asm!(
+                    "syscall",
+                    inlateout("rax") SYS_ARCH_PRCTL => result,
+                    in("rdi") ARCH_REQ_XCOMP_PERM,
+                    in("rsi") XFEATURE_XTILEDATA,
+                    lateout("rcx") _,
+                    lateout("r11") _,
+                    options(nostack),
+                )
+            };
+            result == 0
         }
     }
 }
@@ -353,4 +424,25 @@ pub fn team_job_enum(jobs: &[TeamJob]) -> Option<TokenStream> {
             }
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn amx_features_are_tested_through_cpuid_and_the_kernel_not_the_unstable_macro() {
+        for (feature, bit) in [("amx-tile", "24"), ("amx-bf16", "22"), ("amx-int8", "25")] {
+            assert_eq!(feature_detected(feature).to_string(), format!("amx ({bit})"));
+        }
+        assert_eq!(
+            feature_detected("avx512f").to_string(),
+            quote!(std::arch::is_x86_feature_detected!("avx512f")).to_string()
+        );
+        assert!(needs_amx_fn(&["avx2".to_string(), "amx-bf16".to_string()]));
+        assert!(!needs_amx_fn(&["avx2".to_string(), "avx512f".to_string()]));
+        let amx = amx_fn().to_string();
+        assert!(amx.contains("fn amx (bit : u32) -> bool"), "{amx}");
+        assert!(amx.contains("0x1023") && amx.contains("XFEATURE_XTILEDATA"), "{amx}");
+    }
 }

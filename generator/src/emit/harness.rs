@@ -175,6 +175,10 @@ fn main_rs(
     let calls = harness.iter().map(|h| format_ident!("{}", h.interface));
     let n_interfaces = usize_lit(harness.len());
     let benches = harness.iter().map(bench_fn);
+    let amx = included
+        .values()
+        .any(|imp| super::common::needs_amx_fn(&imp.constraints.cpu_features))
+        .then(super::common::amx_fn);
 
     quote! {
         #(#![doc = #doc])*
@@ -194,6 +198,8 @@ fn main_rs(
         }
 
         #(#benches)*
+
+        #amx
     }
 }
 
@@ -514,7 +520,7 @@ fn availability(imp: &Implementation) -> TokenStream {
     if imp.constraints.cpu_features.is_empty() {
         return quote!(Ok(()));
     }
-    let checks = imp.constraints.cpu_features.iter().map(|f| quote!(std::arch::is_x86_feature_detected!(#f)));
+    let checks = imp.constraints.cpu_features.iter().map(|f| super::common::feature_detected(f));
     let missing = format!("this machine lacks one of {}", imp.constraints.cpu_features.join(", "));
     quote! {
         if #(#checks)&&* { Ok(()) } else { Err(#missing.to_string()) }

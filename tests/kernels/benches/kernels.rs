@@ -17,9 +17,11 @@ use std::hint::black_box;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
+use monogen_kernel_tests::check::cached;
 use monogen_kernel_tests::rng::Rng;
 use monogen_kernel_tests::{
-    for_each_attention_decode, for_each_attention_prefill, for_each_kv_cache, for_each_matmul,
+    for_each_attention_decode, for_each_attention_decode_bf16, for_each_attention_prefill,
+    for_each_attention_prefill_bf16, for_each_kv_cache, for_each_kv_cache_bf16, for_each_matmul,
     for_each_rmsnorm, for_each_rope, for_each_sampler, for_each_swiglu, kernels,
 };
 
@@ -99,14 +101,17 @@ fn main() {
         println!("(smoke run: pass --bench, as `cargo bench` does, for real numbers)");
     }
 
-    let interfaces: [(&str, BuildGroups); 8] = [
+    let interfaces: [(&str, BuildGroups); 11] = [
         ("matmul", matmul_groups),
-        ("attention_prefill", attention_prefill_groups),
-        ("attention_decode", attention_decode_groups),
+        ("attention_prefill", attention_prefill),
+        ("attention_decode", attention_decode),
+        ("attention_prefill_bf16", attention_prefill_bf16),
+        ("attention_decode_bf16", attention_decode_bf16),
         ("rmsnorm", rmsnorm_groups),
         ("rope", rope_groups),
         ("swiglu", swiglu_groups),
-        ("kv_cache", kv_cache_groups),
+        ("kv_cache", kv_cache),
+        ("kv_cache_bf16", kv_cache_bf16),
         ("sampler", sampler_groups),
     ];
     let mut summary = Vec::new();
@@ -295,61 +300,113 @@ fn matmul_case<const N: usize, const K: usize>(name: &str, calls: usize, rows: u
     Case { label: format!("{name} N={N} K={K}"), calls, candidates }
 }
 
-fn attention_prefill_groups() -> Vec<Group> {
-    let mut rng = Rng::new(11);
-    let q = Rc::new(rng.vec(PROMPT * N_HEADS * HEAD_DIM, 2.0));
-    let keys = Rc::new(rng.vec(PROMPT * KV_DIM, 2.0));
-    let values = Rc::new(rng.vec(PROMPT * KV_DIM, 1.0));
-    let mut candidates = Vec::new();
-    macro_rules! candidate {
-        ($name:literal, $module:ident, $available:expr) => {{
-            let (q, keys, values) = (Rc::clone(&q), Rc::clone(&keys), Rc::clone(&values));
-            let mut out = vec![0.0; PROMPT * N_HEADS * HEAD_DIM];
-            let mut scores = vec![0.0; PROMPT];
-            candidates.push(Candidate::new($name, $available, move || {
-                kernels::$module::attention_prefill::<N_HEADS, N_KV_HEADS, HEAD_DIM>(
-                    black_box(&mut out),
-                    black_box(&q),
-                    black_box(&keys),
-                    black_box(&values),
-                    black_box(&mut scores),
-                    black_box(0),
-                    black_box(PROMPT),
-                )
-            }));
-        }};
-    }
-    for_each_attention_prefill!(candidate);
-    let case = Case { label: format!("start=0 rows={PROMPT}"), calls: LAYERS, candidates };
-    vec![Group { title: "prefill (rows = 128)".to_string(), cases: vec![case] }]
+/// The attention and KV cache groups of a cache of f32 (`attention_prefill`, ...) or of
+/// bfloat16 (`attention_prefill_bf16`, ...): the same inputs, each cached value rounded to the
+/// cache's type.
+macro_rules! cache_groups {
+    ($elem:ty, $prefill:ident, $for_each_prefill:ident, $decode:ident, $for_each_decode:ident, $kv_cache:ident, $for_each_kv_cache:ident) => {
+        fn $prefill() -> Vec<Group> {
+            let mut rng = Rng::new(11);
+            let q = Rc::new(rng.vec(PROMPT * N_HEADS * HEAD_DIM, 2.0));
+            let keys = Rc::new(cached::<$elem>(rng.vec(PROMPT * KV_DIM, 2.0)));
+            let values = Rc::new(cached::<$elem>(rng.vec(PROMPT * KV_DIM, 1.0)));
+            let mut candidates = Vec::new();
+            macro_rules! candidate {
+                ($name:literal, $module:ident, $available:expr) => {{
+                    let (q, keys, values) = (Rc::clone(&q), Rc::clone(&keys), Rc::clone(&values));
+                    let mut out = vec![0.0; PROMPT * N_HEADS * HEAD_DIM];
+                    let mut scores = vec![0.0; PROMPT];
+                    candidates.push(Candidate::new($name, $available, move || {
+                        kernels::$module::$prefill::<N_HEADS, N_KV_HEADS, HEAD_DIM>(
+                            black_box(&mut out),
+                            black_box(&q),
+                            black_box(&keys),
+                            black_box(&values),
+                            black_box(&mut scores),
+                            black_box(0),
+                            black_box(PROMPT),
+                        )
+                    }));
+                }};
+            }
+            $for_each_prefill!(candidate);
+            let case = Case { label: format!("start=0 rows={PROMPT}"), calls: LAYERS, candidates };
+            vec![Group { title: "prefill (rows = 128)".to_string(), cases: vec![case] }]
+        }
+
+        fn $decode() -> Vec<Group> {
+            let mut rng = Rng::new(12);
+            let q = Rc::new(rng.vec(N_HEADS * HEAD_DIM, 2.0));
+            let keys = Rc::new(cached::<$elem>(rng.vec(CONTEXT * KV_DIM, 2.0)));
+            let values = Rc::new(cached::<$elem>(rng.vec(CONTEXT * KV_DIM, 1.0)));
+            let mut candidates = Vec::new();
+            macro_rules! candidate {
+                ($name:literal, $module:ident, $available:expr) => {{
+                    let (q, keys, values) = (Rc::clone(&q), Rc::clone(&keys), Rc::clone(&values));
+                    let mut out = vec![0.0; N_HEADS * HEAD_DIM];
+                    let mut scores = vec![0.0; CONTEXT];
+                    candidates.push(Candidate::new($name, $available, move || {
+                        kernels::$module::$decode::<N_HEADS, N_KV_HEADS, HEAD_DIM>(
+                            black_box(&mut out),
+                            black_box(&q),
+                            black_box(&keys),
+                            black_box(&values),
+                            black_box(&mut scores),
+                        )
+                    }));
+                }};
+            }
+            $for_each_decode!(candidate);
+            let case = Case { label: format!("len={CONTEXT}"), calls: LAYERS, candidates };
+            vec![Group { title: "decode step (rows = 1)".to_string(), cases: vec![case] }]
+        }
+
+        fn $kv_cache() -> Vec<Group> {
+            [(1, CONTEXT - 1, "decode step (rows = 1)"), (PROMPT, 0, "prefill (rows = 128)")]
+                .into_iter()
+                .map(|(rows, start, title)| {
+                    let mut rng = Rng::new(16);
+                    let k = Rc::new(rng.vec(rows * KV_DIM, 1.0));
+                    let v = Rc::new(rng.vec(rows * KV_DIM, 1.0));
+                    let mut candidates = Vec::new();
+                    macro_rules! candidate {
+                        ($name:literal, $module:ident, $available:expr) => {{
+                            let (k, v) = (Rc::clone(&k), Rc::clone(&v));
+                            let mut cache = kernels::$module::KvCache::<MAX_SEQ, KV_DIM>::new();
+                            candidates.push(Candidate::new($name, $available, move || {
+                                cache.store(black_box(start), black_box(&k), black_box(&v));
+                                black_box((cache.keys(start + rows), cache.values(start + rows)));
+                            }));
+                        }};
+                    }
+                    $for_each_kv_cache!(candidate);
+                    let case =
+                        Case { label: "store, then keys and values".to_string(), calls: LAYERS, candidates };
+                    Group { title: title.to_string(), cases: vec![case] }
+                })
+                .collect()
+        }
+    };
 }
 
-fn attention_decode_groups() -> Vec<Group> {
-    let mut rng = Rng::new(12);
-    let q = Rc::new(rng.vec(N_HEADS * HEAD_DIM, 2.0));
-    let keys = Rc::new(rng.vec(CONTEXT * KV_DIM, 2.0));
-    let values = Rc::new(rng.vec(CONTEXT * KV_DIM, 1.0));
-    let mut candidates = Vec::new();
-    macro_rules! candidate {
-        ($name:literal, $module:ident, $available:expr) => {{
-            let (q, keys, values) = (Rc::clone(&q), Rc::clone(&keys), Rc::clone(&values));
-            let mut out = vec![0.0; N_HEADS * HEAD_DIM];
-            let mut scores = vec![0.0; CONTEXT];
-            candidates.push(Candidate::new($name, $available, move || {
-                kernels::$module::attention_decode::<N_HEADS, N_KV_HEADS, HEAD_DIM>(
-                    black_box(&mut out),
-                    black_box(&q),
-                    black_box(&keys),
-                    black_box(&values),
-                    black_box(&mut scores),
-                )
-            }));
-        }};
-    }
-    for_each_attention_decode!(candidate);
-    let case = Case { label: format!("len={CONTEXT}"), calls: LAYERS, candidates };
-    vec![Group { title: "decode step (rows = 1)".to_string(), cases: vec![case] }]
-}
+cache_groups!(
+    f32,
+    attention_prefill,
+    for_each_attention_prefill,
+    attention_decode,
+    for_each_attention_decode,
+    kv_cache,
+    for_each_kv_cache
+);
+cache_groups!(
+    u16,
+    attention_prefill_bf16,
+    for_each_attention_prefill_bf16,
+    attention_decode_bf16,
+    for_each_attention_decode_bf16,
+    kv_cache_bf16,
+    for_each_kv_cache_bf16
+);
 
 fn rmsnorm_groups() -> Vec<Group> {
     [(1, "decode step (rows = 1)"), (PROMPT, "prefill (rows = 128)")]
@@ -438,31 +495,6 @@ fn swiglu_groups() -> Vec<Group> {
             }
             for_each_swiglu!(candidate);
             let case = Case { label: format!("HIDDEN={HIDDEN}"), calls: LAYERS, candidates };
-            Group { title: title.to_string(), cases: vec![case] }
-        })
-        .collect()
-}
-
-fn kv_cache_groups() -> Vec<Group> {
-    [(1, CONTEXT - 1, "decode step (rows = 1)"), (PROMPT, 0, "prefill (rows = 128)")]
-        .into_iter()
-        .map(|(rows, start, title)| {
-            let mut rng = Rng::new(16);
-            let k = Rc::new(rng.vec(rows * KV_DIM, 1.0));
-            let v = Rc::new(rng.vec(rows * KV_DIM, 1.0));
-            let mut candidates = Vec::new();
-            macro_rules! candidate {
-                ($name:literal, $module:ident, $available:expr) => {{
-                    let (k, v) = (Rc::clone(&k), Rc::clone(&v));
-                    let mut cache = kernels::$module::KvCache::<MAX_SEQ, KV_DIM>::new();
-                    candidates.push(Candidate::new($name, $available, move || {
-                        cache.store(black_box(start), black_box(&k), black_box(&v));
-                        black_box((cache.keys(start + rows), cache.values(start + rows)));
-                    }));
-                }};
-            }
-            for_each_kv_cache!(candidate);
-            let case = Case { label: "store, then keys and values".to_string(), calls: LAYERS, candidates };
             Group { title: title.to_string(), cases: vec![case] }
         })
         .collect()

@@ -48,7 +48,7 @@ fn main() {
     let q8_bytes = params + params / 32 * 4;
     // Each implementation: its name, the bytes its weights hold, and one pass over every
     // layer's matrices at `rows` rows.
-    let runs: Vec<(&str, usize, Pass)> = vec![
+    let mut runs: Vec<(&str, usize, Pass)> = vec![
         ("f32 (matmul/avx512-threads)", params * 4, over(&f32, f32_product)),
         ("f32 (matmul/avx512-panels-threads)", params * 4, over(&f32, f32_panels)),
         ("f32 (matmul/avx512-packed-threads)", params * 4, over(&packed, f32_packed)),
@@ -59,6 +59,12 @@ fn main() {
         ("int8 (matmul_q8/avx512-vnni-repack-threads)", q8_bytes, over(&int8, q8_repack)),
         ("int8 (matmul_q8/avx512-vnni, 1 thread)", q8_bytes, over(&int8, q8_one)),
     ];
+    // The AMX tiles only where this CPU has them (and the kernel grants them).
+    if monogen_kernel_tests::cpu_has!("avx512f", "avx512bw", "amx-tile", "amx-bf16") {
+        runs.insert(6, ("bf16 (matmul_bf16/amx-threads)", params * 2, over(&bf16, bf16_amx)));
+    } else {
+        println!("(no AMX-BF16 on this CPU: matmul_bf16/amx-threads not measured)");
+    }
     println!(
         "stories110M's matrices: {layers} layers, {params} weights; 2 threads; median of {rounds} rounds"
     );
@@ -154,6 +160,7 @@ dispatch!(f32_packed, matmul__avx512_packed_threads, matmul, f32);
 dispatch!(f32_repack, matmul__avx512_repack_threads, matmul, f32);
 dispatch!(bf16_product, matmul_bf16__avx512_threads, matmul_bf16, u16);
 dispatch!(bf16_repack, matmul_bf16__avx512_repack_threads, matmul_bf16, u16);
+dispatch!(bf16_amx, matmul_bf16__amx_threads, matmul_bf16, u16);
 dispatch!(q8_product, matmul_q8__avx512_vnni_threads, matmul_q8, int8);
 dispatch!(q8_repack, matmul_q8__avx512_vnni_repack_threads, matmul_q8, int8);
 dispatch!(q8_one, matmul_q8__avx512_vnni, matmul_q8, int8);
