@@ -6,10 +6,12 @@
 //! most likely next token, and the mean KL divergence of the reduced-precision next-token
 //! distribution from the f32 one. `stories260k-cpu-f32-kv-bf16` (f32 weights, the KV cache
 //! rounded to bfloat16) is measured the same way, through its prefill and its decode
-//! attention.
+//! attention. `stories260k-cpu-bf16-amx` (bf16 weights, the prefill's products on AMX tiles)
+//! is measured against both, where the CPU has AMX.
 
 use monogen_tests::model_dir;
 use stories260k_cpu_bf16 as bf16;
+use stories260k_cpu_bf16_amx as bf16_amx;
 use stories260k_cpu_f32 as f32m;
 use stories260k_cpu_f32_kv_bf16 as kv_bf16;
 use stories260k_cpu_int8 as int8;
@@ -79,6 +81,33 @@ fn bf16_weights_agree_with_f32_on_top1_and_kl() {
     let Some(dir) = model_dir("stories260k") else { return };
     let model = bf16::Model::load(&dir).unwrap();
     assert_agreement("bf16", |ids| model.session().logits_all(ids).unwrap(), 0.98, 1e-3);
+}
+
+/// The AMX tiles compute the interface's f32 product (each activation as three exact bfloat16
+/// terms), so the AMX crate must agree with the f32 crate as the bf16 one does, and with the
+/// bf16 crate's logits up to the order of f32 additions.
+#[test]
+fn bf16_on_amx_tiles_agrees_with_f32_and_with_the_avx512_bf16_crate() {
+    let Some(dir) = model_dir("stories260k") else { return };
+    let model = match bf16_amx::Model::load(&dir) {
+        Ok(model) => model,
+        Err(bf16_amx::Error::UnsupportedCpu { missing, .. }) => {
+            eprintln!("skipped: this CPU (or its kernel) lacks {missing}");
+            return;
+        }
+        Err(e) => panic!("{e}"),
+    };
+    assert_agreement("bf16 on AMX tiles", |ids| model.session().logits_all(ids).unwrap(), 0.98, 1e-3);
+    let reference = bf16::Model::load(&dir).unwrap();
+    let full = f32m::Model::load(&dir).unwrap();
+    let tokenizer = f32m::Tokenizer::load(&dir).unwrap();
+    for sequence in sequences(&full, &tokenizer) {
+        let got = model.session().logits_all(&sequence).unwrap();
+        let want = reference.session().logits_all(&sequence).unwrap();
+        for (i, (&a, &b)) in got.iter().zip(&want).enumerate() {
+            assert!((a - b).abs() <= 1e-3 * (1.0 + b.abs()), "logit {i}: {a} on AMX tiles, {b} without");
+        }
+    }
 }
 
 #[test]
