@@ -6,11 +6,12 @@
 //! bfloat16 weights (stored as 16 rows of 16 pairs) and adds the 16 × 16 products into a tile of
 //! f32 sums: 8192 multiply-adds per instruction. The products of two bfloat16 are exact in f32
 //! and the sums are f32, but the activations are f32 and must be bfloat16 to enter the tiles.
-//! [`Amx::prepared`] therefore writes each activation as the sum of three bfloat16 (the top 8
-//! bits of its significand, the next 8, the last 8, each cut off by truncation, so that the
-//! three add up to the f32 value exactly), and the tiles multiply all three by the same
-//! weights into the same sums: the result is the f32 product of the interface, up to the order
-//! of the additions (values below about 2⁻¹⁰⁰ aside, which the tiles flush to zero).
+//! [`Amx::prepared`] therefore writes each activation as the sum of three bfloat16 (its value
+//! cut to the top 8 significant bits, then what is left cut the same way, then the rest, which
+//! fits: the three add up to the f32 value exactly), and the tiles multiply all three by the
+//! same weights into the same sums: the result is the f32 product of the interface, up to the
+//! rounding of the f32 additions (values below about 2⁻¹⁰⁰, and subnormal bfloat16 weights,
+//! aside: the tiles read those as zero).
 //!
 //! The weights stay as nn.Linear stores them: a thread packs each block of [`GRANULE`] weight
 //! rows when it reaches it, 32 values of K at a time, into the tiles' layout (row `i` of a B
@@ -59,7 +60,7 @@ const PARTS: usize = 3;
 thread_local! {
     /// The calling thread's activations as bfloat16 terms, tile by tile (see [`split_row`]).
     static SPLIT: RefCell<Vec<u16>> = const { RefCell::new(Vec::new()) };
-    /// The block of weights that a thread is packing or reading: `[k / STEP, 2, TILE]` vectors
+    /// The block of weights that a thread is packing or reading: `[⌈k / STEP⌉, 2, TILE]` vectors
     /// of 16 pairs (each vector one row of a B tile).
     static BLOCK: RefCell<Vec<__m512i>> = const { RefCell::new(Vec::new()) };
 }
@@ -268,7 +269,8 @@ unsafe fn configure() {
 /// `out`, laid out as `[PARTS, row_tiles, steps, 16, 32]`: each A tile's 16 rows of 32 values
 /// one after the other; values past the end of `x` are zeros. Each term is the top 16 bits of
 /// what the previous terms leave (exact in f32), so that the three add up to the value; an
-/// infinite or NaN value is its first term alone.
+/// infinite or NaN value is its first term alone (a NaN made quiet, so that cutting its low
+/// bits cannot turn it into an infinity).
 #[target_feature(enable = "avx512f")]
 fn split_row(x: &[f32], out: &mut [u16], r: usize, row_tiles: usize, steps: usize) {
     let part = row_tiles * steps * TILE * STEP;
@@ -285,6 +287,13 @@ fn split_row(x: &[f32], out: &mut [u16], r: usize, row_tiles: usize, steps: usiz
         // address is never read).
         let v = unsafe { _mm512_maskz_loadu_ps(mask, x.as_ptr().wrapping_add(k0)) };
         let finite = _mm512_cmpneq_epi32_mask(_mm512_and_si512(_mm512_castps_si512(v), exponent), exponent);
+        let nan = _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(v, v);
+        let v = _mm512_castsi512_ps(_mm512_mask_or_epi32(
+            _mm512_castps_si512(v),
+            nan,
+            _mm512_castps_si512(v),
+            _mm512_set1_epi32(0x0040_0000),
+        ));
         let at = first + (half / 2) * TILE * STEP + (half % 2) * TILE;
         let mut rest = v;
         for term in 0..PARTS {

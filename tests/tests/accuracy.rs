@@ -85,7 +85,7 @@ fn bf16_weights_agree_with_f32_on_top1_and_kl() {
 
 /// The AMX tiles compute the interface's f32 product (each activation as three exact bfloat16
 /// terms), so the AMX crate must agree with the f32 crate as the bf16 one does, and with the
-/// bf16 crate's logits up to the order of f32 additions.
+/// bf16 crate's logits up to the rounding of f32 additions.
 #[test]
 fn bf16_on_amx_tiles_agrees_with_f32_and_with_the_avx512_bf16_crate() {
     let Some(dir) = model_dir("stories260k") else { return };

@@ -240,21 +240,28 @@ fn amx_bf16_usable() -> bool {
     if __cpuid(0).eax < 7 || __cpuid_count(7, 0).edx & bits != bits {
         return false;
     }
-    let result: isize;
-    // SAFETY: this system call only changes which register state the kernel lets the process
-    // use; it reads and writes none of the process's memory.
-    unsafe {
-        std::arch::asm!(
-            "syscall",
-            inlateout("rax") 158isize => result,
-            in("rdi") 0x1023usize,
-            in("rsi") 18usize,
-            lateout("rcx") _,
-            lateout("r11") _,
-            options(nostack),
-        )
-    };
-    result == 0
+    #[cfg(target_os = "linux")]
+    {
+        let result: isize;
+        // SAFETY: this Linux system call only changes which register state the kernel lets the
+        // process use; it reads and writes none of the process's memory.
+        unsafe {
+            std::arch::asm!(
+                "syscall",
+                inlateout("rax") 158isize => result,
+                in("rdi") 0x1023usize,
+                in("rsi") 18usize,
+                lateout("rcx") _,
+                lateout("r11") _,
+                options(nostack),
+            )
+        };
+        result == 0
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        false
+    }
 }
 
 /// GFLOP/s of bfloat16 tile products (2 per multiply-add, 16 × 16 × 32 per `tdpbf16ps`) on

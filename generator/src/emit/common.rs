@@ -266,37 +266,44 @@ pub fn needs_amx_fn(features: &[String]) -> bool {
 /// process that asks for them before its first tile instruction).
 pub fn amx_fn() -> TokenStream {
     let safety = [
-        "SAFETY: this system call only changes which register state the kernel lets the",
-        "process use; it reads and writes none of the process's memory.",
+        "SAFETY: this Linux system call only changes which register state the kernel lets",
+        "the process use; it reads and writes none of the process's memory.",
     ]
     .map(crate::rust_source::comment);
     quote! {
         /// Whether the CPU has the AMX feature of CPUID leaf 7's EDX bit `bit`, and the kernel
         /// lets this process use the tiles: Linux hands their 8 KiB of register state only to a
         /// process that asks, `arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)`, before its
-        /// first tile instruction. Asking again is harmless.
+        /// first tile instruction. Asking again is harmless. Elsewhere the tiles are not used.
         fn amx(bit: u32) -> bool {
             use std::arch::x86_64::{__cpuid, __cpuid_count};
             if __cpuid(0).eax < 7 || __cpuid_count(7, 0).edx & (1 << bit) == 0 {
                 return false;
             }
-            const SYS_ARCH_PRCTL: isize = 158;
-            const ARCH_REQ_XCOMP_PERM: usize = 0x1023;
-            const XFEATURE_XTILEDATA: usize = 18;
-            let result: isize;
-            #(#safety)*
-            unsafe {
-                std::arch::asm!(
-                    "syscall",
-                    inlateout("rax") SYS_ARCH_PRCTL => result,
-                    in("rdi") ARCH_REQ_XCOMP_PERM,
-                    in("rsi") XFEATURE_XTILEDATA,
-                    lateout("rcx") _,
-                    lateout("r11") _,
-                    options(nostack),
-                )
-            };
-            result == 0
+            #[cfg(target_os = "linux")]
+            {
+                const SYS_ARCH_PRCTL: isize = 158;
+                const ARCH_REQ_XCOMP_PERM: usize = 0x1023;
+                const XFEATURE_XTILEDATA: usize = 18;
+                let result: isize;
+                #(#safety)*
+                unsafe {
+                    std::arch::asm!(
+                        "syscall",
+                        inlateout("rax") SYS_ARCH_PRCTL => result,
+                        in("rdi") ARCH_REQ_XCOMP_PERM,
+                        in("rsi") XFEATURE_XTILEDATA,
+                        lateout("rcx") _,
+                        lateout("r11") _,
+                        options(nostack),
+                    )
+                };
+                result == 0
+            }
+            #[cfg(not(target_os = "linux"))]
+            {
+                false
+            }
         }
     }
 }
