@@ -40,6 +40,17 @@ pub const X86_64_FEATURES: &[&str] = &[
     "amx-int8",
 ];
 
+/// The CPUID leaf 7 EDX bit of an AMX feature, whose detection macro is unstable; `None` for
+/// any other feature.
+pub fn amx_bit(feature: &str) -> Option<u32> {
+    match feature {
+        "amx-bf16" => Some(22),
+        "amx-tile" => Some(24),
+        "amx-int8" => Some(25),
+        _ => None,
+    }
+}
+
 /// The x86-64 psABI microarchitecture levels, as shorthands for `--cpu-features`.
 pub fn x86_64_level(name: &str) -> Option<Vec<&'static str>> {
     const V2: &[&str] = &["sse3", "ssse3", "sse4.1", "sse4.2", "popcnt"];
@@ -112,10 +123,7 @@ fn host_has(feature: &str) -> bool {
         "avxifma" => has!("avxifma"),
         "avxvnniint8" => has!("avxvnniint8"),
         // The AMX detection macros are unstable; read CPUID leaf 7 directly.
-        "amx-bf16" => cpuid7_edx() & (1 << 22) != 0,
-        "amx-tile" => cpuid7_edx() & (1 << 24) != 0,
-        "amx-int8" => cpuid7_edx() & (1 << 25) != 0,
-        _ => false,
+        amx => amx_bit(amx).is_some_and(|bit| cpuid7_edx() & (1 << bit) != 0),
     }
 }
 

@@ -124,7 +124,8 @@ impl Amx {
         }
         BLOCK.with_borrow_mut(|block| {
             let steps = self.product.k.div_ceil(STEP);
-            block.clear();
+            // `pack` writes every vector of the block before `block` reads it: only growth is
+            // zero-filled.
             block.resize(steps * 2 * TILE, _mm512_setzero_si512());
             // SAFETY: the CPU has AMX and the process may use it (the caller's contract).
             unsafe { configure() };

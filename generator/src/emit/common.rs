@@ -209,7 +209,7 @@ pub fn cpu_rs(plan: &Plan) -> TokenStream {
     let list = features.join(", ");
     let module_doc = format!(" The start-up check: the kernels of this crate were compiled for {list}.");
     let detected = features.iter().map(|f| feature_detected(f));
-    let amx = features.iter().any(|f| amx_bit(f).is_some()).then(amx_fn);
+    let amx = needs_amx_fn(features).then(amx_fn);
     quote! {
         #![doc = #module_doc]
 
@@ -234,20 +234,10 @@ pub fn cpu_rs(plan: &Plan) -> TokenStream {
     }
 }
 
-/// The CPUID leaf 7 EDX bit of an AMX feature; `None` for any other feature.
-fn amx_bit(feature: &str) -> Option<u32> {
-    match feature {
-        "amx-bf16" => Some(22),
-        "amx-tile" => Some(24),
-        "amx-int8" => Some(25),
-        _ => None,
-    }
-}
-
 /// The test of one CPU feature at start-up: `is_x86_feature_detected!`, except for the AMX
 /// features, whose detection macro is unstable: a call of the `amx` function of [`amx_fn`].
 pub fn feature_detected(feature: &str) -> TokenStream {
-    match amx_bit(feature) {
+    match crate::cpu::amx_bit(feature) {
         Some(bit) => {
             let bit = Literal::u32_unsuffixed(bit);
             quote!(amx(#bit))
@@ -258,7 +248,7 @@ pub fn feature_detected(feature: &str) -> TokenStream {
 
 /// Whether any of `features` is an AMX feature, which [`feature_detected`] tests with [`amx_fn`].
 pub fn needs_amx_fn(features: &[String]) -> bool {
-    features.iter().any(|f| amx_bit(f).is_some())
+    features.iter().any(|f| crate::cpu::amx_bit(f).is_some())
 }
 
 /// `fn amx(bit)`: whether the CPU has the AMX feature of CPUID leaf 7's EDX bit `bit` and the
