@@ -245,9 +245,27 @@ fn misplaced_marker(file: &syn::File) -> Option<proc_macro2::LineColumn> {
 pub fn remove_methods(file: &mut syn::File, names: &[&str]) {
     for item in &mut file.items {
         if let syn::Item::Impl(block) = item {
+            let before = block.items.len();
             block
                 .items
                 .retain(|i| !matches!(i, syn::ImplItem::Fn(f) if names.iter().any(|n| f.sig.ident == n)));
+            if block.items.len() == before {
+                continue;
+            }
+            // The blank line that stood beside a removed method must not end up doubled, or
+            // first or last in the block.
+            let blank =
+                |i: &syn::ImplItem| matches!(i, syn::ImplItem::Macro(m) if m.mac.path.is_ident(BLANK));
+            let items = std::mem::take(&mut block.items);
+            for item in items {
+                if blank(&item) && block.items.last().is_none_or(blank) {
+                    continue;
+                }
+                block.items.push(item);
+            }
+            if block.items.last().is_some_and(blank) {
+                block.items.pop();
+            }
         }
     }
 }
@@ -428,6 +446,7 @@ mod tests {
         assert!(out.contains("fn keep(&self)") && out.contains("/// kept"), "{out}");
         assert!(!out.contains("fn drop_me(&self)") && !out.contains("dropped"), "{out}");
         assert!(out.contains("fn drop_me() {}"), "a free function of that name stays: {out}");
+        assert!(!out.contains("{}\n\n}"), "no blank line is left at the end of the block: {out}");
     }
 
     #[test]

@@ -1,6 +1,7 @@
-//! The matrix product of a prefill with bfloat16 weights on AMX tiles (Intel Advanced Matrix
-//! Extensions), for the `matmul_bf16` implementations that use them; a call of fewer than
-//! [`AMX_ROWS`] rows (a decode step) takes the dot tiles of `shared/avx512_matmul.rs` instead.
+//! The matrix product with bfloat16 weights on AMX tiles (Intel Advanced Matrix Extensions), for
+//! the `matmul_bf16` implementations that use them, over weights that [`pack`] rewrote once, at
+//! load, into the tiles' layout; a call of fewer than [`AMX_ROWS`] rows (a decode step) reads
+//! the same packed weights with AVX-512 multiply-adds instead.
 //!
 //! One `tdpbf16ps` multiplies a tile of 16 rows × 32 bfloat16 activations by a tile of 32 × 16
 //! bfloat16 weights (stored as 16 rows of 16 pairs) and adds the 16 × 16 products into a tile of
@@ -13,21 +14,27 @@
 //! rounding of the f32 additions (values below about 2⁻¹⁰⁰, and subnormal bfloat16 weights,
 //! aside: the tiles read those as zero).
 //!
-//! The weights stay as nn.Linear stores them: a thread packs each block of [`GRANULE`] weight
-//! rows when it reaches it, 32 values of K at a time, into the tiles' layout (row `i` of a B
-//! tile holds, for each of the block's 16 weight rows, its values `2i` and `2i + 1`: a 16 × 16
-//! transpose of 32-bit pairs), then passes every 32 rows of activations over the packed block
-//! with 4 tiles of sums (2 × 2 tiles of 16 × 16), 2 tiles of activations and 2 of weights: the
-//! 8 tiles there are.
+//! # The packed layout
+//!
+//! [`pack`] cuts the `[n, k]` weights into blocks of [`GRANULE`] weight rows (zero rows pad the
+//! last), each block into steps of 32 values of K (zeros pad the last), and each step into the
+//! two B tiles of its 16 + 16 weight rows: row `i` of a tile holds, for each of its 16 weight
+//! rows, the values `2i` and `2i + 1` of the step (a 16 × 16 transpose of 32-bit pairs). A block
+//! is one contiguous run of `steps × 2 × 16` vectors of 64 bytes, in the order a pass reads
+//! them. The same vector serves a decode step: its 16 pairs are two values of K for 16 output
+//! columns, which widen to f32 with a shift and a mask and multiply a broadcast activation each,
+//! with no reduction across lanes at the end.
+//!
+//! A prefill passes every 32 rows of activations over each packed block with 4 tiles of sums
+//! (2 × 2 tiles of 16 × 16), 2 tiles of activations and 2 of weights: the 8 tiles there are.
 //!
 //! # Safety
 //!
 //! [`Amx::columns`] may be called only on a CPU with AVX-512F, AVX-512BW, AMX-TILE and
 //! AMX-BF16, in a process that the kernel has granted the tiles' state (the crate's start-up
 //! check asks for it: `arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)` on Linux), from
-//! inside [`Amx::prepared`], on a product whose pointers hold `[rows, k]`, `[n, k]` and
-//! `[rows, n]` values (as [`Product::new`] checks), and never twice at once on overlapping
-//! column ranges of the same `out`.
+//! inside [`Amx::prepared`], never twice at once on overlapping column ranges of the same
+//! `out`, and on column ranges that start at a multiple of [`GRANULE`].
 #![allow(dead_code, clippy::missing_safety_doc)]
 
 use std::arch::asm;
@@ -35,7 +42,6 @@ use std::arch::x86_64::*;
 use std::cell::RefCell;
 use std::ops::Range;
 
-use super::avx512_matmul::Product;
 use super::avx512_transpose::transpose;
 
 /// Rows from which a call runs on the tiles.
@@ -57,20 +63,78 @@ const PASS: usize = 2 * TILE;
 /// The bfloat16 terms that each activation is written as.
 const PARTS: usize = 3;
 
+/// How many steps (of 2 KiB of packed weights each) ahead of the one it reads a pass fetches.
+const AHEAD: usize = 2;
+
+/// Most activation rows that share one pass of the decode path over a block: 4 accumulators
+/// each (2 tiles' columns × the even and the odd values of K), 16 in all.
+const GROUP: usize = 4;
+
+/// The `u16` values of a packed `[n, k]` matrix: whole blocks of whole steps.
+pub const fn packed_len(n: usize, k: usize) -> usize {
+    n.div_ceil(GRANULE) * GRANULE * k.div_ceil(STEP) * STEP
+}
+
+/// The `[n, k]` row-major bfloat16 weights `w` in the packed layout (see the module's docs).
+///
+/// # Safety
+///
+/// Only on a CPU with AVX-512F and AVX-512BW.
+#[target_feature(enable = "avx512f,avx512bw")]
+pub fn pack(w: &[u16], n: usize, k: usize) -> Vec<u16> {
+    assert!(w.len() >= n * k, "pack: w is shorter than {n} rows of {k}");
+    let steps = k.div_ceil(STEP);
+    let mut packed = vec![0u16; packed_len(n, k)];
+    // One vector of 32 values per row of a B tile.
+    for (b, block) in packed.chunks_exact_mut(GRANULE * steps * STEP).enumerate() {
+        for (s, step) in block.chunks_exact_mut(2 * TILE * STEP).enumerate() {
+            let k0 = s * STEP;
+            let len = (k - k0).min(STEP);
+            let mask: __mmask32 = if len == STEP { u32::MAX } else { (1u32 << len) - 1 };
+            for (t, tile) in step.chunks_exact_mut(TILE * STEP).enumerate() {
+                let first = b * GRANULE + t * TILE;
+                let mut rows = [_mm512_setzero_ps(); TILE];
+                for (i, row) in rows.iter_mut().enumerate().take(n.saturating_sub(first)) {
+                    let at = (first + i) * k + k0;
+                    // SAFETY: weight row `first + i` is below `n`, and the mask keeps the load
+                    // to its values `k0..k0 + len`, inside `w`.
+                    *row = _mm512_castsi512_ps(unsafe {
+                        _mm512_maskz_loadu_epi16(mask, w.as_ptr().add(at).cast())
+                    });
+                }
+                for (out, pairs) in tile.chunks_exact_mut(STEP).zip(transpose(rows)) {
+                    // SAFETY: `out` holds the 32 values of one tile row.
+                    unsafe { _mm512_storeu_ps(out.as_mut_ptr().cast(), pairs) };
+                }
+            }
+        }
+    }
+    packed
+}
+
 thread_local! {
     /// The calling thread's activations as bfloat16 terms, tile by tile (see [`split_row`]).
     static SPLIT: RefCell<Vec<u16>> = const { RefCell::new(Vec::new()) };
-    /// The block of weights that a thread is packing or reading: `[⌈k / STEP⌉, 2, TILE]` vectors
-    /// of 16 pairs (each vector one row of a B tile).
-    static BLOCK: RefCell<Vec<__m512i>> = const { RefCell::new(Vec::new()) };
+    /// The calling thread's activations for the decode path, each row padded with zeros to
+    /// whole steps.
+    static PADDED: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
 }
 
-/// A product that runs on the tiles from [`AMX_ROWS`] rows on.
+/// A product over packed weights, ready to share out by columns.
 #[derive(Clone, Copy)]
 pub struct Amx {
-    pub product: Product<u16>,
-    /// The activations as bfloat16 terms (see [`SPLIT`]), or null: the dot tiles' path.
+    out: *mut f32,
+    /// The packed weights.
+    w: *const u16,
+    pub rows: usize,
+    pub n: usize,
+    pub k: usize,
+    /// Steps of [`STEP`] values of K.
+    steps: usize,
+    /// From [`AMX_ROWS`] rows on, the activations as bfloat16 terms (see [`SPLIT`]); else null.
     split: *const u16,
+    /// Below [`AMX_ROWS`] rows, the padded activations (see [`PADDED`]); else null.
+    padded: *const f32,
 }
 
 // SAFETY: pointers to buffers that the caller keeps alive until every thread is done (the
@@ -79,116 +143,190 @@ unsafe impl Send for Amx {}
 unsafe impl Sync for Amx {}
 
 impl Amx {
-    /// Runs `f` on the product, with its activations written as bfloat16 terms into this
-    /// thread's buffer (alive until `f` returns) when it has [`AMX_ROWS`] rows or more, and as
-    /// the dot tiles want them otherwise.
+    /// Runs `f` on the product `out = x · wᵀ` of `rows` rows, for packed `[N, K]` weights `w`,
+    /// with its activations written into this thread's buffer (alive until `f` returns): as
+    /// bfloat16 terms from [`AMX_ROWS`] rows on, padded rows below.
     ///
     /// # Safety
     ///
-    /// Only on a CPU with AVX-512F and AVX-512BW, with `x` holding `[rows, k]` values.
-    pub unsafe fn prepared<T>(product: Product<u16>, f: impl FnOnce(&Amx) -> T) -> T {
-        if product.rows < AMX_ROWS {
-            // SAFETY: the caller's contract.
-            return unsafe {
-                product.prepared::<false, _>(|product| f(&Amx { product: *product, split: std::ptr::null() }))
-            };
+    /// Only on a CPU with AVX-512F.
+    pub unsafe fn prepared<const N: usize, const K: usize, T>(
+        out: &mut [f32],
+        x: &[f32],
+        w: &[u16],
+        rows: usize,
+        f: impl FnOnce(&Amx) -> T,
+    ) -> T {
+        assert!(x.len() >= rows * K, "matmul_bf16: x is shorter than {rows} rows of {K}");
+        assert!(w.len() == packed_len(N, K), "matmul_bf16: w is not {N} × {K} weights packed by `pack`");
+        assert!(out.len() >= rows * N, "matmul_bf16: out is shorter than {rows} rows of {N}");
+        let steps = K.div_ceil(STEP);
+        let mut amx = Amx {
+            out: out.as_mut_ptr(),
+            w: w.as_ptr(),
+            rows,
+            n: N,
+            k: K,
+            steps,
+            split: std::ptr::null(),
+            padded: std::ptr::null(),
+        };
+        if rows < AMX_ROWS {
+            return PADDED.with_borrow_mut(|padded| {
+                padded.clear();
+                padded.resize(rows * steps * STEP, 0.0);
+                for (to, from) in padded.chunks_exact_mut(steps * STEP).zip(x.chunks_exact(K.max(1))) {
+                    to[..K].copy_from_slice(from);
+                }
+                amx.padded = padded.as_ptr();
+                f(&amx)
+            });
         }
         SPLIT.with_borrow_mut(|split| {
-            let (row_tiles, steps) = (product.rows.div_ceil(PASS) * 2, product.k.div_ceil(STEP));
+            let row_tiles = rows.div_ceil(PASS) * 2;
             // `split_row` writes every value, the padding as zeros: no need to clear it first.
             split.resize(PARTS * row_tiles * steps * TILE * STEP, 0);
             for r in 0..row_tiles * TILE {
-                let x = if r < product.rows {
-                    // SAFETY: row `r` of x holds `product.k` values (the caller's contract).
-                    unsafe { std::slice::from_raw_parts(product.x.add(r * product.k), product.k) }
-                } else {
-                    &[]
-                };
+                let x = if r < rows { &x[r * K..(r + 1) * K] } else { &[] };
                 // SAFETY: the CPU has AVX-512F (the caller's contract).
                 unsafe { split_row(x, split, r, row_tiles, steps) };
             }
-            f(&Amx { product, split: split.as_ptr() })
+            amx.split = split.as_ptr();
+            f(&amx)
         })
     }
 
     /// Computes the columns `cols` (weight rows) of every row of `out`, and no other.
     #[target_feature(enable = "avx512f")]
     pub unsafe fn columns(&self, cols: Range<usize>) {
-        if self.split.is_null() {
-            // SAFETY: the caller's contract; `prepared` readied the dot tiles' activations.
-            unsafe { self.product.columns(cols) };
-            return;
-        }
         if cols.is_empty() {
             return;
         }
-        BLOCK.with_borrow_mut(|block| {
-            let steps = self.product.k.div_ceil(STEP);
-            // `pack` writes every vector of the block before `block` reads it: only growth is
-            // zero-filled.
-            block.resize(steps * 2 * TILE, _mm512_setzero_si512());
-            // SAFETY: the CPU has AMX and the process may use it (the caller's contract).
-            unsafe { configure() };
-            let mut j = cols.start;
-            while j < cols.end {
+        debug_assert!(cols.start.is_multiple_of(GRANULE));
+        if self.split.is_null() {
+            for j in cols.clone().step_by(GRANULE) {
                 let width = (cols.end - j).min(GRANULE);
-                // SAFETY: columns `j..j + width` are in range (the caller's contract), the
-                // block holds `steps` steps of two B tiles, and the tiles are configured.
-                unsafe {
-                    self.pack(block, j, width);
-                    self.block(block, j, width);
+                for r in (0..self.rows).step_by(GROUP) {
+                    // SAFETY: the caller's contract; block `j / GRANULE` is packed and rows
+                    // `r..` are in range.
+                    unsafe {
+                        match self.rows - r {
+                            1 => self.dot::<1>(j, width, r),
+                            2 => self.dot::<2>(j, width, r),
+                            3 => self.dot::<3>(j, width, r),
+                            _ => self.dot::<GROUP>(j, width, r),
+                        }
+                    }
                 }
-                j += width;
             }
-            // SAFETY: as above; the tiles' state goes back to the kernel's initial one.
-            unsafe { asm!("tilerelease", options(nostack)) };
-        });
+            return;
+        }
+        // SAFETY: the CPU has AMX and the process may use it (the caller's contract).
+        unsafe { configure() };
+        for j in cols.clone().step_by(GRANULE) {
+            // SAFETY: columns `j..` are in range (the caller's contract), and the tiles are
+            // configured.
+            unsafe { self.block(j, (cols.end - j).min(GRANULE)) };
+        }
+        // SAFETY: as above; the tiles' state goes back to the kernel's initial one.
+        unsafe { asm!("tilerelease", options(nostack)) };
     }
 
-    /// Packs weight rows `j..j + width` into `block`: for each step of 32 values of K and each
-    /// of the two tiles, 16 vectors of 16 pairs, weight rows past `width` and values past `k`
-    /// zero.
-    #[target_feature(enable = "avx512f,avx512bw")]
-    unsafe fn pack(&self, block: &mut [__m512i], j: usize, width: usize) {
-        let (k, w) = (self.product.k, self.product.w);
-        for (s, step) in block.chunks_exact_mut(2 * TILE).enumerate() {
-            let k0 = s * STEP;
-            let len = (k - k0).min(STEP);
-            let mask: __mmask32 = if len == STEP { u32::MAX } else { (1u32 << len) - 1 };
-            for (t, tile) in step.chunks_exact_mut(TILE).enumerate() {
-                let mut rows = [_mm512_setzero_ps(); TILE];
-                let first = j + t * TILE;
-                for (i, row) in rows.iter_mut().enumerate().take(width.saturating_sub(t * TILE)) {
-                    // SAFETY: weight row `first + i` is below `j + width`, in range, and the
-                    // mask keeps the load to its values `k0..k0 + len`.
-                    *row = _mm512_castsi512_ps(unsafe {
-                        _mm512_maskz_loadu_epi16(mask, w.add((first + i) * k + k0).cast())
-                    });
+    /// The packed block of weight rows `j..j + GRANULE`.
+    fn block_ptr(&self, j: usize) -> *const u16 {
+        self.w.wrapping_add(j / GRANULE * GRANULE * self.steps * STEP)
+    }
+
+    /// Columns `j..j + width` of rows `r..r + R`, from the packed block, on AVX-512: each tile
+    /// row's 16 pairs widen to two vectors of f32 (the values `2i` and `2i + 1` of the step),
+    /// each multiplied by that value of every row, broadcast.
+    #[target_feature(enable = "avx512f")]
+    unsafe fn dot<const R: usize>(&self, j: usize, width: usize, r: usize) {
+        let block = self.block_ptr(j);
+        let row_len = self.steps * STEP;
+        // acc[row][tile][parity]
+        let mut acc = [[[_mm512_setzero_ps(); 2]; 2]; R];
+        let high = _mm512_set1_epi32(0xffff_0000u32 as i32);
+        for s in 0..self.steps {
+            let ahead = block.wrapping_add((s + AHEAD) * 2 * TILE * STEP);
+            for i in 0..TILE {
+                // The hardware's prefetchers fall behind one stream: fetch the step `AHEAD`
+                // steps on (past the block, the next one, which follows it in memory).
+                _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(i * STEP).cast());
+                _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add((TILE + i) * STEP).cast());
+                // SAFETY (loads): the block holds `steps` steps of two tiles of 16 rows of 32
+                // values; each activation row `steps × 32` values.
+                let (lo, hi) = unsafe {
+                    let v0 = _mm512_loadu_si512(block.add(((s * 2) * TILE + i) * STEP).cast());
+                    let v1 = _mm512_loadu_si512(block.add(((s * 2 + 1) * TILE + i) * STEP).cast());
+                    (
+                        [
+                            _mm512_castsi512_ps(_mm512_slli_epi32::<16>(v0)),
+                            _mm512_castsi512_ps(_mm512_slli_epi32::<16>(v1)),
+                        ],
+                        [
+                            _mm512_castsi512_ps(_mm512_and_si512(v0, high)),
+                            _mm512_castsi512_ps(_mm512_and_si512(v1, high)),
+                        ],
+                    )
+                };
+                for (row, acc) in acc.iter_mut().enumerate() {
+                    let x = unsafe { self.padded.add((r + row) * row_len + s * STEP + 2 * i) };
+                    // SAFETY: as above.
+                    let (even, odd) = unsafe { (_mm512_set1_ps(*x), _mm512_set1_ps(*x.add(1))) };
+                    for t in 0..2 {
+                        acc[t][0] = _mm512_fmadd_ps(lo[t], even, acc[t][0]);
+                        acc[t][1] = _mm512_fmadd_ps(hi[t], odd, acc[t][1]);
+                    }
                 }
-                for (out, pairs) in tile.iter_mut().zip(transpose(rows)) {
-                    *out = _mm512_castps_si512(pairs);
+            }
+        }
+        for (row, acc) in acc.iter().enumerate() {
+            for (t, acc) in acc.iter().enumerate() {
+                let valid = width.saturating_sub(t * TILE).min(TILE);
+                if valid == 0 {
+                    continue;
                 }
+                let mask: __mmask16 = if valid == TILE { u16::MAX } else { (1u16 << valid) - 1 };
+                // SAFETY: row `r + row` is below `rows`, and the columns `j + 16·t..` up to
+                // `valid` are in range and in this thread's columns.
+                unsafe {
+                    _mm512_mask_storeu_ps(
+                        self.out.add((r + row) * self.n + j + t * TILE),
+                        mask,
+                        _mm512_add_ps(acc[0], acc[1]),
+                    )
+                };
             }
         }
     }
 
-    /// Columns `j..j + width` of every row, from the packed block: 32 rows at a time, each
-    /// step loading the block's two B tiles and, per bfloat16 term, two A tiles, into four
-    /// tiles of sums.
+    /// Columns `j..j + width` of every row, from the packed block, on the tiles: 32 rows at a
+    /// time, each step loading the block's two B tiles and, per bfloat16 term, two A tiles,
+    /// into four tiles of sums.
     #[target_feature(enable = "avx512f")]
-    unsafe fn block(&self, block: &[__m512i], j: usize, width: usize) {
-        let p = &self.product;
-        let steps = p.k.div_ceil(STEP);
-        let part = p.rows.div_ceil(PASS) * 2 * steps * TILE * STEP;
+    unsafe fn block(&self, j: usize, width: usize) {
+        let steps = self.steps;
+        let block = self.block_ptr(j);
+        let part = self.rows.div_ceil(PASS) * 2 * steps * TILE * STEP;
         let mut sums = [[0.0f32; TILE * TILE]; 4];
-        for r in (0..p.rows).step_by(PASS) {
+        for r in (0..self.rows).step_by(PASS) {
             // SAFETY (every tile instruction below): the tiles are configured as 16 rows of
-            // 64 bytes; each B tile is 16 vectors of the block, and each A tile 16 rows of 64
-            // bytes, one after the other, inside the terms' buffer.
+            // 64 bytes; each B tile is 16 rows of the packed block, and each A tile 16 rows of
+            // 64 bytes, one after the other, inside the terms' buffer.
             unsafe {
                 asm!("tilezero tmm0", "tilezero tmm1", "tilezero tmm2", "tilezero tmm3", options(nostack));
-                for (s, step) in block.chunks_exact(2 * TILE).enumerate() {
-                    let (b0, b1) = (step.as_ptr(), step[TILE..].as_ptr());
+                for s in 0..steps {
+                    let b0 = block.add(s * 2 * TILE * STEP);
+                    let b1 = b0.add(TILE * STEP);
+                    if r == 0 {
+                        // The first pass reads the block from memory: fetch the step `AHEAD`
+                        // steps on (past the block, the next one, which follows it in memory).
+                        let ahead = b0.wrapping_add(AHEAD * 2 * TILE * STEP);
+                        for line in 0..2 * TILE {
+                            _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(line * STEP).cast());
+                        }
+                    }
                     asm!(
                         "tileloadd tmm6, [{b0} + {s64}*1]",
                         "tileloadd tmm7, [{b1} + {s64}*1]",
@@ -230,26 +368,26 @@ impl Amx {
             // Tile 2·h + t holds rows r + 16·h.., columns j + 16·t.. .
             for (index, tile) in sums.iter().enumerate() {
                 let (h, t) = (index / 2, index % 2);
-                let col = j + t * TILE;
-                let valid = (j + width).saturating_sub(col).min(TILE);
+                let valid = width.saturating_sub(t * TILE).min(TILE);
                 if valid == 0 {
                     continue;
                 }
                 let mask: __mmask16 = if valid == TILE { u16::MAX } else { (1u16 << valid) - 1 };
-                for (i, row) in tile.chunks_exact(TILE).enumerate().take(p.rows.saturating_sub(r + h * TILE))
+                let col = j + t * TILE;
+                for (i, row) in
+                    tile.chunks_exact(TILE).enumerate().take(self.rows.saturating_sub(r + h * TILE))
                 {
                     // SAFETY: row `r + 16·h + i` is below `rows`, and the columns
                     // `col..col + valid` are in range and in this thread's columns.
                     unsafe {
                         let v = _mm512_loadu_ps(row.as_ptr());
-                        _mm512_mask_storeu_ps(p.out.add((r + h * TILE + i) * p.n + col), mask, v);
+                        _mm512_mask_storeu_ps(self.out.add((r + h * TILE + i) * self.n + col), mask, v);
                     }
                 }
             }
         }
     }
 }
-
 /// Loads the tile configuration: palette 1, the 8 tiles each 16 rows of 64 bytes.
 ///
 /// # Safety

@@ -49,7 +49,24 @@ impl TensorFile {
         } else {
             widened(dtype, bytes).map(to_bf16).collect()
         };
-        Ok(Bf16Tensor { ptr: copy.as_ptr(), len: copy.len(), _copy: Some(copy) })
+        Ok(Bf16Tensor::copy(copy))
+    }
+
+    /// The `[rows, cols]` matrix `name`, as [`TensorFile::bf16`] reads it, rewritten into a copy
+    /// in the layout of the matmul kernel, which reads its weights packed (its `pack`).
+    pub fn bf16_packed(&mut self, name: &str, shape: &[usize]) -> Result<Bf16Tensor, Error> {
+        let matrix = self.bf16(name, shape)?;
+        let [rows, cols] = shape else {
+            unreachable!("a matrix has two dimensions, as the generated loader asks for")
+        };
+        Ok(Bf16Tensor::copy(crate::kernels::matmul_bf16::pack(&matrix, *rows, *cols).into_boxed_slice()))
+    }
+}
+
+impl Bf16Tensor {
+    /// A tensor that owns its values.
+    fn copy(values: Box<[u16]>) -> Bf16Tensor {
+        Bf16Tensor { ptr: values.as_ptr(), len: values.len(), _copy: Some(values) }
     }
 }
 

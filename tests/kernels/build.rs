@@ -253,30 +253,36 @@ fn kernels_module(implementations: &[Implementation], shared_modules: &BTreeMap<
     out.push_str("}\n\n");
     // The weights of every matmul in the layout its kernel reads, as a generated crate loads
     // them: packed by the kernel's `pack`, or as they are.
-    out.push_str("/// `[n, k]` row-major weights in the layout each `matmul` implementation reads.\n");
-    out.push_str("pub mod matmul_weights {\n");
-    for imp in implementations.iter().filter(|i| i.interface == "matmul") {
-        if let Some(cfg) = imp.arch_cfg() {
-            writeln!(out, "    {cfg}").unwrap();
+    for (interface, element) in [("matmul", "f32"), ("matmul_bf16", "u16")] {
+        writeln!(
+            out,
+            "/// `[n, k]` row-major weights in the layout each `{interface}` implementation reads."
+        )
+        .unwrap();
+        writeln!(out, "pub mod {interface}_weights {{").unwrap();
+        for imp in implementations.iter().filter(|i| i.interface == interface) {
+            if let Some(cfg) = imp.arch_cfg() {
+                writeln!(out, "    {cfg}").unwrap();
+            }
+            out.push_str("    #[allow(non_snake_case)]\n");
+            if imp.packs_weights {
+                writeln!(
+                    out,
+                    "    pub fn {}(w: &[{element}], n: usize, k: usize) -> Vec<{element}> {{ super::kernels::{}::pack(w, n, k) }}",
+                    imp.module, imp.module
+                )
+                .unwrap();
+            } else {
+                writeln!(
+                    out,
+                    "    pub fn {}(w: &[{element}], _n: usize, _k: usize) -> Vec<{element}> {{ w.to_vec() }}",
+                    imp.module
+                )
+                .unwrap();
+            }
         }
-        out.push_str("    #[allow(non_snake_case)]\n");
-        if imp.packs_weights {
-            writeln!(
-                out,
-                "    pub fn {}(w: &[f32], n: usize, k: usize) -> Vec<f32> {{ super::kernels::{}::pack(w, n, k) }}",
-                imp.module, imp.module
-            )
-            .unwrap();
-        } else {
-            writeln!(
-                out,
-                "    pub fn {}(w: &[f32], _n: usize, _k: usize) -> Vec<f32> {{ w.to_vec() }}",
-                imp.module
-            )
-            .unwrap();
-        }
+        out.push_str("}\n");
     }
-    out.push_str("}\n");
     out
 }
 

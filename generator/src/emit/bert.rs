@@ -42,10 +42,12 @@ pub fn rust_files(
         "src/tokenizer.rs".to_string(),
         rust_source::print(&templates.runtime("bert/tokenizer.rs", &krate)?),
     ));
-    if let Some(file) = Matrices::of(plan).runtime_file() {
+    let matrices = Matrices::of(plan);
+    if let Some(file) = matrices.runtime_file() {
         // The word embeddings stay f32: no embedding row is ever dequantized.
         let mut source = templates.runtime(file, &krate)?;
         rust_source::remove_methods(&mut source, &["dequantize_row"]);
+        rust_source::remove_methods(&mut source, matrices.unused_methods());
         files.push((format!("src/{file}"), rust_source::print(&source)));
     }
     files.extend(common::kernel_files(plan, registry)?);
@@ -493,6 +495,9 @@ fn weights_rs(plan: &Plan) -> TokenStream {
         }
         Matrices::Bf16 => {
             ", except the linear layers' weights the file does not hold as BF16 (converted to bfloat16 copies), and tensors it does not hold as F32 or misaligns (copied)."
+        }
+        Matrices::Bf16Packed => {
+            ", except the linear layers' weights, converted to bfloat16 if the file does not hold them as BF16 and packed at load into copies in the layout of the matmul kernel (bf16_tensor.rs), and tensors it does not hold as F32 or misaligns (copied)."
         }
         Matrices::Q8 => {
             ", except the linear layers' weights, quantized at load to blockwise int8 copies (q8_tensor.rs), and tensors it does not hold as F32 or misaligns (copied)."

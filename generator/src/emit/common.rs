@@ -21,6 +21,9 @@ pub enum Matrices {
     Packed,
     /// bfloat16 slices (bf16_tensor.rs); `matmul_bf16`.
     Bf16,
+    /// bfloat16 copies rewritten at load by the chosen `matmul_bf16`'s `pack`
+    /// (bf16_tensor.rs's `bf16_packed`); `matmul_bf16`.
+    Bf16Packed,
     /// Blockwise int8 values and scales (q8_tensor.rs); `matmul_q8`.
     Q8,
 }
@@ -28,6 +31,7 @@ pub enum Matrices {
 impl Matrices {
     pub fn of(plan: &Plan) -> Matrices {
         match plan.workload.weights.dtype {
+            Dtype::Bf16 if crate::plan::matmul_packs_weights(&plan.interfaces) => Matrices::Bf16Packed,
             Dtype::Bf16 => Matrices::Bf16,
             Dtype::Int8 => Matrices::Q8,
             Dtype::F32 | Dtype::F16 if crate::plan::matmul_packs_weights(&plan.interfaces) => {
@@ -43,8 +47,22 @@ impl Matrices {
         match self {
             Matrices::F32 => None,
             Matrices::Packed => Some("packed.rs"),
-            Matrices::Bf16 => Some("bf16_tensor.rs"),
+            Matrices::Bf16 | Matrices::Bf16Packed => Some("bf16_tensor.rs"),
             Matrices::Q8 => Some("q8_tensor.rs"),
+        }
+    }
+
+    /// Whether the matrices are copies in the layout of the matmul kernel, rewritten at load by
+    /// its `pack`.
+    pub fn packed(self) -> bool {
+        matches!(self, Matrices::Packed | Matrices::Bf16Packed)
+    }
+
+    /// That runtime file's methods that this crate never calls, which the emitter leaves out.
+    pub fn unused_methods(self) -> &'static [&'static str] {
+        match self {
+            Matrices::Bf16 => &["bf16_packed"],
+            _ => &[],
         }
     }
 
@@ -59,7 +77,7 @@ impl Matrices {
             )
         });
         match self {
-            Matrices::Bf16 => (module, None),
+            Matrices::Bf16 | Matrices::Bf16Packed => (module, None),
             Matrices::Q8 | Matrices::Packed => (None, module),
             Matrices::F32 => (None, None),
         }
@@ -72,6 +90,13 @@ impl Matrices {
             Matrices::Bf16 => (
                 quote!(Bf16Tensor),
                 format_ident!("bf16"),
+                quote!(
+                    use crate::bf16_tensor::Bf16Tensor;
+                ),
+            ),
+            Matrices::Bf16Packed => (
+                quote!(Bf16Tensor),
+                format_ident!("bf16_packed"),
                 quote!(
                     use crate::bf16_tensor::Bf16Tensor;
                 ),
@@ -94,7 +119,7 @@ impl Matrices {
             Matrices::F32 | Matrices::Packed => quote!(
                 use crate::kernels::matmul::matmul;
             ),
-            Matrices::Bf16 => quote!(
+            Matrices::Bf16 | Matrices::Bf16Packed => quote!(
                 use crate::kernels::matmul_bf16::matmul_bf16;
             ),
             Matrices::Q8 => quote!(
@@ -116,7 +141,7 @@ impl Matrices {
         let (n, k) = (format_ident!("{n}"), format_ident!("{k}"));
         match self {
             Matrices::F32 | Matrices::Packed => quote!(matmul::<#n, #k>(#out, #x, &#w, #rows);),
-            Matrices::Bf16 => quote!(matmul_bf16::<#n, #k>(#out, #x, &#w, #rows);),
+            Matrices::Bf16 | Matrices::Bf16Packed => quote!(matmul_bf16::<#n, #k>(#out, #x, &#w, #rows);),
             Matrices::Q8 => quote!(matmul_q8::<#n, #k>(#out, #x, #w.values(), #w.scales(), #rows);),
         }
     }

@@ -314,19 +314,35 @@ fn trait_impl(imp: &Implementation) -> TokenStream {
                 }
             }
         }
-        "matmul_bf16" => quote! {
+        "matmul_bf16" => {
+            let weights = if imp.packs_weights {
+                quote! {
+                    /// Rounded to the nearest bfloat16, as the crate converts an F32 file, then
+                    /// packed by the kernel, as the crate packs them at load.
+                    fn weights(w: &[f32], n: usize, k: usize) -> Vec<u16> {
+                        let bits: Vec<u16> = w.iter().map(|&v| harness::bf16_bits(v)).collect();
+                        kernels::#m::pack(&bits, n, k)
+                    }
+                }
+            } else {
+                quote! {
+                    /// Rounded to the nearest bfloat16, as the crate converts an F32 file.
+                    fn weights(w: &[f32], _n: usize, _k: usize) -> Vec<u16> {
+                        w.iter().map(|&v| harness::bf16_bits(v)).collect()
+                    }
+                }
+            };
+            quote! {
             impl harness::Matmul for #ty {
                 type Weights = Vec<u16>;
-                /// Rounded to the nearest bfloat16, as the crate converts an F32 file.
-                fn weights(w: &[f32], _n: usize, _k: usize) -> Vec<u16> {
-                    w.iter().map(|&v| harness::bf16_bits(v)).collect()
-                }
+                #weights
                 #[inline]
                 fn matmul<const N: usize, const K: usize>(out: &mut [f32], x: &[f32], w: &Vec<u16>, rows: usize) {
                     kernels::#m::matmul_bf16::<N, K>(out, x, w, rows)
                 }
             }
-        },
+            }
+        }
         "matmul_q8" => quote! {
             impl harness::Matmul for #ty {
                 /// The values and the scale of each block of 32 of a row.

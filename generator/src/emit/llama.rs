@@ -46,8 +46,11 @@ pub fn rust_files(
     }
     let c = plan.llama();
     let resident = c.resident_weights.then_some("resident.rs");
-    for file in Matrices::of(plan).runtime_file().into_iter().chain(resident) {
-        files.push((format!("src/{file}"), rust_source::print(&templates.runtime(file, &krate)?)));
+    let matrices = Matrices::of(plan);
+    for file in matrices.runtime_file().into_iter().chain(resident) {
+        let mut source = templates.runtime(file, &krate)?;
+        rust_source::remove_methods(&mut source, matrices.unused_methods());
+        files.push((format!("src/{file}"), rust_source::print(&source)));
     }
     files.extend(common::kernel_files(plan, registry)?);
     Ok(files)
@@ -193,7 +196,7 @@ fn model_rs(plan: &Plan) -> TokenStream {
     // (bfloat16) or dequantize (int8) into the residual stream.
     let matmul_use = matrices.matmul_use();
     let (embed_row, widen_fn) = match matrices {
-        Matrices::Bf16 => (
+        Matrices::Bf16 | Matrices::Bf16Packed => (
             quote!(widen(&mut x[row * DIM..(row + 1) * DIM], &w.embed_tokens[token * DIM..(token + 1) * DIM]);),
             quote! {
                 /// Widens bfloat16 values to f32 (a bfloat16 is the high half of an f32).
@@ -233,7 +236,7 @@ fn model_rs(plan: &Plan) -> TokenStream {
         " In the shape comments, T is the number of positions run at once: 1 for a decode step,".to_string(),
         " up to PREFILL_CHUNK for prefill.".to_string(),
     ];
-    let (classifier, classifier_comment) = if c.tie_word_embeddings && matrices == Matrices::Packed {
+    let (classifier, classifier_comment) = if c.tie_word_embeddings && matrices.packed() {
         (
             quote!(w.classifier),
             comment(
@@ -599,6 +602,7 @@ fn weights_rs(plan: &Plan) -> TokenStream {
     // and a tied classifier gets a packed copy of them.
     let (embed_matrix, load_embed) = match matrices {
         Matrices::Packed => (quote!(Tensor), format_ident!("f32")),
+        Matrices::Bf16Packed => (matrix.clone(), format_ident!("bf16")),
         _ => (matrix.clone(), load_matrix.clone()),
     };
     let name = &plan.workload.name;
@@ -620,12 +624,15 @@ fn weights_rs(plan: &Plan) -> TokenStream {
         Matrices::Packed => {
             " except the matrices, packed at load into copies in the layout of the matmul kernel (packed.rs), and a tensor the file misaligns or holds as BF16 or F16, which is copied (widened to f32)."
         }
+        Matrices::Bf16Packed => {
+            " except the matrices, converted to bfloat16 if the file does not hold them as BF16 and packed at load into copies in the layout of the matmul kernel (bf16_tensor.rs), the embedding rows if the file does not hold them as BF16 (converted to a bfloat16 copy), and norms or biases it does not hold as F32 (widened to f32 copies)."
+        }
     };
     let module_doc = [
         format!(" The weights of `{name}`, checked against the baked shapes as they load. Each tensor"),
         format!("{source}{copies}"),
     ];
-    let embed_doc = if c.tie_word_embeddings && matrices == Matrices::Packed {
+    let embed_doc = if c.tie_word_embeddings && matrices.packed() {
         doc(
             "`model.embed_tokens.weight`: [VOCAB_SIZE, DIM]; the classifier too (tied embeddings), packed apart.",
         )
@@ -634,8 +641,7 @@ fn weights_rs(plan: &Plan) -> TokenStream {
     } else {
         doc("`model.embed_tokens.weight`: [VOCAB_SIZE, DIM]")
     };
-    let (lm_head_field, lm_head_load, lm_head_init) = if c.tie_word_embeddings && matrices == Matrices::Packed
-    {
+    let (lm_head_field, lm_head_load, lm_head_init) = if c.tie_word_embeddings && matrices.packed() {
         (
             quote! {
                 /// `model.embed_tokens.weight` packed for the matmul kernel: the classifier.

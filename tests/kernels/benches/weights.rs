@@ -44,6 +44,20 @@ fn main() {
         })
         .collect();
     let f32 = f32_layers;
+    // The AMX tiles only where this CPU has them (and the kernel grants them), on weights
+    // packed by the kernel's `pack`.
+    let amx = monogen_kernel_tests::cpu_has!("avx512f", "avx512bw", "amx-tile", "amx-bf16");
+    let amx_packed: Vec<[Vec<u16>; 7]> = if amx {
+        bf16.iter()
+            .map(|l| {
+                std::array::from_fn(|i| {
+                    kernels::matmul_bf16__amx_threads::pack(&l[i], SHAPES[i].0, SHAPES[i].1)
+                })
+            })
+            .collect()
+    } else {
+        Vec::new()
+    };
     let params: usize = SHAPES.iter().map(|(n, k)| n * k).sum::<usize>() * layers;
     let q8_bytes = params + params / 32 * 4;
     // Each implementation: its name, the bytes its weights hold, and one pass over every
@@ -59,9 +73,8 @@ fn main() {
         ("int8 (matmul_q8/avx512-vnni-repack-threads)", q8_bytes, over(&int8, q8_repack)),
         ("int8 (matmul_q8/avx512-vnni, 1 thread)", q8_bytes, over(&int8, q8_one)),
     ];
-    // The AMX tiles only where this CPU has them (and the kernel grants them).
-    if monogen_kernel_tests::cpu_has!("avx512f", "avx512bw", "amx-tile", "amx-bf16") {
-        runs.insert(6, ("bf16 (matmul_bf16/amx-threads)", params * 2, over(&bf16, bf16_amx)));
+    if amx {
+        runs.insert(6, ("bf16 (matmul_bf16/amx-threads)", params * 2, over(&amx_packed, bf16_amx)));
     } else {
         println!("(no AMX-BF16 on this CPU: matmul_bf16/amx-threads not measured)");
     }

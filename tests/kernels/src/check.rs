@@ -152,26 +152,29 @@ macro_rules! conform_matmul {
 }
 
 /// Checks a bf16 matmul at one shape against the reference and against f64 sums of the
-/// widened weights, for several row counts.
+/// widened weights, for several row counts, with the weights in the layout the candidate reads
+/// (`layout`: its `pack`, or a copy).
 pub fn matmul_bf16<const N: usize, const K: usize>(
     candidate: impl Fn(&mut [f32], &[f32], &[u16], usize),
+    layout: impl Fn(&[u16]) -> Vec<u16>,
     reference: impl Fn(&mut [f32], &[f32], &[u16], usize),
 ) {
     let mut rng = Rng::for_shape(&[N, K, 16]);
     let tolerance = TOLERANCE * (K as f32 / 64.0).max(1.0);
     let w: Vec<u16> = rng.vec(N * K, 1.0).iter().map(|v| (v.to_bits() >> 16) as u16).collect();
     let widened: Vec<f32> = w.iter().map(|&b| f32::from_bits(u32::from(b) << 16)).collect();
-    for rows in [1, 2, 7, 9, 32, 100] {
+    let laid_out = layout(&w);
+    for rows in [1, 2, 5, 7, 9, 32, 100] {
         let x = rng.vec(rows * K, 1.0);
         let what = format!("matmul_bf16 N={N} K={K} rows={rows}");
-        let got = output_of(rows * N, |out| candidate(out, &x, &w, rows));
+        let got = output_of(rows * N, |out| candidate(out, &x, &laid_out, rows));
         let want = output_of(rows * N, |out| reference(out, &x, &w, rows));
         assert_close(&format!("{what}, against the reference"), &got, &want, tolerance);
         let exact: Vec<f32> =
             (0..rows * N).map(|i| dot_f64(&x[i / N * K..][..K], &widened[i % N * K..][..K]) as f32).collect();
         assert_close(&format!("{what}, against f64"), &got, &exact, tolerance);
     }
-    candidate(&mut [], &[], &w, 0);
+    candidate(&mut [], &[], &laid_out, 0);
 }
 
 #[macro_export]
@@ -185,6 +188,7 @@ macro_rules! conform_matmul_bf16 {
         $(
             $crate::check::matmul_bf16::<$n, $k>(
                 $crate::kernels::$candidate::matmul_bf16::<$n, $k>,
+                |w| $crate::matmul_bf16_weights::$candidate(w, $n, $k),
                 $crate::kernels::$reference::matmul_bf16::<$n, $k>,
             );
         )*
