@@ -430,7 +430,7 @@ pub fn workload_from_config(path: &Path, text: &str, opts: &InitOptions) -> Resu
             rope_scaling,
             sliding_window,
         }),
-        weights: Weights { dtype: opts.dtype },
+        weights: Weights::of(opts.dtype),
         kv_cache: KvCache { dtype: opts.kv_cache },
         target: Target {
             device: Device::Cpu,

@@ -155,7 +155,7 @@ pub fn workload(
             pooling,
             normalize,
         }),
-        weights: Weights { dtype: opts.dtype },
+        weights: Weights::of(opts.dtype),
         kv_cache: KvCache::default(),
         target: Target {
             device: Device::Cpu,

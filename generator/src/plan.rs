@@ -97,12 +97,13 @@ pub struct InterfacePlan {
     pub unmeasured: Vec<String>,
 }
 
-/// Whether the chosen matmul (`matmul` or `matmul_bf16`, whichever the weights' dtype takes)
-/// reads weights that its `pack` rewrote at load.
+/// Whether the chosen matmul (`matmul`, `matmul_bf16` or `matmul_bf16_bf16`, whichever the
+/// workload's weights take) reads weights that its `pack` rewrote at load.
 pub fn matmul_packs_weights(interfaces: &[InterfacePlan]) -> bool {
-    interfaces
-        .iter()
-        .any(|i| matches!(i.interface.as_str(), "matmul" | "matmul_bf16") && i.chosen.packs_weights)
+    interfaces.iter().any(|i| {
+        matches!(i.interface.as_str(), "matmul" | "matmul_bf16" | "matmul_bf16_bf16")
+            && i.chosen.packs_weights
+    })
 }
 
 /// The implementation picked for an interface.

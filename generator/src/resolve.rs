@@ -17,19 +17,25 @@ use crate::plan::{
 };
 use crate::rankings::{self, Distribution, Evidence, Rankings};
 use crate::registry::{Implementation, Registry, sha256_hex};
-use crate::workload::{Dtype, KvDtype, Model, Pooling, Workload};
+use crate::workload::{Activations, Dtype, KvDtype, Model, Pooling, Weights, Workload};
+
+/// The interface of the linear layers' products. A workload holding its matrices in bfloat16 or
+/// int8 runs them through matmul_bf16 (matmul_bf16_bf16 when it rounds their activations to
+/// bfloat16 too) or matmul_q8; every other interface computes on f32 activations either way.
+pub fn matmul_interface(weights: &Weights) -> &'static str {
+    match (weights.dtype, weights.activations) {
+        (Dtype::Bf16, Activations::Bf16) => "matmul_bf16_bf16",
+        (Dtype::Bf16, Activations::F32) => "matmul_bf16",
+        (Dtype::Int8, _) => "matmul_q8",
+        (Dtype::F32 | Dtype::F16, _) => "matmul",
+    }
+}
 
 /// The interfaces a workload's forward pass calls, in the order it calls them. Options the
 /// workload does not use (no pooling, no normalization) need no interface, so their code is
 /// never generated.
 pub fn required_interfaces(w: &Workload) -> Vec<&'static str> {
-    // A workload holding its matrices in bfloat16 or int8 runs its linear layers through
-    // matmul_bf16 or matmul_q8 (every other interface computes on f32 activations either way).
-    let matmul = match w.weights.dtype {
-        Dtype::Bf16 => "matmul_bf16",
-        Dtype::Int8 => "matmul_q8",
-        Dtype::F32 | Dtype::F16 => "matmul",
-    };
+    let matmul = matmul_interface(&w.weights);
     // A bfloat16 KV cache is stored, and read by both attentions, through interfaces of its own.
     let bf16_cache = w.kv_cache.dtype == KvDtype::Bf16;
     let mut list = required_f32_interfaces(w);
@@ -647,11 +653,12 @@ mod tests {
     }
 
     #[test]
-    fn the_weight_dtype_picks_the_matmul_interface_of_both_architectures() {
+    fn the_weights_dtype_and_activations_pick_the_matmul_interface_of_both_architectures() {
         let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
         for (file, matmul) in [
             ("stories260k-cpu-f32", "matmul"),
             ("stories260k-cpu-bf16", "matmul_bf16"),
+            ("stories260k-cpu-bf16-bf16act", "matmul_bf16_bf16"),
             ("stories260k-cpu-int8", "matmul_q8"),
             ("all-minilm-l6-v2-cpu-f32", "matmul"),
             ("all-minilm-l6-v2-cpu-bf16", "matmul_bf16"),

@@ -211,6 +211,41 @@ impl Pooling {
 #[serde(deny_unknown_fields)]
 pub struct Weights {
     pub dtype: Dtype,
+    /// What the linear layers' products read their activations as (optional; f32 unless the
+    /// workload asks for bf16, which needs bf16 weights).
+    #[serde(default, skip_serializing_if = "Activations::is_f32")]
+    pub activations: Activations,
+}
+
+impl Weights {
+    /// Weights of `dtype`, the products reading f32 activations.
+    pub fn of(dtype: Dtype) -> Weights {
+        Weights { dtype, activations: Activations::F32 }
+    }
+}
+
+/// How the products of the linear layers read their activations: `f32` (the default), or
+/// `bf16`: each activation rounded to the nearest bfloat16 before the product, for bf16 weights,
+/// so that AMX tiles or AVX512_BF16 dot products take it in one term (`matmul_bf16_bf16`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Activations {
+    #[default]
+    F32,
+    Bf16,
+}
+
+impl Activations {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Activations::F32 => "f32",
+            Activations::Bf16 => "bf16",
+        }
+    }
+
+    fn is_f32(&self) -> bool {
+        *self == Activations::F32
+    }
 }
 
 /// Weight data types. LLaMA workloads have implementations for `f32`, `bf16` and `int8`
@@ -625,6 +660,18 @@ fn check(
     let mk = |path: &[&str], message: String, label: &str, hint: String| {
         src.diag(message).primary(at(path), label).hint(hint)
     };
+
+    if w.weights.activations == Activations::Bf16 && w.weights.dtype != Dtype::Bf16 {
+        out.push(mk(
+            &["weights", "activations"],
+            format!(
+                "weights.activations = \"bf16\" needs bf16 weights, and weights.dtype is \"{}\"",
+                w.weights.dtype.as_str()
+            ),
+            "bfloat16 activations are read by the bf16 weights' products only",
+            "set weights.dtype = \"bf16\", or remove weights.activations (f32 activations)".into(),
+        ));
+    }
 
     if !is_crate_name(&w.name) {
         out.push(mk(
@@ -1268,6 +1315,33 @@ mod tests {
         let bf16 = parse(&format!("{GOOD}\n[kv_cache]\ndtype = \"bf16\"\n")).unwrap();
         assert_eq!(bf16.kv_cache.dtype, KvDtype::Bf16);
         assert_eq!(parse(&bf16.canonical_toml()).unwrap(), bf16);
+    }
+
+    #[test]
+    fn bf16_activations_need_bf16_weights_and_round_trip() {
+        assert_eq!(GOOD.matches("dtype = \"f32\"\n").count(), 1);
+        let with = |dtype: &str, activations: &str| {
+            GOOD.replace(
+                "dtype = \"f32\"\n",
+                &format!("dtype = \"{dtype}\"\nactivations = \"{activations}\"\n"),
+            )
+        };
+        let e = first_error(&with("f32", "bf16"));
+        assert!(
+            e.starts_with("w.toml:22:15:")
+                && e.contains("weights.activations = \"bf16\" needs bf16 weights")
+                && e.contains("set weights.dtype = \"bf16\""),
+            "{e}"
+        );
+        let e = first_error(&with("bf16", "int8"));
+        assert!(e.contains("unknown variant `int8`, expected `f32` or `bf16`"), "{e}");
+        let rounded = parse(&with("bf16", "bf16")).unwrap();
+        assert_eq!(rounded.weights.activations, Activations::Bf16);
+        assert_eq!(parse(&rounded.canonical_toml()).unwrap(), rounded);
+        // The default is left out of the canonical form, so that the workloads written before
+        // the key existed keep their hashes (and their measurements).
+        assert!(!parse(GOOD).unwrap().canonical_toml().contains("activations"));
+        assert_eq!(parse(&with("f32", "f32")).unwrap(), parse(GOOD).unwrap());
     }
 
     #[test]

@@ -1,18 +1,27 @@
-//! The matrix product with bfloat16 weights on AMX tiles (Intel Advanced Matrix Extensions), for
-//! the `matmul_bf16` implementations that use them, over weights that [`pack`] rewrote once, at
-//! load, into the tiles' layout; a call of fewer than [`AMX_ROWS`] rows (a decode step) reads
-//! the same packed weights with AVX-512 multiply-adds instead.
+//! The matrix product with bfloat16 weights over weights that [`pack`] rewrote once, at load,
+//! into the layout of the AMX tiles (Intel Advanced Matrix Extensions), for the `matmul_bf16`
+//! and `matmul_bf16_bf16` implementations that read that layout. Each implementation picks a
+//! [`Mode`]: whether its activations are exact f32 ([`Exact`], `matmul_bf16`) or rounded to
+//! bfloat16 (the others, `matmul_bf16_bf16`), whether a call of [`AMX_ROWS`] rows or more (a
+//! prefill) runs on the tiles, and whether the calls off the tiles (a decode step, or every call)
+//! take AVX512_BF16 dot products or f32 multiply-adds.
+//!
+//! # On the tiles
 //!
 //! One `tdpbf16ps` multiplies a tile of 16 rows × 32 bfloat16 activations by a tile of 32 × 16
 //! bfloat16 weights (stored as 16 rows of 16 pairs) and adds the 16 × 16 products into a tile of
 //! f32 sums: 8192 multiply-adds per instruction. The products of two bfloat16 are exact in f32
-//! and the sums are f32, but the activations are f32 and must be bfloat16 to enter the tiles.
-//! [`Amx::prepared`] therefore writes each activation as the sum of three bfloat16 (its value
+//! and the sums are f32, but the activations must be bfloat16 to enter the tiles. For an exact
+//! product, [`Amx::prepared`] writes each f32 activation as the sum of three bfloat16 (its value
 //! cut to the top 8 significant bits, then what is left cut the same way, then the rest, which
 //! fits: the three add up to the f32 value exactly), and the tiles multiply all three by the
-//! same weights into the same sums: the result is the f32 product of the interface, up to the
+//! same weights into the same sums: the result is the f32 product of `matmul_bf16`, up to the
 //! rounding of the f32 additions (values below about 2⁻¹⁰⁰, and subnormal bfloat16 weights,
-//! aside: the tiles read those as zero).
+//! aside: the tiles read those as zero). Rounded activations are one term each, a third of the
+//! tiles' work.
+//!
+//! A prefill passes every 32 rows of activations over each packed block with 4 tiles of sums
+//! (2 × 2 tiles of 16 × 16), 2 tiles of activations and 2 of weights: the 8 tiles there are.
 //!
 //! # The packed layout
 //!
@@ -21,25 +30,25 @@
 //! two B tiles of its 16 + 16 weight rows: row `i` of a tile holds, for each of its 16 weight
 //! rows, the values `2i` and `2i + 1` of the step (a 16 × 16 transpose of 32-bit pairs). A block
 //! is one contiguous run of `steps × 2 × 16` vectors of 64 bytes, in the order a pass reads
-//! them. The same vector serves a decode step: its 16 pairs are two values of K for 16 output
-//! columns, which widen to f32 with a shift and a mask and multiply a broadcast activation each,
-//! with no reduction across lanes at the end.
-//!
-//! A prefill passes every 32 rows of activations over each packed block with 4 tiles of sums
-//! (2 × 2 tiles of 16 × 16), 2 tiles of activations and 2 of weights: the 8 tiles there are.
+//! them. Off the tiles the same vector serves too: its 16 pairs are two values of K for 16
+//! output columns, which either widen to f32 with a shift and a mask and multiply a broadcast
+//! activation each, or enter `vdpbf16ps` as they are with a broadcast pair of rounded
+//! activations; either way with no reduction across lanes at the end.
 //!
 //! # Safety
 //!
-//! [`Amx::columns`] may be called only on a CPU with AVX-512F, AVX-512BW, AMX-TILE and
-//! AMX-BF16, in a process that the kernel has granted the tiles' state (the crate's start-up
-//! check asks for it: `arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)` on Linux), from
-//! inside [`Amx::prepared`], never twice at once on overlapping column ranges of the same
-//! `out`, and on column ranges that start at a multiple of [`GRANULE`].
+//! [`Amx::columns`] may be called only on a CPU with AVX-512F and AVX-512BW, and with what the
+//! mode uses: AMX-TILE and AMX-BF16 in a process that the kernel has granted the tiles' state
+//! (the crate's start-up check asks for it: `arch_prctl(ARCH_REQ_XCOMP_PERM,
+//! XFEATURE_XTILEDATA)` on Linux), AVX512_BF16; from inside [`Amx::prepared`], never twice at
+//! once on overlapping column ranges of the same `out`, and on column ranges that start at a
+//! multiple of [`GRANULE`].
 #![allow(dead_code, clippy::missing_safety_doc)]
 
 use std::arch::asm;
 use std::arch::x86_64::*;
 use std::cell::RefCell;
+use std::marker::PhantomData;
 use std::ops::Range;
 
 use super::avx512_transpose::transpose;
@@ -60,11 +69,15 @@ const STEP: usize = 32;
 /// Activation rows per pass over a block: two A tiles.
 const PASS: usize = 2 * TILE;
 
-/// The bfloat16 terms that each activation is written as.
+/// The bfloat16 terms that each activation is written as for an exact product.
 const PARTS: usize = 3;
 
 /// How many steps (of 2 KiB of packed weights each) ahead of the one it reads a pass fetches.
 const AHEAD: usize = 2;
+
+/// Most activation rows that share one pass of the dot products over a block: 2 accumulators
+/// each, 16 in all.
+const PAIRS_GROUP: usize = 8;
 
 /// Most activation rows that share one pass of the decode path over a block: 4 accumulators
 /// each (2 tiles' columns × the even and the odd values of K), 16 in all.
@@ -112,17 +125,74 @@ pub fn pack(w: &[u16], n: usize, k: usize) -> Vec<u16> {
     packed
 }
 
+/// How a product reads its activations and which instructions multiply them.
+pub trait Mode: Copy + Send + Sync + 'static {
+    /// The f32 product of the interface `matmul_bf16` (each activation three bfloat16 terms on
+    /// the tiles); otherwise each activation is rounded to the nearest bfloat16 (ties to even)
+    /// first, as `matmul_bf16_bf16` defines.
+    const EXACT: bool;
+    /// From [`AMX_ROWS`] rows on, the AMX tiles; otherwise AVX-512 at every row count.
+    const TILES: bool;
+    /// Off the tiles, AVX512_BF16 dot products (`vdpbf16ps`) of the rounded activations' pairs
+    /// by the weights' pairs (only without [`Mode::EXACT`]); otherwise f32 multiply-adds of the
+    /// weights widened.
+    const PAIRS: bool;
+}
+
+/// `matmul_bf16` on AMX tiles: exact activations, f32 multiply-adds off the tiles.
+#[derive(Clone, Copy)]
+pub struct Exact;
+
+impl Mode for Exact {
+    const EXACT: bool = true;
+    const TILES: bool = true;
+    const PAIRS: bool = false;
+}
+
+/// `matmul_bf16_bf16` on AMX tiles, AVX512_BF16 dot products off them.
+#[derive(Clone, Copy)]
+pub struct RoundedTiles;
+
+impl Mode for RoundedTiles {
+    const EXACT: bool = false;
+    const TILES: bool = true;
+    const PAIRS: bool = true;
+}
+
+/// `matmul_bf16_bf16` in AVX512_BF16 dot products at every row count.
+#[derive(Clone, Copy)]
+pub struct RoundedPairs;
+
+impl Mode for RoundedPairs {
+    const EXACT: bool = false;
+    const TILES: bool = false;
+    const PAIRS: bool = true;
+}
+
+/// `matmul_bf16_bf16` in f32 multiply-adds at every row count (AVX-512F alone).
+#[derive(Clone, Copy)]
+pub struct Rounded;
+
+impl Mode for Rounded {
+    const EXACT: bool = false;
+    const TILES: bool = false;
+    const PAIRS: bool = false;
+}
+
 thread_local! {
     /// The calling thread's activations as bfloat16 terms, tile by tile (see [`split_row`]).
     static SPLIT: RefCell<Vec<u16>> = const { RefCell::new(Vec::new()) };
-    /// The calling thread's activations for the decode path, each row padded with zeros to
+    /// The calling thread's activations for f32 multiply-adds, each row padded with zeros to
     /// whole steps.
     static PADDED: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+    /// The calling thread's activations for dot products: each row's rounded values as pairs
+    /// (value `2i` in the low half, `2i + 1` in the high one), padded with zeros to whole steps.
+    static PAIRED: RefCell<Vec<u32>> = const { RefCell::new(Vec::new()) };
 }
 
 /// A product over packed weights, ready to share out by columns.
 #[derive(Clone, Copy)]
-pub struct Amx {
+pub struct Amx<M: Mode> {
     out: *mut f32,
     /// The packed weights.
     w: *const u16,
@@ -133,19 +203,26 @@ pub struct Amx {
     steps: usize,
     /// From [`AMX_ROWS`] rows on, the activations as bfloat16 terms (see [`SPLIT`]); else null.
     split: *const u16,
-    /// Below [`AMX_ROWS`] rows, the padded activations (see [`PADDED`]); else null.
+    /// Off the tiles, the padded activations (see [`PADDED`]); else null.
     padded: *const f32,
+    /// Off the tiles, the paired activations (see [`PAIRED`]); else null.
+    paired: *const u32,
+    mode: PhantomData<M>,
 }
 
 // SAFETY: pointers to buffers that the caller keeps alive until every thread is done (the
 // module's safety section).
-unsafe impl Send for Amx {}
-unsafe impl Sync for Amx {}
+unsafe impl<M: Mode> Send for Amx<M> {}
+unsafe impl<M: Mode> Sync for Amx<M> {}
 
-impl Amx {
+impl<M: Mode> Amx<M> {
+    /// The bfloat16 terms per activation on the tiles.
+    const PARTS: usize = if M::EXACT { PARTS } else { 1 };
+
     /// Runs `f` on the product `out = x · wᵀ` of `rows` rows, for packed `[N, K]` weights `w`,
     /// with its activations written into this thread's buffer (alive until `f` returns): as
-    /// bfloat16 terms from [`AMX_ROWS`] rows on, padded rows below.
+    /// bfloat16 terms on the tiles (from [`AMX_ROWS`] rows on, with [`Mode::TILES`]), as padded
+    /// or paired rows off them.
     ///
     /// # Safety
     ///
@@ -155,7 +232,7 @@ impl Amx {
         x: &[f32],
         w: &[u16],
         rows: usize,
-        f: impl FnOnce(&Amx) -> T,
+        f: impl FnOnce(&Amx<M>) -> T,
     ) -> T {
         assert!(x.len() >= rows * K, "matmul_bf16: x is shorter than {rows} rows of {K}");
         assert!(w.len() == packed_len(N, K), "matmul_bf16: w is not {N} × {K} weights packed by `pack`");
@@ -170,13 +247,36 @@ impl Amx {
             steps,
             split: std::ptr::null(),
             padded: std::ptr::null(),
+            paired: std::ptr::null(),
+            mode: PhantomData,
         };
-        if rows < AMX_ROWS {
+        if (!M::TILES || rows < AMX_ROWS) && M::PAIRS {
+            return PAIRED.with_borrow_mut(|paired| {
+                paired.clear();
+                paired.resize(rows * steps * STEP / 2, 0);
+                for (to, from) in paired.chunks_exact_mut(steps * STEP / 2).zip(x.chunks_exact(K.max(1))) {
+                    for (i, to) in to.iter_mut().enumerate().take(K.div_ceil(2)) {
+                        let even = bf16_bits(from[2 * i]);
+                        let odd = from.get(2 * i + 1).map_or(0, |&v| bf16_bits(v));
+                        *to = even | odd << 16;
+                    }
+                }
+                amx.paired = paired.as_ptr();
+                f(&amx)
+            });
+        }
+        if !M::TILES || rows < AMX_ROWS {
             return PADDED.with_borrow_mut(|padded| {
                 padded.clear();
                 padded.resize(rows * steps * STEP, 0.0);
                 for (to, from) in padded.chunks_exact_mut(steps * STEP).zip(x.chunks_exact(K.max(1))) {
-                    to[..K].copy_from_slice(from);
+                    if M::EXACT {
+                        to[..K].copy_from_slice(from);
+                    } else {
+                        for (to, &from) in to.iter_mut().zip(from) {
+                            *to = round_bf16(from);
+                        }
+                    }
                 }
                 amx.padded = padded.as_ptr();
                 f(&amx)
@@ -185,11 +285,11 @@ impl Amx {
         SPLIT.with_borrow_mut(|split| {
             let row_tiles = rows.div_ceil(PASS) * 2;
             // `split_row` writes every value, the padding as zeros: no need to clear it first.
-            split.resize(PARTS * row_tiles * steps * TILE * STEP, 0);
+            split.resize(Self::PARTS * row_tiles * steps * TILE * STEP, 0);
             for r in 0..row_tiles * TILE {
                 let x = if r < rows { &x[r * K..(r + 1) * K] } else { &[] };
                 // SAFETY: the CPU has AVX-512F (the caller's contract).
-                unsafe { split_row(x, split, r, row_tiles, steps) };
+                unsafe { split_row::<M>(x, split, r, row_tiles, steps) };
             }
             amx.split = split.as_ptr();
             f(&amx)
@@ -203,6 +303,28 @@ impl Amx {
             return;
         }
         debug_assert!(cols.start.is_multiple_of(GRANULE));
+        if self.split.is_null() && M::PAIRS {
+            for j in cols.clone().step_by(GRANULE) {
+                let width = (cols.end - j).min(GRANULE);
+                for r in (0..self.rows).step_by(PAIRS_GROUP) {
+                    // SAFETY: the caller's contract (the CPU has AVX512_BF16 for a mode with
+                    // `PAIRS`); block `j / GRANULE` is packed and rows `r..` are in range.
+                    unsafe {
+                        match self.rows - r {
+                            1 => self.dot_pairs::<1>(j, width, r),
+                            2 => self.dot_pairs::<2>(j, width, r),
+                            3 => self.dot_pairs::<3>(j, width, r),
+                            4 => self.dot_pairs::<4>(j, width, r),
+                            5 => self.dot_pairs::<5>(j, width, r),
+                            6 => self.dot_pairs::<6>(j, width, r),
+                            7 => self.dot_pairs::<7>(j, width, r),
+                            _ => self.dot_pairs::<PAIRS_GROUP>(j, width, r),
+                        }
+                    }
+                }
+            }
+            return;
+        }
         if self.split.is_null() {
             for j in cols.clone().step_by(GRANULE) {
                 let width = (cols.end - j).min(GRANULE);
@@ -301,6 +423,61 @@ impl Amx {
         }
     }
 
+    /// Columns `j..j + width` of rows `r..r + R`, from the packed block, in AVX512_BF16 dot
+    /// products: each tile row's 16 pairs of weights by the row's pair of rounded activations
+    /// (the values `2i` and `2i + 1` of the step), broadcast, into 16 f32 sums.
+    #[target_feature(enable = "avx512f,avx512bf16")]
+    unsafe fn dot_pairs<const R: usize>(&self, j: usize, width: usize, r: usize) {
+        let block = self.block_ptr(j);
+        let row_len = self.steps * STEP / 2;
+        // acc[row][tile]
+        let mut acc = [[_mm512_setzero_ps(); 2]; R];
+        for s in 0..self.steps {
+            let ahead = block.wrapping_add((s + AHEAD) * 2 * TILE * STEP);
+            for i in 0..TILE {
+                _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(i * STEP).cast());
+                _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add((TILE + i) * STEP).cast());
+                // SAFETY (loads): the block holds `steps` steps of two tiles of 16 rows of 32
+                // values; each paired row `steps × 16` pairs. The transmutes are between
+                // vectors of 64 bytes.
+                let w: [__m512bh; 2] = unsafe {
+                    [
+                        std::mem::transmute::<__m512i, __m512bh>(_mm512_loadu_si512(
+                            block.add((s * 2 * TILE + i) * STEP).cast(),
+                        )),
+                        std::mem::transmute::<__m512i, __m512bh>(_mm512_loadu_si512(
+                            block.add(((s * 2 + 1) * TILE + i) * STEP).cast(),
+                        )),
+                    ]
+                };
+                for (row, acc) in acc.iter_mut().enumerate() {
+                    // SAFETY: as above.
+                    // A broadcast from memory, as f32 bits: one load, no shuffle.
+                    let x: __m512bh = unsafe {
+                        std::mem::transmute::<__m512, __m512bh>(_mm512_set1_ps(
+                            *self.paired.add((r + row) * row_len + s * TILE + i).cast::<f32>(),
+                        ))
+                    };
+                    for t in 0..2 {
+                        acc[t] = _mm512_dpbf16_ps(acc[t], x, w[t]);
+                    }
+                }
+            }
+        }
+        for (row, acc) in acc.iter().enumerate() {
+            for (t, &sums) in acc.iter().enumerate() {
+                let valid = width.saturating_sub(t * TILE).min(TILE);
+                if valid == 0 {
+                    continue;
+                }
+                let mask: __mmask16 = if valid == TILE { u16::MAX } else { (1u16 << valid) - 1 };
+                // SAFETY: row `r + row` is below `rows`, and the columns `j + 16·t..` up to
+                // `valid` are in range and in this thread's columns.
+                unsafe { _mm512_mask_storeu_ps(self.out.add((r + row) * self.n + j + t * TILE), mask, sums) };
+            }
+        }
+    }
+
     /// Columns `j..j + width` of every row, from the packed block, on the tiles: 32 rows at a
     /// time, each step loading the block's two B tiles and, per bfloat16 term, two A tiles,
     /// into four tiles of sums.
@@ -335,7 +512,7 @@ impl Amx {
                         s64 = in(reg) 64usize,
                         options(nostack, readonly),
                     );
-                    for term in 0..PARTS {
+                    for term in 0..Self::PARTS {
                         let a0 = self.split.add(term * part + ((r / TILE) * steps + s) * TILE * STEP);
                         let a1 = a0.add(steps * TILE * STEP);
                         asm!(
@@ -405,15 +582,19 @@ unsafe fn configure() {
 }
 
 /// Writes row `r` of the activations (`x`; empty for a row of padding) as bfloat16 terms into
-/// `out`, laid out as `[PARTS, row_tiles, steps, 16, 32]`: each A tile's 16 rows of 32 values
-/// one after the other; values past the end of `x` are zeros. Each term is the top 16 bits of
-/// what the previous terms leave (exact in f32), so that the three add up to the value; an
-/// infinite or NaN value is its first term alone (a NaN made quiet, so that cutting its low
-/// bits cannot turn it into an infinity).
+/// `out`, laid out as `[parts, row_tiles, steps, 16, 32]`: each A tile's 16 rows of 32 values
+/// one after the other; values past the end of `x` are zeros.
+///
+/// With [`Mode::EXACT`], [`PARTS`] terms, each the top 16 bits of what the previous terms leave (exact
+/// in f32), so that the three add up to the value; an infinite or NaN value is its first term
+/// alone (a NaN made quiet, so that cutting its low bits cannot turn it into an infinity).
+/// Without, one term: the value rounded to the nearest bfloat16, ties to even (a NaN made
+/// quiet and cut, as [`round_bf16`] does).
 #[target_feature(enable = "avx512f")]
-fn split_row(x: &[f32], out: &mut [u16], r: usize, row_tiles: usize, steps: usize) {
+fn split_row<M: Mode>(x: &[f32], out: &mut [u16], r: usize, row_tiles: usize, steps: usize) {
     let part = row_tiles * steps * TILE * STEP;
-    assert!(out.len() >= PARTS * part && r < row_tiles * TILE && x.len() <= steps * STEP);
+    let parts = Amx::<M>::PARTS;
+    assert!(out.len() >= parts * part && r < row_tiles * TILE && x.len() <= steps * STEP);
     let first = (r / TILE) * steps * TILE * STEP + (r % TILE) * STEP;
     let high = _mm512_set1_epi32(0xffff_0000u32 as i32);
     let exponent = _mm512_set1_epi32(0x7f80_0000);
@@ -434,6 +615,17 @@ fn split_row(x: &[f32], out: &mut [u16], r: usize, row_tiles: usize, steps: usiz
             _mm512_set1_epi32(0x0040_0000),
         ));
         let at = first + (half / 2) * TILE * STEP + (half % 2) * TILE;
+        if !M::EXACT {
+            // Ties to even: add 0x7fff and the lowest kept bit, then cut; never to a NaN.
+            let lowest =
+                _mm512_and_si512(_mm512_srli_epi32::<16>(_mm512_castps_si512(v)), _mm512_set1_epi32(1));
+            let bias = _mm512_add_epi32(_mm512_set1_epi32(0x7fff), lowest);
+            let bits = _mm512_mask_add_epi32(_mm512_castps_si512(v), !nan, _mm512_castps_si512(v), bias);
+            let terms = _mm512_cvtepi32_epi16(_mm512_srli_epi32::<16>(bits));
+            // SAFETY: the assertion above keeps the 16 values inside `out`.
+            unsafe { _mm256_storeu_si256(out.as_mut_ptr().add(at).cast(), terms) };
+            continue;
+        }
         let mut rest = v;
         for term in 0..PARTS {
             let bits = _mm512_and_si512(_mm512_castps_si512(rest), high);
@@ -443,4 +635,20 @@ fn split_row(x: &[f32], out: &mut [u16], r: usize, row_tiles: usize, steps: usiz
             rest = _mm512_maskz_sub_ps(finite, rest, _mm512_castsi512_ps(bits));
         }
     }
+}
+
+/// `value` rounded to the nearest bfloat16 (ties to even), as an f32; a NaN stays a NaN (made
+/// quiet, its payload cut).
+pub fn round_bf16(value: f32) -> f32 {
+    f32::from_bits(bf16_bits(value) << 16)
+}
+
+/// The bits of the bfloat16 nearest to `value` (ties to even); a NaN stays a NaN (made quiet,
+/// its payload cut).
+pub fn bf16_bits(value: f32) -> u32 {
+    let bits = value.to_bits();
+    if value.is_nan() {
+        return (bits | 0x0040_0000) >> 16;
+    }
+    bits.wrapping_add(0x7fff + ((bits >> 16) & 1)) >> 16
 }

@@ -59,7 +59,7 @@ impl TensorFile {
         let [rows, cols] = shape else {
             unreachable!("a matrix has two dimensions, as the generated loader asks for")
         };
-        Ok(Bf16Tensor::copy(crate::kernels::matmul_bf16::pack(&matrix, *rows, *cols).into_boxed_slice()))
+        Ok(Bf16Tensor::copy(crate::kernels::__matmul::pack(&matrix, *rows, *cols).into_boxed_slice()))
     }
 }
 

@@ -253,7 +253,7 @@ fn kernels_module(implementations: &[Implementation], shared_modules: &BTreeMap<
     out.push_str("}\n\n");
     // The weights of every matmul in the layout its kernel reads, as a generated crate loads
     // them: packed by the kernel's `pack`, or as they are.
-    for (interface, element) in [("matmul", "f32"), ("matmul_bf16", "u16")] {
+    for (interface, element) in [("matmul", "f32"), ("matmul_bf16", "u16"), ("matmul_bf16_bf16", "u16")] {
         writeln!(
             out,
             "/// `[n, k]` row-major weights in the layout each `{interface}` implementation reads."

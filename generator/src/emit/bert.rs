@@ -45,7 +45,8 @@ pub fn rust_files(
     let matrices = Matrices::of(plan);
     if let Some(file) = matrices.runtime_file() {
         // The word embeddings stay f32: no embedding row is ever dequantized.
-        let mut source = templates.runtime(file, &krate)?;
+        let matmul = crate::resolve::matmul_interface(&plan.workload.weights);
+        let mut source = templates.runtime_with(file, &[("__crate", &krate), ("__matmul", matmul)])?;
         rust_source::remove_methods(&mut source, &["dequantize_row"]);
         rust_source::remove_methods(&mut source, matrices.unused_methods());
         files.push((format!("src/{file}"), rust_source::print(&source)));
@@ -198,9 +199,10 @@ fn model_rs(plan: &Plan) -> TokenStream {
     });
     let embed_fn = embed_fn(c);
     let matrices = Matrices::of(plan);
-    let matmul_use = matrices.matmul_use();
+    let matmul_use = Matrices::matmul_use(plan);
+    let matmul = common::matmul_ident(plan);
     let mm = |shape: [&str; 2], out: TokenStream, x: TokenStream, w: TokenStream| {
-        matrices.matmul_call(shape, out, x, w, quote!(rows))
+        matrices.matmul_call(&matmul, shape, out, x, w, quote!(rows))
     };
     let mm_q = mm(["DIM", "DIM"], quote!(q), quote!(x), quote!(layer.query.weight));
     let mm_k = mm(["DIM", "DIM"], quote!(k), quote!(x), quote!(layer.key.weight));

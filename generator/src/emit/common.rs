@@ -113,25 +113,20 @@ impl Matrices {
         }
     }
 
-    /// The `use` item of the matmul kernel.
-    pub fn matmul_use(self) -> TokenStream {
-        match self {
-            Matrices::F32 | Matrices::Packed => quote!(
-                use crate::kernels::matmul::matmul;
-            ),
-            Matrices::Bf16 | Matrices::Bf16Packed => quote!(
-                use crate::kernels::matmul_bf16::matmul_bf16;
-            ),
-            Matrices::Q8 => quote!(
-                use crate::kernels::matmul_q8::matmul_q8;
-            ),
-        }
+    /// The `use` item of the matmul kernel of `plan`.
+    pub fn matmul_use(plan: &Plan) -> TokenStream {
+        let matmul = matmul_ident(plan);
+        quote!(
+            use crate::kernels::#matmul::#matmul;
+        )
     }
 
     /// The statement `out = x · wᵀ` over `rows` rows, for `[n, k]` weights `w`, with the
-    /// crate's matmul.
+    /// crate's matmul (`matmul`, the function of interface `matmul`, `matmul_bf16` or
+    /// `matmul_bf16_bf16`, which take the same arguments, or `matmul_q8`).
     pub fn matmul_call(
         self,
+        matmul: &proc_macro2::Ident,
         [n, k]: [&str; 2],
         out: TokenStream,
         x: TokenStream,
@@ -140,11 +135,17 @@ impl Matrices {
     ) -> TokenStream {
         let (n, k) = (format_ident!("{n}"), format_ident!("{k}"));
         match self {
-            Matrices::F32 | Matrices::Packed => quote!(matmul::<#n, #k>(#out, #x, &#w, #rows);),
-            Matrices::Bf16 | Matrices::Bf16Packed => quote!(matmul_bf16::<#n, #k>(#out, #x, &#w, #rows);),
-            Matrices::Q8 => quote!(matmul_q8::<#n, #k>(#out, #x, #w.values(), #w.scales(), #rows);),
+            Matrices::F32 | Matrices::Packed | Matrices::Bf16 | Matrices::Bf16Packed => {
+                quote!(#matmul::<#n, #k>(#out, #x, &#w, #rows);)
+            }
+            Matrices::Q8 => quote!(#matmul::<#n, #k>(#out, #x, #w.values(), #w.scales(), #rows);),
         }
     }
+}
+
+/// The function (and kernel module) of the crate's matmul: its interface's name.
+pub fn matmul_ident(plan: &Plan) -> proc_macro2::Ident {
+    format_ident!("{}", crate::resolve::matmul_interface(&plan.workload.weights))
 }
 
 /// The compile-time guards of a crate's lib.rs: the target arch its kernels were compiled for

@@ -314,7 +314,8 @@ fn trait_impl(imp: &Implementation) -> TokenStream {
                 }
             }
         }
-        "matmul_bf16" => {
+        "matmul_bf16" | "matmul_bf16_bf16" => {
+            let matmul = format_ident!("{}", imp.interface);
             let weights = if imp.packs_weights {
                 quote! {
                     /// Rounded to the nearest bfloat16, as the crate converts an F32 file, then
@@ -338,7 +339,7 @@ fn trait_impl(imp: &Implementation) -> TokenStream {
                 #weights
                 #[inline]
                 fn matmul<const N: usize, const K: usize>(out: &mut [f32], x: &[f32], w: &Vec<u16>, rows: usize) {
-                    kernels::#m::matmul_bf16::<N, K>(out, x, w, rows)
+                    kernels::#m::#matmul::<N, K>(out, x, w, rows)
                 }
             }
             }
@@ -551,7 +552,7 @@ fn bench_fn(h: &HarnessInterface) -> TokenStream {
     let reference = type_ident(&h.reference);
     let doc = format!(" {}: {} (reference: {})", h.interface, names.join(", "), h.reference.name);
     let (pass_new, pass_ty) = match interface.as_str() {
-        "matmul" | "matmul_bf16" | "matmul_q8" => (
+        "matmul" | "matmul_bf16" | "matmul_bf16_bf16" | "matmul_q8" => (
             quote!(passes::MatmulPass::new::<#reference>()),
             quote!(passes::MatmulPass::<<#reference as harness::Matmul>::Weights>),
         ),

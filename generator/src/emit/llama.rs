@@ -47,8 +47,9 @@ pub fn rust_files(
     let c = plan.llama();
     let resident = c.resident_weights.then_some("resident.rs");
     let matrices = Matrices::of(plan);
+    let matmul = crate::resolve::matmul_interface(&plan.workload.weights);
     for file in matrices.runtime_file().into_iter().chain(resident) {
-        let mut source = templates.runtime(file, &krate)?;
+        let mut source = templates.runtime_with(file, &[("__crate", &krate), ("__matmul", matmul)])?;
         rust_source::remove_methods(&mut source, matrices.unused_methods());
         files.push((format!("src/{file}"), rust_source::print(&source)));
     }
@@ -194,7 +195,8 @@ fn model_rs(plan: &Plan) -> TokenStream {
     let matrices = Matrices::of(plan);
     // The linear layers run the matmul of the crate's matrices, and the embedding rows widen
     // (bfloat16) or dequantize (int8) into the residual stream.
-    let matmul_use = matrices.matmul_use();
+    let matmul_use = Matrices::matmul_use(plan);
+    let matmul = common::matmul_ident(plan);
     let (embed_row, widen_fn) = match matrices {
         Matrices::Bf16 | Matrices::Bf16Packed => (
             quote!(widen(&mut x[row * DIM..(row + 1) * DIM], &w.embed_tokens[token * DIM..(token + 1) * DIM]);),
@@ -216,7 +218,7 @@ fn model_rs(plan: &Plan) -> TokenStream {
         ),
     };
     let mm = |shape: [&str; 2], out: TokenStream, x: TokenStream, w: TokenStream| {
-        matrices.matmul_call(shape, out, x, w, quote!(t))
+        matrices.matmul_call(&matmul, shape, out, x, w, quote!(t))
     };
     let mm_q = mm(["Q_DIM", "DIM"], quote!(q), quote!(xb), quote!(layer.q_proj));
     let mm_k = mm(["KV_DIM", "DIM"], quote!(k), quote!(xb), quote!(layer.k_proj));
@@ -253,8 +255,14 @@ fn model_rs(plan: &Plan) -> TokenStream {
     } else {
         (quote!(w.lm_head), comment("logits = xb · lm_headᵀ: [VOCAB_SIZE]"))
     };
-    let mm_classifier =
-        matrices.matmul_call(["VOCAB_SIZE", "DIM"], quote!(logits), quote!(xb), classifier, quote!(1));
+    let mm_classifier = matrices.matmul_call(
+        &matmul,
+        ["VOCAB_SIZE", "DIM"],
+        quote!(logits),
+        quote!(xb),
+        classifier,
+        quote!(1),
+    );
 
     let c_embed = comment("x = embed_tokens[tokens]: [T, DIM]");
     let c_norm1 = comment("xb = rmsnorm(x) · input_layernorm: [T, DIM]");

@@ -93,8 +93,16 @@ impl Templates {
     /// Parses a Rust source of `templates/runtime/`, with `__crate` standing for the
     /// generated crate's library name.
     pub fn runtime(&self, file: &str, crate_ident: &str) -> Result<syn::File, Error> {
+        self.runtime_with(file, &[("__crate", crate_ident)])
+    }
+
+    /// A runtime file with each placeholder ident (`__crate`, `__matmul`, ...) replaced.
+    pub fn runtime_with(&self, file: &str, replacements: &[(&str, &str)]) -> Result<syn::File, Error> {
         let name = format!("runtime/{file}");
-        let source = self.get(&name)?.replace("__crate", crate_ident);
+        let mut source = self.get(&name)?.to_string();
+        for (placeholder, value) in replacements {
+            source = source.replace(placeholder, value);
+        }
         rust_source::parse_with_comments(&source)
             .map_err(|e| Error::Template { name, message: format!("line {}: {}", e.line, e.message) })
     }

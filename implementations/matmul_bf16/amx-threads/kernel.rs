@@ -7,7 +7,7 @@
 
 use std::ops::Range;
 
-use super::shared::amx_bf16::{self, Amx, GRANULE};
+use super::shared::amx_bf16::{self, Amx, Exact, GRANULE};
 use super::shared::team::{self, Job};
 
 /// The `[n, k]` row-major bfloat16 weights `w` (as nn.Linear stores them) in the layout this
@@ -28,12 +28,12 @@ pub fn matmul_bf16<const N: usize, const K: usize>(out: &mut [f32], x: &[f32], w
     // AMX-TILE and AMX-BF16, and asks the kernel for the tiles' state; `prepared` checks the
     // slices' lengths, and `out` and the rewritten activations stay alive until every share is
     // done.
-    unsafe { Amx::prepared::<N, K, _>(out, x, w, rows, |product| team::run(Shared(*product))) }
+    unsafe { Amx::<Exact>::prepared::<N, K, _>(out, x, w, rows, |product| team::run(Shared(*product))) }
 }
 
 /// A product of this implementation, as the crate's team shares it.
 #[derive(Clone, Copy)]
-pub(crate) struct Shared(Amx);
+pub(crate) struct Shared(Amx<Exact>);
 
 impl Job for Shared {
     fn n(&self) -> usize {

@@ -44,20 +44,19 @@ fn main() {
         })
         .collect();
     let f32 = f32_layers;
-    // The AMX tiles only where this CPU has them (and the kernel grants them), on weights
-    // packed by the kernel's `pack`.
+    // The AMX tiles and the AVX512_BF16 dot products only where this CPU has them (and the
+    // kernel grants the tiles), on weights packed by `pack`: the same layout for every
+    // implementation over shared/amx_bf16.rs.
     let amx = monogen_kernel_tests::cpu_has!("avx512f", "avx512bw", "amx-tile", "amx-bf16");
-    let amx_packed: Vec<[Vec<u16>; 7]> = if amx {
-        bf16.iter()
-            .map(|l| {
-                std::array::from_fn(|i| {
-                    kernels::matmul_bf16__amx_threads::pack(&l[i], SHAPES[i].0, SHAPES[i].1)
-                })
+    let dot = monogen_kernel_tests::cpu_has!("avx512f", "avx512bw", "avx512bf16");
+    let tiles: Vec<[Vec<u16>; 7]> = bf16
+        .iter()
+        .map(|l| {
+            std::array::from_fn(|i| {
+                kernels::matmul_bf16_bf16__avx512_threads::pack(&l[i], SHAPES[i].0, SHAPES[i].1)
             })
-            .collect()
-    } else {
-        Vec::new()
-    };
+        })
+        .collect();
     let params: usize = SHAPES.iter().map(|(n, k)| n * k).sum::<usize>() * layers;
     let q8_bytes = params + params / 32 * 4;
     // Each implementation: its name, the bytes its weights hold, and one pass over every
@@ -73,10 +72,22 @@ fn main() {
         ("int8 (matmul_q8/avx512-vnni-repack-threads)", q8_bytes, over(&int8, q8_repack)),
         ("int8 (matmul_q8/avx512-vnni, 1 thread)", q8_bytes, over(&int8, q8_one)),
     ];
-    if amx {
-        runs.insert(6, ("bf16 (matmul_bf16/amx-threads)", params * 2, over(&amx_packed, bf16_amx)));
+    let rounded = "bf16, x rounded (matmul_bf16_bf16/avx512-threads)";
+    runs.insert(6, (rounded, params * 2, over(&tiles, rounded_fma)));
+    if dot {
+        let name = "bf16, x rounded (matmul_bf16_bf16/avx512bf16-threads)";
+        runs.insert(7, (name, params * 2, over(&tiles, rounded_dot)));
     } else {
-        println!("(no AMX-BF16 on this CPU: matmul_bf16/amx-threads not measured)");
+        println!("(no AVX512_BF16 on this CPU: matmul_bf16_bf16/avx512bf16-threads not measured)");
+    }
+    if amx {
+        runs.insert(6, ("bf16 (matmul_bf16/amx-threads)", params * 2, over(&tiles, bf16_amx)));
+        if dot {
+            let name = "bf16, x rounded (matmul_bf16_bf16/amx-threads)";
+            runs.insert(9, (name, params * 2, over(&tiles, rounded_amx)));
+        }
+    } else {
+        println!("(no AMX-BF16 on this CPU: the amx-threads implementations not measured)");
     }
     println!(
         "stories110M's matrices: {layers} layers, {params} weights; 2 threads; median of {rounds} rounds"
@@ -94,10 +105,10 @@ fn main() {
             t.sort_by(f64::total_cmp);
             let s = t[t.len() / 2];
             if rows == 1 {
-                println!("  decode  {name:<44} {:>8.3} ms   {:>6.1} GB/s", s * 1e3, *bytes as f64 / s / 1e9);
+                println!("  decode  {name:<56} {:>8.3} ms   {:>6.1} GB/s", s * 1e3, *bytes as f64 / s / 1e9);
             } else {
                 println!(
-                    "  prefill {name:<44} {:>8.3} ms   {:>6.1} GFLOP/s",
+                    "  prefill {name:<56} {:>8.3} ms   {:>6.1} GFLOP/s",
                     s * 1e3,
                     2.0 * (params * rows) as f64 / s / 1e9
                 );
@@ -174,6 +185,9 @@ dispatch!(f32_repack, matmul__avx512_repack_threads, matmul, f32);
 dispatch!(bf16_product, matmul_bf16__avx512_threads, matmul_bf16, u16);
 dispatch!(bf16_repack, matmul_bf16__avx512_repack_threads, matmul_bf16, u16);
 dispatch!(bf16_amx, matmul_bf16__amx_threads, matmul_bf16, u16);
+dispatch!(rounded_fma, matmul_bf16_bf16__avx512_threads, matmul_bf16_bf16, u16);
+dispatch!(rounded_dot, matmul_bf16_bf16__avx512bf16_threads, matmul_bf16_bf16, u16);
+dispatch!(rounded_amx, matmul_bf16_bf16__amx_threads, matmul_bf16_bf16, u16);
 dispatch!(q8_product, matmul_q8__avx512_vnni_threads, matmul_q8, int8);
 dispatch!(q8_repack, matmul_q8__avx512_vnni_repack_threads, matmul_q8, int8);
 dispatch!(q8_one, matmul_q8__avx512_vnni, matmul_q8, int8);

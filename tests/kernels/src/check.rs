@@ -159,6 +159,37 @@ pub fn matmul_bf16<const N: usize, const K: usize>(
     layout: impl Fn(&[u16]) -> Vec<u16>,
     reference: impl Fn(&mut [f32], &[f32], &[u16], usize),
 ) {
+    bf16_weights::<N, K>("matmul_bf16", candidate, layout, reference, |v| v);
+}
+
+/// As [`matmul_bf16`], for `matmul_bf16_bf16`: the f64 sums are of the activations rounded to
+/// the nearest bfloat16 (ties to even), which the reference is checked against too.
+pub fn matmul_bf16_bf16<const N: usize, const K: usize>(
+    candidate: impl Fn(&mut [f32], &[f32], &[u16], usize),
+    layout: impl Fn(&[u16]) -> Vec<u16>,
+    reference: impl Fn(&mut [f32], &[f32], &[u16], usize),
+) {
+    bf16_weights::<N, K>("matmul_bf16_bf16", candidate, layout, reference, round_bf16);
+}
+
+/// The nearest bfloat16 to `v` (ties to even), as an f32: what `matmul_bf16_bf16` reads each
+/// activation as, computed here independently of the kernels.
+pub fn round_bf16(v: f32) -> f32 {
+    if v.is_nan() {
+        return v;
+    }
+    let bits = v.to_bits();
+    let rounded = bits.wrapping_add(0x7fff + ((bits >> 16) & 1)) & 0xffff_0000;
+    f32::from_bits(rounded)
+}
+
+fn bf16_weights<const N: usize, const K: usize>(
+    interface: &str,
+    candidate: impl Fn(&mut [f32], &[f32], &[u16], usize),
+    layout: impl Fn(&[u16]) -> Vec<u16>,
+    reference: impl Fn(&mut [f32], &[f32], &[u16], usize),
+    activation: fn(f32) -> f32,
+) {
     let mut rng = Rng::for_shape(&[N, K, 16]);
     let tolerance = TOLERANCE * (K as f32 / 64.0).max(1.0);
     let w: Vec<u16> = rng.vec(N * K, 1.0).iter().map(|v| (v.to_bits() >> 16) as u16).collect();
@@ -166,13 +197,16 @@ pub fn matmul_bf16<const N: usize, const K: usize>(
     let laid_out = layout(&w);
     for rows in [1, 2, 5, 7, 9, 32, 100] {
         let x = rng.vec(rows * K, 1.0);
-        let what = format!("matmul_bf16 N={N} K={K} rows={rows}");
+        let what = format!("{interface} N={N} K={K} rows={rows}");
         let got = output_of(rows * N, |out| candidate(out, &x, &laid_out, rows));
         let want = output_of(rows * N, |out| reference(out, &x, &w, rows));
         assert_close(&format!("{what}, against the reference"), &got, &want, tolerance);
-        let exact: Vec<f32> =
-            (0..rows * N).map(|i| dot_f64(&x[i / N * K..][..K], &widened[i % N * K..][..K]) as f32).collect();
+        let seen: Vec<f32> = x.iter().map(|&v| activation(v)).collect();
+        let exact: Vec<f32> = (0..rows * N)
+            .map(|i| dot_f64(&seen[i / N * K..][..K], &widened[i % N * K..][..K]) as f32)
+            .collect();
         assert_close(&format!("{what}, against f64"), &got, &exact, tolerance);
+        assert_close(&format!("{what}, the reference against f64"), &want, &exact, tolerance);
     }
     candidate(&mut [], &[], &laid_out, 0);
 }
@@ -180,18 +214,28 @@ pub fn matmul_bf16<const N: usize, const K: usize>(
 #[macro_export]
 macro_rules! conform_matmul_bf16 {
     ($candidate:ident, $reference:ident) => {
-        $crate::conform_matmul_bf16!(@shapes $candidate, $reference,
+        $crate::conform_matmul_bf16!(@shapes matmul_bf16, matmul_bf16_weights, $candidate, $reference);
+    };
+    (@shapes $interface:ident, $weights:ident, $candidate:ident, $reference:ident) => {
+        $crate::conform_matmul_bf16!(@each $interface, $weights, $candidate, $reference,
             (1, 1) (1, 172) (5, 3) (5, 64) (32, 17) (33, 61) (64, 172) (172, 64) (512, 64) (3, 7)
             (384, 384) (100, 1000) (40, 1536));
     };
-    (@shapes $candidate:ident, $reference:ident, $(($n:literal, $k:literal))*) => {
+    (@each $interface:ident, $weights:ident, $candidate:ident, $reference:ident, $(($n:literal, $k:literal))*) => {
         $(
-            $crate::check::matmul_bf16::<$n, $k>(
-                $crate::kernels::$candidate::matmul_bf16::<$n, $k>,
-                |w| $crate::matmul_bf16_weights::$candidate(w, $n, $k),
-                $crate::kernels::$reference::matmul_bf16::<$n, $k>,
+            $crate::check::$interface::<$n, $k>(
+                $crate::kernels::$candidate::$interface::<$n, $k>,
+                |w| $crate::$weights::$candidate(w, $n, $k),
+                $crate::kernels::$reference::$interface::<$n, $k>,
             );
         )*
+    };
+}
+
+#[macro_export]
+macro_rules! conform_matmul_bf16_bf16 {
+    ($candidate:ident, $reference:ident) => {
+        $crate::conform_matmul_bf16!(@shapes matmul_bf16_bf16, matmul_bf16_bf16_weights, $candidate, $reference);
     };
 }
 
