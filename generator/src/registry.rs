@@ -809,11 +809,12 @@ pub fn check_against_interface(
     problems
 }
 
-/// The job type a kernel on the thread team names: a `pub(crate)` struct of kernel.rs (the
-/// generated `kernels::TeamJob` holds it).
+/// The job type a kernel on the thread team names: a `pub(crate)` struct of kernel.rs, or a
+/// `pub(crate)` alias of a shared module's type (the generated `kernels::TeamJob` holds it).
 fn check_team_job(file: &syn::File, job: &str, rel: &Path, source: &Arc<str>) -> Vec<Diagnostic> {
     let found = file.items.iter().find_map(|item| match item {
         syn::Item::Struct(s) if s.ident == job => Some((&s.vis, s.ident.span())),
+        syn::Item::Type(t) if t.ident == job => Some((&t.vis, t.ident.span())),
         _ => None,
     });
     match found {
@@ -825,8 +826,8 @@ fn check_team_job(file: &syn::File, job: &str, rel: &Path, source: &Arc<str>) ->
                 .hint("the crate's `kernels::TeamJob` holds it, and the team's `run` is `pub(crate)`"),
         ],
         None => vec![
-            Diagnostic::new(format!("team job `{job}` is not a struct of {}", rel.display()))
-                .hint("`team_job` names the struct that the kernel hands to `team::run`"),
+            Diagnostic::new(format!("team job `{job}` is not a struct or type alias of {}", rel.display()))
+                .hint("`team_job` names the type that the kernel hands to `team::run`"),
         ],
     }
 }

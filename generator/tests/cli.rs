@@ -413,7 +413,7 @@ fn team_jobs_are_checked() {
             "manifest.toml",
             "team_job = \"Shared\"\n",
             "team_job = \"Product\"\n",
-            "team job `Product` is not a struct of implementations/matmul/avx512-threads/kernel.rs",
+            "team job `Product` is not a struct or type alias of implementations/matmul/avx512-threads/kernel.rs",
         ),
         // A job that the crate's `TeamJob` could not hold.
         (

@@ -52,6 +52,7 @@ use std::marker::PhantomData;
 use std::ops::Range;
 
 use super::avx512_transpose::transpose;
+use super::team::Job;
 
 /// Rows from which a call runs on the tiles.
 pub const AMX_ROWS: usize = 32;
@@ -565,6 +566,29 @@ impl<M: Mode> Amx<M> {
         }
     }
 }
+/// A product as the crate's team shares it, by blocks of [`GRANULE`] weight rows: each
+/// implementation names its `Amx<Mode>` as its `team_job` (`pub(crate) type Shared`), one mode
+/// per implementation.
+impl<M: Mode> Job for Amx<M> {
+    fn n(&self) -> usize {
+        self.n
+    }
+
+    fn granule(&self) -> usize {
+        GRANULE
+    }
+
+    fn work(&self) -> usize {
+        self.rows * self.n * self.k
+    }
+
+    unsafe fn columns(&self, cols: Range<usize>) {
+        // SAFETY: the caller's contract, which `team::run` keeps (disjoint ranges, each starting
+        // at a multiple of the granule). The inherent method, compiled for AVX-512F.
+        unsafe { Amx::columns(self, cols) }
+    }
+}
+
 /// Loads the tile configuration: palette 1, the 8 tiles each 16 rows of 64 bytes.
 ///
 /// # Safety

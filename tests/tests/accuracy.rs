@@ -97,6 +97,36 @@ fn assert_agreement_with(
     assert!(kl <= max_kl, "{what}: mean KL divergence {kl} over {positions} positions");
 }
 
+/// The model of generated crate `$krate` from `$dir`, or a return from the test (with a note)
+/// where this CPU (or its kernel) lacks a feature the crate was generated for.
+macro_rules! load_or_skip {
+    ($krate:ident, $dir:expr) => {
+        match $krate::Model::load(&$dir) {
+            Ok(model) => model,
+            Err($krate::Error::UnsupportedCpu { missing, .. }) => {
+                eprintln!("skipped: this CPU (or its kernel) lacks {missing}");
+                return;
+            }
+            Err(e) => panic!("{e}"),
+        }
+    };
+}
+
+/// [`assert_agreement`] with the bf16 bounds for a loaded model of a generated crate, through
+/// its prefill (whole sequences at once) and through its decode steps (one position at a time).
+macro_rules! assert_bf16_bounds_in_prefill_and_decode {
+    ($what:expr, $model:expr) => {{
+        let model = &$model;
+        let prefill = format!("{} (prefill)", $what);
+        assert_agreement(&prefill, |ids| model.session().logits_all(ids).unwrap(), 0.98, 1e-3);
+        let decode = |ids: &[u32]| {
+            let mut session = model.session();
+            ids.iter().flat_map(|&id| session.decode(id).unwrap().to_vec()).collect()
+        };
+        assert_agreement(&format!("{} (decode)", $what), decode, 0.98, 1e-3);
+    }};
+}
+
 #[test]
 fn bf16_weights_agree_with_f32_on_top1_and_kl() {
     let Some(dir) = model_dir("stories260k") else { return };
@@ -110,14 +140,8 @@ fn bf16_weights_agree_with_f32_on_top1_and_kl() {
 #[test]
 fn bf16_on_amx_tiles_agrees_with_f32_and_with_the_avx512_bf16_crate() {
     let Some(dir) = model_dir("stories260k") else { return };
-    let model = match bf16_amx::Model::load(&dir) {
-        Ok(model) => model,
-        Err(bf16_amx::Error::UnsupportedCpu { missing, .. }) => {
-            eprintln!("skipped: this CPU (or its kernel) lacks {missing}");
-            return;
-        }
-        Err(e) => panic!("{e}"),
-    };
+    assert!(bf16_amx::CPU_FEATURES.contains(&"amx-bf16"), "the crate's products are not on AMX tiles");
+    let model = load_or_skip!(bf16_amx, dir);
     assert_agreement("bf16 on AMX tiles", |ids| model.session().logits_all(ids).unwrap(), 0.98, 1e-3);
     let reference = bf16::Model::load(&dir).unwrap();
     let full = f32m::Model::load(&dir).unwrap();
@@ -136,29 +160,8 @@ fn bf16_on_amx_tiles_agrees_with_f32_and_with_the_avx512_bf16_crate() {
 #[test]
 fn bf16_activations_agree_with_f32_on_top1_and_kl_in_prefill_and_decode() {
     let Some(dir) = model_dir("stories260k") else { return };
-    let model = match bf16act::Model::load(&dir) {
-        Ok(model) => model,
-        Err(bf16act::Error::UnsupportedCpu { missing, .. }) => {
-            eprintln!("skipped: this CPU lacks {missing}");
-            return;
-        }
-        Err(e) => panic!("{e}"),
-    };
-    assert_agreement(
-        "bf16 activations (prefill)",
-        |ids| model.session().logits_all(ids).unwrap(),
-        0.98,
-        1e-3,
-    );
-    assert_agreement(
-        "bf16 activations (decode)",
-        |ids| {
-            let mut session = model.session();
-            ids.iter().flat_map(|&id| session.decode(id).unwrap().to_vec()).collect()
-        },
-        0.98,
-        1e-3,
-    );
+    let model = load_or_skip!(bf16act, dir);
+    assert_bf16_bounds_in_prefill_and_decode!("bf16 activations", model);
 }
 
 /// The AMX tiles take each rounded activation as one bfloat16 term: the same product as the
@@ -167,29 +170,9 @@ fn bf16_activations_agree_with_f32_on_top1_and_kl_in_prefill_and_decode() {
 #[test]
 fn bf16_activations_on_amx_tiles_agree_with_f32_and_with_the_avx512_crate() {
     let Some(dir) = model_dir("stories260k") else { return };
-    let model = match bf16act_amx::Model::load(&dir) {
-        Ok(model) => model,
-        Err(bf16act_amx::Error::UnsupportedCpu { missing, .. }) => {
-            eprintln!("skipped: this CPU (or its kernel) lacks {missing}");
-            return;
-        }
-        Err(e) => panic!("{e}"),
-    };
-    assert_agreement(
-        "bf16 activations on AMX tiles (prefill)",
-        |ids| model.session().logits_all(ids).unwrap(),
-        0.98,
-        1e-3,
-    );
-    assert_agreement(
-        "bf16 activations on AMX tiles (decode)",
-        |ids| {
-            let mut session = model.session();
-            ids.iter().flat_map(|&id| session.decode(id).unwrap().to_vec()).collect()
-        },
-        0.98,
-        1e-3,
-    );
+    assert!(bf16act_amx::CPU_FEATURES.contains(&"amx-bf16"), "the crate's products are not on AMX tiles");
+    let model = load_or_skip!(bf16act_amx, dir);
+    assert_bf16_bounds_in_prefill_and_decode!("bf16 activations on AMX tiles", model);
     // Against the AVX-512 crate the bounds are tighter (it measured top-1 0.9976 and KL 1.9e-5
     // there, against 0.9915 and 8.1e-5 from f32), but not those of equal logits: where the
     // order of the f32 additions moves an activation across the midpoint of two bfloat16, the
@@ -216,18 +199,9 @@ fn int8_weights_agree_with_f32_on_top1_and_kl() {
 fn bf16_kv_cache_agrees_with_f32_on_top1_and_kl_in_prefill_and_decode() {
     let Some(dir) = model_dir("stories260k") else { return };
     let model = kv_bf16::Model::load(&dir).unwrap();
-    // Whole sequences at once: the prefill attention, in chunks over the cache before them.
-    assert_agreement("bf16 KV cache (prefill)", |ids| model.session().logits_all(ids).unwrap(), 0.98, 1e-3);
-    // One position at a time: the decode attention over the whole bf16 cache.
-    assert_agreement(
-        "bf16 KV cache (decode)",
-        |ids| {
-            let mut session = model.session();
-            ids.iter().flat_map(|&id| session.decode(id).unwrap().to_vec()).collect()
-        },
-        0.98,
-        1e-3,
-    );
+    // Whole sequences run the prefill attention, in chunks over the cache before them; one
+    // position at a time, the decode attention over the whole bf16 cache.
+    assert_bf16_bounds_in_prefill_and_decode!("bf16 KV cache", model);
 }
 
 #[test]

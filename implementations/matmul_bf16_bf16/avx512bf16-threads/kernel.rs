@@ -6,10 +6,8 @@
 //! equal shares that the persistent team of `shared/team.rs` computes, the calling thread taking
 //! the first.
 
-use std::ops::Range;
-
-use super::shared::amx_bf16::{self, Amx, GRANULE, RoundedPairs};
-use super::shared::team::{self, Job};
+use super::shared::amx_bf16::{self, Amx, RoundedPairs};
+use super::shared::team;
 
 /// The `[n, k]` row-major bfloat16 weights `w` (as nn.Linear stores them) in the layout this
 /// kernel reads: blocks of 32 weight rows, each step of 32 values of K two AMX B tiles.
@@ -28,30 +26,8 @@ pub fn matmul_bf16_bf16<const N: usize, const K: usize>(out: &mut [f32], x: &[f3
     // SAFETY: the generated crate checks at start-up that the CPU has AVX-512F, AVX-512BW and
     // AVX512_BF16; `prepared` checks the slices' lengths, and `out` and the rewritten activations
     // stay alive until every share is done.
-    unsafe {
-        Amx::<RoundedPairs>::prepared::<N, K, _>(out, x, w, rows, |product| team::run(Shared(*product)))
-    }
+    unsafe { Amx::<RoundedPairs>::prepared::<N, K, _>(out, x, w, rows, |product| team::run(*product)) }
 }
 
-/// A product of this implementation, as the crate's team shares it.
-#[derive(Clone, Copy)]
-pub(crate) struct Shared(Amx<RoundedPairs>);
-
-impl Job for Shared {
-    fn n(&self) -> usize {
-        self.0.n
-    }
-
-    fn granule(&self) -> usize {
-        GRANULE
-    }
-
-    fn work(&self) -> usize {
-        self.0.rows * self.0.n * self.0.k
-    }
-
-    unsafe fn columns(&self, cols: Range<usize>) {
-        // SAFETY: the caller's contract, which `run` keeps.
-        unsafe { self.0.columns(cols) }
-    }
-}
+/// A product of this implementation, as the crate's team shares it (`shared/amx_bf16.rs`).
+pub(crate) type Shared = Amx<RoundedPairs>;
