@@ -530,6 +530,24 @@ impl<M: Mode> Amx<M> {
                         );
                     }
                 }
+                if width == GRANULE && r + PASS <= self.rows {
+                    // Whole tiles: stored straight into `out`, a row of 16 sums every `n`
+                    // values (rows r.. and r + 16.., columns j.. and j + 16..).
+                    let c0 = self.out.add(r * self.n + j);
+                    asm!(
+                        "tilestored [{c0} + {stride}*1], tmm0",
+                        "tilestored [{c1} + {stride}*1], tmm1",
+                        "tilestored [{c2} + {stride}*1], tmm2",
+                        "tilestored [{c3} + {stride}*1], tmm3",
+                        c0 = in(reg) c0,
+                        c1 = in(reg) c0.add(TILE),
+                        c2 = in(reg) c0.add(TILE * self.n),
+                        c3 = in(reg) c0.add(TILE * self.n + TILE),
+                        stride = in(reg) self.n * 4,
+                        options(nostack),
+                    );
+                    continue;
+                }
                 asm!(
                     "tilestored [{c0} + {s64}*1], tmm0",
                     "tilestored [{c1} + {s64}*1], tmm1",
@@ -566,6 +584,7 @@ impl<M: Mode> Amx<M> {
         }
     }
 }
+
 /// A product as the crate's team shares it, by blocks of [`GRANULE`] weight rows: each
 /// implementation names its `Amx<Mode>` as its `team_job` (`pub(crate) type Shared`), one mode
 /// per implementation.
