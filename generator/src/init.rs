@@ -15,8 +15,8 @@ use serde_json::{Map, Value};
 use crate::diagnostics::Diagnostic;
 use crate::emit::Templates;
 use crate::workload::{
-    ArchitectureTag, DecoderRequest, Device, Dtype, KvCache, KvDtype, Llama, Model, Request, RopeScaling,
-    Target, Weights, Workload,
+    Activations, ArchitectureTag, DecoderRequest, Device, Dtype, KvCache, KvDtype, Llama, Model, Request,
+    RopeScaling, Target, Weights, Workload,
 };
 use crate::{Error, cpu};
 
@@ -79,6 +79,8 @@ impl CpuFeatures {
 pub struct InitOptions {
     pub name: String,
     pub dtype: Dtype,
+    /// What the linear layers' products read their activations as (`bf16` needs bf16 weights).
+    pub activations: Activations,
     /// The KV cache's element type (decoders only).
     pub kv_cache: KvDtype,
     /// Default: this machine's available parallelism.
@@ -94,6 +96,20 @@ pub struct InitOptions {
     pub hardware: Option<String>,
     /// Encoders only: most sentences per call (default 32).
     pub max_batch: Option<usize>,
+}
+
+impl InitOptions {
+    /// The `[weights]` table these options ask for, refused when `--activations bf16` comes
+    /// without `--dtype bf16`.
+    pub(crate) fn weights(&self) -> Result<Weights, Error> {
+        if self.activations == Activations::Bf16 && self.dtype != Dtype::Bf16 {
+            return Err(Error::Refused(format!(
+                "--activations bf16 rounds the activations of bf16 weights' products, and --dtype is {}; add --dtype bf16",
+                self.dtype.as_str()
+            )));
+        }
+        Ok(Weights { dtype: self.dtype, activations: self.activations })
+    }
 }
 
 /// config.json keys that do not change what inference computes.
@@ -430,7 +446,7 @@ pub fn workload_from_config(path: &Path, text: &str, opts: &InitOptions) -> Resu
             rope_scaling,
             sliding_window,
         }),
-        weights: Weights::of(opts.dtype),
+        weights: opts.weights()?,
         kv_cache: KvCache { dtype: opts.kv_cache },
         target: Target {
             device: Device::Cpu,
@@ -512,6 +528,7 @@ mod tests {
         InitOptions {
             name: "t".into(),
             dtype: Dtype::F32,
+            activations: Activations::F32,
             kv_cache: KvDtype::F32,
             threads: Some(2),
             cpu_features: CpuFeatures::parse("x86-64-v3").unwrap(),

@@ -13,7 +13,7 @@ use crate::emit::Templates;
 use crate::init::{BOOKKEEPING, InitOptions, usize_field};
 use crate::workload::{
     Activation, ArchitectureTag, Bert, Device, EncoderRequest, KvCache, KvDtype, Model, Pooling, Request,
-    Target, Weights, Workload,
+    Target, Workload,
 };
 use crate::{Error, cpu};
 
@@ -155,7 +155,7 @@ pub fn workload(
             pooling,
             normalize,
         }),
-        weights: Weights::of(opts.dtype),
+        weights: opts.weights()?,
         kv_cache: KvCache::default(),
         target: Target {
             device: Device::Cpu,
@@ -277,6 +277,7 @@ mod tests {
         InitOptions {
             name: "m".into(),
             dtype: Dtype::F32,
+            activations: crate::workload::Activations::F32,
             kv_cache: KvDtype::F32,
             threads: Some(2),
             cpu_features: CpuFeatures::parse("x86-64-v3").unwrap(),

@@ -13,7 +13,7 @@ use monogen::emit::LOCK_FILE;
 use monogen::init::{CpuFeatures, InitOptions};
 use monogen::plan::{Consts, Plan, Verdict, human_bytes, human_ns};
 use monogen::rankings::Evidence;
-use monogen::workload::{Dtype, KvDtype, Request};
+use monogen::workload::{Activations, Dtype, KvDtype, Request};
 use monogen::{Error, Project, check, init, write};
 
 #[derive(Parser)]
@@ -47,6 +47,9 @@ enum Command {
         /// Weight dtype: f32, bf16, or int8 (blockwise, quantized at load); f16 is planned.
         #[arg(long, default_value = "f32", value_parser = parse_dtype)]
         dtype: Dtype,
+        /// What the linear layers' products read their activations as: f32, or bf16 (rounded; needs --dtype bf16), one term per activation on AMX tiles.
+        #[arg(long, default_value = "f32", value_parser = parse_activations, value_name = "DTYPE")]
+        activations: Activations,
         /// KV cache element type (decoders): f32, or bf16, which halves what attention reads per step.
         #[arg(long, default_value = "f32", value_parser = parse_kv_dtype, value_name = "DTYPE")]
         kv_cache: KvDtype,
@@ -155,6 +158,14 @@ fn parse_dtype(s: &str) -> Result<Dtype, String> {
     }
 }
 
+fn parse_activations(s: &str) -> Result<Activations, String> {
+    match s {
+        "f32" => Ok(Activations::F32),
+        "bf16" => Ok(Activations::Bf16),
+        other => Err(format!("unknown activations dtype `{other}`; use f32 or bf16")),
+    }
+}
+
 fn parse_kv_dtype(s: &str) -> Result<KvDtype, String> {
     match s {
         "f32" => Ok(KvDtype::F32),
@@ -200,6 +211,7 @@ fn run(cli: Cli) -> Result<ExitCode, Error> {
             name,
             output,
             dtype,
+            activations,
             kv_cache,
             threads,
             cpu_features,
@@ -230,6 +242,7 @@ fn run(cli: Cli) -> Result<ExitCode, Error> {
             let opts = InitOptions {
                 name,
                 dtype,
+                activations,
                 kv_cache,
                 threads,
                 cpu_features,

@@ -217,13 +217,6 @@ pub struct Weights {
     pub activations: Activations,
 }
 
-impl Weights {
-    /// Weights of `dtype`, the products reading f32 activations.
-    pub fn of(dtype: Dtype) -> Weights {
-        Weights { dtype, activations: Activations::F32 }
-    }
-}
-
 /// How the products of the linear layers read their activations: `f32` (the default), or
 /// `bf16`: each activation rounded to the nearest bfloat16 before the product, for bf16 weights,
 /// so that AMX tiles or AVX512_BF16 dot products take it in one term (`matmul_bf16_bf16`).

@@ -98,6 +98,46 @@ fn init_writes_a_bf16_kv_cache_for_decoders_and_refuses_it_for_encoders() {
 }
 
 #[test]
+fn init_writes_bf16_activations_for_bf16_weights_only() {
+    let root = workspace_root();
+    let temp = tempfile::tempdir().unwrap();
+    let llama_config = r#"{"model_type": "llama", "hidden_size": 64, "intermediate_size": 172,
+        "num_hidden_layers": 2, "num_attention_heads": 8, "num_key_value_heads": 4, "vocab_size": 512,
+        "max_position_embeddings": 512, "bos_token_id": 1, "eos_token_id": 2, "tie_word_embeddings": true}"#;
+    let bert_config = r#"{"model_type": "bert", "hidden_size": 64, "intermediate_size": 128,
+        "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 512, "max_position_embeddings": 64,
+        "type_vocab_size": 2, "layer_norm_eps": 1e-12, "hidden_act": "gelu"}"#;
+    for (model, config) in [("llama", llama_config), ("bert", bert_config)] {
+        let dir = temp.path().join(model);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("config.json"), config).unwrap();
+        let dir = dir.to_str().unwrap();
+        let args = [
+            "init",
+            "--hf",
+            dir,
+            "--name",
+            "m",
+            "--dtype",
+            "bf16",
+            "--activations",
+            "bf16",
+            "--hardware",
+            "none",
+        ];
+        let out = monogen(&root, &args);
+        assert!(out.status.success(), "{model}: {}", stderr(&out));
+        let text = stdout(&out);
+        assert!(text.contains("dtype = \"bf16\"\n# The linear layers' products round"), "{model}: {text}");
+        let w = monogen::workload::WorkloadSource::from_text("m.toml", &text).parse().unwrap();
+        assert_eq!(w.weights.activations, monogen::workload::Activations::Bf16, "{model}");
+        let out = monogen(&root, &["init", "--hf", dir, "--name", "m", "--activations", "bf16"]);
+        assert!(!out.status.success());
+        assert!(stderr(&out).contains("--activations bf16 rounds the activations of bf16 weights' products, and --dtype is f32; add --dtype bf16"), "{model}: {}", stderr(&out));
+    }
+}
+
+#[test]
 fn init_refuses_configs_it_cannot_honour() {
     let temp = tempfile::tempdir().unwrap();
     let config = r#"{"model_type": "llama", "hidden_size": 64, "intermediate_size": 172, "num_hidden_layers": 2,

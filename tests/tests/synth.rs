@@ -30,6 +30,7 @@ fn synthetic_weights_load_run_and_read_back() {
     let opts = InitOptions {
         name: "synth".into(),
         dtype: Dtype::F32,
+        activations: monogen::workload::Activations::F32,
         kv_cache: KvDtype::F32,
         threads: Some(2),
         cpu_features: CpuFeatures::parse("x86-64-v3").unwrap(),
