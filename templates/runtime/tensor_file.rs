@@ -7,7 +7,7 @@ use std::fs::File;
 use std::ops::{Deref, Range};
 use std::path::{Path, PathBuf};
 
-use memmap2::{Mmap, MmapOptions};
+use memmap2::{Mmap, MmapMut, MmapOptions};
 use safetensors::{Dtype, SafeTensors};
 
 use crate::Error;
@@ -24,6 +24,9 @@ pub struct TensorFile {
     /// Tensors that were not 4-byte aligned in the file, or not f32, copied as f32 (and packed
     /// matrices).
     copies: Vec<Box<[f32]>>,
+    /// Anonymous memory asked for in huge pages, each with the bytes handed out of it so far:
+    /// the packed matrices of a crate whose matmul packs bfloat16 weights (bf16_tensor.rs).
+    pub(crate) pages: Vec<(MmapMut, usize)>,
 }
 
 struct Entry {
@@ -61,6 +64,7 @@ impl Deref for Tensor {
 pub struct Storage {
     _map: Mmap,
     _copies: Vec<Box<[f32]>>,
+    _pages: Vec<(MmapMut, usize)>,
 }
 
 impl TensorFile {
@@ -92,6 +96,7 @@ impl TensorFile {
             entries,
             used: BTreeSet::new(),
             copies: Vec::new(),
+            pages: Vec::new(),
         })
     }
 
@@ -159,7 +164,7 @@ impl TensorFile {
             .filter(|name| !self.used.contains(*name) && !ignored.contains(&name.as_str()))
             .map(|name| format!("tensor `{name}` in {} is not used by this model", self.path.display()))
             .collect();
-        (Storage { _map: self.map, _copies: self.copies }, warnings)
+        (Storage { _map: self.map, _copies: self.copies, _pages: self.pages }, warnings)
     }
 }
 

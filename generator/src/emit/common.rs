@@ -61,7 +61,7 @@ impl Matrices {
     /// That runtime file's methods that this crate never calls, which the emitter leaves out.
     pub fn unused_methods(self) -> &'static [&'static str] {
         match self {
-            Matrices::Bf16 => &["bf16_packed"],
+            Matrices::Bf16 => &["bf16_packed", "pages_for"],
             _ => &[],
         }
     }
