@@ -49,7 +49,7 @@ impl TensorFile {
         } else {
             widened(dtype, bytes).map(to_bf16).collect()
         };
-        Ok(Bf16Tensor::copy(copy))
+        Ok(Bf16Tensor { ptr: copy.as_ptr(), len: copy.len(), _copy: Some(copy) })
     }
 
     /// The `[rows, cols]` matrix `name`, as [`TensorFile::bf16`] reads it, rewritten into a copy
@@ -90,13 +90,6 @@ impl TensorFile {
         let at = pages.as_mut_ptr().wrapping_add(*used).cast::<u16>();
         *used += bytes;
         Ok(at)
-    }
-}
-
-impl Bf16Tensor {
-    /// A tensor that owns its values.
-    fn copy(values: Box<[u16]>) -> Bf16Tensor {
-        Bf16Tensor { ptr: values.as_ptr(), len: values.len(), _copy: Some(values) }
     }
 }
 
