@@ -97,13 +97,11 @@ pub struct InterfacePlan {
     pub unmeasured: Vec<String>,
 }
 
-/// Whether the chosen matmul (`matmul`, `matmul_bf16` or `matmul_bf16_bf16`, whichever the
-/// workload's weights take) reads weights that its `pack` rewrote at load.
+/// Whether the chosen matmul (whichever interface the workload's weights take) reads weights
+/// that its `pack` rewrote at load: only an interface with a `[packing]` function lets an
+/// implementation pack (the registry checks), and only the matmul interfaces have one.
 pub fn matmul_packs_weights(interfaces: &[InterfacePlan]) -> bool {
-    interfaces.iter().any(|i| {
-        matches!(i.interface.as_str(), "matmul" | "matmul_bf16" | "matmul_bf16_bf16")
-            && i.chosen.packs_weights
-    })
+    interfaces.iter().any(|i| i.chosen.packs_weights)
 }
 
 /// The implementation picked for an interface.
