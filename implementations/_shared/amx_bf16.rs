@@ -181,8 +181,10 @@ impl Mode for Rounded {
 }
 
 thread_local! {
-    /// The calling thread's activations as bfloat16 terms, tile by tile (see [`split_row`]).
-    static SPLIT: RefCell<Vec<u16>> = const { RefCell::new(Vec::new()) };
+    /// The calling thread's activations as bfloat16 terms, tile by tile (see [`split_row`]), on
+    /// whole cache lines: a `tileloadd` whose rows straddle two lines takes about 6 times as
+    /// long as one whose rows are aligned to 64 bytes.
+    static SPLIT: RefCell<Vec<Line>> = const { RefCell::new(Vec::new()) };
     /// The calling thread's activations for f32 multiply-adds, each row padded with zeros to
     /// whole steps.
     static PADDED: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
@@ -190,6 +192,11 @@ thread_local! {
     /// (value `2i` in the low half, `2i + 1` in the high one), padded with zeros to whole steps.
     static PAIRED: RefCell<Vec<u32>> = const { RefCell::new(Vec::new()) };
 }
+
+/// One row of an A tile: 32 bfloat16 on a cache line of their own.
+#[derive(Clone, Copy)]
+#[repr(align(64))]
+struct Line([u16; STEP]);
 
 /// A product over packed weights, ready to share out by columns.
 #[derive(Clone, Copy)]
@@ -227,7 +234,8 @@ impl<M: Mode> Amx<M> {
     ///
     /// # Safety
     ///
-    /// Only on a CPU with AVX-512F.
+    /// Only on a CPU with AVX-512F, and AVX512_BF16 for a mode with [`Mode::TILES`] and rounded
+    /// activations.
     pub unsafe fn prepared<const N: usize, const K: usize, T>(
         out: &mut [f32],
         x: &[f32],
@@ -286,10 +294,14 @@ impl<M: Mode> Amx<M> {
         SPLIT.with_borrow_mut(|split| {
             let row_tiles = rows.div_ceil(PASS) * 2;
             // `split_row` writes every value, the padding as zeros: no need to clear it first.
-            split.resize(Self::PARTS * row_tiles * steps * TILE * STEP, 0);
+            split.resize(Self::PARTS * row_tiles * steps * TILE, Line([0; STEP]));
+            // SAFETY: a `Line` is 32 `u16` and nothing else.
+            let split: &mut [u16] =
+                unsafe { std::slice::from_raw_parts_mut(split.as_mut_ptr().cast(), split.len() * STEP) };
             for r in 0..row_tiles * TILE {
                 let x = if r < rows { &x[r * K..(r + 1) * K] } else { &[] };
-                // SAFETY: the CPU has AVX-512F (the caller's contract).
+                // SAFETY: the CPU has AVX-512F, and AVX512_BF16 for rounded activations (the
+                // caller's contract).
                 unsafe { split_row::<M>(x, split, r, row_tiles, steps) };
             }
             amx.split = split.as_ptr();
@@ -488,6 +500,14 @@ impl<M: Mode> Amx<M> {
         let block = self.block_ptr(j);
         let part = self.rows.div_ceil(PASS) * 2 * steps * TILE * STEP;
         let mut sums = [[0.0f32; TILE * TILE]; 4];
+        // The passes after the first read the block from L2 and leave the memory idle: they
+        // fetch the next block into L2 meanwhile, a share of its lines at every step, so that
+        // its first pass does not wait on memory (past this thread's columns or the matrix, the
+        // lines fetched go unused).
+        let next = self.block_ptr(j + GRANULE);
+        let lines = steps * 2 * TILE;
+        let per_step = lines.div_ceil((self.rows.div_ceil(PASS) - 1).max(1) * steps);
+        let mut fetched = 0;
         for r in (0..self.rows).step_by(PASS) {
             // SAFETY (every tile instruction below): the tiles are configured as 16 rows of
             // 64 bytes; each B tile is 16 rows of the packed block, and each A tile 16 rows of
@@ -498,11 +518,16 @@ impl<M: Mode> Amx<M> {
                     let b0 = block.add(s * 2 * TILE * STEP);
                     let b1 = b0.add(TILE * STEP);
                     if r == 0 {
-                        // The first pass reads the block from memory: fetch the step `AHEAD`
-                        // steps on (past the block, the next one, which follows it in memory).
+                        // The first pass reads the block from memory (or from L2, fetched by
+                        // the previous block's passes): fetch the step `AHEAD` steps on.
                         let ahead = b0.wrapping_add(AHEAD * 2 * TILE * STEP);
                         for line in 0..2 * TILE {
                             _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(line * STEP).cast());
+                        }
+                    } else {
+                        for _ in 0..per_step.min(lines - fetched) {
+                            _mm_prefetch::<_MM_HINT_T1>(next.wrapping_add(fetched * STEP).cast());
+                            fetched += 1;
                         }
                     }
                     asm!(
@@ -631,14 +656,24 @@ unsafe fn configure() {
 /// With [`Mode::EXACT`], [`PARTS`] terms, each the top 16 bits of what the previous terms leave (exact
 /// in f32), so that the three add up to the value; an infinite or NaN value is its first term
 /// alone (a NaN made quiet, so that cutting its low bits cannot turn it into an infinity).
-/// Without, one term: the value rounded to the nearest bfloat16, ties to even (a NaN made
-/// quiet and cut, as [`round_bf16`] does).
+/// Without, one term: the value rounded to the nearest bfloat16, ties to even, by
+/// `vcvtne2ps2bf16` (see [`round_row`]).
+///
+/// # Safety
+///
+/// Without [`Mode::EXACT`], only on a CPU with AVX512_BF16 (every rounded mode on the tiles
+/// uses it off them as well).
 #[target_feature(enable = "avx512f")]
-fn split_row<M: Mode>(x: &[f32], out: &mut [u16], r: usize, row_tiles: usize, steps: usize) {
+unsafe fn split_row<M: Mode>(x: &[f32], out: &mut [u16], r: usize, row_tiles: usize, steps: usize) {
     let part = row_tiles * steps * TILE * STEP;
     let parts = Amx::<M>::PARTS;
     assert!(out.len() >= parts * part && r < row_tiles * TILE && x.len() <= steps * STEP);
     let first = (r / TILE) * steps * TILE * STEP + (r % TILE) * STEP;
+    if !M::EXACT {
+        // SAFETY: the caller's contract.
+        unsafe { round_row(x, &mut out[first..], steps) };
+        return;
+    }
     let high = _mm512_set1_epi32(0xffff_0000u32 as i32);
     let exponent = _mm512_set1_epi32(0x7f80_0000);
     // Halves of a tile row: 16 values each.
@@ -658,17 +693,6 @@ fn split_row<M: Mode>(x: &[f32], out: &mut [u16], r: usize, row_tiles: usize, st
             _mm512_set1_epi32(0x0040_0000),
         ));
         let at = first + (half / 2) * TILE * STEP + (half % 2) * TILE;
-        if !M::EXACT {
-            // Ties to even: add 0x7fff and the lowest kept bit, then cut; never to a NaN.
-            let lowest =
-                _mm512_and_si512(_mm512_srli_epi32::<16>(_mm512_castps_si512(v)), _mm512_set1_epi32(1));
-            let bias = _mm512_add_epi32(_mm512_set1_epi32(0x7fff), lowest);
-            let bits = _mm512_mask_add_epi32(_mm512_castps_si512(v), !nan, _mm512_castps_si512(v), bias);
-            let terms = _mm512_cvtepi32_epi16(_mm512_srli_epi32::<16>(bits));
-            // SAFETY: the assertion above keeps the 16 values inside `out`.
-            unsafe { _mm256_storeu_si256(out.as_mut_ptr().add(at).cast(), terms) };
-            continue;
-        }
         let mut rest = v;
         for term in 0..PARTS {
             let bits = _mm512_and_si512(_mm512_castps_si512(rest), high);
@@ -676,6 +700,37 @@ fn split_row<M: Mode>(x: &[f32], out: &mut [u16], r: usize, row_tiles: usize, st
             // SAFETY: the assertion above keeps the 16 values inside `out`.
             unsafe { _mm256_storeu_si256(out.as_mut_ptr().add(term * part + at).cast(), terms) };
             rest = _mm512_maskz_sub_ps(finite, rest, _mm512_castsi512_ps(bits));
+        }
+    }
+}
+
+/// Writes one row of activations (`x`; empty for a row of padding) rounded to the nearest
+/// bfloat16, ties to even, into `out`: the values of step `s` (zeros past the end of `x`) at
+/// `s × 16 × 32`, the row's place in each A tile of its row of tiles. `vcvtne2ps2bf16` rounds as
+/// [`bf16_bits`] does, NaNs made quiet, except that it reads f32 subnormals as zero: the tiles
+/// read the bfloat16 subnormals that they would round to as zero anyway, and the largest of them
+/// (from 2⁻¹²⁶ · (1 − 2⁻⁹)), which round up to the smallest normal bfloat16, count for less than
+/// 2⁻¹²⁶ times their weight.
+///
+/// # Safety
+///
+/// Only on a CPU with AVX-512F and AVX512_BF16.
+#[target_feature(enable = "avx512f,avx512bf16")]
+unsafe fn round_row(x: &[f32], out: &mut [u16], steps: usize) {
+    assert!(x.len() <= steps * STEP && (steps == 0 || out.len() >= (steps - 1) * TILE * STEP + STEP));
+    for s in 0..steps {
+        let k0 = s * STEP;
+        let masks = [0, TILE].map(|h| {
+            let len = x.len().saturating_sub(k0 + h).min(TILE);
+            if len == TILE { u16::MAX } else { (1u16 << len) - 1 }
+        });
+        // SAFETY: the masks keep the loads inside `x` (none at all past its end, where the
+        // address is never read); the assertion keeps the 32 values inside `out`.
+        unsafe {
+            let low = _mm512_maskz_loadu_ps(masks[0], x.as_ptr().wrapping_add(k0));
+            let high = _mm512_maskz_loadu_ps(masks[1], x.as_ptr().wrapping_add(k0 + TILE));
+            let pairs: __m512i = std::mem::transmute(_mm512_cvtne2ps_pbh(high, low));
+            _mm512_storeu_si512(out.as_mut_ptr().add(s * TILE * STEP).cast(), pairs);
         }
     }
 }

@@ -2,7 +2,9 @@
 //! line, the peak rate of f32 fused multiply-adds with AVX2 and AVX-512, and that of int8
 //! products with AVX-512 VNNI (`vpdpbusd`: 64 multiply-adds of bytes into 16 i32 lanes), and,
 //! where the CPU has AMX-BF16, that of bfloat16 tile products (`tdpbf16ps`: 16 × 16 × 32
-//! multiply-adds into a tile of f32), at 1 to `--threads` threads. Each figure is the best of `--rounds` rounds (a peak is what the hardware can do,
+//! multiply-adds into a tile of f32) and the ceiling of a matrix product on the tiles that loads
+//! its operands (the same 2 × 2 block of products, each step loading its 2 + 2 operand tiles from
+//! L1 with `tileloadd`, as a product over 8 tiles must), at 1 to `--threads` threads. Each figure is the best of `--rounds` rounds (a peak is what the hardware can do,
 //! so the fastest round is the estimate; noise only makes rounds slower).
 //!
 //! Usage: monogen-peaks [--threads N] [--rounds R] [--json] SIZE...   (SIZE like 64M, 2G)
@@ -44,7 +46,8 @@ fn main() {
             results.push((format!("vnni_avx512_gop_s {t}t"), vnni_peak(t, rounds)));
         }
         if amx_bf16_usable() {
-            results.push((format!("amx_bf16_gflop_s {t}t"), amx_peak(t, rounds)));
+            results.push((format!("amx_bf16_gflop_s {t}t"), amx_peak(t, rounds, false)));
+            results.push((format!("amx_bf16_loaded_gflop_s {t}t"), amx_peak(t, rounds, true)));
         }
     }
     if json {
@@ -265,8 +268,9 @@ fn amx_bf16_usable() -> bool {
 }
 
 /// GFLOP/s of bfloat16 tile products (2 per multiply-add, 16 × 16 × 32 per `tdpbf16ps`) on
-/// `threads` threads, best of `rounds`.
-fn amx_peak(threads: usize, rounds: usize) -> f64 {
+/// `threads` threads, best of `rounds`; with `loaded`, each step of 4 products also loads the 4
+/// operand tiles they read.
+fn amx_peak(threads: usize, rounds: usize, loaded: bool) -> f64 {
     const ITERS: usize = 1_000_000;
     let mut best = f64::INFINITY;
     for round in 0..=rounds {
@@ -274,7 +278,7 @@ fn amx_peak(threads: usize, rounds: usize) -> f64 {
         std::thread::scope(|s| {
             for _ in 0..threads {
                 // SAFETY: the caller checked the features and was granted the tiles.
-                s.spawn(|| unsafe { amx_loop(ITERS) });
+                s.spawn(|| unsafe { amx_loop(ITERS, loaded) });
             }
         });
         let elapsed = start.elapsed().as_secs_f64();
@@ -286,20 +290,26 @@ fn amx_peak(threads: usize, rounds: usize) -> f64 {
 }
 
 /// 4 independent chains of `tdpbf16ps` (tiles 0-3 of sums, from tiles 4-5 and 6-7 of bfloat16
-/// operands, each 16 rows of 64 bytes), as a 2 × 2 block of a matrix product holds them.
+/// operands, each 16 rows of 64 bytes), as a 2 × 2 block of a matrix product holds them. With
+/// `loaded`, every step first loads its operand tiles (4 KiB, always the same, so from L1), in
+/// the order a product interleaves them with the products that read them.
 ///
 /// # Safety
 ///
 /// Only on a CPU with AMX-TILE and AMX-BF16, in a process granted the tiles' state.
-unsafe fn amx_loop(iters: usize) {
+unsafe fn amx_loop(iters: usize, loaded: bool) {
     let mut config = [0u8; 64];
     config[0] = 1;
     for tile in 0..8 {
         config[16 + 2 * tile..18 + 2 * tile].copy_from_slice(&64u16.to_le_bytes());
         config[48 + tile] = 16;
     }
-    // Operands of small finite values (0x3f80 is 1.0), so that the sums stay finite.
-    let operand = [0x3f80_3f80u32; 256];
+    // Operands of small finite values (0x3f80 is 1.0), so that the sums stay finite: 4 tiles,
+    // each on whole cache lines.
+    #[repr(align(64))]
+    struct Operands([u32; 4 * 256]);
+    let operands = Operands([0x3f80_3f80u32; 4 * 256]);
+    let operand = &operands.0;
     // SAFETY: the caller's contract; the configuration is valid, each load reads the 1 KiB
     // of `operand` (16 rows of 64 bytes).
     unsafe {
@@ -318,6 +328,28 @@ unsafe fn amx_loop(iters: usize) {
             stride = in(reg) 64usize,
             options(nostack, readonly),
         );
+        if loaded {
+            for _ in 0..iters {
+                std::arch::asm!(
+                    "tileloadd tmm4, [{a0} + {stride}*1]",
+                    "tileloadd tmm6, [{b0} + {stride}*1]",
+                    "tdpbf16ps tmm0, tmm4, tmm6",
+                    "tileloadd tmm7, [{b1} + {stride}*1]",
+                    "tdpbf16ps tmm1, tmm4, tmm7",
+                    "tileloadd tmm5, [{a1} + {stride}*1]",
+                    "tdpbf16ps tmm2, tmm5, tmm6",
+                    "tdpbf16ps tmm3, tmm5, tmm7",
+                    a0 = in(reg) operand.as_ptr(),
+                    a1 = in(reg) operand[256..].as_ptr(),
+                    b0 = in(reg) operand[512..].as_ptr(),
+                    b1 = in(reg) operand[768..].as_ptr(),
+                    stride = in(reg) 64usize,
+                    options(nostack, readonly),
+                );
+            }
+            std::arch::asm!("tilerelease", options(nostack, nomem));
+            return;
+        }
         for _ in 0..iters {
             std::arch::asm!(
                 "tdpbf16ps tmm0, tmm4, tmm6",

@@ -23,8 +23,8 @@ pub fn pack(w: &[u16], n: usize, k: usize) -> Vec<u16> {
 /// `[rows, N]`, row-major.
 #[inline]
 pub fn matmul_bf16_bf16<const N: usize, const K: usize>(out: &mut [f32], x: &[f32], w: &[u16], rows: usize) {
-    // SAFETY: the generated crate checks at start-up that the CPU has AVX-512F, AVX-512BW, AMX-TILE
-    // and AMX-BF16, and asks the kernel for the tiles' state; `prepared` checks the slices'
+    // SAFETY: the generated crate checks at start-up that the CPU has AVX-512F, AVX-512BW,
+    // AVX512_BF16, AMX-TILE and AMX-BF16, and asks the kernel for the tiles' state; `prepared` checks the slices'
     // lengths, and `out` and the rewritten activations stay alive until every share is done.
     unsafe { Amx::<RoundedTiles>::prepared::<N, K, _>(out, x, w, rows, |product| team::run(*product)) }
 }

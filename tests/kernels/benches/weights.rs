@@ -46,14 +46,15 @@ fn main() {
     let f32 = f32_layers;
     // The AMX tiles and the AVX512_BF16 dot products only where this CPU has them (and the
     // kernel grants the tiles), on weights packed by `pack`: the same layout for every
-    // implementation over shared/amx_bf16.rs.
+    // implementation over shared/amx_bf16.rs, copied onto whole cache lines as the crates'
+    // loader places them.
     let amx = monogen_kernel_tests::cpu_has!("avx512f", "avx512bw", "amx-tile", "amx-bf16");
     let dot = monogen_kernel_tests::cpu_has!("avx512f", "avx512bw", "avx512bf16");
-    let tiles: Vec<[Vec<u16>; 7]> = bf16
+    let tiles: Vec<[Tiles; 7]> = bf16
         .iter()
         .map(|l| {
             std::array::from_fn(|i| {
-                kernels::matmul_bf16_bf16__avx512_threads::pack(&l[i], SHAPES[i].0, SHAPES[i].1)
+                Tiles::new(&kernels::matmul_bf16_bf16__avx512_threads::pack(&l[i], SHAPES[i].0, SHAPES[i].1))
             })
         })
         .collect();
@@ -141,6 +142,34 @@ fn time(f: impl FnOnce()) -> f64 {
     start.elapsed().as_secs_f64()
 }
 
+/// Packed bfloat16 weights starting on a cache line, as a crate's loader places them: a tile
+/// load (`tileloadd`) from an address that is not a multiple of 64 takes about 6 times as long,
+/// and a `Vec<u16>` of that size starts 16 bytes into its mapping.
+struct Tiles {
+    lines: Vec<Line>,
+    len: usize,
+}
+
+#[derive(Clone, Copy)]
+#[repr(align(64))]
+struct Line([u16; 32]);
+
+impl Tiles {
+    fn new(values: &[u16]) -> Tiles {
+        let mut lines = vec![Line([0; 32]); values.len().div_ceil(32)];
+        for (line, values) in lines.iter_mut().zip(values.chunks(32)) {
+            line.0[..values.len()].copy_from_slice(values);
+        }
+        Tiles { lines, len: values.len() }
+    }
+
+    fn as_slice(&self) -> &[u16] {
+        // SAFETY: the lines hold at least `len` values, and a `Line` is 32 `u16` and nothing
+        // else.
+        unsafe { std::slice::from_raw_parts(self.lines.as_ptr().cast(), self.len) }
+    }
+}
+
 /// Blockwise int8 with a scale per 32 values, as the int8 crates quantize at load.
 fn quantize(m: &[f32]) -> (Vec<i8>, Vec<f32>) {
     let (mut values, mut scales) = (Vec::with_capacity(m.len()), Vec::new());
@@ -165,6 +194,17 @@ macro_rules! dispatch {
             }
         }
     };
+    ($name:ident, $module:ident, $kernel:ident, tiles) => {
+        fn $name(n: usize, k: usize, out: &mut [f32], x: &[f32], w: &Tiles, rows: usize) {
+            let (out, x, w) = (black_box(out), black_box(x), black_box(w.as_slice()));
+            match (n, k) {
+                (DIM, DIM) => kernels::$module::$kernel::<DIM, DIM>(out, x, w, rows),
+                (HIDDEN, DIM) => kernels::$module::$kernel::<HIDDEN, DIM>(out, x, w, rows),
+                (DIM, HIDDEN) => kernels::$module::$kernel::<DIM, HIDDEN>(out, x, w, rows),
+                _ => unreachable!(),
+            }
+        }
+    };
     ($name:ident, $module:ident, $kernel:ident, $w:ty) => {
         fn $name(n: usize, k: usize, out: &mut [f32], x: &[f32], w: &Vec<$w>, rows: usize) {
             let (out, x, w) = (black_box(out), black_box(x), black_box(w.as_slice()));
@@ -184,10 +224,10 @@ dispatch!(f32_packed, matmul__avx512_packed_threads, matmul, f32);
 dispatch!(f32_repack, matmul__avx512_repack_threads, matmul, f32);
 dispatch!(bf16_product, matmul_bf16__avx512_threads, matmul_bf16, u16);
 dispatch!(bf16_repack, matmul_bf16__avx512_repack_threads, matmul_bf16, u16);
-dispatch!(bf16_amx, matmul_bf16__amx_threads, matmul_bf16, u16);
-dispatch!(rounded_fma, matmul_bf16_bf16__avx512_threads, matmul_bf16_bf16, u16);
-dispatch!(rounded_dot, matmul_bf16_bf16__avx512bf16_threads, matmul_bf16_bf16, u16);
-dispatch!(rounded_amx, matmul_bf16_bf16__amx_threads, matmul_bf16_bf16, u16);
+dispatch!(bf16_amx, matmul_bf16__amx_threads, matmul_bf16, tiles);
+dispatch!(rounded_fma, matmul_bf16_bf16__avx512_threads, matmul_bf16_bf16, tiles);
+dispatch!(rounded_dot, matmul_bf16_bf16__avx512bf16_threads, matmul_bf16_bf16, tiles);
+dispatch!(rounded_amx, matmul_bf16_bf16__amx_threads, matmul_bf16_bf16, tiles);
 dispatch!(q8_product, matmul_q8__avx512_vnni_threads, matmul_q8, int8);
 dispatch!(q8_repack, matmul_q8__avx512_vnni_repack_threads, matmul_q8, int8);
 dispatch!(q8_one, matmul_q8__avx512_vnni, matmul_q8, int8);
