@@ -2,10 +2,11 @@
 //! line, the peak rate of f32 fused multiply-adds with AVX2 and AVX-512, and that of int8
 //! products with AVX-512 VNNI (`vpdpbusd`: 64 multiply-adds of bytes into 16 i32 lanes), and,
 //! where the CPU has AMX-BF16, that of bfloat16 tile products (`tdpbf16ps`: 16 × 16 × 32
-//! multiply-adds into a tile of f32) and the ceiling of a matrix product on the tiles that loads
-//! its operands (the same 2 × 2 block of products, each step loading its 2 + 2 operand tiles from
-//! L1 with `tileloadd`, as a product over 8 tiles must), at 1 to `--threads` threads. Each figure is the best of `--rounds` rounds (a peak is what the hardware can do,
-//! so the fastest round is the estimate; noise only makes rounds slower).
+//! multiply-adds into a tile of f32), alone and with the loads of a matrix product over 8 tiles
+//! (the same 2 × 2 block of products, each step loading its 2 + 2 operand tiles from L1 with
+//! `tileloadd`, from cache lines and 16 bytes off them), at 1 to `--threads` threads. Each figure
+//! is the best of `--rounds` rounds (a peak is what the hardware can do, so the fastest round is
+//! the estimate; noise only makes rounds slower).
 //!
 //! Usage: monogen-peaks [--threads N] [--rounds R] [--json] SIZE...   (SIZE like 64M, 2G)
 
@@ -46,8 +47,9 @@ fn main() {
             results.push((format!("vnni_avx512_gop_s {t}t"), vnni_peak(t, rounds)));
         }
         if amx_bf16_usable() {
-            results.push((format!("amx_bf16_gflop_s {t}t"), amx_peak(t, rounds, false)));
-            results.push((format!("amx_bf16_loaded_gflop_s {t}t"), amx_peak(t, rounds, true)));
+            results.push((format!("amx_bf16_gflop_s {t}t"), amx_peak(t, rounds, None)));
+            results.push((format!("amx_bf16_loaded_gflop_s {t}t"), amx_peak(t, rounds, Some(0))));
+            results.push((format!("amx_bf16_loaded_off_line_gflop_s {t}t"), amx_peak(t, rounds, Some(16))));
         }
     }
     if json {
@@ -55,7 +57,7 @@ fn main() {
         println!("{{{}}}", fields.join(", "));
     } else {
         for (name, value) in &results {
-            println!("{name:<32} {value:>10.2}");
+            println!("{name:<36} {value:>10.2}");
         }
     }
 }
@@ -269,8 +271,8 @@ fn amx_bf16_usable() -> bool {
 
 /// GFLOP/s of bfloat16 tile products (2 per multiply-add, 16 × 16 × 32 per `tdpbf16ps`) on
 /// `threads` threads, best of `rounds`; with `loaded`, each step of 4 products also loads the 4
-/// operand tiles they read.
-fn amx_peak(threads: usize, rounds: usize, loaded: bool) -> f64 {
+/// operand tiles they read, from that many bytes past the start of a cache line.
+fn amx_peak(threads: usize, rounds: usize, loaded: Option<usize>) -> f64 {
     const ITERS: usize = 1_000_000;
     let mut best = f64::INFINITY;
     for round in 0..=rounds {
@@ -292,24 +294,25 @@ fn amx_peak(threads: usize, rounds: usize, loaded: bool) -> f64 {
 /// 4 independent chains of `tdpbf16ps` (tiles 0-3 of sums, from tiles 4-5 and 6-7 of bfloat16
 /// operands, each 16 rows of 64 bytes), as a 2 × 2 block of a matrix product holds them. With
 /// `loaded`, every step first loads its operand tiles (4 KiB, always the same, so from L1), in
-/// the order a product interleaves them with the products that read them.
+/// the order a product interleaves them with the products that read them, from that many bytes
+/// (below 64) past the start of a cache line: off a line, each row of a tile straddles two.
 ///
 /// # Safety
 ///
 /// Only on a CPU with AMX-TILE and AMX-BF16, in a process granted the tiles' state.
-unsafe fn amx_loop(iters: usize, loaded: bool) {
+unsafe fn amx_loop(iters: usize, loaded: Option<usize>) {
     let mut config = [0u8; 64];
     config[0] = 1;
     for tile in 0..8 {
         config[16 + 2 * tile..18 + 2 * tile].copy_from_slice(&64u16.to_le_bytes());
         config[48 + tile] = 16;
     }
-    // Operands of small finite values (0x3f80 is 1.0), so that the sums stay finite: 4 tiles,
-    // each on whole cache lines.
+    // Operands of small finite values (0x3f80 is 1.0), so that the sums stay finite: 4 tiles
+    // from a cache line on, and a line to spare for an offset.
     #[repr(align(64))]
-    struct Operands([u32; 4 * 256]);
-    let operands = Operands([0x3f80_3f80u32; 4 * 256]);
-    let operand = &operands.0;
+    struct Operands([u32; 4 * 256 + 16]);
+    let operands = Operands([0x3f80_3f80u32; 4 * 256 + 16]);
+    let operand = &operands.0[loaded.unwrap_or(0) / 4..];
     // SAFETY: the caller's contract; the configuration is valid, each load reads the 1 KiB
     // of `operand` (16 rows of 64 bytes).
     unsafe {
@@ -328,7 +331,7 @@ unsafe fn amx_loop(iters: usize, loaded: bool) {
             stride = in(reg) 64usize,
             options(nostack, readonly),
         );
-        if loaded {
+        if loaded.is_some() {
             for _ in 0..iters {
                 std::arch::asm!(
                     "tileloadd tmm4, [{a0} + {stride}*1]",
