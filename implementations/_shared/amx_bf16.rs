@@ -22,6 +22,12 @@
 //!
 //! A prefill passes every 32 rows of activations over each packed block with 4 tiles of sums
 //! (2 × 2 tiles of 16 × 16), 2 tiles of activations and 2 of weights: the 8 tiles there are.
+//! Every step loads its 4 operand tiles with `tileloadd`, which is fast only from whole cache
+//! lines: from 16 bytes off a line (each row of the tile straddling two), a load took about 20
+//! ns against 3 on this session's machine, and 4 of them per 4 products (about 7 ns each) held
+//! a 2 × 2 block to 37% of the products' peak (`bench/peaks`). The activations' tiles are
+//! therefore kept on cache lines, and the weights must start on one: the crates' loader places
+//! them so (a `Vec<u16>` as large as a matrix starts 16 bytes into its mapping).
 //!
 //! # The packed layout
 //!
@@ -89,7 +95,9 @@ pub const fn packed_len(n: usize, k: usize) -> usize {
     n.div_ceil(GRANULE) * GRANULE * k.div_ceil(STEP) * STEP
 }
 
-/// The `[n, k]` row-major bfloat16 weights `w` in the packed layout (see the module's docs).
+/// The `[n, k]` row-major bfloat16 weights `w` in the packed layout (see the module's docs). The
+/// products read the result fastest from an address that is a multiple of 64 bytes, which the
+/// returned `Vec` does not promise.
 ///
 /// # Safety
 ///
