@@ -164,8 +164,9 @@ impl<W: Weight> Repack<W> {
     }
 
     /// The `R × 16·V` block of `out` at row `r`, column `j`, from the packed block. With a
-    /// non-empty `next`, steps also ask for the lines of weight rows `next` into L2, evenly
-    /// spread, so that all of them are on their way by the last step.
+    /// non-empty `next`, the steps also ask for the lines of weight rows `next` into L2, a line
+    /// of each row every 64 bytes of weights along K, so that all of them are on their way by
+    /// the last step.
     #[inline]
     #[target_feature(enable = "avx512f")]
     unsafe fn tile<const R: usize, const V: usize>(
@@ -179,35 +180,34 @@ impl<W: Weight> Repack<W> {
         let p = &self.0;
         let k = p.k;
         let stride = V * LANES;
-        // Each weight row's lines of the next block, one line of every row per `per_line`
-        // steps: at step `at`, the rows whose turn falls on phase `at % per_line`.
+        // Steps per line of a weight row: at the first step of each run of that many, one line
+        // of each of the weight rows `next`, at the run's place along K. The inner steps then
+        // carry nothing but their own loads and multiply-adds (with the fetches' arithmetic in
+        // every step, the compiled step spilled the rows' pointers to the stack).
         let per_line = 64 / size_of::<W>();
-        let next_rows = next.len();
         // SAFETY (every pointer below): rows `r..r + R` of x hold `k` values each; the buffer
         // holds `k` steps of `stride` values.
         let xs: [*const f32; R] = std::array::from_fn(|i| unsafe { p.x.add((r + i) * k) });
         let mut acc = [[_mm512_setzero_ps(); V]; R];
-        for at in 0..k {
-            let step = unsafe { packed.add(at * stride) };
-            if next_rows > 0 {
-                let phase = at % per_line;
-                for row in phase * next_rows / per_line..(phase + 1) * next_rows / per_line {
-                    // A prefetch never faults, even past the end of the weights.
-                    let line = p.w.wrapping_add((next.start + row) * k + at - phase);
-                    _mm_prefetch::<_MM_HINT_T1>(line.cast());
-                }
+        for run in (0..k).step_by(per_line) {
+            for row in next.clone() {
+                // A prefetch never faults, even past the end of the weights.
+                _mm_prefetch::<_MM_HINT_T1>(p.w.wrapping_add(row * k + run).cast());
             }
-            for v in 0..V {
-                _mm_prefetch::<_MM_HINT_T0>(step.wrapping_add(AHEAD * stride + v * LANES).cast());
-            }
-            let mut wv = [_mm512_setzero_ps(); V];
-            for v in 0..V {
-                wv[v] = unsafe { _mm512_load_ps(step.add(v * LANES)) };
-            }
-            for i in 0..R {
-                let xv = _mm512_set1_ps(unsafe { *xs[i].add(at) });
+            for at in run..(run + per_line).min(k) {
+                let step = unsafe { packed.add(at * stride) };
                 for v in 0..V {
-                    acc[i][v] = _mm512_fmadd_ps(xv, wv[v], acc[i][v]);
+                    _mm_prefetch::<_MM_HINT_T0>(step.wrapping_add(AHEAD * stride + v * LANES).cast());
+                }
+                let mut wv = [_mm512_setzero_ps(); V];
+                for v in 0..V {
+                    wv[v] = unsafe { _mm512_load_ps(step.add(v * LANES)) };
+                }
+                for i in 0..R {
+                    let xv = _mm512_set1_ps(unsafe { *xs[i].add(at) });
+                    for v in 0..V {
+                        acc[i][v] = _mm512_fmadd_ps(xv, wv[v], acc[i][v]);
+                    }
                 }
             }
         }
