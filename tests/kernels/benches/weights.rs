@@ -194,19 +194,8 @@ macro_rules! dispatch {
             }
         }
     };
-    ($name:ident, $module:ident, $kernel:ident, tiles) => {
-        fn $name(n: usize, k: usize, out: &mut [f32], x: &[f32], w: &Tiles, rows: usize) {
-            let (out, x, w) = (black_box(out), black_box(x), black_box(w.as_slice()));
-            match (n, k) {
-                (DIM, DIM) => kernels::$module::$kernel::<DIM, DIM>(out, x, w, rows),
-                (HIDDEN, DIM) => kernels::$module::$kernel::<HIDDEN, DIM>(out, x, w, rows),
-                (DIM, HIDDEN) => kernels::$module::$kernel::<DIM, HIDDEN>(out, x, w, rows),
-                _ => unreachable!(),
-            }
-        }
-    };
     ($name:ident, $module:ident, $kernel:ident, $w:ty) => {
-        fn $name(n: usize, k: usize, out: &mut [f32], x: &[f32], w: &Vec<$w>, rows: usize) {
+        fn $name(n: usize, k: usize, out: &mut [f32], x: &[f32], w: &$w, rows: usize) {
             let (out, x, w) = (black_box(out), black_box(x), black_box(w.as_slice()));
             match (n, k) {
                 (DIM, DIM) => kernels::$module::$kernel::<DIM, DIM>(out, x, w, rows),
@@ -218,16 +207,16 @@ macro_rules! dispatch {
     };
 }
 
-dispatch!(f32_product, matmul__avx512_threads, matmul, f32);
-dispatch!(f32_panels, matmul__avx512_panels_threads, matmul, f32);
-dispatch!(f32_packed, matmul__avx512_packed_threads, matmul, f32);
-dispatch!(f32_repack, matmul__avx512_repack_threads, matmul, f32);
-dispatch!(bf16_product, matmul_bf16__avx512_threads, matmul_bf16, u16);
-dispatch!(bf16_repack, matmul_bf16__avx512_repack_threads, matmul_bf16, u16);
-dispatch!(bf16_amx, matmul_bf16__amx_threads, matmul_bf16, tiles);
-dispatch!(rounded_fma, matmul_bf16_bf16__avx512_threads, matmul_bf16_bf16, tiles);
-dispatch!(rounded_dot, matmul_bf16_bf16__avx512bf16_threads, matmul_bf16_bf16, tiles);
-dispatch!(rounded_amx, matmul_bf16_bf16__amx_threads, matmul_bf16_bf16, tiles);
+dispatch!(f32_product, matmul__avx512_threads, matmul, Vec<f32>);
+dispatch!(f32_panels, matmul__avx512_panels_threads, matmul, Vec<f32>);
+dispatch!(f32_packed, matmul__avx512_packed_threads, matmul, Vec<f32>);
+dispatch!(f32_repack, matmul__avx512_repack_threads, matmul, Vec<f32>);
+dispatch!(bf16_product, matmul_bf16__avx512_threads, matmul_bf16, Vec<u16>);
+dispatch!(bf16_repack, matmul_bf16__avx512_repack_threads, matmul_bf16, Vec<u16>);
+dispatch!(bf16_amx, matmul_bf16__amx_threads, matmul_bf16, Tiles);
+dispatch!(rounded_fma, matmul_bf16_bf16__avx512_threads, matmul_bf16_bf16, Tiles);
+dispatch!(rounded_dot, matmul_bf16_bf16__avx512bf16_threads, matmul_bf16_bf16, Tiles);
+dispatch!(rounded_amx, matmul_bf16_bf16__amx_threads, matmul_bf16_bf16, Tiles);
 dispatch!(q8_product, matmul_q8__avx512_vnni_threads, matmul_q8, int8);
 dispatch!(q8_repack, matmul_q8__avx512_vnni_repack_threads, matmul_q8, int8);
 dispatch!(q8_one, matmul_q8__avx512_vnni, matmul_q8, int8);
