@@ -16,8 +16,8 @@ fn init_reproduces_the_committed_workloads() {
         (
             "all-minilm-l6-v2",
             "all-minilm-l6-v2-cpu-f32",
-            "x86-64-v4",
-            "intel-xeon-2c",
+            "x86-64-v3",
+            "amd-epyc-2c",
             &["modules.json", "1_Pooling/config.json", "sentence_bert_config.json"],
         ),
     ];

@@ -1,0 +1,268 @@
+//! Matrix product `out = x · wᵀ` with blockwise int8 weights, AVX2 and FMA, on `THREADS`
+//! threads: for CPUs without AVX-512 VNNI (x86-64-v3), where a byte per weight quarters what
+//! a decode step reads.
+//!
+//! The calling thread quantizes the activations once, as the interface defines (per block of
+//! 32: d = max|x| / 127, q = round(x · 127 / max|x|), ties to even). The weight rows are then
+//! cut into `THREADS` shares that the persistent team of `shared/team.rs` computes, the calling
+//! thread taking the first; each share is taken in blocks of about 16 KiB of weights, over
+//! which every activation row passes while the block is in L1.
+//!
+//! A block of 32 products of signed bytes takes three instructions without VNNI: `vpsignb`
+//! moves the activations' signs onto the weights (so that the activations can be read as
+//! unsigned magnitudes), `vpmaddubsw` multiplies and adds pairs into 16 bits (at most
+//! 2 · 127 · 127, which cannot saturate) and `vpmaddwd` by ones adds pairs into 8 exact 32-bit
+//! sums. Those become f32 and are multiplied by the block's two scales into the tile's
+//! accumulators, lane by lane, so a dot product's blocks are added in f32 as the interface
+//! allows. Tiles are 2 activation rows × 4 weight rows, or 1 × 8 for a row left over (a decode
+//! step); a row's last block, when 32 does not divide K, is zero-padded in the quantized
+//! activations and copied zero-padded from the weights.
+
+use std::arch::x86_64::*;
+use std::ops::Range;
+
+use super::shared::avx2_math::{LANES, hmax, hsum, sum8};
+use super::shared::team::{self, Job};
+
+/// Values of K that share one scale.
+const BLOCK: usize = 32;
+
+/// Bytes of weights per block that the activation rows pass over while it is in L1.
+const BLOCK_BYTES: usize = 16 * 1024;
+
+/// Computes `out[r, n] = Σ_b dx[r, b] · dw[n, b] · Σ_{k in b} qx[r, k] · w[n, k]` for `rows`
+/// rows.
+///
+/// `x`: `[rows, K]`, `w`: `[N, K]` int8, `scales`: `[N, ⌈K/32⌉]`, `out`: `[rows, N]`, all
+/// row-major.
+#[inline]
+pub fn matmul_q8<const N: usize, const K: usize>(
+    out: &mut [f32],
+    x: &[f32],
+    w: &[i8],
+    scales: &[f32],
+    rows: usize,
+) {
+    let blocks = K.div_ceil(BLOCK);
+    assert!(x.len() >= rows * K, "matmul_q8: x is shorter than {rows} rows of {K}");
+    assert!(w.len() >= N * K, "matmul_q8: w is shorter than {N} rows of {K}");
+    assert!(scales.len() >= N * blocks, "matmul_q8: scales is shorter than {N} rows of {blocks}");
+    assert!(out.len() >= rows * N, "matmul_q8: out is shorter than {rows} rows of {N}");
+    // Each activation row quantized into whole blocks (the last one zero-padded).
+    let mut qx = vec![0i8; rows * blocks * BLOCK];
+    let mut dx = vec![0f32; rows * blocks];
+    for r in 0..rows {
+        // SAFETY: the generated crate checks at start-up that the CPU has AVX2 and FMA.
+        unsafe {
+            quantize_row(
+                &x[r * K..][..K],
+                &mut qx[r * blocks * BLOCK..][..blocks * BLOCK],
+                &mut dx[r * blocks..][..blocks],
+            )
+        };
+    }
+    let product = Product {
+        out: out.as_mut_ptr(),
+        qx: qx.as_ptr(),
+        dx: dx.as_ptr(),
+        w: w.as_ptr(),
+        scales: scales.as_ptr(),
+        rows,
+        n: N,
+        k: K,
+    };
+    // SAFETY: as above; the pointers come from slices just checked to hold the operands, and
+    // `out`, `qx` and `dx` stay alive until every share is done.
+    unsafe { team::run(Shared(product)) }
+}
+
+/// Quantizes one row of activations per block of 32 into `q` (whole blocks, the last one
+/// zero-padded) and their scales into `d`.
+#[target_feature(enable = "avx2,fma")]
+fn quantize_row(x: &[f32], q: &mut [i8], d: &mut [f32]) {
+    let magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fff_ffff));
+    // `vpackssdw` and `vpacksswb` interleave their 128-bit halves: this puts the 8 groups of
+    // 4 bytes back in order.
+    let order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    for ((xs, qs), d) in x.chunks(BLOCK).zip(q.chunks_exact_mut(BLOCK)).zip(d) {
+        if xs.len() < BLOCK {
+            let amax = xs.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+            let inverse = if amax > 0.0 { 127.0 / amax } else { 0.0 };
+            *d = amax / 127.0;
+            for (q, &v) in qs.iter_mut().zip(xs) {
+                *q = (v * inverse).round_ties_even() as i8;
+            }
+            continue;
+        }
+        let mut v = [_mm256_setzero_ps(); 4];
+        let mut top = _mm256_setzero_ps();
+        for (i, lanes) in v.iter_mut().enumerate() {
+            // SAFETY: `xs` holds 32 values.
+            *lanes = unsafe { _mm256_loadu_ps(xs.as_ptr().add(i * LANES)) };
+            top = _mm256_max_ps(top, _mm256_and_ps(*lanes, magnitude));
+        }
+        let amax = hmax(top);
+        let inverse = if amax > 0.0 { 127.0 / amax } else { 0.0 };
+        *d = amax / 127.0;
+        let scale = _mm256_set1_ps(inverse);
+        let mut ints = [_mm256_setzero_si256(); 4];
+        for (int, &lanes) in ints.iter_mut().zip(&v) {
+            let rounded = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
+                _mm256_mul_ps(lanes, scale),
+            );
+            *int = _mm256_cvtps_epi32(rounded);
+        }
+        let words = [_mm256_packs_epi32(ints[0], ints[1]), _mm256_packs_epi32(ints[2], ints[3])];
+        let bytes = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(words[0], words[1]), order);
+        // SAFETY: `qs` is 32 writable bytes.
+        unsafe { _mm256_storeu_si256(qs.as_mut_ptr().cast(), bytes) };
+    }
+}
+
+/// The operands of one call: `out` is `[rows, n]`; `qx` `[rows, blocks · 32]` and `dx`
+/// `[rows, blocks]` the quantized activations; `w` `[n, k]` and `scales` `[n, blocks]`.
+#[derive(Clone, Copy)]
+pub(crate) struct Product {
+    out: *mut f32,
+    qx: *const i8,
+    dx: *const f32,
+    w: *const i8,
+    scales: *const f32,
+    rows: usize,
+    n: usize,
+    k: usize,
+}
+
+// SAFETY: the team's threads write disjoint columns of `out` and only read the rest.
+unsafe impl Send for Product {}
+
+impl Product {
+    /// Computes the columns `cols` of every row of `out`.
+    ///
+    /// # Safety
+    ///
+    /// The CPU has AVX2 and FMA, the pointers hold the operands' sizes, and no other thread
+    /// writes these columns meanwhile.
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn columns(&self, cols: Range<usize>) {
+        let block = (BLOCK_BYTES / self.k).max(1).next_multiple_of(4);
+        let mut n0 = cols.start;
+        while n0 < cols.end {
+            let n1 = (n0 + block).min(cols.end);
+            let mut r = 0;
+            while r + 2 <= self.rows {
+                // SAFETY: rows r..r + 2 and weight rows n0..n1 lie inside the operands.
+                unsafe { self.row_block::<2, 4>(r, n0..n1) };
+                r += 2;
+            }
+            if r < self.rows {
+                // SAFETY: as above, for row r.
+                unsafe { self.row_block::<1, 8>(r, n0..n1) };
+            }
+            n0 = n1;
+        }
+    }
+
+    /// Columns `cols` of rows `r..r + R`: `C` columns per tile, then the rest one at a time.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn row_block<const R: usize, const C: usize>(&self, r: usize, cols: Range<usize>) {
+        let mut n = cols.start;
+        while n + C <= cols.end {
+            // SAFETY: the caller's contract.
+            unsafe { self.tile::<R, C>(r, n) };
+            n += C;
+        }
+        while n < cols.end {
+            // SAFETY: the caller's contract.
+            unsafe { self.tile::<R, 1>(r, n) };
+            n += 1;
+        }
+    }
+
+    /// Writes the `R × C` block of `out` at row `r`, column `n`.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn tile<const R: usize, const C: usize>(&self, r: usize, n: usize) {
+        let (k, blocks) = (self.k, self.k.div_ceil(BLOCK));
+        let ones = _mm256_set1_epi16(1);
+        let mut acc = [[_mm256_setzero_ps(); C]; R];
+        for b in 0..blocks {
+            let start = b * BLOCK;
+            let len = BLOCK.min(k - start);
+            let mut wv = [_mm256_setzero_si256(); C];
+            let mut dw = [0f32; C];
+            for (j, (v, d)) in wv.iter_mut().zip(&mut dw).enumerate() {
+                // SAFETY: weight row n + j and its scales lie inside `w` and `scales`.
+                let row = unsafe { self.w.add((n + j) * k + start) };
+                *d = unsafe { *self.scales.add((n + j) * blocks + b) };
+                *v = if len == BLOCK {
+                    // SAFETY: 32 weights from `start` lie inside the row.
+                    unsafe { _mm256_loadu_si256(row.cast()) }
+                } else {
+                    let mut last = [0i8; BLOCK];
+                    // SAFETY: the row's last `len` weights.
+                    last[..len].copy_from_slice(unsafe { std::slice::from_raw_parts(row, len) });
+                    // SAFETY: `last` is 32 readable bytes.
+                    unsafe { _mm256_loadu_si256(last.as_ptr().cast()) }
+                };
+            }
+            for (i, acc_row) in acc.iter_mut().enumerate() {
+                let row = (r + i) * blocks;
+                // SAFETY: row r + i's quantized block b and its scale lie inside `qx` and `dx`.
+                let (xv, d) = unsafe {
+                    (_mm256_loadu_si256(self.qx.add((row + b) * BLOCK).cast()), *self.dx.add(row + b))
+                };
+                let magnitudes = _mm256_sign_epi8(xv, xv);
+                for ((a, &wl), &dwj) in acc_row.iter_mut().zip(&wv).zip(&dw) {
+                    let pairs = _mm256_maddubs_epi16(magnitudes, _mm256_sign_epi8(wl, xv));
+                    let sums = _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, ones));
+                    *a = _mm256_fmadd_ps(sums, _mm256_set1_ps(d * dwj), *a);
+                }
+            }
+        }
+        let out_row = |i: usize| {
+            // SAFETY: row r + i, columns n..n + C of `out`, which this share owns.
+            unsafe { std::slice::from_raw_parts_mut(self.out.add((r + i) * self.n + n), C) }
+        };
+        if R * C == LANES {
+            let mut flat = [_mm256_setzero_ps(); LANES];
+            for (v, &a) in flat.iter_mut().zip(acc.as_flattened()) {
+                *v = a;
+            }
+            let mut sums = [0.0f32; LANES];
+            // SAFETY: `sums` is 8 writable floats.
+            unsafe { _mm256_storeu_ps(sums.as_mut_ptr(), sum8(flat)) };
+            for (i, row_sums) in sums.chunks_exact(C).enumerate() {
+                out_row(i).copy_from_slice(row_sums);
+            }
+        } else {
+            for (i, acc_row) in acc.iter().enumerate() {
+                let dst = out_row(i);
+                for (d, &lanes) in dst.iter_mut().zip(acc_row) {
+                    *d = hsum(lanes);
+                }
+            }
+        }
+    }
+}
+
+/// A product of this implementation, as the crate's team shares it.
+#[derive(Clone, Copy)]
+pub(crate) struct Shared(Product);
+
+impl Job for Shared {
+    fn n(&self) -> usize {
+        self.0.n
+    }
+
+    fn work(&self) -> usize {
+        self.0.rows * self.0.n * self.0.k
+    }
+
+    unsafe fn columns(&self, cols: Range<usize>) {
+        // SAFETY: the caller's contract, which `run` keeps; `matmul_q8` enters only on a CPU
+        // with AVX2 and FMA.
+        unsafe { self.0.columns(cols) }
+    }
+}
