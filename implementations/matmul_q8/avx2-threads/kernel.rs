@@ -145,7 +145,9 @@ impl Product {
     /// writes these columns meanwhile.
     #[target_feature(enable = "avx2,fma")]
     unsafe fn columns(&self, cols: Range<usize>) {
-        let block = (BLOCK_BYTES / self.k).max(1).next_multiple_of(4);
+        // A multiple of 8, which both tile widths divide: no column of a block is left to
+        // the single-column tiles, whose one chain of multiply-adds waits on each in turn.
+        let block = (BLOCK_BYTES / self.k).max(1).next_multiple_of(8);
         let mut n0 = cols.start;
         while n0 < cols.end {
             let n1 = (n0 + block).min(cols.end);
