@@ -39,9 +39,14 @@ fn for_this_machine(repo: &Path) {
 /// which kernel wins.
 fn mechanism_repo() -> tempfile::TempDir {
     let repo = measured_repo();
-    for competitor in ["avx2-fma-threads", "gemm-crate"] {
+    for competitor in ["avx2-fma-threads", "avx2-fma-team", "gemm-crate"] {
         std::fs::remove_dir_all(repo.path().join("implementations/matmul").join(competitor)).unwrap();
     }
+    // The AVX-512 product shadows the team's AVX2 one, which is gone.
+    let avx512 = repo.path().join("implementations/matmul/avx512/manifest.toml");
+    let manifest = std::fs::read_to_string(&avx512).unwrap();
+    assert!(manifest.contains("shadows = [\"avx2-fma-team\"]"), "{manifest}");
+    std::fs::write(&avx512, manifest.replace("shadows = [\"avx2-fma-team\"]", "shadows = []")).unwrap();
     repo
 }
 
@@ -188,17 +193,17 @@ fn editing_an_implementation_makes_its_records_stale_and_explain_and_check_name_
         text.contains("evidence: STALE (its source (kernel.rs or a shared module it uses) changed since it was measured)"),
         "{text}"
     );
-    assert!(text.contains("! matmul/scalar's measurements on intel-xeon-2c are stale"), "{text}");
+    assert!(text.contains("! matmul/scalar's measurements on amd-epyc-2c are stale"), "{text}");
     let out = monogen(repo.path(), &["check", "--all"]);
     assert_eq!(out.status.code(), Some(1));
     let report = stdout(&out);
     assert!(
-        report.contains("because matmul/scalar's measurements on intel-xeon-2c are stale: its source"),
+        report.contains("because matmul/scalar's measurements on amd-epyc-2c are stale: its source"),
         "{report}"
     );
     assert!(
         report.contains(
-            "fix: monogen bench workloads/stories260k-cpu-f32.toml (on hardware class intel-xeon-2c)"
+            "fix: monogen bench workloads/stories260k-cpu-f32.toml (on hardware class amd-epyc-2c)"
         ),
         "{report}"
     );
@@ -215,7 +220,7 @@ fn editing_an_implementation_makes_its_records_stale_and_explain_and_check_name_
     let out = monogen(repo.path(), &["check", "--all"]);
     assert_eq!(out.status.code(), Some(1));
     assert!(
-        stdout(&out).contains("matmul/avx2-fma's measurements on intel-xeon-2c are stale"),
+        stdout(&out).contains("matmul/avx2-fma's measurements on amd-epyc-2c are stale"),
         "{}",
         stdout(&out)
     );
@@ -223,7 +228,7 @@ fn editing_an_implementation_makes_its_records_stale_and_explain_and_check_name_
 
 /// Rewrites the median and 90th percentile of `implementation`'s matmul record.
 fn set_record(repo: &Path, implementation: &str, median: u64, p90: u64) {
-    let path = repo.join("rankings/intel-xeon-2c/matmul.toml");
+    let path = repo.join("rankings/amd-epyc-2c/matmul.toml");
     let text = std::fs::read_to_string(&path).unwrap();
     let shapes = monogen::rankings::shapes_signature(
         &monogen::workload::WorkloadSource::read(&repo.join(WORKLOAD)).unwrap().parse().unwrap(),
@@ -272,7 +277,7 @@ fn a_difference_inside_the_noise_never_flips_a_choice_and_a_2x_one_does() {
     )
     .unwrap();
     // The twin's record: avx2-fma's, renamed (as a bench run on this class would write it).
-    let path = repo.path().join("rankings/intel-xeon-2c/matmul.toml");
+    let path = repo.path().join("rankings/amd-epyc-2c/matmul.toml");
     let text = std::fs::read_to_string(&path).unwrap();
     let shapes = monogen::rankings::shapes_signature(
         &monogen::workload::WorkloadSource::read(&repo.path().join(WORKLOAD)).unwrap().parse().unwrap(),
@@ -375,14 +380,17 @@ fn affected_follows_the_folder_taxonomy() {
     let doc = affected(repo.path());
     assert_eq!(doc["regenerate"], serde_json::json!([]));
 
-    // avx2-fma: the default workload uses it; the untied scalar-only workload cannot.
-    let kernel = repo.path().join("implementations/matmul/avx2-fma/kernel.rs");
+    // avx2-fma-team: the default workload uses it; the untied scalar-only workload cannot.
+    let kernel = repo.path().join("implementations/matmul/avx2-fma-team/kernel.rs");
     std::fs::write(&kernel, std::fs::read_to_string(&kernel).unwrap() + "\n").unwrap();
     std::fs::write(repo.path().join("NOTES.md"), "unrelated\n").unwrap();
     let doc = affected(repo.path());
     assert_eq!(doc["regenerate"].as_array().unwrap().len(), 1, "{doc}");
     assert_eq!(doc["regenerate"][0]["workload"], WORKLOAD);
-    assert_eq!(doc["regenerate"][0]["reasons"][0], "implementations/matmul/avx2-fma changed (it uses it)");
+    assert_eq!(
+        doc["regenerate"][0]["reasons"][0],
+        "implementations/matmul/avx2-fma-team changed (it uses it)"
+    );
     assert_eq!(doc["rebench"][0]["interfaces"], serde_json::json!(["matmul"]));
     assert_eq!(doc["unaffecting"], serde_json::json!(["NOTES.md"]));
     git(repo.path(), &["checkout", "-q", "--", "."]);
@@ -426,7 +434,7 @@ fn affected_follows_the_folder_taxonomy() {
     let doc = affected(repo.path());
     assert_eq!(doc["rebench"][0]["interfaces"].as_array().unwrap().len(), 8, "{doc}");
     git(repo.path(), &["checkout", "-q", "--", "."]);
-    let ranking = repo.path().join("rankings/intel-xeon-2c/attention_decode.toml");
+    let ranking = repo.path().join("rankings/amd-epyc-2c/attention_decode.toml");
     std::fs::write(&ranking, std::fs::read_to_string(&ranking).unwrap() + "\n").unwrap();
     let doc = affected(repo.path());
     let names: Vec<&str> =

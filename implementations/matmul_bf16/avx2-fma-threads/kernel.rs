@@ -1,192 +1,29 @@
 //! Matrix product `out = x · wᵀ` with bfloat16 weights, AVX2 and FMA, on `THREADS` threads:
 //! for CPUs without AVX-512 (x86-64-v3), where halving the weights' bytes halves what a
-//! decode step reads.
-//!
-//! A bfloat16 value is the high half of an f32, so 8 of them become 8 f32 lanes with one zero
-//! extension to 32 bits and one shift left by 16 (`vpmovzxwd`, `vpslld`), in registers, as
-//! they are loaded. The weight rows are cut into `THREADS` shares that the persistent team of
-//! `shared/team.rs` computes (each thread streams its part of the weights), and each share is
-//! taken in blocks of about 16 KiB of weights, over which every activation row passes while
-//! the block is in L1. Within a block the output is cut into tiles of 4 activation rows × 2
-//! weight rows, so that each converted weight vector serves 4 fused multiply-adds; rows left
-//! over (fewer than 4, and a decode step's single row) take tiles of 1 × 8. A tile's 8
-//! accumulators of 8 lanes end in one transposed horizontal-add tree (`sum8`). K that is not a
-//! multiple of 8 ends with a masked load of the activations and a zero-padded copy of the
-//! weights' last values.
+//! decode step reads. The product of `shared/avx2_team_matmul.rs` over `u16` weights (each
+//! bfloat16 widened to f32 in registers as it is loaded), its weight rows cut into `THREADS`
+//! shares that the persistent team of `shared/team.rs` computes, the calling thread taking the
+//! first.
 
-use std::arch::x86_64::*;
 use std::ops::Range;
 
-use super::shared::avx2_math::{LANES, hsum, lane_mask, sum8};
+use super::shared::avx2_team_matmul::Product;
 use super::shared::team::{self, Job};
-
-/// Bytes of weights per block that the activation rows pass over while it is in L1.
-const BLOCK_BYTES: usize = 16 * 1024;
 
 /// Computes `out[r, n] = Σₖ x[r, k] · f32(w[n, k])` for `rows` rows.
 ///
 /// `x`: `[rows, K]`, `w`: `[N, K]` bfloat16 bits, `out`: `[rows, N]`, all row-major.
 #[inline]
 pub fn matmul_bf16<const N: usize, const K: usize>(out: &mut [f32], x: &[f32], w: &[u16], rows: usize) {
-    assert!(x.len() >= rows * K, "matmul_bf16: x is shorter than {rows} rows of {K}");
-    assert!(w.len() >= N * K, "matmul_bf16: w is shorter than {N} rows of {K}");
-    assert!(out.len() >= rows * N, "matmul_bf16: out is shorter than {rows} rows of {N}");
-    let product = Product { out: out.as_mut_ptr(), x: x.as_ptr(), w: w.as_ptr(), rows, n: N, k: K };
-    // SAFETY: the generated crate checks at start-up that the CPU has AVX2 and FMA; the
-    // pointers come from slices just checked to hold `[rows, K]`, `[N, K]` and `[rows, N]`
-    // values, and `out` stays borrowed until every share is done.
+    let product = Product::new::<N, K>(out, x, w, rows);
+    // SAFETY: the generated crate checks at start-up that the CPU has AVX2 and FMA;
+    // `Product::new` checked the slices, and `out` stays borrowed until every share is done.
     unsafe { team::run(Shared(product)) }
-}
-
-/// The operands of one call: `out` is `[rows, n]`, `x` `[rows, k]`, `w` `[n, k]`.
-#[derive(Clone, Copy)]
-pub(crate) struct Product {
-    out: *mut f32,
-    x: *const f32,
-    w: *const u16,
-    rows: usize,
-    n: usize,
-    k: usize,
-}
-
-// SAFETY: the team's threads write disjoint columns of `out` and only read `x` and `w`.
-unsafe impl Send for Product {}
-
-impl Product {
-    /// Computes the columns `cols` of every row of `out`.
-    ///
-    /// # Safety
-    ///
-    /// The CPU has AVX2 and FMA, the pointers hold the operands' sizes, and no other thread
-    /// writes these columns meanwhile.
-    #[target_feature(enable = "avx2,fma")]
-    unsafe fn columns(&self, cols: Range<usize>) {
-        // A multiple of 8, which both tile widths divide: no column of a block is left to
-        // the single-column tiles, whose one chain of multiply-adds waits on each in turn.
-        let block = (BLOCK_BYTES / (2 * self.k)).max(1).next_multiple_of(8);
-        let mut n0 = cols.start;
-        while n0 < cols.end {
-            let n1 = (n0 + block).min(cols.end);
-            let mut r = 0;
-            while r + 4 <= self.rows {
-                // SAFETY: rows r..r + 4 and weight rows n0..n1 lie inside the operands.
-                unsafe { self.row_block::<4, 2>(r, n0..n1) };
-                r += 4;
-            }
-            while r < self.rows {
-                // SAFETY: as above, for row r.
-                unsafe { self.row_block::<1, 8>(r, n0..n1) };
-                r += 1;
-            }
-            n0 = n1;
-        }
-    }
-
-    /// Columns `cols` of rows `r..r + R`: `C` columns per tile, then the rest one at a time.
-    #[inline]
-    #[target_feature(enable = "avx2,fma")]
-    unsafe fn row_block<const R: usize, const C: usize>(&self, r: usize, cols: Range<usize>) {
-        let mut n = cols.start;
-        while n + C <= cols.end {
-            // SAFETY: the caller's contract.
-            unsafe { self.tile::<R, C>(r, n) };
-            n += C;
-        }
-        while n < cols.end {
-            // SAFETY: the caller's contract.
-            unsafe { self.tile::<R, 1>(r, n) };
-            n += 1;
-        }
-    }
-
-    /// Writes the `R × C` block of `out` at row `r`, column `n`.
-    #[inline]
-    #[target_feature(enable = "avx2,fma")]
-    unsafe fn tile<const R: usize, const C: usize>(&self, r: usize, n: usize) {
-        let k = self.k;
-        let mut xs = [self.x; R];
-        for (i, row) in xs.iter_mut().enumerate() {
-            // SAFETY: row r + i is inside `x`.
-            *row = unsafe { self.x.add((r + i) * k) };
-        }
-        let mut ws = [self.w; C];
-        for (j, row) in ws.iter_mut().enumerate() {
-            // SAFETY: weight row n + j is inside `w`.
-            *row = unsafe { self.w.add((n + j) * k) };
-        }
-        let mut acc = [[_mm256_setzero_ps(); C]; R];
-        let full = k - k % LANES;
-        let mut at = 0;
-        while at < full {
-            let mut wv = [_mm256_setzero_ps(); C];
-            for (v, &row) in wv.iter_mut().zip(&ws) {
-                // SAFETY: 8 weights at `at` < `full` ≤ k lie inside the row.
-                *v = unsafe { widen(_mm_loadu_si128(row.add(at).cast())) };
-            }
-            for (acc_row, &row) in acc.iter_mut().zip(&xs) {
-                // SAFETY: 8 activations at `at` lie inside the row.
-                let xv = unsafe { _mm256_loadu_ps(row.add(at)) };
-                for (a, &wl) in acc_row.iter_mut().zip(&wv) {
-                    *a = _mm256_fmadd_ps(xv, wl, *a);
-                }
-            }
-            at += LANES;
-        }
-        if full < k {
-            let tail = k - full;
-            let mut wv = [_mm256_setzero_ps(); C];
-            for (v, &row) in wv.iter_mut().zip(&ws) {
-                let mut last = [0u16; LANES];
-                // SAFETY: the row's last `tail` weights.
-                last[..tail].copy_from_slice(unsafe { std::slice::from_raw_parts(row.add(full), tail) });
-                // SAFETY: `last` is 8 readable values.
-                *v = unsafe { widen(_mm_loadu_si128(last.as_ptr().cast())) };
-            }
-            let mask = lane_mask(tail);
-            for (acc_row, &row) in acc.iter_mut().zip(&xs) {
-                // SAFETY: the masked load reads only the row's last `tail` activations.
-                let xv = unsafe { _mm256_maskload_ps(row.add(full), mask) };
-                for (a, &wl) in acc_row.iter_mut().zip(&wv) {
-                    *a = _mm256_fmadd_ps(xv, wl, *a);
-                }
-            }
-        }
-        let out_row = |i: usize| {
-            // SAFETY: row r + i, columns n..n + C of `out`, which this share owns.
-            unsafe { std::slice::from_raw_parts_mut(self.out.add((r + i) * self.n + n), C) }
-        };
-        if R * C == LANES {
-            let mut flat = [_mm256_setzero_ps(); LANES];
-            for (v, &a) in flat.iter_mut().zip(acc.as_flattened()) {
-                *v = a;
-            }
-            let mut sums = [0.0f32; LANES];
-            // SAFETY: `sums` is 8 writable floats.
-            unsafe { _mm256_storeu_ps(sums.as_mut_ptr(), sum8(flat)) };
-            for (i, row_sums) in sums.chunks_exact(C).enumerate() {
-                out_row(i).copy_from_slice(row_sums);
-            }
-        } else {
-            for (i, acc_row) in acc.iter().enumerate() {
-                let dst = out_row(i);
-                for (d, &lanes) in dst.iter_mut().zip(acc_row) {
-                    *d = hsum(lanes);
-                }
-            }
-        }
-    }
-}
-
-/// The 8 bfloat16 values of `bits` as 8 f32 lanes.
-#[inline]
-#[target_feature(enable = "avx2,fma")]
-fn widen(bits: __m128i) -> __m256 {
-    _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(bits)))
 }
 
 /// A product of this implementation, as the crate's team shares it.
 #[derive(Clone, Copy)]
-pub(crate) struct Shared(Product);
+pub(crate) struct Shared(Product<u16>);
 
 impl Job for Shared {
     fn n(&self) -> usize {

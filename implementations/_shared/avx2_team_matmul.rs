@@ -1,0 +1,200 @@
+//! The AVX2 + FMA matrix product `out = x · wᵀ` that the team's AVX2 implementations share,
+//! over f32 weights or bfloat16 ones (`u16` bits, widened to f32 in registers as they are
+//! loaded: a zero extension to 32 bits and a shift left by 16, `vpmovzxwd` and `vpslld`).
+//!
+//! A call's weight rows are its columns: the team of `team.rs` cuts them into `THREADS`
+//! shares, so that each thread streams its part of the weights, which a decode step is bound
+//! by. A share is taken in blocks of about 16 KiB of weights, over which every activation row
+//! passes while the block is in L1. Within a block the output is cut into tiles of 4
+//! activation rows × 2 weight rows, so that each loaded weight vector serves 4 fused
+//! multiply-adds; rows left over (fewer than 4, and a decode step's single row) take tiles of
+//! 1 × 8. A tile's 8 accumulators of 8 lanes end in one transposed horizontal-add tree
+//! (`sum8`). K that is not a multiple of 8 ends with a masked load of the activations and a
+//! zero-padded copy of the weights' last values.
+#![allow(clippy::missing_safety_doc)]
+
+use std::arch::x86_64::*;
+use std::ops::Range;
+
+use super::avx2_math::{LANES, hsum, lane_mask, sum8};
+
+/// Bytes of weights per block that the activation rows pass over while it is in L1.
+const BLOCK_BYTES: usize = 16 * 1024;
+
+/// A weight type: how 8 of them become 8 f32 lanes.
+pub trait Weight: Copy + Default {
+    /// The 8 weights at `p` as f32 lanes.
+    ///
+    /// # Safety
+    ///
+    /// The CPU has AVX2 and FMA, and 8 weights are readable at `p`.
+    unsafe fn load(p: *const Self) -> __m256;
+}
+
+impl Weight for f32 {
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn load(p: *const f32) -> __m256 {
+        // SAFETY: the caller's contract.
+        unsafe { _mm256_loadu_ps(p) }
+    }
+}
+
+/// bfloat16 bits: the high halves of f32s.
+impl Weight for u16 {
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn load(p: *const u16) -> __m256 {
+        // SAFETY: the caller's contract.
+        let bits = unsafe { _mm_loadu_si128(p.cast()) };
+        _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(bits)))
+    }
+}
+
+/// The operands of one call: `out` is `[rows, n]`, `x` `[rows, k]`, `w` `[n, k]`.
+#[derive(Clone, Copy)]
+pub struct Product<W> {
+    out: *mut f32,
+    x: *const f32,
+    w: *const W,
+    pub rows: usize,
+    pub n: usize,
+    pub k: usize,
+}
+
+// SAFETY: the team's threads write disjoint columns of `out` and only read `x` and `w`.
+unsafe impl<W> Send for Product<W> {}
+
+impl<W: Weight> Product<W> {
+    /// The product `out[r, n] = Σₖ x[r, k] · w[n, k]` of `rows` rows: `x` `[rows, K]`, `w`
+    /// `[N, K]`, `out` `[rows, N]`. Panics where a slice is shorter.
+    pub fn new<const N: usize, const K: usize>(out: &mut [f32], x: &[f32], w: &[W], rows: usize) -> Self {
+        assert!(x.len() >= rows * K, "matmul: x is shorter than {rows} rows of {K}");
+        assert!(w.len() >= N * K, "matmul: w is shorter than {N} rows of {K}");
+        assert!(out.len() >= rows * N, "matmul: out is shorter than {rows} rows of {N}");
+        Product { out: out.as_mut_ptr(), x: x.as_ptr(), w: w.as_ptr(), rows, n: N, k: K }
+    }
+
+    /// Computes the columns `cols` of every row of `out`.
+    ///
+    /// # Safety
+    ///
+    /// The CPU has AVX2 and FMA, the pointers hold the operands' sizes, and no other thread
+    /// writes these columns meanwhile.
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn columns(&self, cols: Range<usize>) {
+        // A multiple of 8, which both tile widths divide: no column of a block is left to
+        // the single-column tiles, whose one chain of multiply-adds waits on each in turn.
+        let block = (BLOCK_BYTES / (2 * self.k)).max(1).next_multiple_of(8);
+        let mut n0 = cols.start;
+        while n0 < cols.end {
+            let n1 = (n0 + block).min(cols.end);
+            let mut r = 0;
+            while r + 4 <= self.rows {
+                // SAFETY: rows r..r + 4 and weight rows n0..n1 lie inside the operands.
+                unsafe { self.row_block::<4, 2>(r, n0..n1) };
+                r += 4;
+            }
+            while r < self.rows {
+                // SAFETY: as above, for row r.
+                unsafe { self.row_block::<1, 8>(r, n0..n1) };
+                r += 1;
+            }
+            n0 = n1;
+        }
+    }
+
+    /// Columns `cols` of rows `r..r + R`: `C` columns per tile, then the rest one at a time.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn row_block<const R: usize, const C: usize>(&self, r: usize, cols: Range<usize>) {
+        let mut n = cols.start;
+        while n + C <= cols.end {
+            // SAFETY: the caller's contract.
+            unsafe { self.tile::<R, C>(r, n) };
+            n += C;
+        }
+        while n < cols.end {
+            // SAFETY: the caller's contract.
+            unsafe { self.tile::<R, 1>(r, n) };
+            n += 1;
+        }
+    }
+
+    /// Writes the `R × C` block of `out` at row `r`, column `n`.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn tile<const R: usize, const C: usize>(&self, r: usize, n: usize) {
+        let k = self.k;
+        let mut xs = [self.x; R];
+        for (i, row) in xs.iter_mut().enumerate() {
+            // SAFETY: row r + i is inside `x`.
+            *row = unsafe { self.x.add((r + i) * k) };
+        }
+        let mut ws = [self.w; C];
+        for (j, row) in ws.iter_mut().enumerate() {
+            // SAFETY: weight row n + j is inside `w`.
+            *row = unsafe { self.w.add((n + j) * k) };
+        }
+        let mut acc = [[_mm256_setzero_ps(); C]; R];
+        let full = k - k % LANES;
+        let mut at = 0;
+        while at < full {
+            let mut wv = [_mm256_setzero_ps(); C];
+            for (v, &row) in wv.iter_mut().zip(&ws) {
+                // SAFETY: 8 weights at `at` < `full` ≤ k lie inside the row.
+                *v = unsafe { W::load(row.add(at)) };
+            }
+            for (acc_row, &row) in acc.iter_mut().zip(&xs) {
+                // SAFETY: 8 activations at `at` lie inside the row.
+                let xv = unsafe { _mm256_loadu_ps(row.add(at)) };
+                for (a, &wl) in acc_row.iter_mut().zip(&wv) {
+                    *a = _mm256_fmadd_ps(xv, wl, *a);
+                }
+            }
+            at += LANES;
+        }
+        if full < k {
+            let tail = k - full;
+            let mut wv = [_mm256_setzero_ps(); C];
+            for (v, &row) in wv.iter_mut().zip(&ws) {
+                let mut last = [W::default(); LANES];
+                // SAFETY: the row's last `tail` weights.
+                last[..tail].copy_from_slice(unsafe { std::slice::from_raw_parts(row.add(full), tail) });
+                // SAFETY: `last` is 8 readable values.
+                *v = unsafe { W::load(last.as_ptr()) };
+            }
+            let mask = lane_mask(tail);
+            for (acc_row, &row) in acc.iter_mut().zip(&xs) {
+                // SAFETY: the masked load reads only the row's last `tail` activations.
+                let xv = unsafe { _mm256_maskload_ps(row.add(full), mask) };
+                for (a, &wl) in acc_row.iter_mut().zip(&wv) {
+                    *a = _mm256_fmadd_ps(xv, wl, *a);
+                }
+            }
+        }
+        let out_row = |i: usize| {
+            // SAFETY: row r + i, columns n..n + C of `out`, which this share owns.
+            unsafe { std::slice::from_raw_parts_mut(self.out.add((r + i) * self.n + n), C) }
+        };
+        if R * C == LANES {
+            let mut flat = [_mm256_setzero_ps(); LANES];
+            for (v, &a) in flat.iter_mut().zip(acc.as_flattened()) {
+                *v = a;
+            }
+            let mut sums = [0.0f32; LANES];
+            // SAFETY: `sums` is 8 writable floats.
+            unsafe { _mm256_storeu_ps(sums.as_mut_ptr(), sum8(flat)) };
+            for (i, row_sums) in sums.chunks_exact(C).enumerate() {
+                out_row(i).copy_from_slice(row_sums);
+            }
+        } else {
+            for (i, acc_row) in acc.iter().enumerate() {
+                let dst = out_row(i);
+                for (d, &lanes) in dst.iter_mut().zip(acc_row) {
+                    *d = hsum(lanes);
+                }
+            }
+        }
+    }
+}
