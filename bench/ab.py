@@ -7,7 +7,10 @@ N is 128), `--max-tokens` and `--json`, and reads the prefill and decode speeds 
 reports. Prints per binary the median and the range over the rounds, and whether every run
 generated the same ids. From the second binary on, it also prints the ratio of its speed to the
 first binary's within each round (median and range): a slow phase of the machine slows both
-runs of a round, so the ratios spread less than the speeds do.
+runs of a round, so the ratios spread less than the speeds do. Besides the speeds, each run's
+load time (as the binary reports it) and the wall time of its whole process, from spawn to
+exit, are compared as the first binary's time over this one's (above 1 is faster); with
+`--max-tokens 1` the latter is the time from process start to the first token.
 
 The binaries must be release builds of crates generated for the same model shapes (two crates
 share a target folder only under different package names: rename one in its Cargo.toml and
@@ -20,6 +23,7 @@ import argparse
 import json
 import statistics
 import subprocess
+import time
 
 
 def main() -> None:
@@ -32,37 +36,50 @@ def main() -> None:
     args = parser.parse_args()
 
     ids = ",".join(str(1 + (i * 7919) % 31000) for i in range(args.prompt_len))
-    results = {b: {"decode": [], "prefill": [], "ids": set()} for b in args.binaries}
+    results = {b: {"decode": [], "prefill": [], "load": [], "wall": [], "ids": set()} for b in args.binaries}
     for round in range(args.rounds):
         # Every other round in reverse order, so that no binary always runs first.
         for binary in args.binaries if round % 2 == 0 else args.binaries[::-1]:
             command = [binary, "--model", args.model, "--prompt-ids", ids]
             command += ["--max-tokens", str(args.max_tokens), "--json"]
-            out = json.loads(subprocess.run(command, capture_output=True, text=True, check=True).stdout)
+            started = time.perf_counter()
+            run = subprocess.run(command, capture_output=True, text=True, check=True)
+            wall = (time.perf_counter() - started) * 1e3
+            out = json.loads(run.stdout)
             results[binary]["decode"].append(out["decode_tok_s"])
             results[binary]["prefill"].append(out["prefill_tok_s"])
+            results[binary]["load"].append(out["load_ms"])
+            results[binary]["wall"].append(wall)
             results[binary]["ids"].add(tuple(out["generated_ids"]))
 
     print(f"{args.rounds} alternating rounds, {args.prompt_len} prompt ids, {args.max_tokens} new tokens")
     for binary, r in results.items():
         name = binary.rsplit("/", 1)[-1]
-        d, p = r["decode"], r["prefill"]
+        d, p, l, w = r["decode"], r["prefill"], r["load"], r["wall"]
         print(
             f"{name:40s} decode tok/s {statistics.median(d):8.1f} [{min(d):.1f}-{max(d):.1f}]"
             f"   prefill tok/s {statistics.median(p):8.1f} [{min(p):.1f}-{max(p):.1f}]"
+            f"   load ms {statistics.median(l):6.1f}   process ms {statistics.median(w):7.1f}"
         )
     first = results[args.binaries[0]]
+    labels = {"decode": "decode", "prefill": "prefill", "load": "load", "wall": "process"}
     for binary in args.binaries[1:]:
         name = binary.rsplit("/", 1)[-1]
+        # Speeds as they are, times inverted: above 1 is faster either way.
+        # (No decode with `--max-tokens 1`: its speeds are 0.)
         ratios = {
-            what: [b / a for a, b in zip(first[what], results[binary][what])]
+            what: [b / a for a, b in zip(first[what], results[binary][what]) if a > 0]
             for what in ("decode", "prefill")
+        } | {
+            what: [a / b for a, b in zip(first[what], results[binary][what])]
+            for what in ("load", "wall")
         }
         print(
             f"{name:40s} per round, speed / the first binary's:"
             + "".join(
-                f"   {what} {statistics.median(r):.3f} [{min(r):.3f}-{max(r):.3f}]"
+                f"   {labels[what]} {statistics.median(r):.3f} [{min(r):.3f}-{max(r):.3f}]"
                 for what, r in ratios.items()
+                if r
             )
         )
     generated = set().union(*(r["ids"] for r in results.values()))

@@ -1,13 +1,13 @@
 //! Grouped-query attention of one new position over a bfloat16 KV cache, with AVX2 and FMA on
 //! `THREADS` threads: for CPUs without AVX-512 (x86-64-v3). The attention of
-//! `shared/avx2_bf16_attention.rs` (every key and value widened to f32 as it is loaded), its kv
+//! `shared/avx2_team_attention.rs` (every key and value widened to f32 as it is loaded), its kv
 //! heads cut into `THREADS` shares that the crate's team of `shared/team.rs` computes, the
 //! calling thread taking the first, so that every thread streams its heads' piece of each
 //! cache row.
 
 use std::ops::Range;
 
-use super::shared::avx2_bf16_attention::Attention;
+use super::shared::avx2_team_attention::Attention;
 use super::shared::team::{self, Job};
 
 /// Attention of the query `q` of the newest position over all `len` cached positions.
@@ -40,7 +40,7 @@ pub fn attention_decode_bf16<const N_HEADS: usize, const N_KV_HEADS: usize, cons
 
 /// A call of this implementation, as the crate's team shares it: by kv heads.
 #[derive(Clone, Copy)]
-pub(crate) struct Shared(Attention);
+pub(crate) struct Shared(Attention<u16>);
 
 impl Job for Shared {
     fn n(&self) -> usize {

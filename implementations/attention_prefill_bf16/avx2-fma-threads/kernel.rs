@@ -1,13 +1,13 @@
 //! Causal grouped-query attention of a chunk of new positions over a bfloat16 KV cache, with
 //! AVX2 and FMA on `THREADS` threads: for CPUs without AVX-512 (x86-64-v3). The attention of
-//! `shared/avx2_bf16_attention.rs` for every row of the chunk (row r over positions
+//! `shared/avx2_team_attention.rs` for every row of the chunk (row r over positions
 //! `0..=start + r`, every key and value widened to f32 as it is loaded), its kv heads cut into
 //! `THREADS` shares that the crate's team of `shared/team.rs` computes, the calling thread
 //! taking the first.
 
 use std::ops::Range;
 
-use super::shared::avx2_bf16_attention::Attention;
+use super::shared::avx2_team_attention::Attention;
 use super::shared::team::{self, Job};
 
 /// Causal attention of the `rows` queries of `q` (positions `start..start + rows`) over the
@@ -36,7 +36,7 @@ pub fn attention_prefill_bf16<const N_HEADS: usize, const N_KV_HEADS: usize, con
 
 /// A call of this implementation, as the crate's team shares it: by kv heads.
 #[derive(Clone, Copy)]
-pub(crate) struct Shared(Attention);
+pub(crate) struct Shared(Attention<u16>);
 
 impl Job for Shared {
     fn n(&self) -> usize {

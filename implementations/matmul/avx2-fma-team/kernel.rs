@@ -1,12 +1,15 @@
-//! Matrix product `out = x · wᵀ` with AVX2 and FMA on `THREADS` threads: the product of
-//! `shared/avx2_team_matmul.rs`, its weight rows cut into `THREADS` shares that the
-//! persistent team of `shared/team.rs` computes, the calling thread taking the first. Unlike
-//! `avx2-fma-threads`, which splits the activation rows over threads it starts for each call, a
-//! decode step's single row is shared too (each thread streams its part of the weights), and
-//! no call starts a thread.
+//! Matrix product `out = x · wᵀ` with AVX2 and FMA on `THREADS` threads, on the persistent team
+//! of `shared/team.rs`: below 8 rows the dot tiles of `shared/avx2_team_matmul.rs`, the weight
+//! rows cut into `THREADS` shares, the calling thread taking the first; from 8 rows on the
+//! blocks of `shared/avx2_repack.rs`, packed as the call reaches them and handed to the threads
+//! one by one. Unlike `avx2-fma-threads`, which splits the activation rows over threads it
+//! starts for each call, a decode step's single row is shared too (each thread streams its part
+//! of the weights), and no call starts a thread.
 
 use std::ops::Range;
+use std::sync::atomic::AtomicUsize;
 
+use super::shared::avx2_repack::{GRANULE, Repack};
 use super::shared::avx2_team_matmul::Product;
 use super::shared::team::{self, Job};
 
@@ -16,22 +19,27 @@ use super::shared::team::{self, Job};
 #[inline]
 pub fn matmul<const N: usize, const K: usize>(out: &mut [f32], x: &[f32], w: &[f32], rows: usize) {
     let product = Product::new::<N, K>(out, x, w, rows);
+    let blocks = AtomicUsize::new(0);
     // SAFETY: the generated crate checks at start-up that the CPU has AVX2 and FMA;
     // `Product::new` checked the slices, and `out` stays borrowed until every share is done.
-    unsafe { team::run(Shared(product)) }
+    unsafe { team::run(Shared(Repack::new(product, &blocks))) }
 }
 
 /// A product of this implementation, as the crate's team shares it.
 #[derive(Clone, Copy)]
-pub(crate) struct Shared(Product<f32>);
+pub(crate) struct Shared(Repack<f32>);
 
 impl Job for Shared {
     fn n(&self) -> usize {
-        self.0.n
+        self.0.product.n
+    }
+
+    fn granule(&self) -> usize {
+        GRANULE
     }
 
     fn work(&self) -> usize {
-        self.0.rows * self.0.n * self.0.k
+        self.0.product.rows * self.0.product.n * self.0.product.k
     }
 
     unsafe fn columns(&self, cols: Range<usize>) {

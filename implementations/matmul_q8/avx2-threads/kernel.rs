@@ -189,8 +189,22 @@ impl Product {
         let (k, blocks) = (self.k, self.k.div_ceil(BLOCK));
         let ones = _mm256_set1_epi16(1);
         let mut acc = [[_mm256_setzero_ps(); C]; R];
+        // A single row's tile (a decode step) streams its C weight rows, which lie one after
+        // the other, K bytes each (12 lines at K = 768, too few for a stream of its own to pay):
+        // it asks for the next tile's as many bytes per block into L2, so that memory keeps
+        // streaming across tiles.
+        let next = self.w.wrapping_add((n + C) * k);
         for b in 0..blocks {
             let start = b * BLOCK;
+            if R == 1 {
+                let ahead = next.wrapping_add(start * C);
+                let mut line = 0;
+                while line < C * BLOCK {
+                    // A prefetch never faults, even past the end of the weights.
+                    _mm_prefetch::<_MM_HINT_T1>(ahead.wrapping_add(line).cast());
+                    line += 64;
+                }
+            }
             let len = BLOCK.min(k - start);
             let mut wv = [_mm256_setzero_si256(); C];
             let mut dw = [0f32; C];

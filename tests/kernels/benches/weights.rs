@@ -14,6 +14,7 @@ use std::hint::black_box;
 use std::time::Instant;
 
 use monogen_kernel_tests::kernels;
+use monogen_kernel_tests::kernels::shared::avx2_team_matmul::Weight;
 use monogen_kernel_tests::rng::Rng;
 
 const DIM: usize = 768;
@@ -35,7 +36,10 @@ fn main() {
         .collect();
     let int8: Vec<[(Vec<i8>, Vec<f32>); 7]> =
         f32_layers.iter().map(|l| l.clone().map(|m| quantize(&m))).collect();
-    let packed: Vec<[Vec<f32>; 7]> = f32_layers
+    // The AVX-512 products' packed layouts, which are packed with AVX-512 (none without it).
+    let avx512 = monogen_kernel_tests::cpu_has!("avx512f", "avx512bw", "avx512vnni");
+    let packed_layers = if avx512 { layers } else { 0 };
+    let packed: Vec<[Vec<f32>; 7]> = f32_layers[..packed_layers]
         .iter()
         .map(|l| {
             std::array::from_fn(|i| {
@@ -50,7 +54,7 @@ fn main() {
     // loader places them.
     let amx = monogen_kernel_tests::cpu_has!("avx512f", "avx512bw", "amx-tile", "amx-bf16");
     let dot = monogen_kernel_tests::cpu_has!("avx512f", "avx512bw", "avx512bf16");
-    let tiles: Vec<[Tiles; 7]> = bf16
+    let tiles: Vec<[Tiles; 7]> = bf16[..packed_layers]
         .iter()
         .map(|l| {
             std::array::from_fn(|i| {
@@ -73,8 +77,27 @@ fn main() {
         ("int8 (matmul_q8/avx512-vnni-repack-threads)", q8_bytes, over(&int8, q8_repack)),
         ("int8 (matmul_q8/avx512-vnni, 1 thread)", q8_bytes, over(&int8, q8_one)),
     ];
+    // Without AVX-512 (x86-64-v3 CPUs such as AMD's Zen 3), the AVX2 products instead.
+    if !avx512 {
+        println!("(no AVX-512 on this CPU: the AVX2 products measured instead)");
+        runs = vec![
+            ("f32 (matmul/avx2-fma-team)", params * 4, over(&f32, f32_avx2)),
+            ("bf16 (matmul_bf16/avx2-fma-threads)", params * 2, over(&bf16, bf16_avx2)),
+            ("int8 (matmul_q8/avx2-threads)", q8_bytes, over(&int8, q8_avx2)),
+            // What the packed blocks of a prefill gain over the dot tiles, on one thread.
+            ("f32 dot tiles, 1 thread (shared/avx2_team_matmul.rs)", params * 4, over(&f32, f32_avx2_dots)),
+            ("f32 packed blocks, 1 thread (shared/avx2_repack.rs)", params * 4, over(&f32, f32_avx2_packs)),
+            (
+                "bf16 dot tiles, 1 thread (shared/avx2_team_matmul.rs)",
+                params * 2,
+                over(&bf16, bf16_avx2_dots),
+            ),
+        ];
+    }
     let rounded = "bf16, x rounded (matmul_bf16_bf16/avx512-threads)";
-    runs.insert(6, (rounded, params * 2, over(&tiles, rounded_fma)));
+    if avx512 {
+        runs.insert(6, (rounded, params * 2, over(&tiles, rounded_fma)));
+    }
     if dot {
         let name = "bf16, x rounded (matmul_bf16_bf16/avx512bf16-threads)";
         runs.insert(7, (name, params * 2, over(&tiles, rounded_dot)));
@@ -220,3 +243,55 @@ dispatch!(rounded_amx, matmul_bf16_bf16__amx_threads, matmul_bf16_bf16, Tiles);
 dispatch!(q8_product, matmul_q8__avx512_vnni_threads, matmul_q8, int8);
 dispatch!(q8_repack, matmul_q8__avx512_vnni_repack_threads, matmul_q8, int8);
 dispatch!(q8_one, matmul_q8__avx512_vnni, matmul_q8, int8);
+dispatch!(f32_avx2, matmul__avx2_fma_team, matmul, Vec<f32>);
+dispatch!(bf16_avx2, matmul_bf16__avx2_fma_threads, matmul_bf16, Vec<u16>);
+dispatch!(q8_avx2, matmul_q8__avx2_threads, matmul_q8, int8);
+
+/// One thread's AVX2 f32 product over all `n` columns: the dot tiles alone, or (`repack`) the
+/// packed blocks from `REPACK_ROWS` rows on.
+fn avx2_one_thread<W: Weight, const N: usize, const K: usize>(
+    out: &mut [f32],
+    x: &[f32],
+    w: &[W],
+    rows: usize,
+    repack: bool,
+) {
+    use kernels::shared::avx2_repack::Repack;
+    use kernels::shared::avx2_team_matmul::Product;
+    assert!(monogen_kernel_tests::cpu_has!("avx2", "fma"));
+    let product = Product::new::<N, K>(out, x, w, rows);
+    // SAFETY: the CPU has AVX2 and FMA (asserted), `Product::new` checked the slices, and this
+    // thread alone writes `out`.
+    unsafe {
+        if repack {
+            Repack::new(product, &std::sync::atomic::AtomicUsize::new(0)).columns(0..N)
+        } else {
+            product.columns(0..N)
+        }
+    }
+}
+
+#[allow(clippy::ptr_arg)] // the signature that `over` takes
+fn f32_avx2_dots(n: usize, k: usize, out: &mut [f32], x: &[f32], w: &Vec<f32>, rows: usize) {
+    avx2_shape(n, k, out, x, w, rows, false)
+}
+
+#[allow(clippy::ptr_arg)] // the signature that `over` takes
+fn f32_avx2_packs(n: usize, k: usize, out: &mut [f32], x: &[f32], w: &Vec<f32>, rows: usize) {
+    avx2_shape(n, k, out, x, w, rows, true)
+}
+
+#[allow(clippy::ptr_arg)] // the signature that `over` takes
+fn bf16_avx2_dots(n: usize, k: usize, out: &mut [f32], x: &[f32], w: &Vec<u16>, rows: usize) {
+    avx2_shape(n, k, out, x, w, rows, false)
+}
+
+fn avx2_shape<W: Weight>(n: usize, k: usize, out: &mut [f32], x: &[f32], w: &[W], rows: usize, repack: bool) {
+    let (out, x, w) = (black_box(out), black_box(x), black_box(w));
+    match (n, k) {
+        (DIM, DIM) => avx2_one_thread::<W, DIM, DIM>(out, x, w, rows, repack),
+        (HIDDEN, DIM) => avx2_one_thread::<W, HIDDEN, DIM>(out, x, w, rows, repack),
+        (DIM, HIDDEN) => avx2_one_thread::<W, DIM, HIDDEN>(out, x, w, rows, repack),
+        _ => unreachable!(),
+    }
+}
