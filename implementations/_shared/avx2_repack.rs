@@ -73,45 +73,119 @@ thread_local! {
     static BUFFER: RefCell<Vec<__m256>> = const { RefCell::new(Vec::new()) };
 }
 
-/// A product that packs its weights block by block from [`REPACK_ROWS`] rows on.
+/// What a product packs its blocks from: `rows` activation rows `x` (`[rows, k]` f32), the
+/// output `out` (`[rows, n]`), and `n` weight rows of `k` values that load as f32 lanes.
+pub trait Operands: Copy {
+    /// Bytes of one weight as the rows hold it.
+    const WEIGHT_BYTES: usize;
+
+    /// Activation rows, weight rows (output columns), and values per row.
+    fn shape(&self) -> (usize, usize, usize);
+
+    /// The activations, `[rows, k]`.
+    fn x(&self) -> *const f32;
+
+    /// The output, `[rows, n]`.
+    fn out(&self) -> *mut f32;
+
+    /// Where weight `at` of weight row `row` lies, for a prefetch (which never faults).
+    fn weight_at(&self, row: usize, at: usize) -> *const u8;
+
+    /// The weights `at..at + len` (`len` ≤ 8) of weight row `row` as f32 lanes, the lanes
+    /// past `len` zero.
+    ///
+    /// # Safety
+    ///
+    /// The CPU has AVX2 and FMA, `row` < n and `at + len` ≤ k.
+    unsafe fn load(&self, row: usize, at: usize, len: usize) -> __m256;
+}
+
+impl<W: Weight> Operands for Product<W> {
+    const WEIGHT_BYTES: usize = size_of::<W>();
+
+    fn shape(&self) -> (usize, usize, usize) {
+        (self.rows, self.n, self.k)
+    }
+
+    fn x(&self) -> *const f32 {
+        self.x
+    }
+
+    fn out(&self) -> *mut f32 {
+        self.out
+    }
+
+    fn weight_at(&self, row: usize, at: usize) -> *const u8 {
+        self.w.wrapping_add(row * self.k + at).cast()
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn load(&self, row: usize, at: usize, len: usize) -> __m256 {
+        // SAFETY: the caller's contract: the weights lie inside the row.
+        let from = unsafe { self.w.add(row * self.k + at) };
+        if len == LANES {
+            // SAFETY: as above, 8 values.
+            unsafe { W::load(from) }
+        } else {
+            let mut last = [W::default(); LANES];
+            // SAFETY: as above, `len` values.
+            last[..len].copy_from_slice(unsafe { std::slice::from_raw_parts(from, len) });
+            // SAFETY: `last` is 8 readable values.
+            unsafe { W::load(last.as_ptr()) }
+        }
+    }
+}
+
+/// A product that packs its weights block by block.
 #[derive(Clone, Copy)]
-pub struct Repack<W: Weight> {
+pub struct Repack<O: Operands> {
     /// The operands.
-    pub product: Product<W>,
+    pub operands: O,
     /// The blocks handed out so far, from zero, to the threads of a call with packed blocks.
     blocks: *const AtomicUsize,
 }
 
-// SAFETY: `blocks` is an atomic that outlives the call (`new`'s contract), and the product is
-// `Send`.
-unsafe impl<W: Weight> Send for Repack<W> {}
+// SAFETY: `blocks` is an atomic that outlives the call (`new`'s contract), and the operands
+// are only read, but for the columns of `out` that the counter gives each thread.
+unsafe impl<O: Operands> Send for Repack<O> {}
 
-impl<W: Weight> Repack<W> {
-    /// The product, whose blocks of packed weights the threads of the call take from `blocks`
-    /// in turn: a counter at zero that lives until every thread is done with the call.
-    pub fn new(product: Product<W>, blocks: &AtomicUsize) -> Self {
-        Repack { product, blocks }
-    }
-
-    /// Computes the columns `cols` (weight rows) of every row of `out` below [`REPACK_ROWS`]
-    /// rows. From there on it ignores `cols` and takes blocks of columns from the counter until
-    /// none is left, so that every thread of a call computes as many blocks as its pace allows
-    /// (on a shared machine one core can run a share slower than the other), and each block
-    /// is computed once, whatever the threads that call.
+impl<W: Weight> Repack<Product<W>> {
+    /// Computes the columns `cols` (weight rows) of every row of `out` with the dot tiles below
+    /// [`REPACK_ROWS`] rows; from there on, [`Repack::packed`] (which ignores `cols`).
     #[target_feature(enable = "avx2,fma")]
     pub unsafe fn columns(&self, cols: Range<usize>) {
-        let p = &self.product;
-        if p.rows < REPACK_ROWS {
+        if self.operands.rows < REPACK_ROWS {
             // SAFETY: the caller's contract.
-            unsafe { p.columns(cols) };
-            return;
+            unsafe { self.operands.columns(cols) };
+        } else {
+            // SAFETY: the caller's contract.
+            unsafe { self.packed() };
         }
+    }
+}
+
+impl<O: Operands> Repack<O> {
+    /// The product of `operands`, whose blocks of packed weights the threads of the call take
+    /// from `blocks` in turn: a counter at zero that lives until every thread is done with the
+    /// call.
+    pub fn new(operands: O, blocks: &AtomicUsize) -> Self {
+        Repack { operands, blocks }
+    }
+
+    /// Takes blocks of columns from the counter and computes them until none is left, so that
+    /// every thread of a call computes as many blocks as its pace allows (on a shared machine
+    /// one core can run slower than the other) and each block is computed once, whatever the
+    /// threads that call.
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn packed(&self) {
+        let (_, n, k) = self.operands.shape();
         // SAFETY: the counter outlives the call (`new`'s contract).
         let blocks = unsafe { &*self.blocks };
-        let count = p.n.div_ceil(BLOCK);
-        let columns = |b: usize| b * BLOCK..(b * BLOCK + BLOCK).min(p.n);
+        let count = n.div_ceil(BLOCK);
+        let columns = |b: usize| b * BLOCK..(b * BLOCK + BLOCK).min(n);
         BUFFER.with_borrow_mut(|buffer| {
-            buffer.resize(BLOCK / LANES * p.k, _mm256_setzero_ps());
+            buffer.resize(BLOCK / LANES * k, _mm256_setzero_ps());
             let packed: *mut f32 = buffer.as_mut_ptr().cast();
             // Each block taken with the next one this thread will compute, whose weight rows
             // it asks for while it computes this one.
@@ -142,7 +216,7 @@ impl<W: Weight> Repack<W> {
     unsafe fn block<const V: usize>(&self, packed: *mut f32, j: usize, width: usize, next: Range<usize>) {
         // SAFETY: the caller's contract.
         unsafe { self.pack::<V>(packed, j, width) };
-        let rows = self.product.rows;
+        let (rows, _, _) = self.operands.shape();
         let groups = rows.div_ceil(GROUP);
         let mut r = 0;
         for g in 0..groups {
@@ -169,7 +243,7 @@ impl<W: Weight> Repack<W> {
     #[inline]
     #[target_feature(enable = "avx2,fma")]
     unsafe fn pack<const V: usize>(&self, packed: *mut f32, j: usize, width: usize) {
-        let (k, w) = (self.product.k, self.product.w);
+        let (_, _, k) = self.operands.shape();
         for v in 0..V {
             let first = j + v * LANES;
             let rows = width.saturating_sub(v * LANES).min(LANES);
@@ -180,17 +254,7 @@ impl<W: Weight> Repack<W> {
                 for i in 0..rows {
                     // SAFETY: weight row `first + i` is below `j + width`, in range, and holds
                     // values `k0..k0 + len`.
-                    let at = unsafe { w.add((first + i) * k + k0) };
-                    tile[i] = if len == LANES {
-                        // SAFETY: as above, 8 values.
-                        unsafe { W::load(at) }
-                    } else {
-                        let mut last = [W::default(); LANES];
-                        // SAFETY: as above, `len` values.
-                        last[..len].copy_from_slice(unsafe { std::slice::from_raw_parts(at, len) });
-                        // SAFETY: `last` is 8 readable values.
-                        unsafe { W::load(last.as_ptr()) }
-                    };
+                    tile[i] = unsafe { self.operands.load(first + i, k0, len) };
                 }
                 let columns = transpose(tile);
                 for c in 0..len {
@@ -217,23 +281,23 @@ impl<W: Weight> Repack<W> {
         width: usize,
         next: Range<usize>,
     ) {
-        let p = &self.product;
-        let k = p.k;
+        let p = &self.operands;
+        let (_, n, k) = p.shape();
         let stride = V * LANES;
         // Steps per line of a weight row: at the first step of each run of that many, one line
         // of each of the weight rows `next`, at the run's place along K, so that the inner
         // steps carry nothing but their own loads and multiply-adds.
-        let per_line = 64 / size_of::<W>();
-        let mut xs = [p.x; R];
+        let per_line = 64 / O::WEIGHT_BYTES;
+        let mut xs = [p.x(); R];
         for i in 0..R {
             // SAFETY: row `r + i` of x holds `k` values.
-            xs[i] = unsafe { p.x.add((r + i) * k) };
+            xs[i] = unsafe { p.x().add((r + i) * k) };
         }
         let mut acc = [[_mm256_setzero_ps(); V]; R];
         for run in (0..k).step_by(per_line) {
             for row in next.clone() {
                 // A prefetch never faults, even past the end of the weights.
-                _mm_prefetch::<_MM_HINT_T1>(p.w.wrapping_add(row * k + run).cast());
+                _mm_prefetch::<_MM_HINT_T1>(p.weight_at(row, run).cast());
             }
             for at in run..(run + per_line).min(k) {
                 // SAFETY: the buffer holds `k` steps of `stride` values, each on whole vectors.
@@ -259,7 +323,7 @@ impl<W: Weight> Repack<W> {
             for i in 0..R {
                 // SAFETY: row `r + i`, columns `col..col + valid` of `out` are in range and in
                 // this thread's columns.
-                let at = unsafe { p.out.add((r + i) * p.n + col) };
+                let at = unsafe { p.out().add((r + i) * n + col) };
                 if valid == LANES {
                     // SAFETY: as above, 8 lanes.
                     unsafe { _mm256_storeu_ps(at, acc[i][v]) };

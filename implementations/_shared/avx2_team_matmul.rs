@@ -12,7 +12,10 @@
 //! (`sum8`). K that is not a multiple of 8 ends with a masked load of the activations and a
 //! zero-padded copy of the weights' last values. A prefill's many rows take the packed blocks
 //! of `shared/avx2_repack.rs` instead, where the implementation asks for them.
-#![allow(clippy::missing_safety_doc)]
+//!
+//! An int8 crate includes this module only for the `Weight` and `Product` that `avx2_repack.rs`
+//! names, and calls none of its products, hence `allow(dead_code)`.
+#![allow(dead_code, clippy::missing_safety_doc)]
 
 use std::arch::x86_64::*;
 use std::ops::Range;

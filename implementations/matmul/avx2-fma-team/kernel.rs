@@ -27,11 +27,11 @@ pub fn matmul<const N: usize, const K: usize>(out: &mut [f32], x: &[f32], w: &[f
 
 /// A product of this implementation, as the crate's team shares it.
 #[derive(Clone, Copy)]
-pub(crate) struct Shared(Repack<f32>);
+pub(crate) struct Shared(Repack<Product<f32>>);
 
 impl Job for Shared {
     fn n(&self) -> usize {
-        self.0.product.n
+        self.0.operands.n
     }
 
     fn granule(&self) -> usize {
@@ -39,7 +39,7 @@ impl Job for Shared {
     }
 
     fn work(&self) -> usize {
-        self.0.product.rows * self.0.product.n * self.0.product.k
+        self.0.operands.rows * self.0.operands.n * self.0.operands.k
     }
 
     unsafe fn columns(&self, cols: Range<usize>) {

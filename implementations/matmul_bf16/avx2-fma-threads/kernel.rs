@@ -27,11 +27,11 @@ pub fn matmul_bf16<const N: usize, const K: usize>(out: &mut [f32], x: &[f32], w
 
 /// A product of this implementation, as the crate's team shares it.
 #[derive(Clone, Copy)]
-pub(crate) struct Shared(Repack<u16>);
+pub(crate) struct Shared(Repack<Product<u16>>);
 
 impl Job for Shared {
     fn n(&self) -> usize {
-        self.0.product.n
+        self.0.operands.n
     }
 
     fn granule(&self) -> usize {
@@ -39,7 +39,7 @@ impl Job for Shared {
     }
 
     fn work(&self) -> usize {
-        self.0.product.rows * self.0.product.n * self.0.product.k
+        self.0.operands.rows * self.0.operands.n * self.0.operands.k
     }
 
     unsafe fn columns(&self, cols: Range<usize>) {

@@ -20,8 +20,10 @@
 
 use std::arch::x86_64::*;
 use std::ops::Range;
+use std::sync::atomic::AtomicUsize;
 
 use super::shared::avx2_math::{LANES, hmax, hsum, sum8};
+use super::shared::avx2_repack::{Operands, REPACK_ROWS, Repack};
 use super::shared::team::{self, Job};
 
 /// Values of K that share one scale.
@@ -61,6 +63,26 @@ pub fn matmul_q8<const N: usize, const K: usize>(
             )
         };
     }
+    if rows >= REPACK_ROWS {
+        // The activations as the interface's terms dx · qx, in f32.
+        let mut terms = vec![0f32; rows * K];
+        // SAFETY: as above.
+        unsafe { dequantize(&qx, &dx, &mut terms, K) };
+        let operands = Dequantized {
+            out: out.as_mut_ptr(),
+            x: terms.as_ptr(),
+            w: w.as_ptr(),
+            scales: scales.as_ptr(),
+            rows,
+            n: N,
+            k: K,
+        };
+        let blocks = AtomicUsize::new(0);
+        // SAFETY: as above; the pointers come from slices just checked to hold the operands,
+        // and `out`, `terms` and the counter stay alive until every thread is done.
+        unsafe { team::run(Shared(Path::Packed(Repack::new(operands, &blocks)))) };
+        return;
+    }
     let product = Product {
         out: out.as_mut_ptr(),
         qx: qx.as_ptr(),
@@ -73,7 +95,79 @@ pub fn matmul_q8<const N: usize, const K: usize>(
     };
     // SAFETY: as above; the pointers come from slices just checked to hold the operands, and
     // `out`, `qx` and `dx` stay alive until every share is done.
-    unsafe { team::run(Shared(product)) }
+    unsafe { team::run(Shared(Path::Tiles(product))) }
+}
+
+/// Writes each quantized activation times its block's scale, `dx · qx`, into `terms` (`k` per
+/// row, from rows of whole blocks in `qx`).
+#[target_feature(enable = "avx2,fma")]
+fn dequantize(qx: &[i8], dx: &[f32], terms: &mut [f32], k: usize) {
+    let blocks = k.div_ceil(BLOCK);
+    for ((q, d), row) in
+        qx.chunks_exact(blocks * BLOCK).zip(dx.chunks_exact(blocks)).zip(terms.chunks_exact_mut(k))
+    {
+        for ((q, &d), row) in q.chunks_exact(BLOCK).zip(d).zip(row.chunks_mut(BLOCK)) {
+            for (t, &q) in row.iter_mut().zip(q) {
+                *t = d * f32::from(q);
+            }
+        }
+    }
+}
+
+/// The operands of a call of [`REPACK_ROWS`] rows or more, for the packed blocks of
+/// `shared/avx2_repack.rs`: the activations as their terms `dx · qx`, and each weight loaded as
+/// `dw · w`. The products of those f32 values are the interface's terms up to the rounding of
+/// each factor (a relative 2⁻²⁴); the sums are f32 multiply-adds.
+#[derive(Clone, Copy)]
+pub(crate) struct Dequantized {
+    out: *mut f32,
+    x: *const f32,
+    w: *const i8,
+    scales: *const f32,
+    rows: usize,
+    n: usize,
+    k: usize,
+}
+
+impl Operands for Dequantized {
+    const WEIGHT_BYTES: usize = 1;
+
+    fn shape(&self) -> (usize, usize, usize) {
+        (self.rows, self.n, self.k)
+    }
+
+    fn x(&self) -> *const f32 {
+        self.x
+    }
+
+    fn out(&self) -> *mut f32 {
+        self.out
+    }
+
+    fn weight_at(&self, row: usize, at: usize) -> *const u8 {
+        self.w.wrapping_add(row * self.k + at).cast()
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn load(&self, row: usize, at: usize, len: usize) -> __m256 {
+        // SAFETY: the caller's contract: the weights lie inside the row.
+        let from = unsafe { self.w.add(row * self.k + at) };
+        let bytes = if len == LANES {
+            // SAFETY: as above, 8 bytes.
+            unsafe { _mm_loadl_epi64(from.cast()) }
+        } else {
+            let mut last = [0i8; LANES];
+            // SAFETY: as above, `len` bytes.
+            last[..len].copy_from_slice(unsafe { std::slice::from_raw_parts(from, len) });
+            // SAFETY: `last` is 8 readable bytes.
+            unsafe { _mm_loadl_epi64(last.as_ptr().cast()) }
+        };
+        // `at` is a multiple of 8, so the 8 weights share one block's scale.
+        // SAFETY: the row's scale of block at / 32 lies inside `scales`.
+        let scale = unsafe { *self.scales.add(row * self.k.div_ceil(BLOCK) + at / BLOCK) };
+        _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes)), _mm256_set1_ps(scale))
+    }
 }
 
 /// Quantizes one row of activations per block of 32 into `q` (whole blocks, the last one
@@ -265,20 +359,42 @@ impl Product {
 
 /// A product of this implementation, as the crate's team shares it.
 #[derive(Clone, Copy)]
-pub(crate) struct Shared(Product);
+pub(crate) struct Shared(Path);
+
+/// How a call is shared: the integer tiles by fixed shares of the weight rows, or the packed
+/// blocks that the threads take in turn.
+#[derive(Clone, Copy)]
+pub(crate) enum Path {
+    Tiles(Product),
+    Packed(Repack<Dequantized>),
+}
 
 impl Job for Shared {
     fn n(&self) -> usize {
-        self.0.n
+        match self.0 {
+            Path::Tiles(product) => product.n,
+            Path::Packed(repack) => repack.operands.n,
+        }
     }
 
     fn work(&self) -> usize {
-        self.0.rows * self.0.n * self.0.k
+        match self.0 {
+            Path::Tiles(p) => p.rows * p.n * p.k,
+            Path::Packed(repack) => {
+                let (rows, n, k) = repack.operands.shape();
+                rows * n * k
+            }
+        }
     }
 
     unsafe fn columns(&self, cols: Range<usize>) {
         // SAFETY: the caller's contract, which `run` keeps; `matmul_q8` enters only on a CPU
-        // with AVX2 and FMA.
-        unsafe { self.0.columns(cols) }
+        // with AVX2 and FMA, and the packed blocks' threads share the call's counter.
+        unsafe {
+            match self.0 {
+                Path::Tiles(product) => product.columns(cols),
+                Path::Packed(repack) => repack.packed(),
+            }
+        }
     }
 }
