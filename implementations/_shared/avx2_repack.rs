@@ -1,6 +1,8 @@
 //! The AVX2 + FMA product `out = x · wᵀ` of a prefill, over weights kept as nn.Linear stores
-//! them (f32, or bfloat16 bits) and packed block by block while the call runs: the AVX2
-//! counterpart of `shared/avx512_repack.rs`.
+//! them and packed block by block while the call runs: the AVX2 counterpart of
+//! `shared/avx512_repack.rs`. What a block is packed from is an [`Operands`]: f32 or bfloat16
+//! rows (`Product` of `shared/avx2_team_matmul.rs`), or the int8 rows of `matmul_q8/avx2-threads`
+//! times their scales.
 //!
 //! The dot tiles of `shared/avx2_team_matmul.rs` load a vector of activations for every 2
 //! multiply-adds and end each tile in a horizontal reduction. Here a call of [`REPACK_ROWS`] rows
@@ -32,11 +34,12 @@
 //!
 //! # Safety
 //!
-//! [`Repack::columns`] may be called only on a CPU with AVX2 and FMA, on a product whose
-//! pointers hold `[rows, k]`, `[n, k]` and `[rows, n]` values (as `Product::new` checks). Below
-//! [`REPACK_ROWS`] rows it computes the columns it is given, which no other thread may compute
-//! at once; from there on every thread of a call shares the call's counter and computes the
-//! blocks it takes from it, whatever columns it is given.
+//! [`Repack::columns`] and [`Repack::packed`] may be called only on a CPU with AVX2 and FMA, on
+//! operands whose pointers hold `[rows, k]`, `[n, k]` and `[rows, n]` values (as
+//! `Product::new` checks). Below [`REPACK_ROWS`] rows `columns` computes the columns it is
+//! given, which no other thread may compute at once; from there on (and in `packed` always)
+//! every thread of a call shares the call's counter and computes the blocks it takes from it,
+//! whatever columns it is given.
 #![allow(dead_code, clippy::missing_safety_doc, clippy::needless_range_loop)]
 
 use std::arch::x86_64::*;

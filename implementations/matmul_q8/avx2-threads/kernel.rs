@@ -3,10 +3,14 @@
 //! a decode step reads.
 //!
 //! The calling thread quantizes the activations once, as the interface defines (per block of
-//! 32: d = max|x| / 127, q = round(x · 127 / max|x|), ties to even). The weight rows are then
-//! cut into `THREADS` shares that the persistent team of `shared/team.rs` computes, the calling
-//! thread taking the first; each share is taken in blocks of about 16 KiB of weights, over
-//! which every activation row passes while the block is in L1.
+//! 32: d = max|x| / 127, q = round(x · 127 / max|x|), ties to even). From 8 rows on (a
+//! prefill), the product then runs on the packed blocks of `shared/avx2_repack.rs`: the
+//! activations written out as their terms dx · q in f32, each weight widened to f32 and
+//! multiplied by its block's scale as its block is packed (`Dequantized`). Below 8 rows (a
+//! decode step), the integer tiles below: the weight rows are cut into `THREADS` shares that
+//! the persistent team of `shared/team.rs` computes, the calling thread taking the first; each
+//! share is taken in blocks of about 16 KiB of weights, over which every activation row passes
+//! while the block is in L1.
 //!
 //! A block of 32 products of signed bytes takes three instructions without VNNI: `vpsignb`
 //! moves the activations' signs onto the weights (so that the activations can be read as
