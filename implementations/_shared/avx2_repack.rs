@@ -14,8 +14,9 @@
 //! with no reduction and no shuffle. A step takes 8 loads (2 of weights, 6 broadcasts) for 12
 //! multiply-adds, which two load ports issue in the 6 cycles that two FMA ports take.
 //!
-//! Packing transposes 8 × 8 tiles of weights (bfloat16 ones widened to f32 first), 24 shuffles
-//! per 64 weights, against the 16 multiply-adds that each 8 packed weights take at 128 rows.
+//! Packing transposes 8 × 8 tiles of weights (bfloat16 ones widened to f32 first) with
+//! `shared/avx2_transpose.rs`, 24 shuffles per 64 weights, against the 16 multiply-adds that
+//! each 8 packed weights take at 128 rows.
 //! The steps ask for the buffer's lines 32 steps ahead, and for the lines of the weight rows of
 //! the thread's next block into L2, a line every few steps, so that packing does not wait for
 //! memory.
@@ -50,6 +51,7 @@ use std::sync::atomic::Ordering::Relaxed;
 
 use super::avx2_math::{LANES, lane_mask};
 use super::avx2_team_matmul::{Product, Weight};
+use super::avx2_transpose::transpose;
 
 /// Weight rows (output columns) per block: 2 vectors.
 const BLOCK: usize = 16;
@@ -337,36 +339,4 @@ impl<O: Operands> Repack<O> {
             }
         }
     }
-}
-
-/// The 8 × 8 transpose of `rows`: vector `c` of the result holds lane `c` of every row, in
-/// 24 shuffles.
-#[inline]
-#[target_feature(enable = "avx2,fma")]
-fn transpose(rows: [__m256; LANES]) -> [__m256; LANES] {
-    // Pairs of rows interleaved: in each 128-bit half, vector 2i holds lanes 0-1 of rows 2i and
-    // 2i + 1, vector 2i + 1 their lanes 2-3.
-    let mut pairs = [_mm256_setzero_ps(); LANES];
-    for i in 0..LANES / 2 {
-        pairs[2 * i] = _mm256_unpacklo_ps(rows[2 * i], rows[2 * i + 1]);
-        pairs[2 * i + 1] = _mm256_unpackhi_ps(rows[2 * i], rows[2 * i + 1]);
-    }
-    // Fours: in each half, vector 4m + q holds lane q of rows 4m..4m + 4 (lane 4 + q in the
-    // high half).
-    let mut fours = [_mm256_setzero_ps(); LANES];
-    for m in 0..2 {
-        let (a, b, c, d) = (pairs[4 * m], pairs[4 * m + 1], pairs[4 * m + 2], pairs[4 * m + 3]);
-        fours[4 * m] = _mm256_shuffle_ps::<0x44>(a, c);
-        fours[4 * m + 1] = _mm256_shuffle_ps::<0xEE>(a, c);
-        fours[4 * m + 2] = _mm256_shuffle_ps::<0x44>(b, d);
-        fours[4 * m + 3] = _mm256_shuffle_ps::<0xEE>(b, d);
-    }
-    // Column q is the low halves of fours q (rows 0-3) and 4 + q (rows 4-7); column 4 + q their
-    // high halves.
-    let mut columns = [_mm256_setzero_ps(); LANES];
-    for q in 0..4 {
-        columns[q] = _mm256_permute2f128_ps::<0x20>(fours[q], fours[4 + q]);
-        columns[4 + q] = _mm256_permute2f128_ps::<0x31>(fours[q], fours[4 + q]);
-    }
-    columns
 }

@@ -1,14 +1,17 @@
 //! Command-line text generation: load the model once, run one prompt, stream or print JSON.
 
 use std::io::{self, Write};
+use std::cell::{Cell, OnceCell};
 use std::mem::ManuallyDrop;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::thread::JoinHandle;
 use std::time::Instant;
 
 use clap::Parser;
 use serde_json::{Map, Value, json};
 
+use __crate::tokenizer::TextStream;
 use __crate::{Error, GenerateParams, Model, Tokenizer, WORKLOAD};
 
 /// Generates text with the model this crate was generated for.
@@ -69,32 +72,19 @@ fn run(args: &Args, started: Instant) -> Result<(), Error> {
     if let Err(source) = std::fs::read_dir(&args.model) {
         return Err(Error::Io { path: args.model.clone(), source });
     }
-    // The tokenizer is read on a second thread while this one maps the weights: each takes a
-    // few milliseconds before the first token, and neither needs the other.
-    let (model, tokenizer) = std::thread::scope(|scope| {
-        // A text prompt needs the whole tokenizer; ids need only what decodes them.
-        let tokenizer = scope.spawn(|| {
-            if args.prompt.is_some() {
-                Tokenizer::load_with_encoder(&args.model)
-            } else {
-                Tokenizer::load(&args.model)
-            }
-        });
-        let model = Model::load(&args.model);
-        let tokenizer = tokenizer.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic));
-        (model, tokenizer)
-    });
+    // The tokenizer is read on a second thread while this one maps the weights and, for a
+    // prompt of ids, runs it: ids need the tokenizer only to print text, so it is waited for
+    // at the first token (at the end for JSON). A model that fails to load is reported first.
+    let tokenizer = TokenizerThread::spawn(args);
     // The process ends when `run` returns, so the model and the tokenizer are never freed:
-    // freeing a 32000-word tokenizer's maps alone would delay the exit by 3-4 ms. A model
-    // that fails to load is reported before a tokenizer that does.
-    let model = ManuallyDrop::new(model?);
-    let tokenizer = ManuallyDrop::new(tokenizer?);
+    // freeing a 32000-word tokenizer's maps alone would delay the exit by 3-4 ms.
+    let model = ManuallyDrop::new(Model::load(&args.model)?);
     for warning in model.warnings() {
         eprintln!("warning: {warning}");
     }
     let prompt_ids = match (&args.prompt, &args.prompt_ids) {
         (Some(text), _) if text.is_empty() => return Err(Error::EmptyPrompt),
-        (Some(text), _) => tokenizer.encode(text)?,
+        (Some(text), _) => tokenizer.get()?.encode(text)?,
         (None, Some(ids)) => ids.clone(),
         (None, None) => return Err(Error::EmptyPrompt),
     };
@@ -104,7 +94,7 @@ fn run(args: &Args, started: Instant) -> Result<(), Error> {
 
     if args.json {
         let generation = session.generate(&prompt_ids, &params, |_| true)?;
-        let text = tokenizer.decode(&generation.generated_ids)?;
+        let text = tokenizer.get()?.decode(&generation.generated_ids)?;
         let report = Value::Object(Map::from_iter([
             ("workload".to_string(), json!(WORKLOAD)),
             ("prompt_ids".to_string(), json!(generation.prompt_ids)),
@@ -123,31 +113,23 @@ fn run(args: &Args, started: Instant) -> Result<(), Error> {
         return Ok(());
     }
 
-    // Stream: the prompt as the tokenizer reads it, then each new piece as it is generated.
-    let mut out = io::stdout().lock();
-    let mut stream = tokenizer.stream();
-    let mut closed = false;
+    // Stream: the prompt as the tokenizer reads it, at the first token (the tokenizer may still
+    // be read until then), then each new piece as it is generated.
+    let mut printer =
+        Printer { tokenizer: &tokenizer, prompt_ids: &prompt_ids, stream: None, out: io::stdout().lock(), open: true };
     let mut decode_error = None;
-    for &id in &prompt_ids {
-        match stream.push(id) {
-            Ok(Some(piece)) => closed = closed || write!(out, "{piece}").is_err(),
-            Ok(None) => {}
-            Err(e) => return Err(e),
+    let generation = session.generate(&prompt_ids, &params, |id| {
+        if let Err(e) = printer.push(id) {
+            decode_error = Some(e);
         }
-    }
-    let on_token = |id| {
-        match stream.push(id) {
-            Ok(Some(piece)) => closed = write!(out, "{piece}").and_then(|()| out.flush()).is_err(),
-            Ok(None) => {}
-            Err(e) => decode_error = Some(e),
-        }
-        !closed && decode_error.is_none()
-    };
-    let generation = session.generate(&prompt_ids, &params, on_token)?;
+        printer.open && decode_error.is_none()
+    })?;
     if let Some(e) = decode_error {
         return Err(e);
     }
-    if closed || writeln!(out).is_err() {
+    // With no new token, the prompt is printed now.
+    printer.stream()?;
+    if !printer.open || writeln!(printer.out).is_err() {
         return Ok(());
     }
     let prompt_tokens = generation.prompt_ids.len();
@@ -159,4 +141,69 @@ fn run(args: &Args, started: Instant) -> Result<(), Error> {
         "[{prompt_tokens} prompt tokens: prefill {prefill:.1} tok/s; {new_tokens} new tokens: decode {decode:.1} tok/s; stop: {stop}]"
     );
     Ok(())
+}
+
+/// The tokenizer, read on a thread of its own until something first needs it.
+struct TokenizerThread {
+    reading: Cell<Option<JoinHandle<Result<Tokenizer, Error>>>>,
+    read: OnceCell<ManuallyDrop<Tokenizer>>,
+}
+
+impl TokenizerThread {
+    /// Starts reading the tokenizer of `args.model`: the whole of it for a text prompt, only
+    /// what decodes for ids.
+    fn spawn(args: &Args) -> TokenizerThread {
+        let (dir, encodes) = (args.model.clone(), args.prompt.is_some());
+        let reading = std::thread::spawn(move || {
+            if encodes { Tokenizer::load_with_encoder(&dir) } else { Tokenizer::load(&dir) }
+        });
+        TokenizerThread { reading: Cell::new(Some(reading)), read: OnceCell::new() }
+    }
+
+    /// The tokenizer, once its thread has read it: the first call waits for that.
+    fn get(&self) -> Result<&Tokenizer, Error> {
+        if let Some(reading) = self.reading.take() {
+            let tokenizer = reading.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic))?;
+            let _ = self.read.set(ManuallyDrop::new(tokenizer));
+        }
+        Ok(self.read.get().expect("a tokenizer that failed to load ends the run"))
+    }
+}
+
+/// Streams the text to stdout: the prompt's, from the first call on, then each new piece.
+struct Printer<'a> {
+    tokenizer: &'a TokenizerThread,
+    prompt_ids: &'a [u32],
+    stream: Option<TextStream<'a>>,
+    out: io::StdoutLock<'static>,
+    /// Whether stdout is still open: a closed one (e.g. `| head`) is not an error worth
+    /// reporting, and ends the run.
+    open: bool,
+}
+
+impl<'a> Printer<'a> {
+    /// The stream of the text, which the first call starts by printing the prompt.
+    fn stream(&mut self) -> Result<&mut TextStream<'a>, Error> {
+        let stream = match self.stream.take() {
+            Some(stream) => stream,
+            None => {
+                let mut stream = self.tokenizer.get()?.stream();
+                for &id in self.prompt_ids {
+                    if let Some(piece) = stream.push(id)? {
+                        self.open = self.open && write!(self.out, "{piece}").is_ok();
+                    }
+                }
+                stream
+            }
+        };
+        Ok(self.stream.insert(stream))
+    }
+
+    /// Prints the text that new token `id` completes, if any.
+    fn push(&mut self, id: u32) -> Result<(), Error> {
+        if let Some(piece) = self.stream()?.push(id)? {
+            self.open = self.open && write!(self.out, "{piece}").and_then(|()| self.out.flush()).is_ok();
+        }
+        Ok(())
+    }
 }

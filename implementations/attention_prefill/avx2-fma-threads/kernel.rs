@@ -1,6 +1,6 @@
 //! Causal grouped-query attention of a chunk of new positions over the f32 KV cache, with AVX2
 //! and FMA on `THREADS` threads: for CPUs without AVX-512 (x86-64-v3). The attention of
-//! `shared/avx2_team_attention.rs` for every row of the chunk (row r over positions
+//! `shared/avx2_team_attention.rs` for the rows of the chunk in blocks (row r over positions
 //! `0..=start + r`), its kv heads cut into `THREADS` shares that the crate's team of
 //! `shared/team.rs` computes, the calling thread taking the first. Unlike `avx2-fma`, which
 //! runs on the calling thread while the team's workers wait for the next product, every
