@@ -62,35 +62,11 @@ impl TensorFile {
             unreachable!("a matrix has two dimensions, as the generated loader asks for")
         };
         let packed = crate::kernels::__matmul::pack(&matrix, *rows, *cols);
-        let at = self.pages_for(packed.len())?;
+        let at = self.pages_for(packed.len() * 2)?.cast::<u16>();
         // SAFETY: `pages_for` handed out room for `packed.len()` values, aligned, that nothing
         // else points to.
         unsafe { std::ptr::copy_nonoverlapping(packed.as_ptr(), at, packed.len()) };
         Ok(Bf16Tensor { ptr: at, len: packed.len(), _copy: None })
-    }
-
-    /// Room for `len` bfloat16 values, 64-byte aligned, in anonymous memory asked for in huge
-    /// pages, which the storage keeps: chunks of 64 MiB (or one matrix, if larger), the packed
-    /// matrices one after the other, so that the small ones share huge pages too. A decode step
-    /// streams every matrix: at stories110M's shapes it ran 15% faster from these pages than
-    /// from 4 KiB ones (bench/RESULTS.md). Each matrix starts on a cache line: AMX tile loads
-    /// from 16 bytes off one took about 6 times as long.
-    fn pages_for(&mut self, len: usize) -> Result<*mut u16, Error> {
-        const CHUNK: usize = 64 << 20;
-        const HUGE_PAGE: usize = 2 << 20;
-        let bytes = (len * 2).next_multiple_of(64);
-        if self.pages.last().is_none_or(|(pages, used)| used + bytes > pages.len()) {
-            let io = |source| Error::Io { path: self.path.clone(), source };
-            let pages = memmap2::MmapMut::map_anon(bytes.max(CHUNK).next_multiple_of(HUGE_PAGE)).map_err(io)?;
-            // Huge pages when the kernel grants them; the copies work either way.
-            #[cfg(target_os = "linux")]
-            let _ = pages.advise(memmap2::Advice::HugePage);
-            self.pages.push((pages, 0));
-        }
-        let (pages, used) = self.pages.last_mut().expect("a chunk with room was just added");
-        let at = pages.as_mut_ptr().wrapping_add(*used).cast::<u16>();
-        *used += bytes;
-        Ok(at)
     }
 }
 

@@ -1,8 +1,9 @@
 //! Blockwise int8 matrices, for a crate whose workload holds its weights in 8 bits
 //! (`weights.dtype = "int8"`). Every matrix of the file (F32, BF16 or F16) is quantized once,
-//! at load, on `THREADS` threads: per block of [`BLOCK`] consecutive values of a row, the
-//! scale is `max|w| / 127` and the values are `round(w · 127 / max|w|)` (ties to even), so
-//! that no value is clipped and the largest of each block is exact.
+//! at load, on `THREADS` threads, into huge pages (`TensorFile::pages_for`): per block of
+//! [`BLOCK`] consecutive values of a row, the scale is `max|w| / 127` and the values are
+//! `round(w · 127 / max|w|)` (ties to even), so that no value is clipped and the largest of
+//! each block is exact.
 
 use safetensors::Dtype;
 
@@ -12,16 +13,27 @@ use crate::{Error, THREADS};
 /// Values of a row that share one scale.
 pub const BLOCK: usize = 32;
 
-/// An int8 matrix of `[rows, cols]` values and `[rows, ⌈cols / BLOCK⌉]` scales.
+/// An int8 matrix of `[rows, cols]` values and `[rows, ⌈cols / BLOCK⌉]` scales. The values lie
+/// in the huge pages of the [`Storage`](crate::tensor_file::Storage) that
+/// [`TensorFile::finish`] returns; whoever holds the matrix holds that storage too.
 pub struct Q8Tensor {
-    values: Box<[i8]>,
+    values: *const i8,
+    len: usize,
     scales: Box<[f32]>,
 }
+
+// SAFETY: the values are never written after loading, and their memory lives as long as the
+// Storage that the matrix's owner holds.
+unsafe impl Send for Q8Tensor {}
+// SAFETY: as above; shared reads of immutable memory.
+unsafe impl Sync for Q8Tensor {}
 
 impl Q8Tensor {
     /// The quantized values, row-major.
     pub fn values(&self) -> &[i8] {
-        &self.values
+        // SAFETY: `values` points to `len` values, written once at load and alive while the
+        // Storage is (see Q8Tensor).
+        unsafe { std::slice::from_raw_parts(self.values, self.len) }
     }
 
     /// The scale of each block of each row, row-major.
@@ -34,7 +46,7 @@ impl Q8Tensor {
     pub fn dequantize_row(&self, row: usize, out: &mut [f32]) {
         let cols = out.len();
         let blocks = cols.div_ceil(BLOCK);
-        let values = &self.values[row * cols..(row + 1) * cols];
+        let values = &self.values()[row * cols..(row + 1) * cols];
         let scales = &self.scales[row * blocks..(row + 1) * blocks];
         for ((out, values), &scale) in out.chunks_mut(BLOCK).zip(values.chunks(BLOCK)).zip(scales) {
             for (o, &v) in out.iter_mut().zip(values) {
@@ -50,9 +62,12 @@ impl TensorFile {
         let (dtype, range) = self.checked(name, shape)?;
         let &[rows, cols] = shape else { panic!("q8: `{name}` is not a matrix") };
         let blocks = cols.div_ceil(BLOCK);
+        let at = self.pages_for(rows * cols)?.cast::<i8>();
         let bytes = &self.map[range];
         let width = if dtype == Dtype::F32 { 4 } else { 2 };
-        let mut values = vec![0i8; rows * cols].into_boxed_slice();
+        // SAFETY: `pages_for` handed out room for `rows · cols` bytes that nothing else points
+        // to; the quantizing threads below write them once, each its own rows.
+        let values = unsafe { std::slice::from_raw_parts_mut(at, rows * cols) };
         let mut scales = vec![0f32; rows * blocks].into_boxed_slice();
         // Whole rows per thread: each quantizes its rows into its parts of both buffers, this
         // thread the first part (a thread fewer to start for each of the model's matrices).
@@ -69,7 +84,7 @@ impl TensorFile {
                 quantize_rows(dtype, cols, &bytes[..values.len() * width], values, scales);
             }
         });
-        Ok(Q8Tensor { values, scales })
+        Ok(Q8Tensor { values: at, len: rows * cols, scales })
     }
 }
 
