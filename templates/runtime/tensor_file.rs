@@ -162,7 +162,6 @@ impl TensorFile {
     /// from 4 KiB ones (bench/RESULTS.md), and the load takes a page fault per 2 MiB rather
     /// than per 4 KiB. Each matrix starts on a cache line: AMX tile loads from 16 bytes off one
     /// took about 6 times as long.
-    #[allow(dead_code, reason = "the bf16 and int8 loaders use it, and an f32 crate has neither")]
     pub(crate) fn pages_for(&mut self, bytes: usize) -> Result<*mut u8, Error> {
         const CHUNK: usize = 64 << 20;
         const HUGE_PAGE: usize = 2 << 20;

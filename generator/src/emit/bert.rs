@@ -35,14 +35,18 @@ pub fn rust_files(
         ("src/cpu.rs".to_string(), rust_source::print_tokens(common::cpu_rs(plan))),
         ("src/kernels/mod.rs".to_string(), rust_source::print_tokens(common::kernels_mod_rs(plan))),
     ];
+    let matrices = Matrices::of(plan);
     for file in ["error.rs", "tensor_file.rs", "tokenizer_file.rs"] {
-        files.push((format!("src/{file}"), rust_source::print(&templates.runtime(file, &krate)?)));
+        let mut source = templates.runtime(file, &krate)?;
+        if file == "tensor_file.rs" {
+            rust_source::remove_methods(&mut source, matrices.unused_tensor_file_methods());
+        }
+        files.push((format!("src/{file}"), rust_source::print(&source)));
     }
     files.push((
         "src/tokenizer.rs".to_string(),
         rust_source::print(&templates.runtime("bert/tokenizer.rs", &krate)?),
     ));
-    let matrices = Matrices::of(plan);
     if let Some(file) = matrices.runtime_file() {
         // The word embeddings stay f32: no embedding row is ever dequantized.
         let matmul = crate::resolve::matmul_interface(&plan.workload.weights);

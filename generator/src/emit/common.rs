@@ -61,8 +61,17 @@ impl Matrices {
     /// That runtime file's methods that this crate never calls, which the emitter leaves out.
     pub fn unused_methods(self) -> &'static [&'static str] {
         match self {
-            Matrices::Bf16 => &["bf16_packed", "pages_for"],
+            Matrices::Bf16 => &["bf16_packed"],
             _ => &[],
+        }
+    }
+
+    /// The methods of tensor_file.rs that this crate never calls: `pages_for` (huge pages for
+    /// copies of the matrices) serves only packed bfloat16 copies and int8 matrices.
+    pub fn unused_tensor_file_methods(self) -> &'static [&'static str] {
+        match self {
+            Matrices::Bf16Packed | Matrices::Q8 => &[],
+            Matrices::F32 | Matrices::Packed | Matrices::Bf16 => &["pages_for"],
         }
     }
 

@@ -41,12 +41,16 @@ pub fn rust_files(
         ("src/cpu.rs".to_string(), rust_source::print_tokens(common::cpu_rs(plan))),
         ("src/kernels/mod.rs".to_string(), rust_source::print_tokens(common::kernels_mod_rs(plan))),
     ];
+    let matrices = Matrices::of(plan);
     for file in RUNTIME_FILES {
-        files.push((format!("src/{file}"), rust_source::print(&templates.runtime(file, &krate)?)));
+        let mut source = templates.runtime(file, &krate)?;
+        if *file == "tensor_file.rs" {
+            rust_source::remove_methods(&mut source, matrices.unused_tensor_file_methods());
+        }
+        files.push((format!("src/{file}"), rust_source::print(&source)));
     }
     let c = plan.llama();
     let resident = c.resident_weights.then_some("resident.rs");
-    let matrices = Matrices::of(plan);
     let matmul = crate::resolve::matmul_interface(&plan.workload.weights);
     for file in matrices.runtime_file().into_iter().chain(resident) {
         let mut source = templates.runtime_with(file, &[("__crate", &krate), ("__matmul", matmul)])?;
