@@ -1,7 +1,7 @@
 //! Command-line text generation: load the model once, run one prompt, stream or print JSON.
 
-use std::io::{self, Write};
 use std::cell::{Cell, OnceCell};
+use std::io::{self, Write};
 use std::mem::ManuallyDrop;
 use std::path::PathBuf;
 use std::process::ExitCode;
