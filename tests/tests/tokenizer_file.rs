@@ -151,6 +151,10 @@ fn builds_what_from_file_builds() {
         let json: Value = serde_json::from_str(&text).unwrap();
         models.insert(json["model"]["type"].as_str().unwrap().to_string());
         assert_same(&file.display().to_string(), &text, true);
+        // The decoding-only reader's own scan reads each of these vocabularies (and the test
+        // above checks what it read): none needs `serde_json`'s slower reading.
+        let model = tokenizer_file::File::read(&text).unwrap().model.get();
+        assert!(detokenizer::Pieces::scan(model, &[]).is_some(), "{}", file.display());
     }
     // BPE (the LLaMA tokenizers), WordPiece (all-MiniLM), WordLevel (synthetic).
     assert!(models.len() >= 2, "{models:?}");
@@ -223,6 +227,48 @@ fn variants_of_the_format_read_as_from_file_reads_them() {
         Tokenizer::from_file(&plain).unwrap().to_string(false).unwrap(),
     );
     assert_same("no decoder", &edit(&|j| j["decoder"] = Value::Null), true);
+    // The same file written otherwise: pretty-printed, and with every character past ASCII
+    // written as `\u` escapes (surrogate pairs past the first plane), as Python's `json` does.
+    let pretty = serde_json::to_string_pretty(&base).unwrap();
+    assert_same("pretty-printed", &pretty, true);
+    let with_crab = edit(&|j| {
+        j["model"]["vocab"].as_object_mut().unwrap().insert("▁🦀".to_string(), Value::from(512));
+    });
+    let ascii: String = with_crab
+        .chars()
+        .map(|c| match c.is_ascii() {
+            true => c.to_string(),
+            false => c.encode_utf16(&mut [0; 2]).iter().map(|unit| format!("\\u{unit:04x}")).collect(),
+        })
+        .collect();
+    assert!(ascii.is_ascii() && ascii.contains("\\u2581\\ud83e\\udd80"), "pieces past ASCII");
+    assert_same("escaped past ASCII", &ascii, true);
+    for text in [&pretty, &ascii] {
+        let model = tokenizer_file::File::read(text).unwrap().model.get();
+        assert!(detokenizer::Pieces::scan(model, &[]).is_some());
+    }
+    // Forms the scan leaves to `serde_json`: a key written with escapes, which it then reads,
+    // and ids that are no integers of `u32`, which all three readers refuse.
+    let escaped_key = base.to_string().replacen("\"vocab\":", "\"voc\\u0061b\":", 1);
+    let model = tokenizer_file::File::read(&escaped_key).unwrap().model.get().to_string();
+    assert!(model.contains("voc\\u0061b") && detokenizer::Pieces::scan(&model, &[]).is_none());
+    let theirs: Tokenizer = escaped_key.parse().unwrap();
+    let largest = theirs.get_vocab(true).into_values().max().unwrap();
+    assert_decodes_alike("a key written with escapes", &escaped_key, &theirs, largest);
+    for id in [Value::from(5.0), Value::from(-5), Value::from(1u64 << 32)] {
+        assert_same(
+            &format!("an id of {id}"),
+            &edit(&|j| {
+                let vocab = j["model"]["vocab"].as_object_mut().unwrap();
+                let token = vocab.keys().next_back().unwrap().clone();
+                vocab.insert(token, id.clone());
+            }),
+            false,
+        );
+    }
+    // A model with two vocabularies: the decoding-only reader refuses it.
+    let twice = base.to_string().replacen("\"vocab\":", "\"vocab\":{},\"vocab\":", 1);
+    assert!(detokenizer::read(&twice).is_err());
     // An id far past the others: the decoding-only reader builds no table of three billion
     // pieces (the crate then refuses the id as past its embeddings), and decodes as the
     // tokenizer does. (Not through `assert_same`: serializing that tokenizer walks every id.)
