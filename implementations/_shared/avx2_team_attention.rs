@@ -16,9 +16,10 @@
 //! position's values (up to 8 vectors of them) read once into as many accumulators. At the
 //! shapes of stories110M (12 heads of 64, a bfloat16 cache), a call over 160 positions took
 //! 49-53 µs with the cache in L3 before, when every load was checked and the values pass read
-//! all positions once per output vector, and 14-17 µs after; 84-111 µs from memory before,
-//! 53-60 after (2 threads, AMD EPYC Zen 3). Asking for the keys and values ahead with
-//! `prefetcht1` (the share's whole row segment, 16 positions on) was slower in both cases.
+//! all positions once per output vector, and 13-19 µs after; 92-157 µs from memory before,
+//! 60-85 after (medians of runs, 2 threads, AMD EPYC Zen 3). Asking for the keys and values
+//! ahead with `prefetcht1` (the share's whole row segment, 16 positions on) was slower in both
+//! cases.
 //!
 //! A head dim that is not a multiple of 8 takes per-vector loads, the last masked (the query)
 //! or from a zero-padded copy (the cache's values), and the values pass 8 output lanes at a
