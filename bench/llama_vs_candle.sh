@@ -72,6 +72,13 @@ for shape in "${shapes[@]}"; do
     # 30 s later, in the middle of the timed runs: the 2-thread time to first token at
     # stories15M measured 34-38 ms without this flush and 28 ms with it (bench/RESULTS.md).
     sync
+    # Then the weights leave the page cache, so that the first run below, our crate's warm-up
+    # run, reads them back: a crate asks for huge pages before it maps the file
+    # (templates/runtime/tensor_file.rs), so they come back as 2 MiB folios, which both sides
+    # then map. Left as another reader cached them (in 4 KiB pages, say, as `synth-weights`
+    # writes them), a stories110M bf16 decode ran 1.17x slower (bench/RESULTS.md).
+    python3 -c 'import os, sys; os.posix_fadvise(os.open(sys.argv[1], os.O_RDONLY), 0, 0, os.POSIX_FADV_DONTNEED)' \
+        "$model/model.safetensors"
     echo "== $shape ($(du -h "$model/model.safetensors" | cut -f1) of $dtype weights)"
     # An int8 crate races candle's quantized Llama on the same weights in Q8_0.
     q8=(); [ "$dtype" = int8 ] && q8=(q8)
