@@ -22,6 +22,7 @@ const RUNTIME_FILES: &[&str] = &[
     "error.rs",
     "generate.rs",
     "main.rs",
+    "scratch.rs",
     "tensor_file.rs",
     "tokenizer.rs",
     "tokenizer_file.rs",
@@ -143,6 +144,7 @@ fn lib_rs(plan: &Plan) -> TokenStream {
         pub mod model;
         #q8_mod
         #resident_mod
+        mod scratch;
         mod tensor_file;
         pub mod tokenizer;
         mod tokenizer_file;
@@ -371,6 +373,7 @@ fn model_rs(plan: &Plan) -> TokenStream {
         use crate::kernels::rmsnorm::rmsnorm;
         #rope_use
         use crate::kernels::swiglu::swiglu;
+        use crate::scratch::{Buffer, Scratch};
         use crate::weights::Weights;
         use crate::{
             Error, DIM, HEAD_DIM, HIDDEN_DIM, KV_DIM, MAX_SEQ_LEN, N_HEADS, N_KV_HEADS, N_LAYERS,
@@ -421,43 +424,58 @@ fn model_rs(plan: &Plan) -> TokenStream {
             /// One cache per layer.
             kv: Vec<KvCache<MAX_SEQ_LEN, KV_DIM>>,
             /// The residual stream: [PREFILL_CHUNK, DIM]
-            x: Vec<f32>,
+            x: Buffer,
             /// A sublayer's normalised input, then its output: [PREFILL_CHUNK, DIM]
-            xb: Vec<f32>,
+            xb: Buffer,
             /// Queries: [PREFILL_CHUNK, Q_DIM]
-            q: Vec<f32>,
+            q: Buffer,
             /// New keys: [PREFILL_CHUNK, KV_DIM]
-            k: Vec<f32>,
+            k: Buffer,
             /// New values: [PREFILL_CHUNK, KV_DIM]
-            v: Vec<f32>,
+            v: Buffer,
             /// Attention output: [PREFILL_CHUNK, Q_DIM]
-            att: Vec<f32>,
+            att: Buffer,
             /// MLP gate projection: [PREFILL_CHUNK, HIDDEN_DIM]
-            gate: Vec<f32>,
+            gate: Buffer,
             /// MLP up projection: [PREFILL_CHUNK, HIDDEN_DIM]
-            up: Vec<f32>,
+            up: Buffer,
             /// Attention scores of one query: [MAX_SEQ_LEN]
-            scores: Vec<f32>,
+            scores: Buffer,
             /// Logits of one position: [VOCAB_SIZE]
-            logits: Vec<f32>,
+            logits: Buffer,
+            /// The memory of the buffers above, in huge pages where the kernel grants them.
+            _scratch: Scratch,
         }
 
         impl<'m> Session<'m> {
             fn new(model: &'m Model) -> Session<'m> {
+                let (scratch, [x, xb, q, k, v, att, gate, up, scores, logits]) = Scratch::buffers([
+                    PREFILL_CHUNK * DIM,
+                    PREFILL_CHUNK * DIM,
+                    PREFILL_CHUNK * Q_DIM,
+                    PREFILL_CHUNK * KV_DIM,
+                    PREFILL_CHUNK * KV_DIM,
+                    PREFILL_CHUNK * Q_DIM,
+                    PREFILL_CHUNK * HIDDEN_DIM,
+                    PREFILL_CHUNK * HIDDEN_DIM,
+                    MAX_SEQ_LEN,
+                    VOCAB_SIZE,
+                ]);
                 Session {
                     model,
                     pos: 0,
                     kv: (0..N_LAYERS).map(|_| KvCache::new()).collect(),
-                    x: vec![0.0; PREFILL_CHUNK * DIM],
-                    xb: vec![0.0; PREFILL_CHUNK * DIM],
-                    q: vec![0.0; PREFILL_CHUNK * Q_DIM],
-                    k: vec![0.0; PREFILL_CHUNK * KV_DIM],
-                    v: vec![0.0; PREFILL_CHUNK * KV_DIM],
-                    att: vec![0.0; PREFILL_CHUNK * Q_DIM],
-                    gate: vec![0.0; PREFILL_CHUNK * HIDDEN_DIM],
-                    up: vec![0.0; PREFILL_CHUNK * HIDDEN_DIM],
-                    scores: vec![0.0; MAX_SEQ_LEN],
-                    logits: vec![0.0; VOCAB_SIZE],
+                    x,
+                    xb,
+                    q,
+                    k,
+                    v,
+                    att,
+                    gate,
+                    up,
+                    scores,
+                    logits,
+                    _scratch: scratch,
                 }
             }
 
