@@ -76,7 +76,8 @@ for shape in "${shapes[@]}"; do
     # run, reads them back: a crate asks for huge pages before it maps the file
     # (templates/runtime/tensor_file.rs), so they come back as 2 MiB folios, which both sides
     # then map. Left as another reader cached them (in 4 KiB pages, say, as `synth-weights`
-    # writes them), a stories110M bf16 decode ran 1.17x slower (bench/RESULTS.md).
+    # writes them), a stories110M bf16 decode with a third of its file in huge folios ran 1.17x
+    # slower than from huge pages (bench/RESULTS.md).
     python3 -c 'import os, sys; os.posix_fadvise(os.open(sys.argv[1], os.O_RDONLY), 0, 0, os.POSIX_FADV_DONTNEED)' \
         "$model/model.safetensors"
     echo "== $shape ($(du -h "$model/model.safetensors" | cut -f1) of $dtype weights)"

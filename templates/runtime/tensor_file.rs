@@ -79,9 +79,9 @@ impl TensorFile {
         // Huge pages first: the pages that this mapping reads from disk then enter the page
         // cache as 2 MiB folios, which this run and every later one map with one entry each
         // (pages already cached in smaller folios stay as they are). A decode step streams
-        // every weight: at stories110M's shapes it ran 1.17x faster with the file all in huge
-        // folios than with a third of it; at stories15M's the mapping took 0.9 ms instead of
-        // 3.8 (bench/RESULTS.md). Then every page is mapped now, in one call, rather
+        // every weight: at stories110M's shapes, with a third of the file in huge folios, it ran
+        // 1.17x slower than from a copy in anonymous huge pages, and with all of it as fast as
+        // the copy; at stories15M's the mapping took 0.9 ms instead of 3.8 (bench/RESULTS.md). Then every page is mapped now, in one call, rather
         // than one page fault at a time during the first forward pass. Both are advice: a
         // kernel without them (`MADV_POPULATE_READ` needs Linux 5.14) maps the same bytes.
         #[cfg(target_os = "linux")]
