@@ -78,11 +78,19 @@ for shape in "${shapes[@]}"; do
     # then map. Left as another reader cached them (in 4 KiB pages, say, as `synth-weights`
     # writes them), a stories110M bf16 decode with a third of its file in huge folios ran 1.17x
     # slower than from huge pages (bench/RESULTS.md).
-    python3 -c 'import os, sys; os.posix_fadvise(os.open(sys.argv[1], os.O_RDONLY), 0, 0, os.POSIX_FADV_DONTNEED)' \
-        "$model/model.safetensors"
+    evict() { python3 -c 'import os, sys; os.posix_fadvise(os.open(sys.argv[1], os.O_RDONLY), 0, 0, os.POSIX_FADV_DONTNEED)' "$1"; }
+    evict "$model/model.safetensors"
     echo "== $shape ($(du -h "$model/model.safetensors" | cut -f1) of $dtype weights)"
-    # An int8 crate races candle's quantized Llama on the same weights in Q8_0.
-    q8=(); [ "$dtype" = int8 ] && q8=(q8)
+    # An int8 crate races candle's quantized Llama on the same weights in Q8_0, a file converted
+    # ahead of time: ours reads the model directory it writes with `--save-model`, whose matrices
+    # are int8 already (both crates quantize alike; the thread count only splits the work).
+    q8=()
+    if [ "$dtype" = int8 ]; then
+        "$work/target/release/$two" --model "$model" --save-model "$model-saved" 2>/dev/null
+        sync
+        evict "$model-saved/model.safetensors"
+        q8=(q8 "$model-saved")
+    fi
     "$harness" compare "$work/target/release/$name-t1" "$model" 1 "$rounds" "${q8[@]}" | tee "$work/compare-1.txt"
     "$harness" compare "$work/target/release/$two" "$model" 2 "$rounds" "${q8[@]}" | tee "$work/compare-2.txt"
     # Weight bytes read per decoded token: every tensor but the embedding table, which a step

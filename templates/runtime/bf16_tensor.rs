@@ -39,6 +39,13 @@ impl Deref for Bf16Tensor {
 impl TensorFile {
     /// The tensor `name` as bfloat16, which must have exactly `shape`.
     pub fn bf16(&mut self, name: &str, shape: &[usize]) -> Result<Bf16Tensor, Error> {
+        let tensor = self.read_bf16(name, shape)?;
+        self.save(name, Dtype::BF16, shape, || tensor.iter().flat_map(|v| v.to_le_bytes()).collect());
+        Ok(tensor)
+    }
+
+    /// [`TensorFile::bf16`], without keeping a copy when saving.
+    fn read_bf16(&mut self, name: &str, shape: &[usize]) -> Result<Bf16Tensor, Error> {
         let (dtype, range) = self.checked(name, shape)?;
         let bytes = &self.map[range];
         if dtype == Dtype::BF16 && bytes.as_ptr().align_offset(std::mem::align_of::<u16>()) == 0 {

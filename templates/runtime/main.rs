@@ -17,7 +17,7 @@ use __crate::{Error, GenerateParams, Model, Tokenizer, WORKLOAD};
 /// Generates text with the model this crate was generated for.
 #[derive(Parser)]
 #[command(version, about, long_about = None)]
-#[command(group(clap::ArgGroup::new("input").required(true).args(["prompt", "prompt_ids"])))]
+#[command(group(clap::ArgGroup::new("input").required(true).args(["prompt", "prompt_ids", "save_model"])))]
 struct Args {
     /// Model directory holding model.safetensors and tokenizer.json.
     #[arg(long, value_name = "DIR")]
@@ -46,6 +46,11 @@ struct Args {
     /// Print one JSON object (ids, text, timings) instead of streaming the text.
     #[arg(long)]
     json: bool,
+    /// Instead of generating, write DIR: the model directory of --model with its weights as
+    /// this crate holds them in memory (e.g. quantized, for an int8 crate), which later runs
+    /// load without converting them.
+    #[arg(long, value_name = "DIR")]
+    save_model: Option<PathBuf>,
 }
 
 fn main() -> ExitCode {
@@ -71,6 +76,14 @@ fn run(args: &Args, started: Instant) -> Result<(), Error> {
     params.validate()?;
     if let Err(source) = std::fs::read_dir(&args.model) {
         return Err(Error::Io { path: args.model.clone(), source });
+    }
+    if let Some(out) = &args.save_model {
+        for warning in Model::save_model(&args.model, out)? {
+            eprintln!("warning: {warning}");
+        }
+        let seconds = started.elapsed().as_secs_f64();
+        eprintln!("wrote {} in {seconds:.2} s", out.display());
+        return Ok(());
     }
     // The tokenizer is read on a second thread while this one maps the weights and, for a
     // prompt of ids, runs it: ids need the tokenizer only to print text, so it is waited for

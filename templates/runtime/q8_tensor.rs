@@ -5,6 +5,8 @@
 //! `round(w · 127 / max|w|)` (ties to even), so that no value is clipped and the largest of
 //! each block is exact.
 
+use std::ops::Range;
+
 use safetensors::Dtype;
 
 use crate::tensor_file::{TensorFile, widened};
@@ -13,17 +15,19 @@ use crate::{Error, THREADS};
 /// Values of a row that share one scale.
 pub const BLOCK: usize = 32;
 
-/// An int8 matrix of `[rows, cols]` values and `[rows, ⌈cols / BLOCK⌉]` scales. The values lie
-/// in the huge pages of the [`Storage`](crate::tensor_file::Storage) that
-/// [`TensorFile::finish`] returns; whoever holds the matrix holds that storage too.
+/// An int8 matrix of `[rows, cols]` values and `[rows, ⌈cols / BLOCK⌉]` scales. Both lie in
+/// the huge pages of the [`Storage`](crate::tensor_file::Storage) that [`TensorFile::finish`]
+/// returns, or in its mapping of a file that holds them already (as `--save-model` writes
+/// it); whoever holds the matrix holds that storage too.
 pub struct Q8Tensor {
     values: *const i8,
     len: usize,
-    scales: Box<[f32]>,
+    scales: *const f32,
+    scales_len: usize,
 }
 
-// SAFETY: the values are never written after loading, and their memory lives as long as the
-// Storage that the matrix's owner holds.
+// SAFETY: the values and scales are never written after loading, and their memory lives as
+// long as the Storage that the matrix's owner holds.
 unsafe impl Send for Q8Tensor {}
 // SAFETY: as above; shared reads of immutable memory.
 unsafe impl Sync for Q8Tensor {}
@@ -31,14 +35,15 @@ unsafe impl Sync for Q8Tensor {}
 impl Q8Tensor {
     /// The quantized values, row-major.
     pub fn values(&self) -> &[i8] {
-        // SAFETY: `values` points to `len` values, written once at load and alive while the
-        // Storage is (see Q8Tensor).
+        // SAFETY: `values` points to `len` values, written once at load (or mapped) and alive
+        // while the Storage is (see Q8Tensor).
         unsafe { std::slice::from_raw_parts(self.values, self.len) }
     }
 
     /// The scale of each block of each row, row-major.
     pub fn scales(&self) -> &[f32] {
-        &self.scales
+        // SAFETY: as for the values; `scales` is aligned for f32.
+        unsafe { std::slice::from_raw_parts(self.scales, self.scales_len) }
     }
 
     /// Writes row `row`, dequantized (each value times its block's scale), into `out`, which
@@ -47,7 +52,7 @@ impl Q8Tensor {
         let cols = out.len();
         let blocks = cols.div_ceil(BLOCK);
         let values = &self.values()[row * cols..(row + 1) * cols];
-        let scales = &self.scales[row * blocks..(row + 1) * blocks];
+        let scales = &self.scales()[row * blocks..(row + 1) * blocks];
         for ((out, values), &scale) in out.chunks_mut(BLOCK).zip(values.chunks(BLOCK)).zip(scales) {
             for (o, &v) in out.iter_mut().zip(values) {
                 *o = scale * f32::from(v);
@@ -56,19 +61,84 @@ impl Q8Tensor {
     }
 }
 
+/// The name of the scales of int8 matrix `name` in a file that holds it quantized:
+/// `….weight_scale` for `….weight`.
+pub fn scale_name(name: &str) -> String {
+    format!("{name}_scale")
+}
+
 impl TensorFile {
-    /// The matrix `name`, which must have exactly `shape` (`[rows, cols]`), quantized to int8.
+    /// The matrix `name`, which must have exactly `shape` (`[rows, cols]`), as int8: quantized
+    /// now from F32, BF16 or F16, or mapped where the file holds it as I8 with its scales
+    /// (`scale_name`) as F32 `[rows, ⌈cols / BLOCK⌉]`.
     pub fn q8(&mut self, name: &str, shape: &[usize]) -> Result<Q8Tensor, Error> {
-        let (dtype, range) = self.checked(name, shape)?;
         let &[rows, cols] = shape else { panic!("q8: `{name}` is not a matrix") };
+        let dtypes = [Dtype::F32, Dtype::BF16, Dtype::F16, Dtype::I8];
+        let expected = "F32, BF16, F16, or I8 with its scales (as `--save-model` writes them)";
+        let (dtype, range) = self.checked_as(name, shape, &dtypes, expected)?;
+        let matrix = if dtype == Dtype::I8 {
+            self.mapped_q8(name, rows, cols, range)?
+        } else {
+            self.quantized(dtype, rows, cols, range)?
+        };
+        self.save(name, Dtype::I8, shape, || matrix.values().iter().map(|&v| v as u8).collect());
+        self.save(&scale_name(name), Dtype::F32, &[rows, cols.div_ceil(BLOCK)], || {
+            matrix.scales().iter().flat_map(|v| v.to_le_bytes()).collect()
+        });
+        Ok(matrix)
+    }
+
+    /// The I8 matrix `name` (at `range`, `[rows, cols]`) and its scales, slices of the mapping
+    /// once they are known to be valid: no value -128 (the kernels negate the weights, and
+    /// -128 has no negation), every scale finite and not negative. The scales are copied if
+    /// the file misaligns them.
+    fn mapped_q8(&mut self, name: &str, rows: usize, cols: usize, range: Range<usize>) -> Result<Q8Tensor, Error> {
+        let scales_name = scale_name(name);
+        let blocks = rows * cols.div_ceil(BLOCK);
+        let (_, scales) = self.checked_as(&scales_name, &[rows, cols.div_ceil(BLOCK)], &[Dtype::F32], "F32")?;
+        let invalid = |reason: String| Error::InvalidWeights { path: self.path.clone(), reason };
+        let values = &self.map[range];
+        // Word by word, with no early exit, so that it vectorizes: a few GB/s more than
+        // `contains`, on the path to the first token.
+        if values.chunks(4096).any(|chunk| chunk.iter().fold(0u8, |found, &v| found | u8::from(v == 0x80)) != 0) {
+            return Err(invalid(format!(
+                "tensor `{name}` holds the value -128; int8 weights lie in -127..=127 (the kernels negate them)"
+            )));
+        }
+        let values = values.as_ptr().cast::<i8>();
+        // A scale is finite and not negative exactly when its bits, as an unsigned integer,
+        // lie below those of +∞; or-ing the comparisons, with no early exit, vectorizes.
+        let bits = |b: &[u8]| u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+        let infinity = f32::INFINITY.to_bits();
+        if self.map[scales.clone()].chunks_exact(4).fold(false, |bad, b| bad | (bits(b) >= infinity)) {
+            return Err(invalid(format!("tensor `{scales_name}` holds a scale that is negative, infinite or NaN")));
+        }
+        let scales = if self.map[scales.clone()].as_ptr().align_offset(std::mem::align_of::<f32>()) == 0 {
+            self.map[scales].as_ptr().cast::<f32>()
+        } else {
+            let at = self.pages_for(scales.len())?;
+            // SAFETY: `pages_for` handed out room for the scales' bytes, aligned for f32, that
+            // nothing else points to; the mapping does not overlap it.
+            unsafe { std::ptr::copy_nonoverlapping(self.map[scales.clone()].as_ptr(), at, scales.len()) };
+            at.cast::<f32>()
+        };
+        Ok(Q8Tensor { values, len: rows * cols, scales, scales_len: blocks })
+    }
+
+    /// The `[rows, cols]` matrix of `dtype` at `range`, quantized on `THREADS` threads into
+    /// huge pages.
+    fn quantized(&mut self, dtype: Dtype, rows: usize, cols: usize, range: Range<usize>) -> Result<Q8Tensor, Error> {
         let blocks = cols.div_ceil(BLOCK);
         let at = self.pages_for(rows * cols)?.cast::<i8>();
+        let scales_at = self.pages_for(rows * blocks * 4)?.cast::<f32>();
         let bytes = &self.map[range];
         let width = if dtype == Dtype::F32 { 4 } else { 2 };
-        // SAFETY: `pages_for` handed out room for `rows · cols` bytes that nothing else points
-        // to; the quantizing threads below write them once, each its own rows.
-        let values = unsafe { std::slice::from_raw_parts_mut(at, rows * cols) };
-        let mut scales = vec![0f32; rows * blocks].into_boxed_slice();
+        // SAFETY: `pages_for` handed out room for `rows · cols` bytes and `rows · blocks`
+        // scales (aligned for f32) that nothing else points to; the quantizing threads below
+        // write them once, each its own rows.
+        let (values, scales) = unsafe {
+            (std::slice::from_raw_parts_mut(at, rows * cols), std::slice::from_raw_parts_mut(scales_at, rows * blocks))
+        };
         // Whole rows per thread: each quantizes its rows into its parts of both buffers, this
         // thread the first part (a thread fewer to start for each of the model's matrices).
         let rows_per_thread = rows.div_ceil(THREADS).max(1);
@@ -84,7 +154,7 @@ impl TensorFile {
                 quantize_rows(dtype, cols, &bytes[..values.len() * width], values, scales);
             }
         });
-        Ok(Q8Tensor { values: at, len: rows * cols, scales })
+        Ok(Q8Tensor { values: at, len: rows * cols, scales: scales_at, scales_len: rows * blocks })
     }
 }
 

@@ -28,6 +28,35 @@ pub struct TensorFile {
     /// the packed matrices of a crate whose matmul packs bfloat16 weights (bf16_tensor.rs), the
     /// quantized matrices of an int8 crate (q8_tensor.rs).
     pages: Vec<(MmapMut, usize)>,
+    /// When the weights are being saved ([`TensorFile::saving`]): each tensor handed out so far,
+    /// as the model holds it.
+    saved: Option<Vec<Saved>>,
+}
+
+/// A tensor as the model holds it (its dtype, unpacked), for [`Storage::save`].
+struct Saved {
+    name: String,
+    dtype: Dtype,
+    shape: Vec<usize>,
+    bytes: Vec<u8>,
+}
+
+impl safetensors::View for &Saved {
+    fn dtype(&self) -> Dtype {
+        self.dtype
+    }
+
+    fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+
+    fn data(&self) -> std::borrow::Cow<'_, [u8]> {
+        std::borrow::Cow::Borrowed(&self.bytes)
+    }
+
+    fn data_len(&self) -> usize {
+        self.bytes.len()
+    }
 }
 
 struct Entry {
@@ -66,6 +95,7 @@ pub struct Storage {
     _map: Mmap,
     _copies: Vec<Box<[f32]>>,
     _pages: Vec<(MmapMut, usize)>,
+    saved: Vec<Saved>,
 }
 
 impl TensorFile {
@@ -109,12 +139,37 @@ impl TensorFile {
             used: BTreeSet::new(),
             copies: Vec::new(),
             pages: Vec::new(),
+            saved: None,
         })
+    }
+
+    /// The same file, keeping a copy of each tensor it hands out, as the model holds it, for
+    /// [`Storage::save`].
+    pub fn saving(mut self) -> TensorFile {
+        self.saved = Some(Vec::new());
+        self
+    }
+
+    /// Keeps `bytes`, tensor `name` as the model holds it, when saving (once per name: a
+    /// tied embedding is read twice).
+    pub(crate) fn save(&mut self, name: &str, dtype: Dtype, shape: &[usize], bytes: impl FnOnce() -> Vec<u8>) {
+        if let Some(saved) = &mut self.saved
+            && saved.iter().all(|s| s.name != name)
+        {
+            saved.push(Saved { name: name.to_string(), dtype, shape: shape.to_vec(), bytes: bytes() });
+        }
     }
 
     /// The tensor `name` as f32, which must have exactly `shape`: a slice of the file when it
     /// holds F32, a widened copy when it holds BF16 or F16 (exactly representable in f32).
     pub fn f32(&mut self, name: &str, shape: &[usize]) -> Result<Tensor, Error> {
+        let tensor = self.read_f32(name, shape)?;
+        self.save(name, Dtype::F32, shape, || tensor.iter().flat_map(|v| v.to_le_bytes()).collect());
+        Ok(tensor)
+    }
+
+    /// [`TensorFile::f32`], without keeping a copy when saving.
+    fn read_f32(&mut self, name: &str, shape: &[usize]) -> Result<Tensor, Error> {
         let (dtype, range) = self.checked(name, shape)?;
         let bytes = &self.map[range];
         // BF16 and F16 (as Hugging Face checkpoints often are) widen to f32 once, here.
@@ -145,15 +200,23 @@ impl TensorFile {
     /// to exist with exactly `shape` and a dtype this crate reads (F32, BF16 or F16); marks it
     /// used.
     pub(crate) fn checked(&mut self, name: &str, shape: &[usize]) -> Result<(Dtype, Range<usize>), Error> {
+        self.checked_as(name, shape, &[Dtype::F32, Dtype::BF16, Dtype::F16], "F32, BF16 or F16")
+    }
+
+    /// [`TensorFile::checked`], for a tensor that may hold one of `dtypes` (`expected` names
+    /// them in an error).
+    pub(crate) fn checked_as(
+        &mut self,
+        name: &str,
+        shape: &[usize],
+        dtypes: &[Dtype],
+        expected: &'static str,
+    ) -> Result<(Dtype, Range<usize>), Error> {
         let Some(entry) = self.entries.get(name) else {
             return Err(Error::MissingTensor { path: self.path.clone(), name: name.to_string() });
         };
-        if ![Dtype::F32, Dtype::BF16, Dtype::F16].contains(&entry.dtype) {
-            return Err(Error::WrongDtype {
-                name: name.to_string(),
-                expected: "F32, BF16 or F16",
-                found: format!("{:?}", entry.dtype),
-            });
+        if !dtypes.contains(&entry.dtype) {
+            return Err(Error::WrongDtype { name: name.to_string(), expected, found: format!("{:?}", entry.dtype) });
         }
         if entry.shape != shape {
             return Err(Error::WrongShape {
@@ -201,8 +264,70 @@ impl TensorFile {
             .filter(|name| !self.used.contains(*name) && !ignored.contains(&name.as_str()))
             .map(|name| format!("tensor `{name}` in {} is not used by this model", self.path.display()))
             .collect();
-        (Storage { _map: self.map, _copies: self.copies, _pages: self.pages }, warnings)
+        let saved = self.saved.unwrap_or_default();
+        (Storage { _map: self.map, _copies: self.copies, _pages: self.pages, saved }, warnings)
     }
+}
+
+impl Storage {
+    /// Writes `path`, a safetensors file of every tensor the model read from a file opened
+    /// with [`TensorFile::saving`], each as the model holds it (matrices converted to the
+    /// workload's dtype, unpacked), so that loading it maps them rather than converting them
+    /// again. The file appears whole or not at all (the safetensors crate writes a temporary
+    /// file beside it, then renames it), readable by all like the files copied beside it.
+    pub fn save(&self, path: &Path) -> Result<(), Error> {
+        let io = |source| Error::Io { path: path.to_path_buf(), source };
+        // One entry: the crate writes the header's metadata from a hash map, and a single entry
+        // keeps the file the same, byte for byte, from one run to the next.
+        let metadata = [("monogen.workload".to_string(), crate::WORKLOAD.to_string())];
+        safetensors::serialize_to_file(
+            self.saved.iter().map(|s| (s.name.as_str(), s)),
+            Some(metadata.into_iter().collect()),
+            path,
+        )
+        .map_err(|e| match e {
+            safetensors::SafeTensorError::IoError(source) => io(source),
+            e => Error::InvalidWeights { path: path.to_path_buf(), reason: e.to_string() },
+        })?;
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o644)).map_err(io)?;
+        }
+        Ok(())
+    }
+}
+
+/// Writes model directory `out` from model directory `dir` (`Model::save_model`): creates it,
+/// copies the JSON files of `dir` (config, tokenizer) into it, then has `save` read
+/// `dir/model.safetensors` and write `out/model.safetensors`; returns `save`'s warnings. `out`
+/// must not be `dir`, whose weights it would replace.
+pub fn save_model(
+    dir: &Path,
+    out: &Path,
+    save: impl FnOnce(&Path, &Path) -> Result<Vec<String>, Error>,
+) -> Result<Vec<String>, Error> {
+    let io = |path: &Path| {
+        let path = path.to_path_buf();
+        move |source| Error::Io { path, source }
+    };
+    std::fs::create_dir_all(out).map_err(io(out))?;
+    if std::fs::canonicalize(dir).map_err(io(dir))? == std::fs::canonicalize(out).map_err(io(out))? {
+        return Err(Error::InvalidParameter {
+            name: "output directory",
+            reason: format!("{} is the model directory itself; give a new one", out.display()),
+        });
+    }
+    for entry in std::fs::read_dir(dir).map_err(io(dir))? {
+        let path = entry.map_err(io(dir))?.path();
+        if path.is_file() && path.extension().is_some_and(|e| e == "json") {
+            // Read and written rather than copied, so that `out` gets files it can write again
+            // (a copy keeps the permissions of read-only models).
+            let to = out.join(path.file_name().expect("a file read from a directory has a name"));
+            std::fs::write(&to, std::fs::read(&path).map_err(io(&path))?).map_err(io(&to))?;
+        }
+    }
+    save(&dir.join("model.safetensors"), &out.join("model.safetensors"))
 }
 
 /// The values of `bytes`, a tensor of 2-byte `dtype` (BF16 or F16), as f32.

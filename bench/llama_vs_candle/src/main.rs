@@ -9,10 +9,12 @@
 //!   quantized Llama (`quantized_llama`, the GGUF model) on `MODEL_DIR/model-q8_0.gguf`: every
 //!   matrix in ggml's Q8_0 (int8 with a scale per 32 values, as monogen's int8 crates hold
 //!   them), the norms in f32.
-//! - `llama-vs-candle compare OURS_BIN MODEL_DIR THREADS ROUNDS [q8]`: `ROUNDS` alternating runs of
-//!   the generated binary `OURS_BIN` (`--prompt-ids`, `--json`) and of the candle side (with
-//!   RAYON_NUM_THREADS=THREADS; the quantized one with `q8`, which first writes the GGUF file
-//!   from `model.safetensors` unless it exists) on a 128-token prompt with 64 new tokens, then
+//! - `llama-vs-candle compare OURS_BIN MODEL_DIR THREADS ROUNDS [q8 [OURS_DIR]]`: `ROUNDS`
+//!   alternating runs of the generated binary `OURS_BIN` (`--prompt-ids`, `--json`) and of the
+//!   candle side (with RAYON_NUM_THREADS=THREADS; the quantized one with `q8`, which first
+//!   writes the GGUF file from `model.safetensors` unless it exists; `OURS_BIN` then reads
+//!   `OURS_DIR` if given, the model directory it wrote with `--save-model`, its matrices
+//!   already in int8 as the GGUF's are in Q8_0) on a 128-token prompt with 64 new tokens, then
 //!   `ROUNDS` alternating runs of each that stop at the first token, timed from process start
 //!   to exit: the time to first token. Prints the medians, each side's cores kept busy (CPU
 //!   time over wall time of its processes) and the ratios.
@@ -47,10 +49,11 @@ fn main() -> Result<()> {
             println!("{report}");
             Ok(())
         }
-        Some("compare") if args.len() == 6 || (args.len() == 7 && args[6] == "q8") => {
-            compare(&args[2], &args[3], args[4].parse()?, args[5].parse()?, args.len() == 7)
+        Some("compare") if args.len() == 6 || ((7..=8).contains(&args.len()) && args[6] == "q8") => {
+            let ours_dir = args.get(7).unwrap_or(&args[3]);
+            compare(&args[2], &args[3], ours_dir, args[4].parse()?, args[5].parse()?, args.len() >= 7)
         }
-        _ => Err("usage: llama-vs-candle candle|candle-q8 MODEL_DIR IDS MAX_TOKENS | compare OURS_BIN MODEL_DIR THREADS ROUNDS [q8]".into()),
+        _ => Err("usage: llama-vs-candle candle|candle-q8 MODEL_DIR IDS MAX_TOKENS | compare OURS_BIN MODEL_DIR THREADS ROUNDS [q8 [OURS_DIR]]".into()),
     }
 }
 
@@ -195,7 +198,7 @@ fn run(mut command: Command) -> Result<Run> {
     Ok(Run { report, wall, cpu: children_cpu_time().saturating_sub(cpu_before) })
 }
 
-fn compare(ours: &str, dir: &str, threads: usize, rounds: usize, q8: bool) -> Result<()> {
+fn compare(ours: &str, dir: &str, ours_dir: &str, threads: usize, rounds: usize, q8: bool) -> Result<()> {
     if q8 {
         write_gguf(dir.as_ref())?;
     }
@@ -205,7 +208,7 @@ fn compare(ours: &str, dir: &str, threads: usize, rounds: usize, q8: bool) -> Re
     let me = std::env::current_exe()?;
     let ours_cmd = |tokens: usize| {
         let mut c = Command::new(ours);
-        c.args(["--model", dir, "--prompt-ids", &ids_arg, "--max-tokens", &tokens.to_string(), "--json"]);
+        c.args(["--model", ours_dir, "--prompt-ids", &ids_arg, "--max-tokens", &tokens.to_string(), "--json"]);
         c
     };
     let candle_cmd = |tokens: usize| {

@@ -275,6 +275,19 @@ fn model_rs(plan: &Plan) -> TokenStream {
                 Ok(Model { weights })
             }
 
+            /// Writes `out`, a model directory for this crate made from `dir`: its
+            /// model.safetensors holds every tensor the model reads as it holds them in memory
+            /// (the linear layers' matrices in the workload's dtype: an int8 crate's quantized,
+            /// with their scales), so that loading `out` maps them rather than converting them
+            /// again; the JSON files of `dir` (config, tokenizer) are copied. Returns the
+            /// warnings of reading `dir`.
+            pub fn save_model(dir: impl AsRef<Path>, out: impl AsRef<Path>) -> Result<Vec<String>, Error> {
+                crate::cpu::check()?;
+                crate::tensor_file::save_model(dir.as_ref(), out.as_ref(), |from, to| {
+                    Ok(Weights::save(from, to)?.warnings().to_vec())
+                })
+            }
+
             pub fn weights(&self) -> &Weights {
                 &self.weights
             }
@@ -618,7 +631,20 @@ fn weights_rs(plan: &Plan) -> TokenStream {
             /// Maps the safetensors file at `path` and checks every tensor this model reads
             /// for its name, dtype and shape.
             pub fn load(path: &Path) -> Result<Weights, Error> {
-                let mut file = TensorFile::open(path)?;
+                Weights::read(TensorFile::open(path)?)
+            }
+
+            /// Reads the safetensors file at `from` as [`Weights::load`] does, then writes `to`:
+            /// a safetensors file of every tensor the model reads, each as the model holds it
+            /// (see `Storage::save`).
+            pub fn save(from: &Path, to: &Path) -> Result<Weights, Error> {
+                let weights = Weights::read(TensorFile::open(from)?.saving())?;
+                weights._storage.save(to)?;
+                Ok(weights)
+            }
+
+            /// Checks and reads every tensor of `file`.
+            fn read(mut file: TensorFile) -> Result<Weights, Error> {
                 let word_embeddings = file.f32("embeddings.word_embeddings.weight", &[VOCAB_SIZE, DIM])?;
                 let position_embeddings = file.f32("embeddings.position_embeddings.weight", &[MAX_POSITIONS, DIM])?;
                 let token_type_embeddings =
@@ -700,7 +726,7 @@ fn main_rs(plan: &Plan) -> TokenStream {
         #about_doc
         #[derive(Parser)]
         #[command(version, about, long_about = None)]
-        #[command(group(clap::ArgGroup::new("sentences").required(true).multiple(true).args(["text", "input"])))]
+        #[command(group(clap::ArgGroup::new("sentences").required(true).multiple(true).args(["text", "input", "save_model"])))]
         struct Args {
             /// Model directory holding model.safetensors and tokenizer.json.
             #[arg(long, value_name = "DIR")]
@@ -715,6 +741,11 @@ fn main_rs(plan: &Plan) -> TokenStream {
             /// Print one JSON object (the vectors, token counts and timings).
             #[arg(long)]
             json: bool,
+            /// Instead of encoding, write DIR: the model directory of --model with its weights
+            /// as this crate holds them in memory (e.g. quantized, for an int8 crate), which
+            /// later runs load without converting them.
+            #[arg(long, value_name = "DIR", conflicts_with_all = ["text", "input"])]
+            save_model: Option<PathBuf>,
         }
 
         fn main() -> ExitCode {
@@ -736,6 +767,14 @@ fn main_rs(plan: &Plan) -> TokenStream {
             }
             if let Err(source) = std::fs::read_dir(&args.model) {
                 return Err(Error::Io { path: args.model.clone(), source });
+            }
+            if let Some(out) = &args.save_model {
+                for warning in Model::save_model(&args.model, out)? {
+                    eprintln!("warning: {warning}");
+                }
+                let seconds = started.elapsed().as_secs_f64();
+                eprintln!("wrote {} in {seconds:.2} s", out.display());
+                return Ok(());
             }
             // The process ends when `run` returns, so the model and the tokenizer are never
             // freed: that would only delay the exit.

@@ -401,6 +401,19 @@ fn model_rs(plan: &Plan) -> TokenStream {
                 Ok(Model { weights, rope_cos, rope_sin })
             }
 
+            /// Writes `out`, a model directory for this crate made from `dir`: its
+            /// model.safetensors holds every tensor the model reads as it holds them in memory
+            /// (matrices in the workload's dtype: an int8 crate's quantized, with their scales),
+            /// so that loading `out` maps them rather than converting them again; the JSON
+            /// files of `dir` (config, tokenizer) are copied. Returns the warnings of reading
+            /// `dir`.
+            pub fn save_model(dir: impl AsRef<Path>, out: impl AsRef<Path>) -> Result<Vec<String>, Error> {
+                crate::cpu::check()?;
+                crate::tensor_file::save_model(dir.as_ref(), out.as_ref(), |from, to| {
+                    Ok(Weights::save(from, to)?.warnings().to_vec())
+                })
+            }
+
             pub fn weights(&self) -> &Weights {
                 &self.weights
             }
@@ -793,7 +806,20 @@ fn weights_rs(plan: &Plan) -> TokenStream {
             /// Maps the safetensors file at `path` and checks every tensor this model reads
             /// for its name, dtype and shape.
             pub fn load(path: &Path) -> Result<Weights, Error> {
-                let mut file = TensorFile::open(path)? #resident;
+                Weights::read(TensorFile::open(path)? #resident)
+            }
+
+            /// Reads the safetensors file at `from` as [`Weights::load`] does, then writes `to`:
+            /// a safetensors file of every tensor the model reads, each as the model holds it
+            /// (see `Storage::save`).
+            pub fn save(from: &Path, to: &Path) -> Result<Weights, Error> {
+                let weights = Weights::read(TensorFile::open(from)?.saving())?;
+                weights._storage.save(to)?;
+                Ok(weights)
+            }
+
+            /// Checks and reads every tensor of `file`.
+            fn read(mut file: TensorFile) -> Result<Weights, Error> {
                 let embed_tokens = file.#load_embed("model.embed_tokens.weight", &[VOCAB_SIZE, DIM])?;
                 let mut layers = Vec::with_capacity(N_LAYERS);
                 for l in 0..N_LAYERS {

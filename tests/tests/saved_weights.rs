@@ -1,0 +1,182 @@
+//! `Model::save_model` (the binaries' `--save-model DIR`): a crate writes a model directory
+//! whose model.safetensors holds every tensor as the crate holds it in memory (an int8
+//! crate's matrices quantized, with their scales; a bf16 crate's in bfloat16), and loading
+//! that directory maps them instead of converting them. Checked on the real models: the saved
+//! files hold what they should, the crates compute bit for bit what they compute from the
+//! original checkpoint, saving is deterministic, and a damaged saved file is an error naming
+//! the tensor.
+
+use std::path::Path;
+
+use all_minilm_l6_v2_cpu_int8 as minilm_int8;
+use monogen_tests::model_dir;
+use serde_json::Value;
+use stories260k_cpu_bf16 as bf16;
+use stories260k_cpu_int8 as int8;
+
+/// The JSON header of a safetensors file and the offset of its data.
+fn header(bytes: &[u8]) -> (Value, usize) {
+    let len = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    (serde_json::from_slice(&bytes[8..8 + len]).unwrap(), 8 + len)
+}
+
+/// A prompt and the story the f32 model continues it with, as ids.
+fn story() -> Vec<u32> {
+    let dir = model_dir("stories260k").expect("checked by the caller");
+    let reference = monogen_tests::reference_json(&dir);
+    let case = &reference["greedy"][0];
+    let mut ids = monogen_tests::ids(&case["prompt_ids"]);
+    ids.extend(monogen_tests::ids(&case["new_ids"]));
+    ids
+}
+
+/// The dtype of every tensor of the header whose name ends with `suffix`.
+fn dtypes_ending(header: &Value, suffix: &str) -> Vec<String> {
+    header
+        .as_object()
+        .unwrap()
+        .iter()
+        .filter(|(name, _)| name.ends_with(suffix))
+        .map(|(_, info)| info["dtype"].as_str().unwrap().to_string())
+        .collect()
+}
+
+#[test]
+fn an_int8_crate_saves_its_quantized_matrices_and_computes_the_same_from_them() {
+    let Some(dir) = model_dir("stories260k") else { return };
+    let temp = tempfile::tempdir().unwrap();
+    let saved = temp.path().join("saved");
+    let warnings = int8::Model::save_model(&dir, &saved).unwrap();
+    assert!(warnings.is_empty(), "{warnings:?}");
+
+    let bytes = std::fs::read(saved.join("model.safetensors")).unwrap();
+    let (header, _) = header(&bytes);
+    assert_eq!(header["__metadata__"]["monogen.workload"], "stories260k-cpu-int8");
+    // 5 layers of 7 matrices and the (tied) embedding, each with its scales; the norms in f32.
+    assert_eq!(dtypes_ending(&header, "proj.weight"), vec!["I8"; 35]);
+    assert_eq!(dtypes_ending(&header, "proj.weight_scale"), vec!["F32"; 35]);
+    assert_eq!(dtypes_ending(&header, "embed_tokens.weight"), ["I8"]);
+    assert_eq!(header["model.embed_tokens.weight_scale"]["shape"], serde_json::json!([512, 2]));
+    assert_eq!(dtypes_ending(&header, "norm.weight"), vec!["F32"; 11]);
+    let original = std::fs::metadata(dir.join("model.safetensors")).unwrap().len();
+    assert!((bytes.len() as u64) < original / 3, "{} bytes saved of {original}", bytes.len());
+    // The config and the tokenizer come along, so that the directory is a model directory.
+    for file in ["config.json", "tokenizer.json"] {
+        assert_eq!(
+            std::fs::read(saved.join(file)).unwrap(),
+            std::fs::read(dir.join(file)).unwrap(),
+            "{file}"
+        );
+    }
+
+    let ids = story();
+    let from_checkpoint = int8::Model::load(&dir).unwrap().session().logits_all(&ids).unwrap();
+    let from_saved = int8::Model::load(&saved).unwrap();
+    assert!(from_saved.warnings().is_empty(), "{:?}", from_saved.warnings());
+    let logits = from_saved.session().logits_all(&ids).unwrap();
+    assert!(
+        from_checkpoint.iter().zip(&logits).all(|(a, b)| a.to_bits() == b.to_bits()),
+        "the logits differ"
+    );
+
+    // Saving the saved directory again writes the same file, byte for byte.
+    let again = temp.path().join("again");
+    int8::Model::save_model(&saved, &again).unwrap();
+    assert!(std::fs::read(again.join("model.safetensors")).unwrap() == bytes, "a second save differs");
+}
+
+#[test]
+fn a_bf16_crate_saves_its_matrices_in_bfloat16() {
+    let Some(dir) = model_dir("stories260k") else { return };
+    let temp = tempfile::tempdir().unwrap();
+    bf16::Model::save_model(&dir, temp.path()).unwrap();
+    let bytes = std::fs::read(temp.path().join("model.safetensors")).unwrap();
+    let (header, _) = header(&bytes);
+    assert_eq!(dtypes_ending(&header, "proj.weight"), vec!["BF16"; 35]);
+    assert_eq!(dtypes_ending(&header, "norm.weight"), vec!["F32"; 11]);
+    let ids = story();
+    let from_checkpoint = bf16::Model::load(&dir).unwrap().session().logits_all(&ids).unwrap();
+    let from_saved = bf16::Model::load(temp.path()).unwrap().session().logits_all(&ids).unwrap();
+    assert!(
+        from_checkpoint.iter().zip(&from_saved).all(|(a, b)| a.to_bits() == b.to_bits()),
+        "the logits differ"
+    );
+}
+
+#[test]
+fn a_bert_int8_crate_saves_its_quantized_matrices_and_encodes_the_same() {
+    let Some(dir) = model_dir("all-minilm-l6-v2") else { return };
+    let temp = tempfile::tempdir().unwrap();
+    minilm_int8::Model::save_model(&dir, temp.path()).unwrap();
+    let bytes = std::fs::read(temp.path().join("model.safetensors")).unwrap();
+    let (header, _) = header(&bytes);
+    // Six layers of four linear layers' weights (query, key, value and two dense ones) plus
+    // the attention output's: every linear layer's matrix in int8.
+    let int8_matrices = dtypes_ending(&header, ".weight").iter().filter(|d| *d == "I8").count();
+    assert_eq!(int8_matrices, 36);
+    assert_eq!(dtypes_ending(&header, ".weight_scale"), vec!["F32"; 36]);
+
+    let sentences = ["A man is eating food.", "The quick brown fox jumps over the lazy dog."];
+    let vectors = |model_dir: &Path| {
+        let model = minilm_int8::Model::load(model_dir).unwrap();
+        let tokenizer = minilm_int8::Tokenizer::load(model_dir).unwrap();
+        let ids: Vec<Vec<u32>> = sentences.iter().map(|s| tokenizer.encode(s).unwrap()).collect();
+        model.encoder().embed(&ids).unwrap()
+    };
+    assert_eq!(vectors(&dir), vectors(temp.path()));
+}
+
+/// A copy of `saved` (a directory saved by the int8 crate) in a new directory, with the
+/// bytes of tensor `name` rewritten by `edit`.
+fn damaged(saved: &Path, name: &str, edit: impl FnOnce(&mut [u8])) -> tempfile::TempDir {
+    let out = tempfile::tempdir().unwrap();
+    for file in ["config.json", "tokenizer.json"] {
+        std::fs::copy(saved.join(file), out.path().join(file)).unwrap();
+    }
+    let mut bytes = std::fs::read(saved.join("model.safetensors")).unwrap();
+    let (header, data) = header(&bytes);
+    let offsets = &header[name]["data_offsets"];
+    let (start, end) = (offsets[0].as_u64().unwrap() as usize, offsets[1].as_u64().unwrap() as usize);
+    edit(&mut bytes[data + start..data + end]);
+    std::fs::write(out.path().join("model.safetensors"), bytes).unwrap();
+    out
+}
+
+#[test]
+fn a_damaged_saved_file_is_an_error_naming_the_tensor() {
+    let Some(dir) = model_dir("stories260k") else { return };
+    let temp = tempfile::tempdir().unwrap();
+    int8::Model::save_model(&dir, temp.path()).unwrap();
+    let error = |damaged: &tempfile::TempDir| {
+        int8::Model::load(damaged.path()).err().expect("a damaged file is an error").to_string()
+    };
+
+    // -128 has no negation in int8: the weights lie in -127..=127.
+    let matrix = "model.layers.3.mlp.up_proj.weight";
+    let e = error(&damaged(temp.path(), matrix, |values| values[77] = 0x80));
+    assert!(e.contains(matrix) && e.contains("-128"), "{e}");
+
+    // A scale that is NaN, infinite or negative.
+    let scales = "model.layers.1.self_attn.k_proj.weight_scale";
+    for bad in [f32::NAN, f32::INFINITY, -0.5] {
+        let e = error(&damaged(temp.path(), scales, |s| s[4..8].copy_from_slice(&bad.to_le_bytes())));
+        assert!(e.contains(scales), "{bad}: {e}");
+    }
+
+    // Scales that are missing, or of another shape.
+    let out = tempfile::tempdir().unwrap();
+    let bytes = std::fs::read(temp.path().join("model.safetensors")).unwrap();
+    let (h, data) = header(&bytes);
+    let renamed =
+        serde_json::to_string(&h).unwrap().replace(scales, "model.layers.1.self_attn.k_proj.weight_scal_");
+    let mut edited = ((renamed.len()) as u64).to_le_bytes().to_vec();
+    edited.extend_from_slice(renamed.as_bytes());
+    edited.extend_from_slice(&bytes[data..]);
+    std::fs::write(out.path().join("model.safetensors"), edited).unwrap();
+    let e = int8::Model::load(out.path()).err().expect("missing scales are an error").to_string();
+    assert!(e.contains(scales) && e.contains("missing"), "{e}");
+
+    // Saving into the model directory itself would replace the weights it reads.
+    let e = int8::Model::save_model(temp.path(), temp.path()).expect_err("an error").to_string();
+    assert!(e.contains("model directory itself"), "{e}");
+}
