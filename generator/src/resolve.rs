@@ -248,8 +248,10 @@ pub fn resolve(
     let mut consts = consts(w);
     let footprint = footprint(w, &consts);
     if let Consts::Llama(c) = &mut consts {
-        // Int8 matrices are quantized copies in anonymous memory already, and so are the
-        // matrices of a matmul that packs its weights.
+        // Int8 matrices quantized at load are copies in anonymous memory already, and so are
+        // the matrices of a matmul that packs its weights. Int8 matrices saved with
+        // `--save-model` stay mapped: a TinyLlama int8 crate decoded as fast from the mapping
+        // as from a copy (1.007x, 6 rounds), which cost 2.2 s of load (bench/RESULTS.md).
         let packed = crate::plan::matmul_packs_weights(&interfaces);
         c.resident_weights =
             w.weights.dtype != Dtype::Int8 && !packed && footprint.weight_bytes >= RESIDENT_WEIGHT_BYTES;

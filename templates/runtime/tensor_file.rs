@@ -18,7 +18,7 @@ pub struct TensorFile {
     /// The mapped file (the bf16 loader of a bf16 crate reads it too).
     pub(crate) map: Mmap,
     /// Name → dtype, shape and byte range in `map`.
-    entries: BTreeMap<String, Entry>,
+    pub(crate) entries: BTreeMap<String, Entry>,
     /// Names handed out so far.
     used: BTreeSet<String>,
     /// Tensors that were not 4-byte aligned in the file, or not f32, copied as f32 (and packed
@@ -59,9 +59,9 @@ impl safetensors::View for &Saved {
     }
 }
 
-struct Entry {
-    dtype: Dtype,
-    shape: Vec<usize>,
+pub(crate) struct Entry {
+    pub(crate) dtype: Dtype,
+    pub(crate) shape: Vec<usize>,
     bytes: Range<usize>,
 }
 

@@ -637,9 +637,17 @@ fn weights_rs(plan: &Plan) -> TokenStream {
     let c = plan.llama();
     // The matrices' type and loader: f32 slices, or bfloat16 ones for a bf16 workload (the
     // norms and biases stay f32).
-    // Large weights are copied into anonymous memory at load (see resident.rs).
-    let resident = c.resident_weights.then(|| quote!(.resident()?));
     let matrices = Matrices::of(plan);
+    // Large weights are copied into anonymous memory at load (see resident.rs), where the file
+    // holds the matrices as the crate keeps them.
+    let resident = c.resident_weights.then(|| {
+        let dtype = match matrices {
+            Matrices::Bf16 | Matrices::Bf16Packed => format_ident!("BF16"),
+            Matrices::F32 | Matrices::Packed => format_ident!("F32"),
+            Matrices::Q8 => unreachable!("int8 matrices are never resident (resolve::resolve)"),
+        };
+        quote!(.resident(safetensors::Dtype::#dtype)?)
+    });
     let (matrix, load_matrix, matrix_use) = matrices.tensor();
     // Packed matrices serve the products only: the embedding rows stay in the file's layout,
     // and a tied classifier gets a packed copy of them.
@@ -650,7 +658,7 @@ fn weights_rs(plan: &Plan) -> TokenStream {
     };
     let name = &plan.workload.name;
     let source = if c.resident_weights {
-        " is a slice of model.safetensors, which is copied into memory at load (resident.rs),"
+        " is a slice of model.safetensors, which is copied into memory at load if it holds the matrices as this crate keeps them (resident.rs),"
     } else {
         " is a slice of the memory-mapped model.safetensors,"
     };
