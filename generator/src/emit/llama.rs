@@ -744,6 +744,9 @@ fn weights_rs(plan: &Plan) -> TokenStream {
         let ty = if t.shape.1.is_some() { matrix.clone() } else { quote!(Tensor) };
         quote! { #field_doc pub(crate) #field: #ty, }
     });
+    // An int8 crate quantizes a layer's matrices together (`TensorFile::q8_many`: one start of
+    // the other threads for all seven); every other tensor loads where its field is set.
+    let together = matches!(matrices, Matrices::Q8);
     let loads = tensors.iter().map(|t| {
         let field = format_ident!("{}", t.field);
         let hf = t.hf;
@@ -756,8 +759,23 @@ fn weights_rs(plan: &Plan) -> TokenStream {
             None => quote!(&[#rows]),
         };
         let tensor_name = format!("model.layers.{{l}}.{hf}.weight");
-        let load = if t.shape.1.is_some() { load_matrix.clone() } else { format_ident!("f32") };
-        quote! { #field: file.#load(&format!(#tensor_name), #shape)?, }
+        match t.shape.1 {
+            Some(_) if together => quote! { #field, },
+            Some(_) => quote! { #field: file.#load_matrix(&format!(#tensor_name), #shape)?, },
+            None => quote! { #field: file.f32(&format!(#tensor_name), #shape)?, },
+        }
+    });
+    let layer_matrices = together.then(|| {
+        let (fields, entries): (Vec<_>, Vec<_>) = tensors
+            .iter()
+            .filter_map(|t| {
+                let cols = format_ident!("{}", t.shape.1?);
+                let (field, rows, hf) = (format_ident!("{}", t.field), format_ident!("{}", t.shape.0), t.hf);
+                let tensor_name = format!("model.layers.{{l}}.{hf}.weight");
+                Some((field, quote!((&format!(#tensor_name), [#rows, #cols]))))
+            })
+            .unzip();
+        quote! { let [#(#fields),*] = file.q8_many([#(#entries),*])?; }
     });
 
     let (bias_fields, bias_loads) = if c.qkv_bias {
@@ -831,6 +849,7 @@ fn weights_rs(plan: &Plan) -> TokenStream {
                 let embed_tokens = file.#load_embed("model.embed_tokens.weight", &[VOCAB_SIZE, DIM])?;
                 let mut layers = Vec::with_capacity(N_LAYERS);
                 for l in 0..N_LAYERS {
+                    #layer_matrices
                     layers.push(LayerWeights { #(#loads)* #bias_loads });
                 }
                 let norm = file.f32("model.norm.weight", &[DIM])?;
