@@ -273,28 +273,34 @@ impl Storage {
     /// Writes `path`, a safetensors file of every tensor the model read from a file opened
     /// with [`TensorFile::saving`], each as the model holds it (matrices converted to the
     /// workload's dtype, unpacked), so that loading it maps them rather than converting them
-    /// again. The file appears whole or not at all (the safetensors crate writes a temporary
-    /// file beside it, then renames it), readable by all like the files copied beside it.
+    /// again. The file appears whole or not at all: it is written beside `path`, then renamed.
     pub fn save(&self, path: &Path) -> Result<(), Error> {
+        use std::io::Write;
         let io = |source| Error::Io { path: path.to_path_buf(), source };
         // One entry: the crate writes the header's metadata from a hash map, and a single entry
         // keeps the file the same, byte for byte, from one run to the next.
         let metadata = [("monogen.workload".to_string(), crate::WORKLOAD.to_string())];
-        safetensors::serialize_to_file(
-            self.saved.iter().map(|s| (s.name.as_str(), s)),
-            Some(metadata.into_iter().collect()),
-            path,
-        )
-        .map_err(|e| match e {
-            safetensors::SafeTensorError::IoError(source) => io(source),
-            e => Error::InvalidWeights { path: path.to_path_buf(), reason: e.to_string() },
-        })?;
-        #[cfg(unix)]
-        {
-            use std::os::unix::fs::PermissionsExt;
-            std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o644)).map_err(io)?;
+        let bytes = safetensors::serialize(self.saved.iter().map(|s| (s.name.as_str(), s)), Some(metadata.into()))
+            .map_err(|e| Error::InvalidWeights { path: path.to_path_buf(), reason: e.to_string() })?;
+        let mut partial = path.as_os_str().to_owned();
+        partial.push(".partial");
+        let partial = PathBuf::from(partial);
+        // Written 2 MiB at a time, at offsets that are multiples of 2 MiB: a file system that
+        // caches files in large folios (ext4 on Linux 6.x) then keeps this one in 2 MiB folios,
+        // which every run maps by the entry (see `TensorFile::open`), where writes of 1 MiB (the
+        // safetensors crate's own writer) left it in smaller ones. A stories15M int8 file came
+        // out 16 of 16 MiB in huge folios instead of 8 (bench/RESULTS.md).
+        let written = File::create(&partial).and_then(|mut file| {
+            for chunk in bytes.chunks(2 << 20) {
+                file.write_all(chunk)?;
+            }
+            file.sync_data()
+        });
+        if let Err(source) = written {
+            let _ = std::fs::remove_file(&partial);
+            return Err(io(source));
         }
-        Ok(())
+        std::fs::rename(&partial, path).map_err(io)
     }
 }
 
