@@ -80,7 +80,7 @@ impl TensorFile {
     /// The matrices `matrices` (name and `[rows, cols]`), read as [`TensorFile::q8`] reads
     /// each, those to quantize quantized together: one start of the `THREADS - 1` other
     /// threads for all of them, which a layer's matrices share (a scoped thread's start and
-    /// join took about 90 µs on a 2-vCPU VM, as long as quantizing 100 000 values).
+    /// join took 84-92 µs on a 2-vCPU VM, bench/RESULTS.md).
     pub fn q8_many<const M: usize>(&mut self, matrices: [(&str, [usize; 2]); M]) -> Result<[Q8Tensor; M], Error> {
         let dtypes = [Dtype::F32, Dtype::BF16, Dtype::F16, Dtype::I8];
         let expected = "F32, BF16, F16, or I8 with its scales (as `--save-model` writes them)";
@@ -137,8 +137,7 @@ impl TensorFile {
     /// The I8 matrix `name` (at `range`, `[rows, cols]`) and its scales, slices of the mapping
     /// once they are known to be valid: no value -128 (the AVX-512 decode tile negates weights
     /// to carry the activations' signs, and -128 has no negation), every scale finite and not
-    /// negative. The scales are copied if
-    /// the file misaligns them.
+    /// negative. The scales are copied if the file misaligns them.
     fn mapped_q8(&mut self, name: &str, rows: usize, cols: usize, range: Range<usize>) -> Result<Q8Tensor, Error> {
         let scales_name = scale_name(name);
         let blocks = rows * cols.div_ceil(BLOCK);

@@ -111,8 +111,9 @@ impl TensorFile {
         // (pages already cached in smaller folios stay as they are). A decode step streams
         // every weight: at stories110M's shapes, with a third of the file in huge folios, it ran
         // 1.17x slower than from a copy in anonymous huge pages, and with all of it as fast as
-        // the copy; at stories15M's the mapping took 0.9 ms instead of 3.8 (bench/RESULTS.md). Then every page is mapped now, in one call, rather
-        // than one page fault at a time during the first forward pass. Both are advice: a
+        // the copy; at stories15M's the mapping took 0.9 ms instead of 3.8 (bench/RESULTS.md).
+        // Then every page is mapped now, in one call, rather than one page fault at a time
+        // during the first forward pass. Both are advice: a
         // kernel without them (`MADV_POPULATE_READ` needs Linux 5.14) maps the same bytes.
         #[cfg(target_os = "linux")]
         {
@@ -286,7 +287,7 @@ impl Storage {
         partial.push(".partial");
         let partial = PathBuf::from(partial);
         // Written 2 MiB at a time, at offsets that are multiples of 2 MiB: a file system that
-        // caches files in large folios (ext4 on Linux 6.x) then keeps this one in 2 MiB folios,
+        // caches files in large folios (ext4 on Linux 6.18, here) then keeps this one in 2 MiB folios,
         // which every run maps by the entry (see `TensorFile::open`), where writes of 1 MiB (the
         // safetensors crate's own writer) left it in smaller ones. A stories15M int8 file came
         // out 16 of 16 MiB in huge folios instead of 8 (bench/RESULTS.md).
