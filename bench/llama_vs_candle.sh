@@ -86,7 +86,7 @@ for shape in "${shapes[@]}"; do
     # are int8 already (both crates quantize alike; the thread count only splits the work).
     q8=()
     if [ "$dtype" = int8 ]; then
-        "$work/target/release/$two" --model "$model" --save-model "$model-saved" 2>/dev/null
+        "$work/target/release/$two" --model "$model" --save-model "$model-saved"
         sync
         evict "$model-saved/model.safetensors"
         q8=(q8 "$model-saved")
