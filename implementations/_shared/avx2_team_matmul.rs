@@ -8,7 +8,8 @@
 //! passes while the block is in L1. Within a block the output is cut into tiles of 4
 //! activation rows × 2 weight rows, so that each loaded weight vector serves 4 fused
 //! multiply-adds; rows left over (fewer than 4, and a decode step's single row) take tiles of
-//! 1 × 8. A tile's 8 accumulators of 8 lanes end in one transposed horizontal-add tree
+//! 1 × 8 over f32 weights, and over bfloat16 ones one weight row at a time, front to back
+//! (`row_dot`). A tile's 8 accumulators of 8 lanes end in one transposed horizontal-add tree
 //! (`sum8`). K that is not a multiple of 8 ends with a masked load of the activations and a
 //! zero-padded copy of the weights' last values. A prefill's many rows take the packed blocks
 //! of `shared/avx2_repack.rs` instead, where the implementation asks for them.
@@ -100,12 +101,72 @@ impl<W: Weight> Product<W> {
                 r += 4;
             }
             while r < self.rows {
-                // SAFETY: as above, for row r.
-                unsafe { self.row_block::<1, 8>(r, n0..n1) };
+                if size_of::<W>() == 2 {
+                    for n in n0..n1 {
+                        // SAFETY: as above, for row r and weight row n.
+                        unsafe { self.row_dot(r, n) };
+                    }
+                } else {
+                    // SAFETY: as above, for row r.
+                    unsafe { self.row_block::<1, 8>(r, n0..n1) };
+                }
                 r += 1;
             }
             n0 = n1;
         }
+    }
+
+    /// Writes `out[r, n]`, the dot product of activation row `r` and weight row `n`, reading
+    /// the weights front to back (bfloat16 weights in a decode step).
+    ///
+    /// A share's weight rows lie one after the other, so its thread reads one stream from
+    /// start to end; each line is asked for into L1 `AHEAD` bytes before it is reached, past
+    /// the row's end into the next one. On an AMD EPYC (Zen 3, 2 threads) that streamed
+    /// stories110M's bf16 matrices 1.015-1.097x as fast as the tiles of 8 weight rows with
+    /// the next tile asked for into L2 (medians of paired rounds of `cargo bench -p
+    /// monogen-kernel-tests --bench weights`, 5 runs), and the stories110M bf16 crate decoded
+    /// 1.144x as fast (`bench/ab.py --rounds 10`). 512 and 1536 bytes ahead were no better
+    /// than 1024, two rows at a time was 0.7-0.9x, and f32 weights lose with it (0.85x in the
+    /// bench, 0.945x in the stories110M f32 crate), so they keep the tiles.
+    ///
+    /// # Safety
+    ///
+    /// The CPU has AVX2 and FMA, row `r` lies inside `x` and weight row `n` inside `w`, and no
+    /// other thread writes `out[r, n]` meanwhile.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn row_dot(&self, r: usize, n: usize) {
+        const AHEAD: usize = 1024;
+        const STEP: usize = 4 * LANES;
+        let k = self.k;
+        // SAFETY: the caller's contract.
+        let (x, w) = unsafe { (self.x.add(r * k), self.w.add(n * k)) };
+        let mut acc = [_mm256_setzero_ps(); 4];
+        let mut at = 0;
+        while at + STEP <= k {
+            // A prefetch never faults, even past the end of the weights.
+            _mm_prefetch::<_MM_HINT_T0>(w.wrapping_add(at).cast::<u8>().wrapping_add(AHEAD).cast());
+            for (i, a) in acc.iter_mut().enumerate() {
+                // SAFETY: 8 activations and 8 weights at `at + 8i` < k lie inside the rows.
+                let (xv, wv) = unsafe { (_mm256_loadu_ps(x.add(at + i * LANES)), W::load(w.add(at + i * LANES))) };
+                *a = _mm256_fmadd_ps(xv, wv, *a);
+            }
+            at += STEP;
+        }
+        while at < k {
+            let len = LANES.min(k - at);
+            let mut last = [W::default(); LANES];
+            // SAFETY: the row's `len` weights from `at`.
+            last[..len].copy_from_slice(unsafe { std::slice::from_raw_parts(w.add(at), len) });
+            // SAFETY: the masked load reads only the row's `len` activations from `at`, and
+            // `last` is 8 readable values.
+            let (xv, wv) = unsafe { (_mm256_maskload_ps(x.add(at), lane_mask(len)), W::load(last.as_ptr())) };
+            acc[0] = _mm256_fmadd_ps(xv, wv, acc[0]);
+            at += len;
+        }
+        let sum = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
+        // SAFETY: `out[r, n]` lies inside `out`, and the caller's contract.
+        unsafe { *self.out.add(r * self.n + n) = hsum(sum) };
     }
 
     /// Columns `cols` of rows `r..r + R`: `C` columns per tile, then the rest one at a time.
@@ -142,27 +203,8 @@ impl<W: Weight> Product<W> {
         }
         let mut acc = [[_mm256_setzero_ps(); C]; R];
         let full = k - k % LANES;
-        // A single row's tile of bfloat16 weights (a decode step) streams its C weight rows,
-        // which lie one after the other: it asks for the next tile's as many bytes per step
-        // into L2, so that memory keeps streaming across tiles instead of each row's few lines
-        // (24 at K = 768) starting a stream afresh. On one thread of an AMD EPYC (Zen 3) that
-        // took a decode over stories110M's matrices from 11.4 to 14.4 GB/s (`cargo bench -p
-        // monogen-kernel-tests --bench weights`); f32 weights, whose rows are twice as long,
-        // fell from 17.8 to 13.9 with it, and do without.
-        let prefetch = R == 1 && size_of::<W>() == 2;
-        let next = self.w.wrapping_add((n + C) * k).cast::<u8>();
-        let per_step = C * LANES * size_of::<W>();
         let mut at = 0;
         while at < full {
-            if prefetch {
-                let ahead = next.wrapping_add(at / LANES * per_step);
-                let mut line = 0;
-                while line < per_step {
-                    // A prefetch never faults, even past the end of the weights.
-                    _mm_prefetch::<_MM_HINT_T1>(ahead.wrapping_add(line).cast());
-                    line += 64;
-                }
-            }
             let mut wv = [_mm256_setzero_ps(); C];
             for (v, &row) in wv.iter_mut().zip(&ws) {
                 // SAFETY: 8 weights at `at` < `full` ≤ k lie inside the row.
