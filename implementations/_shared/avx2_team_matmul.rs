@@ -8,8 +8,8 @@
 //! passes while the block is in L1. Within a block the output is cut into tiles of 4
 //! activation rows × 2 weight rows, so that each loaded weight vector serves 4 fused
 //! multiply-adds; rows left over (fewer than 4, and a decode step's single row) take tiles of
-//! 1 × 8 over f32 weights, and over bfloat16 ones one weight row at a time, front to back
-//! (`row_dot`). A tile's 8 accumulators of 8 lanes end in one transposed horizontal-add tree
+//! 1 × 8, except over bfloat16 weights of at least `ROW_DOT_K` columns, which a single row
+//! reads one weight row at a time, front to back (`row_dot`). A tile's 8 accumulators of 8 lanes end in one transposed horizontal-add tree
 //! (`sum8`). K that is not a multiple of 8 ends with a masked load of the activations and a
 //! zero-padded copy of the weights' last values. A prefill's many rows take the packed blocks
 //! of `shared/avx2_repack.rs` instead, where the implementation asks for them.
@@ -25,6 +25,11 @@ use super::avx2_math::{LANES, hsum, lane_mask, sum8};
 
 /// Bytes of weights per block that the activation rows pass over while it is in L1.
 const BLOCK_BYTES: usize = 16 * 1024;
+
+/// From this many columns on, a decode step's single row over bfloat16 weights reads them one
+/// weight row at a time (`row_dot`); shorter rows take the tiles of 8 weight rows, whose
+/// multiply-adds run 8 chains side by side instead of `row_dot`'s 4 over a few steps.
+const ROW_DOT_K: usize = 512;
 
 /// A weight type: how 8 of them become 8 f32 lanes.
 pub trait Weight: Copy + Default {
@@ -101,7 +106,7 @@ impl<W: Weight> Product<W> {
                 r += 4;
             }
             while r < self.rows {
-                if size_of::<W>() == 2 {
+                if size_of::<W>() == 2 && self.k >= ROW_DOT_K {
                     for n in n0..n1 {
                         // SAFETY: as above, for row r and weight row n.
                         unsafe { self.row_dot(r, n) };
@@ -127,7 +132,9 @@ impl<W: Weight> Product<W> {
     /// monogen-kernel-tests --bench weights`, 5 runs), and the stories110M bf16 crate decoded
     /// 1.144x as fast (`bench/ab.py --rounds 10`). 512 and 1536 bytes ahead were no better
     /// than 1024, two rows at a time was 0.7-0.9x, and f32 weights lose with it (0.85x in the
-    /// bench, 0.945x in the stories110M f32 crate), so they keep the tiles.
+    /// bench, 0.945x in the stories110M f32 crate), so they keep the tiles. So do rows shorter
+    /// than `ROW_DOT_K`: the stories15M bf16 crate (K = 288 but for its down projections)
+    /// decoded at 0.76-0.99x with `row_dot` on every matrix (`bench/ab.py`, 12-20 rounds).
     ///
     /// # Safety
     ///
@@ -203,8 +210,27 @@ impl<W: Weight> Product<W> {
         }
         let mut acc = [[_mm256_setzero_ps(); C]; R];
         let full = k - k % LANES;
+        // A single row's tile of bfloat16 weights (a decode step) streams its C weight rows,
+        // which lie one after the other: it asks for the next tile's as many bytes per step
+        // into L2, so that memory keeps streaming across tiles instead of each row's few lines
+        // (24 at K = 768) starting a stream afresh. On one thread of an AMD EPYC (Zen 3) that
+        // took a decode over stories110M's matrices from 11.4 to 14.4 GB/s (`cargo bench -p
+        // monogen-kernel-tests --bench weights`); f32 weights, whose rows are twice as long,
+        // fell from 17.8 to 13.9 with it, and do without.
+        let prefetch = R == 1 && size_of::<W>() == 2;
+        let next = self.w.wrapping_add((n + C) * k).cast::<u8>();
+        let per_step = C * LANES * size_of::<W>();
         let mut at = 0;
         while at < full {
+            if prefetch {
+                let ahead = next.wrapping_add(at / LANES * per_step);
+                let mut line = 0;
+                while line < per_step {
+                    // A prefetch never faults, even past the end of the weights.
+                    _mm_prefetch::<_MM_HINT_T1>(ahead.wrapping_add(line).cast());
+                    line += 64;
+                }
+            }
             let mut wv = [_mm256_setzero_ps(); C];
             for (v, &row) in wv.iter_mut().zip(&ws) {
                 // SAFETY: 8 weights at `at` < `full` ≤ k lie inside the row.
