@@ -151,9 +151,13 @@ fn a_damaged_saved_file_is_an_error_naming_the_tensor() {
         int8::Model::load(damaged.path()).err().expect("a damaged file is an error").to_string()
     };
 
-    // -128 has no negation in int8: the weights lie in -127..=127.
+    // -128 has no negation in int8: the weights lie in -127..=127. One near a matrix's start,
+    // and one as the very last value of another.
     let matrix = "model.layers.3.mlp.up_proj.weight";
     let e = error(&damaged(temp.path(), matrix, |values| values[77] = 0x80));
+    assert!(e.contains(matrix) && e.contains("-128"), "{e}");
+    let matrix = "model.layers.2.self_attn.v_proj.weight";
+    let e = error(&damaged(temp.path(), matrix, |values| *values.last_mut().unwrap() = 0x80));
     assert!(e.contains(matrix) && e.contains("-128"), "{e}");
 
     // A scale that is NaN, infinite or negative.
