@@ -9,8 +9,8 @@
 //! activation rows × 2 weight rows, so that each loaded weight vector serves 4 fused
 //! multiply-adds; rows left over (fewer than 4, and a decode step's single row) take tiles of
 //! 1 × 8, except over bfloat16 weights of at least `ROW_DOT_K` columns, which a single row
-//! reads one weight row at a time, front to back (`row_dot`). A tile's 8 accumulators of 8 lanes end in one transposed horizontal-add tree
-//! (`sum8`). K that is not a multiple of 8 ends with a masked load of the activations and a
+//! reads one weight row at a time, front to back (`row_dot`). A tile's 8 accumulators of 8
+//! lanes end in one transposed horizontal-add tree (`sum8`). K that is not a multiple of 8 ends with a masked load of the activations and a
 //! zero-padded copy of the weights' last values. A prefill's many rows take the packed blocks
 //! of `shared/avx2_repack.rs` instead, where the implementation asks for them.
 //!
@@ -134,7 +134,7 @@ impl<W: Weight> Product<W> {
     /// than 1024, two rows at a time was 0.7-0.9x, and f32 weights lose with it (0.85x in the
     /// bench, 0.945x in the stories110M f32 crate), so they keep the tiles. So do rows shorter
     /// than `ROW_DOT_K`: the stories15M bf16 crate (K = 288 but for its down projections)
-    /// decoded at 0.76-0.99x with `row_dot` on every matrix (`bench/ab.py`, 12-20 rounds).
+    /// decoded at 0.76-0.99x with `row_dot` on every matrix (`bench/ab.py`, 10-50 rounds).
     ///
     /// # Safety
     ///
