@@ -82,7 +82,8 @@ pub struct LlamaConsts {
     /// Positions each query attends to (itself included), when attention slides.
     pub sliding_window: Option<usize>,
     /// The weights are copied into anonymous memory at load (see
-    /// `resolve::RESIDENT_WEIGHT_BYTES`) rather than read through the file mapping.
+    /// `resolve::RESIDENT_WEIGHT_BYTES`) rather than read through the file mapping, where the
+    /// kernel maps the file in small pages (`runtime/resident.rs`).
     pub resident_weights: bool,
 }
 

@@ -509,11 +509,13 @@ fn choose(
 }
 
 /// Weight bytes from which a LLaMA crate copies its weights into anonymous memory at load
-/// instead of reading them through the file mapping: far beyond any cache, where a decode step
-/// streams every weight from DRAM, and measured about 30% faster from anonymous memory
-/// (TinyLlama f32 on intel-xeon-2c: 6.5-6.7 against 5.0-5.5 tokens/s, bench/RESULTS.md;
-/// stories110M's 438 MB showed no gain). Below it, the
-/// copy would only add to the load time.
+/// instead of reading them through the file mapping, where the kernel maps less than three
+/// quarters of the file in huge pages (`runtime/resident.rs` checks at load): far beyond any
+/// cache, where a decode step streams every weight from DRAM, and measured about 30% faster
+/// from anonymous memory than from a mapping in small pages (TinyLlama f32 on intel-xeon-2c:
+/// 6.5-6.7 against 5.0-5.5 tokens/s, bench/RESULTS.md; stories110M's 438 MB showed no gain),
+/// and as fast from a mapping in huge pages. Below it, the copy would only add to the load
+/// time.
 pub const RESIDENT_WEIGHT_BYTES: u64 = 1 << 30;
 
 fn consts(w: &Workload) -> Consts {

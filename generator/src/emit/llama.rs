@@ -51,9 +51,9 @@ pub fn rust_files(
         files.push((format!("src/{file}"), rust_source::print(&source)));
     }
     let c = plan.llama();
-    let resident = c.resident_weights.then_some("resident.rs");
+    let resident: &[&str] = if c.resident_weights { &["huge_pages.rs", "resident.rs"] } else { &[] };
     let matmul = crate::resolve::matmul_interface(&plan.workload.weights);
-    for file in matrices.runtime_file().into_iter().chain(resident) {
+    for file in matrices.runtime_file().into_iter().chain(resident.iter().copied()) {
         let mut source = templates.runtime_with(file, &[("__crate", &krate), ("__matmul", matmul)])?;
         rust_source::remove_methods(&mut source, matrices.unused_methods());
         files.push((format!("src/{file}"), rust_source::print(&source)));
@@ -126,6 +126,7 @@ fn lib_rs(plan: &Plan) -> TokenStream {
     let (bf16_mod, q8_mod) = Matrices::of(plan).modules();
     let resident_mod = c.resident_weights.then(|| {
         quote!(
+            mod huge_pages;
             mod resident;
         )
     });
