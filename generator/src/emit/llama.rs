@@ -48,6 +48,10 @@ pub fn rust_files(
         if *file == "tensor_file.rs" {
             rust_source::remove_methods(&mut source, matrices.unused_tensor_file_methods());
         }
+        // Only an f32 KV cache is copied into from the scratch (see `model_rs`).
+        if *file == "scratch.rs" && plan.workload.kv_cache.dtype == KvDtype::Bf16 {
+            rust_source::remove_methods(&mut source, &["like"]);
+        }
         files.push((format!("src/{file}"), rust_source::print(&source)));
     }
     let c = plan.llama();
@@ -294,6 +298,17 @@ fn model_rs(plan: &Plan) -> TokenStream {
     };
     let (kv_cache, decode, prefill) =
         (format_ident!("{kv_cache}"), format_ident!("{decode}"), format_ident!("{prefill}"));
+    // An f32 cache copies the new keys and values in (`memcpy`): they start where its storage
+    // does within a page (runtime/scratch.rs says why). A bfloat16 cache converts them.
+    let (new_keys, new_values) = match plan.workload.kv_cache.dtype {
+        KvDtype::F32 => (
+            quote!(Room::like(PREFILL_CHUNK * KV_DIM, kv[0].keys(0))),
+            quote!(Room::like(PREFILL_CHUNK * KV_DIM, kv[0].values(0))),
+        ),
+        KvDtype::Bf16 => {
+            (quote!(Room::new(PREFILL_CHUNK * KV_DIM)), quote!(Room::new(PREFILL_CHUNK * KV_DIM)))
+        }
+    };
     let (prefill_use, attention, c_att) = match c.sliding_window {
         None => (
             quote!(
@@ -374,7 +389,7 @@ fn model_rs(plan: &Plan) -> TokenStream {
         use crate::kernels::rmsnorm::rmsnorm;
         #rope_use
         use crate::kernels::swiglu::swiglu;
-        use crate::scratch::{Buffer, Scratch};
+        use crate::scratch::{Buffer, Room, Scratch};
         use crate::weights::Weights;
         use crate::{
             Error, DIM, HEAD_DIM, HIDDEN_DIM, KV_DIM, MAX_SEQ_LEN, N_HEADS, N_KV_HEADS, N_LAYERS,
@@ -463,22 +478,23 @@ fn model_rs(plan: &Plan) -> TokenStream {
 
         impl<'m> Session<'m> {
             fn new(model: &'m Model) -> Session<'m> {
+                let kv: Vec<KvCache<MAX_SEQ_LEN, KV_DIM>> = (0..N_LAYERS).map(|_| KvCache::new()).collect();
                 let (scratch, [x, xb, q, k, v, att, gate, up, scores, logits]) = Scratch::buffers([
-                    PREFILL_CHUNK * DIM,
-                    PREFILL_CHUNK * DIM,
-                    PREFILL_CHUNK * Q_DIM,
-                    PREFILL_CHUNK * KV_DIM,
-                    PREFILL_CHUNK * KV_DIM,
-                    PREFILL_CHUNK * Q_DIM,
-                    PREFILL_CHUNK * HIDDEN_DIM,
-                    PREFILL_CHUNK * HIDDEN_DIM,
-                    MAX_SEQ_LEN,
-                    VOCAB_SIZE,
+                    Room::new(PREFILL_CHUNK * DIM),
+                    Room::new(PREFILL_CHUNK * DIM),
+                    Room::new(PREFILL_CHUNK * Q_DIM),
+                    #new_keys,
+                    #new_values,
+                    Room::new(PREFILL_CHUNK * Q_DIM),
+                    Room::new(PREFILL_CHUNK * HIDDEN_DIM),
+                    Room::new(PREFILL_CHUNK * HIDDEN_DIM),
+                    Room::new(MAX_SEQ_LEN),
+                    Room::new(VOCAB_SIZE),
                 ]);
                 Session {
                     model,
                     pos: 0,
-                    kv: (0..N_LAYERS).map(|_| KvCache::new()).collect(),
+                    kv,
                     x,
                     xb,
                     q,
