@@ -380,6 +380,17 @@ fn only_weights_beyond_every_cache_are_copied_into_memory_at_load() {
     assert!(weights.contains("TensorFile::open(path)?.resident(safetensors::Dtype::BF16)?"), "{weights}");
     let weights = std::fs::read_to_string(root.join("generated/stories260k-cpu-f32/src/weights.rs")).unwrap();
     assert!(!weights.contains("resident"), "{weights}");
+    // ... and only where the kernel maps the file mostly in small pages, which the crate reads
+    // from /proc/self/smaps with runtime/huge_pages.rs, a module only these crates carry.
+    for (krate, carries) in [("tinyllama-bench-cpu-bf16", true), ("stories260k-cpu-f32", false)] {
+        let src = root.join("generated").join(krate).join("src");
+        assert_eq!(src.join("huge_pages.rs").exists(), carries, "{krate}");
+        let lib = std::fs::read_to_string(src.join("lib.rs")).unwrap();
+        assert_eq!(lib.contains("mod huge_pages;"), carries, "{krate}");
+    }
+    let resident =
+        std::fs::read_to_string(root.join("generated/tinyllama-bench-cpu-bf16/src/resident.rs")).unwrap();
+    assert!(resident.contains("huge_pages::share(&self.map)"), "{resident}");
 }
 
 /// A kernel that packs its weights declares it, exposes its interface's packing function, and
