@@ -2,10 +2,10 @@
 //! the page cache does not hold the file in huge pages. A decode step streams every weight
 //! from DRAM: through a mapping of 4 KiB pages it pays a TLB miss every few lines, from a copy
 //! in huge pages it does not. `TensorFile::open` asks for the file in huge pages, and a
-//! kernel whose page cache holds the file in 2 MiB folios (XFS, and ext4 since Linux 6.16,
-//! for a file read after that advice) maps it as they are. The copy is then kept only where
-//! less than `HUGE_SHARE` of the mapping is in huge pages, as a file cached in small folios
-//! before, or on a file system without large folios, leaves it.
+//! kernel whose page cache holds the file in 2 MiB folios (as Linux 6.18 did on ext4 for a file
+//! read after that advice) maps it as they are. The copy is then made only where less than
+//! `HUGE_SHARE` of the mapping is in huge pages, as a file cached in small folios before, or a
+//! file system without large folios, leaves it.
 //!
 //! The generator chooses this only for large weights, and the crate copies only a file that
 //! holds the matrices as it keeps them (a checkpoint it converts is read once, into copies in

@@ -49,8 +49,8 @@ fn share_of_the_mappings_inside_a_range() {
 #[cfg(target_os = "linux")]
 #[test]
 fn share_of_a_mapping_of_this_process() {
-    // 16 MiB of zeros is its own anonymous mapping (far above malloc's mmap threshold), from
-    // 16 bytes before the vector to the page after its end.
+    // 16 MiB is its own anonymous mapping (far above malloc's mmap threshold), from the
+    // allocator's header just before the vector to the end of its last page.
     let bytes = vec![1u8; 16 << 20];
     let share = huge_pages::share(&bytes).expect("the vector's mapping is in /proc/self/smaps");
     assert!((0.0..=1.0).contains(&share), "{share}");
