@@ -98,36 +98,7 @@ for shape in "${shapes[@]}"; do
     # crate holds it: an int8 crate's matrices take a byte per value and an f32 scale per 32
     # (its norms stay f32), whatever the file holds. Then the operations of a prefill token:
     # two per weight of the layers' matrices (the classifier runs for the last token only).
-    read -r bytes ops < <(python3 - "$model" "$dtype" <<'PY'
-import json, struct, sys
-path = sys.argv[1] + "/model.safetensors"
-int8 = sys.argv[2] == "int8"
-with open(path, "rb") as f:
-    n = struct.unpack("<Q", f.read(8))[0]
-    header = json.loads(f.read(n))
-tied = "lm_head.weight" not in header
-total = 0
-for name, t in header.items():
-    if name == "__metadata__":
-        continue
-    size = t["data_offsets"][1] - t["data_offsets"][0]
-    if int8:
-        shape = t["shape"]
-        if len(shape) == 2:
-            size = shape[0] * (shape[1] + (shape[1] + 31) // 32 * 4)
-        else:
-            size = shape[0] * 4
-    if name == "model.embed_tokens.weight" and not tied:
-        size = size // t["shape"][0]
-    total += size
-layers = sum(
-    t["shape"][0] * t["shape"][1]
-    for name, t in header.items()
-    if name.startswith("model.layers.") and len(t.get("shape", [])) == 2
-)
-print(total, 2 * layers)
-PY
-)
+    read -r bytes ops < <(python3 bench/weight_bytes.py "$model" "$dtype")
     "$peaks" --rounds 3 "$bytes" | tee "$work/peaks.txt" | sed 's/^/  peaks: /'
     echo "  weight bytes read per decoded token: $bytes"
     # Each decode figure against its floor (those bytes over the read bandwidth of the same

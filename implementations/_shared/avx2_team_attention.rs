@@ -1,10 +1,10 @@
-//! Attention over an f32 or a bfloat16 KV cache with AVX2 and FMA, head by head: the core of
-//! the AVX2 decode and prefill kernels that share it out by kv heads on the crate's team.
-//! Every key and value is loaded as f32 lanes (a bfloat16 one widened exactly as it is loaded,
-//! `vpmovzxwd` and `vpslld`).
+//! Attention over an f32 or a bfloat16 KV cache with AVX2 and FMA: the core of the AVX2 decode
+//! and prefill kernels, which the crate's team shares out, a prefill by kv heads and a decode
+//! step by chunks of positions. Every key and value is loaded as f32 lanes (a bfloat16 one
+//! widened exactly as it is loaded, `vpmovzxwd` and `vpslld`, or 16 at a time, below).
 //!
-//! **One row** (a decode step, or a head dim that is not a multiple of 8): for each query
-//! head of a share, three passes over the positions the row attends to:
+//! **One row** (a head dim that is not a multiple of 8, or a call of one row shared by kv
+//! heads): for each query head of a share, three passes over the positions the row attends to:
 //! 1. scores: 8 positions at a time, 8 dot products accumulated lane-wise and reduced by one
 //!    transposed horizontal-add tree (`sum8`), scaled by 1/√HEAD_DIM;
 //! 2. softmax numerators `exp(score − max)` with the vectorised exp of `avx2_math`, and their
@@ -24,6 +24,21 @@
 //! A head dim that is not a multiple of 8 takes per-vector loads, the last masked (the query)
 //! or from a zero-padded copy (the cache's values), and the values pass 8 output lanes at a
 //! time over every position, into four accumulators.
+//!
+//! **A decode step** ([`Decode`]) cuts the positions into one chunk per thread and runs the
+//! same three passes over a chunk for every query head at once, band by band: the scores of 8
+//! positions of each head in turn, then the values of 16 positions of each head in turn, so
+//! that a thread reads whole cache rows, front to back, in one contiguous piece of the cache.
+//! Each chunk leaves per head its maximum, its sum and its weighted values unscaled, which the
+//! calling thread merges (each chunk's scaled by `exp(its max − the overall max)`). A head dim
+//! of whole pairs of vectors loads keys and values 16 at a time ([`Cached::load16`]: a
+//! bfloat16 pair in one load, a shift and a mask, where two `vpmovzxwd` and two shifts took
+//! six), the even values in one vector and the odd ones in the other, against a query split
+//! the same way. Cut by kv heads, a decode step's thread read its heads' piece of every row
+//! (at stories110M's shapes 768 of 1536 bytes), and with the cache evicted by the weights
+//! streamed past it the attention waited on memory. One thread's half of a stories110M step
+//! (12 heads of 64, 176 positions, a bfloat16 cache evicted first, 12 layers, medians of 40
+//! rounds): 50-57 µs a layer by kv heads, 35-42 in a chunk (a program apart, AMD EPYC Zen 3).
 //!
 //! **Several rows** (a prefill) take the same three passes for blocks of 6 rows at once, each
 //! load serving the block's 6 rows as a product's packed block does: the kv head's keys are
@@ -74,6 +89,31 @@ pub trait Cached: Copy + Default {
     ///
     /// The CPU has AVX2 and FMA, and 8 values from `src` are readable.
     unsafe fn load8(src: *const Self) -> __m256;
+
+    /// The 16 values from `src` as two vectors of f32 lanes, in the order of this type's
+    /// [`Cached::split16`] (a bfloat16 pair of vectors is loaded and widened in three
+    /// instructions, where two `load8` take six).
+    ///
+    /// # Safety
+    ///
+    /// The CPU has AVX2 and FMA, and 16 values from `src` are readable.
+    unsafe fn load16(src: *const Self) -> (__m256, __m256);
+
+    /// The 16 f32 values from `src` as two vectors, each lane holding the value that lane of
+    /// [`Cached::load16`] holds of 16 cached ones: a query split so, multiplied lane by lane,
+    /// meets the right keys.
+    ///
+    /// # Safety
+    ///
+    /// The CPU has AVX2 and FMA, and 16 values from `src` are readable.
+    unsafe fn split16(src: *const f32) -> (__m256, __m256);
+
+    /// The inverse of [`Cached::split16`]: 16 values in `load16`'s order back in their own.
+    ///
+    /// # Safety
+    ///
+    /// The CPU has AVX2 and FMA.
+    unsafe fn join16(pair: (__m256, __m256)) -> (__m256, __m256);
 }
 
 impl Cached for f32 {
@@ -94,6 +134,27 @@ impl Cached for f32 {
         // SAFETY: the caller's contract.
         unsafe { _mm256_loadu_ps(src) }
     }
+
+    /// In order: values 0-7, then 8-15.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn load16(src: *const f32) -> (__m256, __m256) {
+        // SAFETY: the caller's contract.
+        unsafe { (_mm256_loadu_ps(src), _mm256_loadu_ps(src.add(LANES))) }
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn split16(src: *const f32) -> (__m256, __m256) {
+        // SAFETY: the caller's contract.
+        unsafe { Self::load16(src) }
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn join16(pair: (__m256, __m256)) -> (__m256, __m256) {
+        pair
+    }
 }
 
 /// bfloat16 bits: the high halves of f32s.
@@ -110,6 +171,41 @@ impl Cached for u16 {
         // SAFETY: the caller's contract.
         let bits = unsafe { _mm_loadu_si128(src.cast()) };
         _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(bits)))
+    }
+
+    /// The even values (0, 2, ..., 14), then the odd ones: one load of the 16, each 32-bit
+    /// lane holding an even value in its low half and the next odd one in its high half, so
+    /// that a shift makes the first an f32 and a mask the second.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn load16(src: *const u16) -> (__m256, __m256) {
+        // SAFETY: the caller's contract.
+        let bits = unsafe { _mm256_loadu_si256(src.cast()) };
+        let high = _mm256_set1_epi32(0xffff_0000_u32 as i32);
+        (
+            _mm256_castsi256_ps(_mm256_slli_epi32::<16>(bits)),
+            _mm256_castsi256_ps(_mm256_and_si256(bits, high)),
+        )
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn split16(src: *const f32) -> (__m256, __m256) {
+        // SAFETY: the caller's contract.
+        let (a, b) = unsafe { (_mm256_loadu_ps(src), _mm256_loadu_ps(src.add(LANES))) };
+        // [a0 a2 b0 b2 | a4 a6 b4 b6], then its 64-bit quarters in the order 0, 2, 1, 3.
+        let even = _mm256_shuffle_ps::<0b10_00_10_00>(a, b);
+        let odd = _mm256_shuffle_ps::<0b11_01_11_01>(a, b);
+        let order = |v: __m256| _mm256_castpd_ps(_mm256_permute4x64_pd::<0b11_01_10_00>(_mm256_castps_pd(v)));
+        (order(even), order(odd))
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn join16((even, odd): (__m256, __m256)) -> (__m256, __m256) {
+        // [0 1 2 3 | 8 9 10 11] and [4 5 6 7 | 12 13 14 15].
+        let (low, high) = (_mm256_unpacklo_ps(even, odd), _mm256_unpackhi_ps(even, odd));
+        (_mm256_permute2f128_ps::<0x20>(low, high), _mm256_permute2f128_ps::<0x31>(low, high))
     }
 }
 
@@ -457,10 +553,12 @@ impl<C: Cached> Attention<C> {
         let scale = 1.0 / (head_dim as f32).sqrt();
 
         let query = |d: usize| unsafe { _mm256_loadu_ps(q.add(d)) };
-        let max =
-            scores_of(scores, head_dim, scale, query, |p, d| unsafe { C::load8(keys.add(p * kv_dim + d)) });
+        let term = |qv, p: usize, d: usize, acc| unsafe {
+            _mm256_fmadd_ps(qv, C::load8(keys.add(p * kv_dim + d)), acc)
+        };
+        let max = scores_of(scores, head_dim, LANES, scale, query, term);
 
-        let inv_sum = _mm256_set1_ps(numerators(scores, max));
+        let inv_sum = _mm256_set1_ps(1.0 / numerators(scores, max));
 
         // The weighted sum of the values: 8 output vectors at a time, then 4, then 1.
         let mut d = 0;
@@ -500,9 +598,10 @@ impl<C: Cached> Attention<C> {
 
         // SAFETY (the keys): the CPU has AVX2 and FMA, as this function requires.
         let key = |p: usize, d: usize| unsafe { C::load(&keys[p * kv_dim + offset..][..head_dim], d) };
-        let max = scores_of(scores, head_dim, scale, |d| load_f32(q, d), key);
+        let term = |qv, p, d, acc| _mm256_fmadd_ps(qv, key(p, d), acc);
+        let max = scores_of(scores, head_dim, LANES, scale, |d| load_f32(q, d), term);
 
-        let inv_sum = _mm256_set1_ps(numerators(scores, max));
+        let inv_sum = _mm256_set1_ps(1.0 / numerators(scores, max));
 
         // The weighted sum of the values, 8 output lanes at a time, over 4 positions at a
         // time into 4 accumulators.
@@ -536,31 +635,346 @@ impl<C: Cached> Attention<C> {
     }
 }
 
+/// A decode step's attention (one query row) cut by positions: chunk c of `chunks` covers a
+/// run of the cached positions for every head, so that each of the team's threads streams one
+/// contiguous piece of the cache, whole rows of it, front to back. Each chunk leaves per query
+/// head its own softmax maximum, the sum of its numerators and its weighted values, unscaled;
+/// [`Decode::attend`] then merges the chunks' parts, each scaled by `exp(its max − the
+/// overall max)`.
+///
+/// Cut by kv heads instead, each thread read only its heads' piece of every cache row (768 of
+/// 1536 bytes at stories110M's shapes, 128 bytes per head at a stride of 1536), and a decode
+/// step's attention, whose cache the weights streamed past it have evicted from the caches,
+/// waited on memory: a program apart read such pieces of 176 bfloat16 rows, from memory, at
+/// 9.2-9.4 GB/s on one thread, and whole rows at 15.1 (AMD EPYC Zen 3).
+#[derive(Clone, Copy)]
+pub struct Decode<C> {
+    attention: Attention<C>,
+    /// Chunks of positions: the crate's thread count.
+    chunks: usize,
+    /// Every chunk's parts, `head_stride` floats per query head: at 0 the chunk's maximum
+    /// score, at 1 the sum of its numerators, from `LANES` on its weighted values (the head
+    /// dim rounded up to whole vectors; with a head dim of whole pairs of vectors, each 16 in
+    /// the order of [`Cached::load16`]), then the head's query in that order.
+    parts: *mut f32,
+    head_stride: usize,
+}
+
+// SAFETY: the team's threads write disjoint chunks' parts and only read the rest.
+unsafe impl<C> Send for Decode<C> {}
+
+thread_local! {
+    /// The calling thread's [`Decode::parts`].
+    static PARTS: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
+
+impl<C: Cached> Decode<C> {
+    /// The attention of the query `q` (`[N_HEADS · HEAD_DIM]`) of the newest position over
+    /// all the positions that `keys` and `values` hold (`[len, N_KV_HEADS · HEAD_DIM]`, len at
+    /// least 1), into `out`. `run` computes every chunk of the `Decode` it gets (calls
+    /// [`Decode::chunk`] for each of its `n()` chunks, on the team or not); then the chunks'
+    /// parts are merged. Panics where a slice is shorter.
+    ///
+    /// # Safety
+    ///
+    /// The CPU has AVX2 and FMA, and `run` computes each chunk exactly once, returning only
+    /// once all are done.
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn attend<const N_HEADS: usize, const N_KV_HEADS: usize, const HEAD_DIM: usize>(
+        out: &mut [f32],
+        q: &[f32],
+        keys: &[C],
+        values: &[C],
+        chunks: usize,
+        run: impl FnOnce(Decode<C>),
+    ) {
+        let kv_dim = N_KV_HEADS * HEAD_DIM;
+        let len = keys.len() / kv_dim.max(1);
+        assert!(len > 0, "attention_decode: the cache holds no position");
+        let attention = Attention::new::<N_HEADS, N_KV_HEADS, HEAD_DIM>(out, q, keys, values, len - 1, 1);
+        let head_stride = LANES + 2 * HEAD_DIM.next_multiple_of(LANES);
+        let chunks = chunks.max(1);
+        PARTS.with_borrow_mut(|parts| {
+            let size = chunks * N_HEADS * head_stride;
+            if parts.len() < size {
+                parts.resize(size, 0.0);
+            }
+            let decode = Decode { attention, chunks, parts: parts.as_mut_ptr(), head_stride };
+            run(decode);
+            // SAFETY: the caller's contract: every chunk's parts are written.
+            unsafe { decode.merge() };
+        })
+    }
+
+    /// The chunks of positions, each of which [`Decode::chunk`] computes.
+    pub fn n(&self) -> usize {
+        self.chunks
+    }
+
+    /// Multiply-adds of the whole call.
+    pub fn work(&self) -> usize {
+        self.attention.work()
+    }
+
+    /// The first position of chunk `c`: an even share of the positions, rounded down to a
+    /// whole vector of them (the last chunk ends at the last position).
+    fn bound(&self, c: usize) -> usize {
+        let len = self.attention.start + 1;
+        if c >= self.chunks { len } else { c * len / self.chunks / LANES * LANES }
+    }
+
+    /// The parts of query head `h` in chunk `c`.
+    fn part(&self, c: usize, h: usize) -> *mut f32 {
+        self.parts.wrapping_add((c * self.attention.n_heads + h) * self.head_stride)
+    }
+
+    /// Computes chunk `c`'s parts, for every query head: the scores of its positions, 8
+    /// positions at a time for every head in turn (so that the keys are read row by row), the
+    /// numerators against the chunk's own maximum, then the values weighted by them, 16
+    /// positions at a time for every head in turn. With a head dim of whole pairs of vectors,
+    /// keys and values are read 16 at a time ([`Cached::load16`]).
+    ///
+    /// # Safety
+    ///
+    /// The CPU has AVX2 and FMA, `c < n()`, the operands of [`Decode::attend`] are alive, and
+    /// no other thread computes chunk `c` meanwhile.
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn chunk(&self, c: usize) {
+        const BAND: usize = 16;
+        let a = &self.attention;
+        let (first, end) = (self.bound(c), self.bound(c + 1));
+        let n = end - first;
+        let head_dim = a.head_dim;
+        let kv_dim = a.n_kv_heads * head_dim;
+        let group = a.n_heads / a.n_kv_heads;
+        let whole = head_dim.is_multiple_of(LANES);
+        let paired = head_dim.is_multiple_of(2 * LANES);
+        let padded_dim = head_dim.next_multiple_of(LANES);
+        let scale = 1.0 / (head_dim as f32).sqrt();
+        // SAFETY (every pointer below): the query and output rows hold `n_heads · head_dim`
+        // values and the cache `len` rows of `kv_dim`, as `Attention::new` checked; a chunk's
+        // parts lie in the buffer `attend` sized.
+        let keys = unsafe { a.keys.add(first * kv_dim) };
+        let values = unsafe { a.values.add(first * kv_dim) };
+        SCORES.with_borrow_mut(|scores| {
+            let padded = n.next_multiple_of(LANES);
+            if scores.len() < a.n_heads * padded {
+                scores.resize(a.n_heads * padded, 0.0);
+            }
+            for h in 0..a.n_heads {
+                // SAFETY: as above.
+                unsafe {
+                    let part = self.part(c, h);
+                    *part = f32::NEG_INFINITY;
+                    *part.add(1) = 0.0;
+                    std::ptr::write_bytes(part.add(LANES), 0, padded_dim);
+                    if paired {
+                        // The query in `load16`'s order.
+                        let (q, split) = (a.q.add(h * head_dim), part.add(LANES + padded_dim));
+                        for d in (0..head_dim).step_by(2 * LANES) {
+                            let (first, second) = C::split16(q.add(d));
+                            _mm256_storeu_ps(split.add(d), first);
+                            _mm256_storeu_ps(split.add(d + LANES), second);
+                        }
+                    }
+                }
+            }
+
+            // Scores, 8 positions of every head at a time.
+            for p in (0..n).step_by(LANES) {
+                let m = (n - p).min(LANES);
+                for h in 0..a.n_heads {
+                    let row = &mut scores[h * padded + p..][..m];
+                    // SAFETY: as above.
+                    let (q, keys) =
+                        unsafe { (a.q.add(h * head_dim), keys.add(p * kv_dim + (h / group) * head_dim)) };
+                    let max = if paired {
+                        // SAFETY: as above; whole pairs of vectors of the head, and its query
+                        // split in `load16`'s order.
+                        let split = unsafe { self.part(c, h).add(LANES + padded_dim) };
+                        let query = |d: usize| unsafe {
+                            (_mm256_loadu_ps(split.add(d)), _mm256_loadu_ps(split.add(d + LANES)))
+                        };
+                        let term = |(q0, q1), i: usize, d: usize, acc| {
+                            let (k0, k1) = unsafe { C::load16(keys.add(i * kv_dim + d)) };
+                            _mm256_fmadd_ps(q1, k1, _mm256_fmadd_ps(q0, k0, acc))
+                        };
+                        scores_of(row, head_dim, 2 * LANES, scale, query, term)
+                    } else if whole {
+                        // SAFETY: as above; whole vectors of the head.
+                        let query = |d: usize| unsafe { _mm256_loadu_ps(q.add(d)) };
+                        let term = |qv, i: usize, d: usize, acc| unsafe {
+                            _mm256_fmadd_ps(qv, C::load8(keys.add(i * kv_dim + d)), acc)
+                        };
+                        scores_of(row, head_dim, LANES, scale, query, term)
+                    } else {
+                        // SAFETY: as above.
+                        let q = unsafe { std::slice::from_raw_parts(q, head_dim) };
+                        let key =
+                            |i: usize| unsafe { std::slice::from_raw_parts(keys.add(i * kv_dim), head_dim) };
+                        let term =
+                            |qv, i: usize, d, acc| _mm256_fmadd_ps(qv, unsafe { C::load(key(i), d) }, acc);
+                        scores_of(row, head_dim, LANES, scale, |d| load_f32(q, d), term)
+                    };
+                    // SAFETY: as above.
+                    // (A NaN, once there, stays: the head's output is NaN.)
+                    unsafe {
+                        let part = self.part(c, h);
+                        if max > *part || max.is_nan() {
+                            *part = max;
+                        }
+                    }
+                }
+            }
+
+            // Numerators against the chunk's maximum. A head whose scores here are all −∞
+            // adds nothing (exp(−∞ − −∞) would be a NaN that the whole row does not have):
+            // its parts stay −∞, 0 and zeros.
+            for h in 0..a.n_heads {
+                let part = self.part(c, h);
+                // SAFETY: as above.
+                let max = unsafe { *part };
+                if max == f32::NEG_INFINITY {
+                    continue;
+                }
+                // SAFETY: as above.
+                unsafe { *part.add(1) = numerators(&mut scores[h * padded..h * padded + n], max) };
+            }
+
+            // The values weighted by the numerators, a band of positions of every head at a
+            // time, into the parts.
+            for p in (0..n).step_by(BAND) {
+                let band = (n - p).min(BAND);
+                for h in 0..a.n_heads {
+                    let part = self.part(c, h);
+                    // SAFETY: as above.
+                    if unsafe { *part } == f32::NEG_INFINITY {
+                        continue;
+                    }
+                    let numerators = &scores[h * padded + p..][..band];
+                    // SAFETY: as above.
+                    let (acc, values) =
+                        unsafe { (part.add(LANES), values.add(p * kv_dim + (h / group) * head_dim)) };
+                    let mut d = 0;
+                    // SAFETY (the calls below): as above; `acc` holds the head dim in whole
+                    // vectors, and each call reads whole vectors of the head's values.
+                    while paired && d < head_dim {
+                        if d + 8 * LANES <= head_dim {
+                            unsafe {
+                                accumulate_paired::<4, C>(acc.add(d), values.add(d), kv_dim, numerators)
+                            };
+                            d += 8 * LANES;
+                        } else {
+                            unsafe {
+                                accumulate_paired::<1, C>(acc.add(d), values.add(d), kv_dim, numerators)
+                            };
+                            d += 2 * LANES;
+                        }
+                    }
+                    while d + 8 * LANES <= head_dim {
+                        unsafe { accumulate::<8, C>(acc.add(d), values.add(d), kv_dim, numerators) };
+                        d += 8 * LANES;
+                    }
+                    while d + 4 * LANES <= head_dim {
+                        unsafe { accumulate::<4, C>(acc.add(d), values.add(d), kv_dim, numerators) };
+                        d += 4 * LANES;
+                    }
+                    while d + LANES <= head_dim {
+                        unsafe { accumulate::<1, C>(acc.add(d), values.add(d), kv_dim, numerators) };
+                        d += LANES;
+                    }
+                    if d < head_dim {
+                        // The last, partial vector: bounded loads of each position's values.
+                        let mut sum = unsafe { _mm256_loadu_ps(acc.add(d)) };
+                        for (i, &w) in numerators.iter().enumerate() {
+                            // SAFETY: as above.
+                            let v = unsafe {
+                                C::load(std::slice::from_raw_parts(values.add(i * kv_dim), head_dim), d)
+                            };
+                            sum = _mm256_fmadd_ps(_mm256_set1_ps(w), v, sum);
+                        }
+                        unsafe { _mm256_storeu_ps(acc.add(d), sum) };
+                    }
+                }
+            }
+        })
+    }
+
+    /// Merges the chunks' parts into the output: for each query head, every chunk's weighted
+    /// values and sum scaled by `exp(its max − the overall max)`, their total over the total
+    /// sum.
+    ///
+    /// # Safety
+    ///
+    /// The CPU has AVX2 and FMA, and every chunk's parts are written.
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn merge(&self) {
+        let a = &self.attention;
+        let head_dim = a.head_dim;
+        for h in 0..a.n_heads {
+            // SAFETY: the parts of every chunk lie in the buffer `attend` sized.
+            let max = (0..self.chunks).map(|c| unsafe { *self.part(c, h) }).fold(f32::NEG_INFINITY, f32::max);
+            let weight = |c: usize| unsafe { (*self.part(c, h) - max).exp() };
+            let sum: f32 = (0..self.chunks).map(|c| weight(c) * unsafe { *self.part(c, h).add(1) }).sum();
+            let inv_sum = 1.0 / sum;
+            // SAFETY: head h of the output row, which `Attention::new` checked.
+            let out = unsafe { std::slice::from_raw_parts_mut(a.out.add(h * head_dim), head_dim) };
+            let total = |d: usize| {
+                let mut total = _mm256_setzero_ps();
+                for c in 0..self.chunks {
+                    // SAFETY: whole vectors of the chunk's weighted values.
+                    let v = unsafe { _mm256_loadu_ps(self.part(c, h).add(LANES + d)) };
+                    total = _mm256_fmadd_ps(_mm256_set1_ps(weight(c) * inv_sum), v, total);
+                }
+                total
+            };
+            if head_dim.is_multiple_of(2 * LANES) {
+                for d in (0..head_dim).step_by(2 * LANES) {
+                    // Back from `load16`'s order.
+                    let (first, second) = unsafe { C::join16((total(d), total(d + LANES))) };
+                    // SAFETY: 16 outputs from d < head_dim.
+                    unsafe {
+                        _mm256_storeu_ps(out.as_mut_ptr().add(d), first);
+                        _mm256_storeu_ps(out.as_mut_ptr().add(d + LANES), second);
+                    }
+                }
+            } else {
+                for d in (0..head_dim).step_by(LANES) {
+                    let mask = lane_mask(head_dim - d);
+                    // SAFETY: the masked store writes only the outputs before `head_dim`.
+                    unsafe { _mm256_maskstore_ps(out.as_mut_ptr().add(d), mask, total(d)) };
+                }
+            }
+        }
+    }
+}
+
 /// Writes the scores of one query row over `scores.len()` positions (its dot products with
 /// their keys, times `scale`) and returns their maximum: 8 positions at a time, as 8 lane-wise
-/// dot products reduced by one `sum8`, then the rest one at a time. `query(d)` is the query's
-/// vector of dimensions `d..d + 8`, `key(p, d)` position p's key's.
+/// dot products reduced by one `sum8`, then the rest one at a time. The head dim goes `step`
+/// dimensions at a time: `query(d)` is the query's part from dimension d (a vector, or a pair
+/// of them), `term(query(d), p, d, acc)` adds to the lanes `acc` the products of that part with
+/// position p's key's.
 #[inline]
 #[target_feature(enable = "avx2,fma")]
-fn scores_of(
+fn scores_of<Q: Copy>(
     scores: &mut [f32],
     head_dim: usize,
+    step: usize,
     scale: f32,
-    query: impl Fn(usize) -> __m256,
-    key: impl Fn(usize, usize) -> __m256,
+    query: impl Fn(usize) -> Q,
+    term: impl Fn(Q, usize, usize, __m256) -> __m256,
 ) -> f32 {
     let len = scores.len();
     let mut max_lanes = _mm256_set1_ps(f32::NEG_INFINITY);
     let mut p = 0;
     while p + LANES <= len {
         let mut acc = [_mm256_setzero_ps(); LANES];
-        let mut d = 0;
-        while d < head_dim {
-            let qv = query(d);
+        for d in (0..head_dim).step_by(step) {
+            let part = query(d);
             for (i, a) in acc.iter_mut().enumerate() {
-                *a = _mm256_fmadd_ps(qv, key(p + i, d), *a);
+                *a = term(part, p + i, d, *a);
             }
-            d += LANES;
         }
         let s = _mm256_mul_ps(sum8(acc), _mm256_set1_ps(scale));
         // SAFETY: `scores` holds `len` values.
@@ -571,10 +985,8 @@ fn scores_of(
     let mut max = hmax(max_lanes);
     while p < len {
         let mut acc = _mm256_setzero_ps();
-        let mut d = 0;
-        while d < head_dim {
-            acc = _mm256_fmadd_ps(query(d), key(p, d), acc);
-            d += LANES;
+        for d in (0..head_dim).step_by(step) {
+            acc = term(query(d), p, d, acc);
         }
         scores[p] = hsum(acc) * scale;
         max = max.max(scores[p]);
@@ -613,8 +1025,73 @@ unsafe fn weighted<const V: usize, C: Cached>(
     }
 }
 
-/// Turns `scores` into the softmax numerators `exp(s − max)`, in place, and returns 1 / their
-/// sum.
+/// [`accumulate`] 16 values at a time: `V` pairs of vectors at `acc`, in the order of
+/// [`Cached::load16`].
+///
+/// # Safety
+///
+/// As [`accumulate`]'s, for `2 · V` vectors.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn accumulate_paired<const V: usize, C: Cached>(
+    acc: *mut f32,
+    values: *const C,
+    stride: usize,
+    numerators: &[f32],
+) {
+    // SAFETY: the caller's contract.
+    let mut sums: [[__m256; 2]; V] = std::array::from_fn(|j| unsafe {
+        [_mm256_loadu_ps(acc.add(2 * j * LANES)), _mm256_loadu_ps(acc.add((2 * j + 1) * LANES))]
+    });
+    for (i, &n) in numerators.iter().enumerate() {
+        let n = _mm256_set1_ps(n);
+        for (j, [s0, s1]) in sums.iter_mut().enumerate() {
+            // SAFETY: the caller's contract.
+            let (v0, v1) = unsafe { C::load16(values.add(i * stride + 2 * j * LANES)) };
+            *s0 = _mm256_fmadd_ps(n, v0, *s0);
+            *s1 = _mm256_fmadd_ps(n, v1, *s1);
+        }
+    }
+    for (j, [s0, s1]) in sums.iter().enumerate() {
+        // SAFETY: the caller's contract.
+        unsafe {
+            _mm256_storeu_ps(acc.add(2 * j * LANES), *s0);
+            _mm256_storeu_ps(acc.add((2 * j + 1) * LANES), *s1);
+        }
+    }
+}
+
+/// Adds to the `V` vectors at `acc` the values `V` vectors wide at `values` (position i's at
+/// `values + i · stride`) weighted by `numerators`.
+///
+/// # Safety
+///
+/// The CPU has AVX2 and FMA; `V` vectors are readable and writable at `acc` and readable at
+/// each position's values.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn accumulate<const V: usize, C: Cached>(
+    acc: *mut f32,
+    values: *const C,
+    stride: usize,
+    numerators: &[f32],
+) {
+    // SAFETY: the caller's contract.
+    let mut sums: [__m256; V] = std::array::from_fn(|j| unsafe { _mm256_loadu_ps(acc.add(j * LANES)) });
+    for (i, &n) in numerators.iter().enumerate() {
+        let n = _mm256_set1_ps(n);
+        for (j, s) in sums.iter_mut().enumerate() {
+            // SAFETY: the caller's contract.
+            *s = _mm256_fmadd_ps(n, unsafe { C::load8(values.add(i * stride + j * LANES)) }, *s);
+        }
+    }
+    for (j, s) in sums.iter().enumerate() {
+        // SAFETY: the caller's contract.
+        unsafe { _mm256_storeu_ps(acc.add(j * LANES), *s) };
+    }
+}
+
+/// Turns `scores` into the softmax numerators `exp(s − max)`, in place, and returns their sum.
 #[inline]
 #[target_feature(enable = "avx2,fma")]
 fn numerators(scores: &mut [f32], max: f32) -> f32 {
@@ -634,7 +1111,7 @@ fn numerators(scores: &mut [f32], max: f32) -> f32 {
         sum_lanes = _mm256_add_ps(sum_lanes, _mm256_and_ps(e, _mm256_castsi256_ps(mask)));
         p += LANES;
     }
-    1.0 / hsum(sum_lanes)
+    hsum(sum_lanes)
 }
 
 /// The 8 values of `src` at `at`, or the fewer left there, zero-padded.

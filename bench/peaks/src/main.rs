@@ -8,7 +8,10 @@
 //! is the best of `--rounds` rounds (a peak is what the hardware can do, so the fastest round is
 //! the estimate; noise only makes rounds slower).
 //!
-//! Usage: monogen-peaks [--threads N] [--rounds R] [--json] SIZE...   (SIZE like 64M, 2G)
+//! With `--read-only`, only the read bandwidth, and only at `--threads` threads: what
+//! `bench/floor.py` measures between the runs of a crate.
+//!
+//! Usage: monogen-peaks [--threads N] [--rounds R] [--read-only] [--json] SIZE...   (SIZE like 64M, 2G)
 
 use std::arch::x86_64::*;
 use std::hint::black_box;
@@ -18,6 +21,7 @@ fn main() {
     let mut threads = 2;
     let mut rounds = 5;
     let mut json = false;
+    let mut read_only = false;
     let mut sizes = Vec::new();
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
@@ -25,6 +29,7 @@ fn main() {
             "--threads" => threads = args.next().and_then(|v| v.parse().ok()).expect("--threads N"),
             "--rounds" => rounds = args.next().and_then(|v| v.parse().ok()).expect("--rounds R"),
             "--json" => json = true,
+            "--read-only" => read_only = true,
             size => sizes.push(parse_size(size).unwrap_or_else(|| panic!("not a size: {size}"))),
         }
     }
@@ -32,10 +37,13 @@ fn main() {
         sizes = vec![32 << 20, 2 << 30];
     }
     let mut results = Vec::new();
-    for t in 1..=threads {
+    for t in if read_only { threads..=threads } else { 1..=threads } {
         for &bytes in &sizes {
             let gbs = read_bandwidth(bytes, t, rounds);
             results.push((format!("read_gb_s {} {t}t", human(bytes)), gbs));
+        }
+        if read_only {
+            continue;
         }
         if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
             results.push((format!("fma_avx2_gflop_s {t}t"), fma_peak(t, rounds, false)));

@@ -1,18 +1,20 @@
 //! Grouped-query attention of one new position over the f32 KV cache, with AVX2 and FMA on
 //! `THREADS` threads: for CPUs without AVX-512 (x86-64-v3). The attention of
-//! `shared/avx2_team_attention.rs`, its kv heads cut into `THREADS` shares that the crate's
-//! team of `shared/team.rs` computes, the calling thread taking the first, so that every thread
-//! streams its heads' piece of each cache row.
+//! `shared/avx2_team_attention.rs`, its
+//! positions cut into `THREADS` chunks that the crate's team of `shared/team.rs` computes, the
+//! calling thread taking the first, so that every thread streams one contiguous piece of the
+//! cache, whole rows of it; the calling thread then merges the chunks' softmax parts
+//! (`Decode`).
 
 use std::ops::Range;
 
-use super::shared::avx2_team_attention::Attention;
+use super::shared::avx2_team_attention::Decode;
 use super::shared::team::{self, Job};
 
 /// Attention of the query `q` of the newest position over all `len` cached positions.
 ///
 /// `q`, `out`: `[N_HEADS · HEAD_DIM]`; `keys`, `values`: `[len, N_KV_HEADS · HEAD_DIM]`.
-/// `scores` is not used: each thread keeps its heads' scores in a buffer of its
+/// `scores` is not used: each thread keeps its chunk's scores in a buffer of its
 /// own. Query head h reads kv head `h / (N_HEADS / N_KV_HEADS)`.
 #[inline]
 pub fn attention_decode<const N_HEADS: usize, const N_KV_HEADS: usize, const HEAD_DIM: usize>(
@@ -30,20 +32,23 @@ pub fn attention_decode<const N_HEADS: usize, const N_KV_HEADS: usize, const HEA
     );
     assert!(values.len() == keys.len(), "attention_decode: values and keys differ in length");
     assert!(scores.len() >= len, "attention_decode: scores is shorter than len");
-    let attention = Attention::new::<N_HEADS, N_KV_HEADS, HEAD_DIM>(out, q, keys, values, len - 1, 1);
     // SAFETY: the generated crate checks at start-up that the CPU has AVX2 and FMA;
-    // `Attention::new` checked the slices, which stay borrowed until every share is done, and
-    // the team gives each thread its own kv heads (and so its own query heads of `out`).
-    unsafe { team::run(Shared(attention)) }
+    // `Decode::attend` checks the slices, which stay borrowed until every chunk is done, and
+    // `team::run` computes each chunk once, on one thread, before it returns.
+    unsafe {
+        Decode::attend::<N_HEADS, N_KV_HEADS, HEAD_DIM>(out, q, keys, values, crate::THREADS, |decode| {
+            team::run(Shared(decode))
+        })
+    }
 }
 
-/// A call of this implementation, as the crate's team shares it: by kv heads.
+/// A call of this implementation, as the crate's team shares it: by chunks of positions.
 #[derive(Clone, Copy)]
-pub(crate) struct Shared(Attention<f32>);
+pub(crate) struct Shared(Decode<f32>);
 
 impl Job for Shared {
     fn n(&self) -> usize {
-        self.0.n_kv_heads()
+        self.0.n()
     }
 
     fn granule(&self) -> usize {
@@ -55,8 +60,10 @@ impl Job for Shared {
     }
 
     unsafe fn columns(&self, cols: Range<usize>) {
-        // SAFETY: the caller's contract, which `run` keeps; the kernel enters only on a CPU
-        // with AVX2 and FMA.
-        unsafe { self.0.kv_heads(cols) }
+        for chunk in cols {
+            // SAFETY: the caller's contract, which `run` keeps (each chunk on one thread); the
+            // kernel enters only on a CPU with AVX2 and FMA.
+            unsafe { self.0.chunk(chunk) }
+        }
     }
 }

@@ -1,0 +1,51 @@
+#!/usr/bin/env python3
+"""Weight bytes that a LLaMA crate reads per decoded token, and the operations of a prefill token.
+
+The bytes: every tensor of MODEL_DIR/model.safetensors but the embedding table, which a step
+reads one row of (unless the classifier is tied to it, when it is read whole), as the crate
+holds it: with DTYPE int8 a matrix takes a byte per value and an f32 scale per 32 (the norms stay
+f32), whatever the file holds (a directory that an int8 crate saved with `--save-model` holds
+them so already: its int8 matrices and their `_scale` tensors count as they are); otherwise as
+the file holds it. The operations: two per weight of the layers' matrices (the classifier runs
+for the last token only).
+
+Usage: bench/weight_bytes.py MODEL_DIR DTYPE   (prints "BYTES OPS")
+"""
+
+import json
+import struct
+import sys
+
+
+def weight_bytes(model_dir: str, dtype: str) -> tuple[int, int]:
+    """(bytes read per decoded token, operations per prefill token), as the module doc says."""
+    with open(model_dir + "/model.safetensors", "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        header = json.loads(f.read(n))
+    header.pop("__metadata__", None)
+    tied = "lm_head.weight" not in header
+    total = 0
+    for name, t in header.items():
+        size = t["data_offsets"][1] - t["data_offsets"][0]
+        scale = name.endswith("_scale")
+        if dtype == "int8" and t["dtype"] != "I8" and not scale:
+            shape = t["shape"]
+            if len(shape) == 2:
+                size = shape[0] * (shape[1] + (shape[1] + 31) // 32 * 4)
+            else:
+                size = shape[0] * 4
+        if name.removesuffix("_scale") == "model.embed_tokens.weight" and not tied:
+            size = size // t["shape"][0]
+        total += size
+    layers = sum(
+        t["shape"][0] * t["shape"][1]
+        for name, t in header.items()
+        if name.startswith("model.layers.") and len(t.get("shape", [])) == 2 and not name.endswith("_scale")
+    )
+    return total, 2 * layers
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 3:
+        sys.exit(__doc__.strip().splitlines()[-1])
+    print(*weight_bytes(sys.argv[1], sys.argv[2]))
