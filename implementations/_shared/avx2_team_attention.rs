@@ -49,7 +49,10 @@
 //! numerator. Row by row, the attention took 11.6% of a stories15M bf16 run's samples under
 //! `perf` (the products 43%); in blocks, 3.1%. `bench/ab.py` measured the prefill 1.11-1.16x
 //! faster at stories15M and 1.09-1.11x at stories110M (2 threads, AMD EPYC Zen 3).
-#![allow(clippy::missing_safety_doc, clippy::needless_range_loop)]
+//!
+//! A crate whose prefill attention is this module's but whose decode attention is another's
+//! leaves [`Decode`] and its helpers unused, hence `allow(dead_code)`.
+#![allow(dead_code, clippy::missing_safety_doc, clippy::needless_range_loop)]
 
 use std::arch::x86_64::*;
 use std::cell::RefCell;
