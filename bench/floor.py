@@ -11,8 +11,13 @@ issue "Fast CPU kernels" is at least 0.9), then their median and range over the 
 Several binaries (two builds of a crate, say) run in turn within each round, against that
 round's bandwidth.
 
-Each binary is a release build of a crate generated for the model's shapes; its weights must be
-in the page cache as the crate maps them (run it once first). Keep the machine otherwise idle.
+Each binary is a release build of a crate generated for the model's shapes. Before the rounds,
+the model file leaves the page cache and the first binary reads it back, once: a crate asks for
+its mapping in huge pages before it populates it (templates/runtime/tensor_file.rs), so the
+page cache then holds the file in 2 MiB folios, as bench/llama_vs_candle.sh arranges too. Left
+as another reader cached it (in 4 KiB pages), a stories110M bf16 crate decoded from a mapping
+only half of which was in huge pages. The bandwidth's buffer is in huge pages as well
+(bench/peaks). Keep the machine otherwise idle.
 
 Usage: bench/floor.py [--rounds R] [--threads T] [--max-tokens M] MODEL_DIR DTYPE BINARY...
        (DTYPE as the crate holds the weights: f32, bf16 or int8; T the crates' thread count)
@@ -66,6 +71,13 @@ def main() -> None:
         command += ["--max-tokens", str(args.max_tokens), "--json"]
         out = subprocess.run(command, capture_output=True, text=True, check=True).stdout
         return json.loads(out)["decode_tok_s"]
+
+    # The file out of the page cache, then back in as the crates map it.
+    weights = os.path.join(args.model, "model.safetensors")
+    fd = os.open(weights, os.O_RDONLY)
+    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    os.close(fd)
+    decode(args.binaries[0])
 
     print(f"{size / 1e6:.1f} MB of weights per token, {args.threads} threads, {args.max_tokens} new tokens")
     bandwidths = []

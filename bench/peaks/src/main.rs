@@ -89,12 +89,16 @@ fn human(bytes: usize) -> String {
 }
 
 /// GB/s of reading `bytes` (split evenly over `threads`), best of `rounds` rounds after one
-/// warm-up round; the pages are written first so that they are really mapped. A round reads
-/// the buffer as many times as it takes to read at least 1 GiB, so that starting the threads
-/// is negligible even for a cache-sized buffer.
+/// warm-up round; the pages are written first so that they are really mapped, in huge pages
+/// where the kernel gives them ([`Buffer`]). A round reads the buffer as many times as it takes
+/// to read at least 1 GiB, so that starting the threads is negligible even for a cache-sized
+/// buffer.
 fn read_bandwidth(bytes: usize, threads: usize, rounds: usize) -> f64 {
     let len = bytes / 4 / 64 * 64;
-    let buffer: Vec<f32> = (0..len).map(|i| (i % 7) as f32).collect();
+    let mut buffer = Buffer::new(len);
+    for (i, v) in buffer.iter_mut().enumerate() {
+        *v = (i % 7) as f32;
+    }
     let chunk = len / threads / 64 * 64;
     let passes = (1usize << 30).div_ceil(chunk * threads * 4);
     let mut best = f64::INFINITY;
@@ -116,6 +120,62 @@ fn read_bandwidth(bytes: usize, threads: usize, rounds: usize) -> f64 {
     }
     (passes * chunk * threads * 4) as f64 / best / 1e9
 }
+
+/// A buffer of f32 aligned to 2 MiB and, on Linux, asked for in transparent huge pages
+/// (`madvise(MADV_HUGEPAGE)`) before it is first written. Under the usual `madvise` setting a
+/// `Vec` gets 4 KiB pages, whose TLB misses slow a read over gigabytes, while the generated
+/// crates ask for their weights' mapping in huge pages too (`runtime/tensor_file.rs`): a
+/// TinyLlama bf16 crate decoded at up to 1.29x of the floor taken from a `Vec` of its
+/// weights' size (`bench/floor.py`, bench/RESULTS.md).
+struct Buffer {
+    ptr: *mut f32,
+    len: usize,
+    layout: std::alloc::Layout,
+}
+
+impl Buffer {
+    fn new(len: usize) -> Buffer {
+        let layout = std::alloc::Layout::from_size_align(len.max(1) * 4, 2 << 20).expect("a buffer size");
+        // SAFETY: the layout has a non-zero size.
+        let ptr = unsafe { std::alloc::alloc(layout) }.cast::<f32>();
+        assert!(!ptr.is_null(), "out of memory for a {} byte buffer", layout.size());
+        #[cfg(target_os = "linux")]
+        {
+            unsafe extern "C" {
+                fn madvise(addr: *mut std::ffi::c_void, len: usize, advice: i32) -> i32;
+            }
+            const MADV_HUGEPAGE: i32 = 14;
+            // SAFETY: the range is this allocation; advice only, whose failure changes nothing.
+            unsafe { madvise(ptr.cast(), layout.size(), MADV_HUGEPAGE) };
+        }
+        Buffer { ptr, len, layout }
+    }
+}
+
+impl std::ops::Deref for Buffer {
+    type Target = [f32];
+    fn deref(&self) -> &[f32] {
+        // SAFETY: `len` values, written before any read (`read_bandwidth` fills the buffer).
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+}
+
+impl std::ops::DerefMut for Buffer {
+    fn deref_mut(&mut self) -> &mut [f32] {
+        // SAFETY: as above; `&mut self` is the only access.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
+    }
+}
+
+impl Drop for Buffer {
+    fn drop(&mut self) {
+        // SAFETY: allocated with this layout in `new`.
+        unsafe { std::alloc::dealloc(self.ptr.cast(), self.layout) };
+    }
+}
+
+// SAFETY: a plain buffer of f32 that the threads only read.
+unsafe impl Sync for Buffer {}
 
 /// Sums `values` with four independent AVX-512 (or AVX2, or scalar) accumulators: a pure read
 /// stream.
