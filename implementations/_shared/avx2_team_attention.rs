@@ -38,7 +38,8 @@
 //! (at stories110M's shapes 768 of 1536 bytes), and with the cache evicted by the weights
 //! streamed past it the attention waited on memory. One thread's half of a stories110M step
 //! (12 heads of 64, 176 positions, a bfloat16 cache evicted first, 12 layers, medians of 40
-//! rounds): 50-57 µs a layer by kv heads, 35-42 in a chunk (a program apart, AMD EPYC Zen 3).
+//! rounds): 48-57 µs a layer by kv heads, 34-40 in a chunk read 16 at a time (a program apart,
+//! AMD EPYC Zen 3).
 //!
 //! **Several rows** (a prefill) take the same three passes for blocks of 6 rows at once, each
 //! load serving the block's 6 rows as a product's packed block does: the kv head's keys are
@@ -561,22 +562,28 @@ impl<C: Cached> Attention<C> {
         };
         let max = scores_of(scores, head_dim, LANES, scale, query, term);
 
-        let inv_sum = _mm256_set1_ps(1.0 / numerators(scores, max));
+        let inv_sum = 1.0 / numerators(scores, max);
 
-        // The weighted sum of the values: 8 output vectors at a time, then 4, then 1.
+        // The weighted sum of the values into the zeroed output: 8 output vectors at a time,
+        // then 4, then 1; then times 1 / the sum.
+        // SAFETY: the head's `head_dim` outputs, which this share owns.
+        let out = unsafe { std::slice::from_raw_parts_mut(out, head_dim) };
+        out.fill(0.0);
+        let at = out.as_mut_ptr();
         let mut d = 0;
         while d + 8 * LANES <= head_dim {
-            unsafe { weighted::<8, C>(out.add(d), values.add(d), kv_dim, scores, inv_sum) };
+            unsafe { accumulate::<8, C>(at.add(d), values.add(d), kv_dim, scores) };
             d += 8 * LANES;
         }
         while d + 4 * LANES <= head_dim {
-            unsafe { weighted::<4, C>(out.add(d), values.add(d), kv_dim, scores, inv_sum) };
+            unsafe { accumulate::<4, C>(at.add(d), values.add(d), kv_dim, scores) };
             d += 4 * LANES;
         }
         while d < head_dim {
-            unsafe { weighted::<1, C>(out.add(d), values.add(d), kv_dim, scores, inv_sum) };
+            unsafe { accumulate::<1, C>(at.add(d), values.add(d), kv_dim, scores) };
             d += LANES;
         }
+        out.iter_mut().for_each(|o| *o *= inv_sum);
     }
 
     /// Attends head `h` of row `r` to kv head `kv_head` over the first `scores.len()` positions.
@@ -996,36 +1003,6 @@ fn scores_of<Q: Copy>(
         p += 1;
     }
     max
-}
-
-/// Writes `V` vectors of one row's output at `out`: the values `V` vectors wide at `values`
-/// (position p's at `values + p · stride`) weighted by `numerators`, times `inv_sum`.
-///
-/// # Safety
-///
-/// The CPU has AVX2 and FMA; `V` vectors are writable at `out` and readable at each position's
-/// values.
-#[inline]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn weighted<const V: usize, C: Cached>(
-    out: *mut f32,
-    values: *const C,
-    stride: usize,
-    numerators: &[f32],
-    inv_sum: __m256,
-) {
-    let mut acc = [_mm256_setzero_ps(); V];
-    for (p, &n) in numerators.iter().enumerate() {
-        let n = _mm256_set1_ps(n);
-        for (j, a) in acc.iter_mut().enumerate() {
-            // SAFETY: the caller's contract.
-            *a = _mm256_fmadd_ps(n, unsafe { C::load8(values.add(p * stride + j * LANES)) }, *a);
-        }
-    }
-    for (j, a) in acc.iter().enumerate() {
-        // SAFETY: the caller's contract.
-        unsafe { _mm256_storeu_ps(out.add(j * LANES), _mm256_mul_ps(*a, inv_sum)) };
-    }
 }
 
 /// [`accumulate`] 16 values at a time: `V` pairs of vectors at `acc`, in the order of
