@@ -93,11 +93,8 @@ for shape in "${shapes[@]}"; do
     fi
     "$harness" compare "$work/target/release/$name-t1" "$model" 1 "$rounds" "${q8[@]}" | tee "$work/compare-1.txt"
     "$harness" compare "$work/target/release/$two" "$model" 2 "$rounds" "${q8[@]}" | tee "$work/compare-2.txt"
-    # Weight bytes read per decoded token: every tensor but the embedding table, which a step
-    # reads one row of (unless the classifier is tied to it, when it is read whole), as the
-    # crate holds it: an int8 crate's matrices take a byte per value and an f32 scale per 32
-    # (its norms stay f32), whatever the file holds. Then the operations of a prefill token:
-    # two per weight of the layers' matrices (the classifier runs for the last token only).
+    # Weight bytes read per decoded token, as the crate holds them, and the operations of a
+    # prefill token (bench/weight_bytes.py says how each is counted).
     read -r bytes ops < <(python3 bench/weight_bytes.py "$model" "$dtype")
     "$peaks" --rounds 3 "$bytes" | tee "$work/peaks.txt" | sed 's/^/  peaks: /'
     echo "  weight bytes read per decoded token: $bytes"

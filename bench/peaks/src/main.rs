@@ -174,9 +174,6 @@ impl Drop for Buffer {
     }
 }
 
-// SAFETY: a plain buffer of f32 that the threads only read.
-unsafe impl Sync for Buffer {}
-
 /// Sums `values` with four independent AVX-512 (or AVX2, or scalar) accumulators: a pure read
 /// stream.
 fn sum(values: &[f32]) -> f32 {
