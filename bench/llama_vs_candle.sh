@@ -13,11 +13,13 @@
 # its quantized Llama on a Q8_0 GGUF of the same weights: int8 with a scale per 32 values, as
 # the int8 crates hold them; "bf16-amx" is the bf16 workload whose products run on AMX tiles,
 # workloads/<shape>-bench-cpu-bf16-amx.toml, on a CPU that has them, and "bf16-bf16act-amx" the
-# one whose products also round their activations to bfloat16). The 1-thread
+# one whose products also round their activations to bfloat16; "bf16-bf16act" rounds them too,
+# for AVX512_BF16 dot products on a CPU without AMX, and its prefill's share of the FMA peak can
+# pass 100%: a `vdpbf16ps` lane does two multiply-adds). The 1-thread
 # crates are the same workloads generated with `threads = 1` under target/. Everything is built
 # and written under target/bench-llama (TinyLlama's weights take 4.4 GB in f32, 2.2 in bf16).
 #
-# Usage: [DTYPES="f32 bf16 int8 bf16-amx bf16-bf16act-amx"] bench/llama_vs_candle.sh [ROUNDS] [SHAPE...]
+# Usage: [DTYPES="f32 bf16 int8 bf16-bf16act bf16-amx bf16-bf16act-amx"] bench/llama_vs_candle.sh [ROUNDS] [SHAPE...]
 #        (SHAPE: stories15m stories110m tinyllama)
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -11,13 +11,16 @@
 //! is measured against both, where the CPU has AMX. `stories260k-cpu-bf16-bf16act` (bf16
 //! weights, the products' activations rounded to bfloat16, on AVX-512) and its AMX twin
 //! `stories260k-cpu-bf16-bf16act-amx` are measured against f32 through their prefill and their
-//! decode steps, where the CPU has AVX-512 (and AMX).
+//! decode steps, where the CPU has AVX-512 (and AMX), and so is
+//! `stories260k-cpu-bf16-bf16act-avx512bf16`, whose products are AVX512_BF16 dot products
+//! (`vdpbf16ps`), where the CPU has them.
 
 use monogen_tests::model_dir;
 use stories260k_cpu_bf16 as bf16;
 use stories260k_cpu_bf16_amx as bf16_amx;
 use stories260k_cpu_bf16_bf16act as bf16act;
 use stories260k_cpu_bf16_bf16act_amx as bf16act_amx;
+use stories260k_cpu_bf16_bf16act_avx512bf16 as bf16act_dot;
 use stories260k_cpu_f32 as f32m;
 use stories260k_cpu_f32_kv_bf16 as kv_bf16;
 use stories260k_cpu_int8 as int8;
@@ -163,6 +166,26 @@ fn bf16_activations_agree_with_f32_on_top1_and_kl_in_prefill_and_decode() {
     let Some(dir) = model_dir("stories260k") else { return };
     let model = load_or_skip!(bf16act, dir);
     assert_bf16_bounds_in_prefill_and_decode!("bf16 activations", model);
+}
+
+/// The AVX512_BF16 dot products add the same exact products of two bfloat16 as the AVX-512
+/// crate's f32 multiply-adds, in pairs and in another order: they must meet the bf16 bounds
+/// against f32, in a prefill and in decode steps, and tighter ones against that crate.
+#[test]
+fn bf16_activations_in_avx512_bf16_dot_products_agree_with_f32_and_with_the_avx512_crate() {
+    let Some(dir) = model_dir("stories260k") else { return };
+    assert!(bf16act_dot::CPU_FEATURES.contains(&"avx512bf16"), "the crate's products are not dot products");
+    let model = load_or_skip!(bf16act_dot, dir);
+    assert_bf16_bounds_in_prefill_and_decode!("bf16 activations in AVX512_BF16 dot products", model);
+    let reference = bf16act::Model::load(&dir).unwrap();
+    assert_agreement_with(
+        "bf16 activations on AVX-512",
+        |ids| reference.session().logits_all(ids).unwrap(),
+        "bf16 activations in AVX512_BF16 dot products",
+        |ids| model.session().logits_all(ids).unwrap(),
+        0.99,
+        5e-5,
+    );
 }
 
 /// The AMX tiles take each rounded activation as one bfloat16 term: the same product as the
