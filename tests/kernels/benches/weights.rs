@@ -76,6 +76,10 @@ fn main() {
         ("int8 (matmul_q8/avx512-vnni-threads)", q8_bytes, over(&int8, q8_product)),
         ("int8 (matmul_q8/avx512-vnni-repack-threads)", q8_bytes, over(&int8, q8_repack)),
         ("int8 (matmul_q8/avx512-vnni, 1 thread)", q8_bytes, over(&int8, q8_one)),
+        // The same tiles as the threaded f32 and bf16 products, on one thread: with the quick
+        // run's one layer, from L3, they show whether memory or the instructions set the pace.
+        ("f32 (matmul/avx512, 1 thread)", params * 4, over(&f32, f32_one)),
+        ("bf16 (matmul_bf16/avx512, 1 thread)", params * 2, over(&bf16, bf16_one)),
     ];
     // Without AVX-512 (x86-64-v3 CPUs such as AMD's Zen 3), the AVX2 products instead.
     if !avx512 {
@@ -243,6 +247,8 @@ dispatch!(rounded_amx, matmul_bf16_bf16__amx_threads, matmul_bf16_bf16, Tiles);
 dispatch!(q8_product, matmul_q8__avx512_vnni_threads, matmul_q8, int8);
 dispatch!(q8_repack, matmul_q8__avx512_vnni_repack_threads, matmul_q8, int8);
 dispatch!(q8_one, matmul_q8__avx512_vnni, matmul_q8, int8);
+dispatch!(f32_one, matmul__avx512, matmul, Vec<f32>);
+dispatch!(bf16_one, matmul_bf16__avx512, matmul_bf16, Vec<u16>);
 dispatch!(f32_avx2, matmul__avx2_fma_team, matmul, Vec<f32>);
 dispatch!(bf16_avx2, matmul_bf16__avx2_fma_threads, matmul_bf16, Vec<u16>);
 dispatch!(q8_avx2, matmul_q8__avx2_threads, matmul_q8, int8);
