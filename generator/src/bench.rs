@@ -16,7 +16,7 @@ use serde::{Deserialize, Serialize};
 use crate::emit::harness;
 use crate::host::Host;
 use crate::plan::Plan;
-use crate::rankings::{self, BUILD_FLAGS, Record, Status};
+use crate::rankings::{self, BUILD_FLAGS, Record, Status, median_p90};
 use crate::registry::Registry;
 use crate::{Error, Project};
 
@@ -79,6 +79,8 @@ pub enum Measured {
         samples: usize,
         prefill_median_ns: f64,
         decode_median_ns: f64,
+        /// The request of each timed round, in the order of the rounds.
+        rounds_ns: Vec<f64>,
     },
     Failed {
         reason: String,
@@ -87,19 +89,6 @@ pub enum Measured {
     Skipped {
         reason: String,
     },
-}
-
-/// The median and 90th percentile (nearest rank) of `values`.
-pub fn median_p90(values: &[f64]) -> (f64, f64) {
-    if values.is_empty() {
-        return (0.0, 0.0);
-    }
-    let mut sorted = values.to_vec();
-    sorted.sort_by(f64::total_cmp);
-    let at = |q: f64| sorted[((q * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len()) - 1];
-    let n = sorted.len();
-    let median = if n % 2 == 1 { sorted[n / 2] } else { (sorted[n / 2 - 1] + sorted[n / 2]) / 2.0 };
-    (median, at(0.9))
 }
 
 /// Turns the harness's samples into distributions of the time one typical request spends in
@@ -120,6 +109,7 @@ pub fn summarize(raw: &RawResult, version: &str) -> Outcome {
                 samples: requests.len(),
                 prefill_median_ns: median_p90(&raw.prefill_ns).0,
                 decode_median_ns: median_p90(&raw.decode_ns).0,
+                rounds_ns: requests,
             }
         }
         "failed" => Measured::Failed { reason: raw.reason.clone().unwrap_or_default() },
@@ -163,16 +153,20 @@ pub fn records(
             samples: 0,
             prefill_median_ns: 0,
             decode_median_ns: 0,
+            rounds_ns: Vec::new(),
         };
         let record = match &o.result {
-            Measured::Ok { median_ns, p90_ns, samples, prefill_median_ns, decode_median_ns } => Record {
-                median_ns: median_ns.round() as u64,
-                p90_ns: p90_ns.round() as u64,
-                samples: *samples,
-                prefill_median_ns: prefill_median_ns.round() as u64,
-                decode_median_ns: decode_median_ns.round() as u64,
-                ..base
-            },
+            Measured::Ok { median_ns, p90_ns, samples, prefill_median_ns, decode_median_ns, rounds_ns } => {
+                Record {
+                    median_ns: median_ns.round() as u64,
+                    p90_ns: p90_ns.round() as u64,
+                    samples: *samples,
+                    prefill_median_ns: prefill_median_ns.round() as u64,
+                    decode_median_ns: decode_median_ns.round() as u64,
+                    rounds_ns: rounds_ns.iter().map(|t| t.round() as u64).collect(),
+                    ..base
+                }
+            }
             Measured::Failed { reason } => {
                 Record { status: Status::Failed, failure: Some(reason.clone()), ..base }
             }
@@ -354,9 +348,10 @@ mod tests {
             decode_ns: vec![1.0, 3.0, 2.0],
         };
         match summarize(&raw, "1.0.0").result {
-            Measured::Ok { median_ns, p90_ns, samples, prefill_median_ns, decode_median_ns } => {
+            Measured::Ok { median_ns, p90_ns, samples, prefill_median_ns, decode_median_ns, rounds_ns } => {
                 assert_eq!((median_ns, p90_ns, samples), (220.0, 330.0, 3));
                 assert_eq!((prefill_median_ns, decode_median_ns), (200.0, 2.0));
+                assert_eq!(rounds_ns, [110.0, 330.0, 220.0], "in the order of the rounds");
             }
             other => panic!("{other:?}"),
         }

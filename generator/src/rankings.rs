@@ -74,6 +74,12 @@ pub struct Record {
     pub prefill_median_ns: u64,
     #[serde(default)]
     pub decode_median_ns: u64,
+    /// Nanoseconds of one typical request in each timed round, in the order of the rounds.
+    /// Every round times every candidate of the interface once, so two records of one run
+    /// (the same `measured_at`) compare round by round ([`judge`]). Absent from records made
+    /// before it was kept.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub rounds_ns: Vec<u64>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -122,6 +128,68 @@ pub fn noise_margin(a: &Distribution, b: &Distribution) -> f64 {
 /// incumbent, so two measurements of equally fast code never flip a choice back and forth.
 pub fn beats(challenger: &Distribution, incumbent: &Distribution) -> bool {
     challenger.median_ns * (1.0 + noise_margin(challenger, incumbent)) < incumbent.median_ns
+}
+
+/// What the flip rule concluded about a challenger against the incumbent.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Verdict {
+    /// Whether the challenger replaces the incumbent.
+    pub beats: bool,
+    /// The challenger's time over the incumbent's: the median of the rounds' ratios when the
+    /// two were measured round by round in one run, else the ratio of the medians.
+    pub ratio: f64,
+    /// The noise margin the ratio had to clear.
+    pub margin: f64,
+    /// The rounds compared pairwise (0: the medians were compared).
+    pub paired_rounds: usize,
+}
+
+/// The per-round ratios `challenger / incumbent`, when the two records come from one run of
+/// `monogen bench` (the same `measured_at` and as many rounds, every one timed).
+pub fn round_ratios(challenger: &Record, incumbent: &Record) -> Option<Vec<f64>> {
+    let (c, i) = (&challenger.rounds_ns, &incumbent.rounds_ns);
+    let same_run = challenger.measured_at == incumbent.measured_at && c.len() == i.len() && !c.is_empty();
+    (same_run && i.iter().all(|&t| t > 0))
+        .then(|| c.iter().zip(i).map(|(&c, &i)| c as f64 / i as f64).collect())
+}
+
+/// The flip rule on two records ([`beats`] on their medians when they cannot be paired).
+///
+/// Rounds are interleaved, so a slow moment of a shared machine (its memory bandwidth moves by
+/// a third within seconds) slows every candidate of the round alike: the ratio of two
+/// candidates' times in one round keeps the difference of the code and drops most of the
+/// machine's. With `r` the rounds' ratios, the challenger beats the incumbent when
+/// `median(r) · (1 + margin) < 1`, the margin being the ratios' own spread, `(p90(r) −
+/// median(r)) / median(r)`, between [`MIN_MARGIN`] and [`MAX_MARGIN`]: the rule of [`beats`],
+/// applied to the ratio instead of to each median.
+pub fn judge(challenger: &Record, incumbent: &Record) -> Verdict {
+    if let Some(ratios) = round_ratios(challenger, incumbent) {
+        let (median, p90) = median_p90(&ratios);
+        let spread = if median > 0.0 { ((p90 - median) / median).max(0.0) } else { 0.0 };
+        let margin = MIN_MARGIN.max(spread).min(MAX_MARGIN);
+        return Verdict {
+            beats: median * (1.0 + margin) < 1.0,
+            ratio: median,
+            margin,
+            paired_rounds: ratios.len(),
+        };
+    }
+    let (c, i) = (challenger.distribution(), incumbent.distribution());
+    let ratio = if i.median_ns > 0.0 { c.median_ns / i.median_ns } else { 1.0 };
+    Verdict { beats: beats(&c, &i), ratio, margin: noise_margin(&c, &i), paired_rounds: 0 }
+}
+
+/// The median and 90th percentile (nearest rank) of `values`.
+pub fn median_p90(values: &[f64]) -> (f64, f64) {
+    if values.is_empty() {
+        return (0.0, 0.0);
+    }
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    let at = |q: f64| sorted[((q * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len()) - 1];
+    let n = sorted.len();
+    let median = if n % 2 == 1 { sorted[n / 2] } else { (sorted[n / 2 - 1] + sorted[n / 2]) / 2.0 };
+    (median, at(0.9))
 }
 
 /// Every record of the repository: hardware class → interface → records.
@@ -395,6 +463,71 @@ mod tests {
         }
     }
 
+    fn timed(measured_at: &str, rounds: &[u64]) -> Record {
+        let (median, p90) = median_p90(&rounds.iter().map(|&t| t as f64).collect::<Vec<_>>());
+        Record {
+            implementation: "x".into(),
+            version: "1.0.0".into(),
+            source_sha256: "ab".into(),
+            shapes: "s".into(),
+            cpu: "cpu".into(),
+            cores: 2,
+            cpu_features: vec![],
+            rustc: "rustc".into(),
+            build_flags: BUILD_FLAGS.into(),
+            measured_at: measured_at.into(),
+            status: Status::Ok,
+            failure: None,
+            median_ns: median as u64,
+            p90_ns: p90 as u64,
+            samples: rounds.len(),
+            prefill_median_ns: 0,
+            decode_median_ns: 0,
+            rounds_ns: rounds.to_vec(),
+        }
+    }
+
+    #[test]
+    fn rounds_of_one_run_compare_pairwise() {
+        // The machine slows down and speeds up; the challenger is 5% faster in every round. Its
+        // medians are inside each other's spread, so the medians alone keep the incumbent.
+        let machine = [100, 140, 120, 180, 120, 100, 160, 100, 180, 140];
+        let incumbent = timed("t", &machine);
+        let challenger = timed("t", &machine.map(|t| t * 95 / 100));
+        assert!(!beats(&challenger.distribution(), &incumbent.distribution()));
+        let v = judge(&challenger, &incumbent);
+        assert!(v.beats, "{v:?}");
+        assert_eq!((v.ratio, v.margin, v.paired_rounds), (0.95, MIN_MARGIN, 10));
+        assert!(!judge(&incumbent, &challenger).beats, "never both ways");
+        // 2% faster in every round is inside the 3% floor.
+        let close = timed("t", &machine.map(|t| t * 98 / 100));
+        assert!(!judge(&close, &incumbent).beats);
+    }
+
+    #[test]
+    fn rounds_that_disagree_keep_the_incumbent() {
+        // Faster by 10% in most rounds, but 30% slower in 2 of 10: the ratios' spread (their
+        // 90th percentile is 1.3, 44% above the median 0.9) is the margin.
+        let incumbent = timed("t", &[100; 10]);
+        let challenger = timed("t", &[90, 90, 90, 90, 90, 90, 90, 90, 130, 130]);
+        let v = judge(&challenger, &incumbent);
+        assert!(!v.beats && v.paired_rounds == 10, "{v:?}");
+        assert!((v.margin - 0.4 / 0.9).abs() < 1e-9, "{v:?}");
+    }
+
+    #[test]
+    fn records_of_different_runs_compare_by_their_medians() {
+        let machine = [100, 140, 120, 180, 120, 100, 160, 100, 180, 140];
+        let incumbent = timed("then", &machine);
+        let challenger = timed("now", &machine.map(|t| t * 95 / 100));
+        let v = judge(&challenger, &incumbent);
+        assert!(!v.beats && v.paired_rounds == 0, "{v:?}");
+        // Records made before the rounds were kept, or with another number of rounds, too.
+        let old = Record { rounds_ns: vec![], ..timed("t", &machine) };
+        assert_eq!(judge(&timed("t", &machine.map(|t| t / 2)), &old).paired_rounds, 0);
+        assert_eq!(judge(&timed("t", &machine[..9]), &timed("t", &machine)).paired_rounds, 0);
+    }
+
     #[test]
     fn files_round_trip_sorted() {
         let record = |name: &str, shapes: &str| Record {
@@ -415,6 +548,7 @@ mod tests {
             samples: 31,
             prefill_median_ns: 10,
             decode_median_ns: 1,
+            rounds_ns: vec![100, 120, 90],
         };
         let mut r = Rankings::default();
         r.replace("c-2c", "matmul", "s1", vec![record("b", "s1"), record("a", "s1")]);

@@ -387,15 +387,28 @@ fn choose(
             .and_then(|name| measured.iter().find(|(i, _)| &i.name == name))
             .copied();
         let class = class.unwrap_or_default();
-        match incumbent {
-            Some(inc) if inc.0.name != fastest.0.name && !rankings::beats(&fastest.1, &inc.1) => (
+        let record = |imp: &Implementation| match &evidence[imp.name.as_str()] {
+            Evidence::Measured(r) => r.clone(),
+            _ => unreachable!("a measured candidate has a fresh record"),
+        };
+        let verdict = incumbent.map(|inc| rankings::judge(&record(fastest.0), &record(inc.0)));
+        let by = |v: &rankings::Verdict| {
+            if v.paired_rounds > 0 {
+                format!("{:.3}x its time round by round over {} rounds", v.ratio, v.paired_rounds)
+            } else {
+                format!("{:.3}x its median", v.ratio)
+            }
+        };
+        match (incumbent, verdict) {
+            (Some(inc), Some(v)) if inc.0.name != fastest.0.name && !v.beats => (
                 Some(inc.0),
                 format!(
-                    "measured {} per request on {class}; {} measured {}, a difference inside the noise margin ({:.0}%), so the previous choice stays",
+                    "measured {} per request on {class}; {} measured {} ({}), a difference inside the noise margin ({:.0}%), so the previous choice stays",
                     human_ns(inc.1.median_ns),
                     fastest.0.name,
                     human_ns(fastest.1.median_ns),
-                    100.0 * rankings::noise_margin(&fastest.1, &inc.1)
+                    by(&v),
+                    100.0 * v.margin
                 ),
             ),
             _ => {
@@ -412,11 +425,12 @@ fn choose(
                     ),
                     None => String::new(),
                 };
-                let replaced = match incumbent {
-                    Some(inc) if inc.0.name != fastest.0.name => format!(
-                        "; it replaces {}, beyond the noise margin ({:.0}%)",
+                let replaced = match (incumbent, verdict) {
+                    (Some(inc), Some(v)) if inc.0.name != fastest.0.name => format!(
+                        "; it replaces {} ({}), beyond the noise margin ({:.0}%)",
                         inc.0.name,
-                        100.0 * rankings::noise_margin(&fastest.1, &inc.1)
+                        by(&v),
+                        100.0 * v.margin
                     ),
                     _ => String::new(),
                 };
@@ -787,6 +801,7 @@ mod tests {
             samples: 21,
             prefill_median_ns: median / 2,
             decode_median_ns: median / 200,
+            rounds_ns: vec![],
         }
     }
 
@@ -897,7 +912,47 @@ mod tests {
         let (chosen, ..) =
             choose("matmul", &imps, &w, &Registry::default(), &selection(far, Some("avx2"))).unwrap();
         assert_eq!(chosen.name, "blocked");
-        assert!(chosen.reason.contains("it replaces avx2, beyond the noise margin"), "{}", chosen.reason);
+        assert!(
+            chosen.reason.contains("it replaces avx2 (0.500x its median), beyond the noise margin"),
+            "{}",
+            chosen.reason
+        );
+    }
+
+    #[test]
+    fn an_incumbent_is_judged_round_by_round_within_one_run() {
+        let w = measured_workload();
+        let imps = three();
+        // The machine's pace moves a third from round to round; blocked is 8% faster than avx2
+        // in every round, which the medians' spreads hide.
+        let machine: [u64; 10] = [100, 130, 100, 120, 100, 125, 100, 130, 110, 100];
+        let timed = |imp: &Implementation, percent: u64| {
+            let rounds: Vec<u64> = machine.iter().map(|t| t * percent).collect();
+            let mut sorted = rounds.clone();
+            sorted.sort();
+            rankings::Record { rounds_ns: rounds, ..record(imp, &w, sorted[5], sorted[8], true) }
+        };
+        let paired = vec![timed(&imps[0], 100), timed(&imps[1], 92), timed(&imps[2], 900)];
+        let (chosen, ..) =
+            choose("matmul", &imps, &w, &Registry::default(), &selection(paired.clone(), Some("avx2")))
+                .unwrap();
+        assert_eq!(chosen.name, "blocked");
+        assert!(
+            chosen.reason.contains("it replaces avx2 (0.920x its time round by round over 10 rounds)"),
+            "{}",
+            chosen.reason
+        );
+        // The same records without their rounds: the medians, inside the noise, keep avx2.
+        let unpaired: Vec<_> =
+            paired.into_iter().map(|r| rankings::Record { rounds_ns: vec![], ..r }).collect();
+        let (chosen, ..) =
+            choose("matmul", &imps, &w, &Registry::default(), &selection(unpaired, Some("avx2"))).unwrap();
+        assert_eq!(chosen.name, "avx2");
+        assert!(
+            chosen.reason.contains("(0.920x its median), a difference inside the noise"),
+            "{}",
+            chosen.reason
+        );
     }
 
     #[test]
