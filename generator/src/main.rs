@@ -118,6 +118,11 @@ enum Command {
         /// Measure and report, but do not write rankings/.
         #[arg(long)]
         dry_run: bool,
+        /// Measure only this interface of each workload (repeat it, or separate names with
+        /// commas); the records of its other interfaces stay as they are. `monogen affected`
+        /// names the interfaces a change needs measured again.
+        #[arg(long = "interface", value_name = "NAME", value_delimiter = ',')]
+        interfaces: Vec<String>,
     },
     /// Write a model directory (config.json, random model.safetensors, tokenizer.json) with a
     /// workload's shapes, for benchmarks.
@@ -314,7 +319,7 @@ fn run(cli: Cli) -> Result<ExitCode, Error> {
             }
             Ok(ExitCode::SUCCESS)
         }
-        Command::Bench { workloads, json, samples, warm_up, min_sample_us, dry_run } => {
+        Command::Bench { workloads, json, samples, warm_up, min_sample_us, dry_run, interfaces } => {
             let mut project = project(cli.root)?;
             let timing = monogen::bench::Timing {
                 samples: samples as usize,
@@ -323,7 +328,7 @@ fn run(cli: Cli) -> Result<ExitCode, Error> {
             };
             let mut reports = Vec::new();
             for path in &workloads {
-                reports.push(bench_one(&mut project, path, &timing, json, dry_run)?);
+                reports.push(bench_one(&mut project, path, &timing, &interfaces, json, dry_run)?);
             }
             if json {
                 let doc = if reports.len() == 1 {
@@ -449,6 +454,7 @@ fn bench_one(
     project: &mut Project,
     path: &Path,
     timing: &monogen::bench::Timing,
+    only: &[String],
     json: bool,
     dry_run: bool,
 ) -> Result<serde_json::Value, Error> {
@@ -456,7 +462,19 @@ fn bench_one(
     use monogen::rankings;
 
     let w = project.read_workload(path)?;
-    let plan = project.plan(&w, path)?;
+    let mut plan = project.plan(&w, path)?;
+    let required = monogen::resolve::required_interfaces(&w);
+    if let Some(unknown) = only.iter().find(|name| !required.contains(&name.as_str())) {
+        return Err(Error::Refused(format!(
+            "`{unknown}` is not an interface of {}: it calls {}",
+            shown(path),
+            required.join(", ")
+        )));
+    }
+    // The interfaces to measure, and the harness that measures them (and no others).
+    let measured: Vec<&str> =
+        required.iter().copied().filter(|i| only.is_empty() || only.iter().any(|o| o == i)).collect();
+    plan.interfaces.retain(|i| measured.contains(&i.interface.as_str()));
     let host = monogen::host::Host::detect().map_err(Error::Refused)?;
     let Some(class) = w.target.hardware.clone() else {
         return Err(Error::Refused(format!(
@@ -506,12 +524,12 @@ fn bench_one(
     let records = bench::records(&outcomes, &plan, &project.registry, &host, &measured_at);
     let shapes = rankings::shapes_signature(&w);
     let mut updated = project.rankings.clone();
-    for interface in monogen::resolve::required_interfaces(&w) {
+    for &interface in &measured {
         updated.replace(&class, interface, &shapes, records.get(interface).cloned().unwrap_or_default());
     }
     let mut written = Vec::new();
     if !dry_run {
-        for interface in monogen::resolve::required_interfaces(&w) {
+        for &interface in &measured {
             let (rel, text) = updated.render(&class, interface);
             let file = project.root.join(&rel);
             if std::fs::read_to_string(&file).is_ok_and(|old| old == text) {
@@ -587,7 +605,8 @@ fn finish_bench(
                 r.typical_batch, r.typical_seq_len
             ),
         }
-        for i in &new_plan.interfaces {
+        // The interfaces measured (all of them, unless `--interface` named some).
+        for i in new_plan.interfaces.iter().filter(|i| outcomes.iter().any(|o| o.interface == i.interface)) {
             println!("\n{}", i.interface);
             let mut mine: Vec<&bench::Outcome> =
                 outcomes.iter().filter(|o| o.interface == i.interface).collect();

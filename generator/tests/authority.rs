@@ -118,6 +118,61 @@ fn a_faster_implementation_makes_check_stale_until_bench_and_build_adopt_it() {
 }
 
 #[test]
+fn bench_measures_only_the_interfaces_named_and_keeps_every_round() {
+    let repo = measured_repo();
+    for_this_machine(repo.path());
+    let dir = repo.path().join(format!("rankings/{}", monogen::host::this_class()));
+    let snapshot = || -> std::collections::BTreeMap<String, String> {
+        std::fs::read_dir(&dir)
+            .map(|entries| {
+                entries
+                    .flatten()
+                    .map(|e| {
+                        let name = e.file_name().to_string_lossy().into_owned();
+                        (name, std::fs::read_to_string(e.path()).unwrap())
+                    })
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let before = snapshot();
+
+    let out = bench(repo.path(), &["--interface", "rmsnorm,rope", "--json"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let doc: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap();
+    let measured: std::collections::BTreeSet<&str> =
+        doc["results"].as_array().unwrap().iter().map(|r| r["interface"].as_str().unwrap()).collect();
+    assert_eq!(measured, ["rmsnorm", "rope"].into(), "{doc}");
+
+    // Only those two files changed, and each of their new records keeps its 5 rounds.
+    let shapes = monogen::rankings::shapes_signature(
+        &monogen::workload::WorkloadSource::read(&repo.path().join(WORKLOAD)).unwrap().parse().unwrap(),
+    );
+    let after = snapshot();
+    for (name, text) in &after {
+        if name == "rmsnorm.toml" || name == "rope.toml" {
+            let ours: Vec<&str> =
+                text.split("[[record]]").filter(|b| b.contains(&format!("shapes = {shapes:?}"))).collect();
+            assert!(!ours.is_empty(), "{text}");
+            for record in ours {
+                let rounds = record.lines().find(|l| l.starts_with("rounds_ns = [")).expect(record);
+                assert_eq!(rounds.matches(',').count(), 4, "{rounds}");
+            }
+        } else {
+            assert_eq!(Some(text), before.get(name), "{name} changed");
+        }
+    }
+    assert!(after.contains_key("rmsnorm.toml") && after.contains_key("rope.toml"));
+
+    // A name the workload does not call is refused, with the names it does call.
+    let out = bench(repo.path(), &["--interface", "gelu"]);
+    assert_eq!(out.status.code(), Some(2));
+    let error = stderr(&out);
+    assert!(error.contains("`gelu` is not an interface of workloads/stories260k-cpu-f32.toml"), "{error}");
+    assert!(error.contains("it calls rmsnorm, matmul, rope"), "{error}");
+}
+
+#[test]
 fn the_fastest_candidate_wrong_in_a_tail_case_is_recorded_as_failed_and_never_chosen() {
     let repo = mechanism_repo();
     for_this_machine(repo.path());
