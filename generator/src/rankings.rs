@@ -155,10 +155,10 @@ pub fn round_ratios(challenger: &Record, incumbent: &Record) -> Option<Vec<f64>>
 
 /// The flip rule on two records ([`beats`] on their medians when they cannot be paired).
 ///
-/// Rounds are interleaved, so a slow moment of a shared machine (its memory bandwidth moves by
-/// a third within seconds) slows every candidate of the round alike: the ratio of two
-/// candidates' times in one round keeps the difference of the code and drops most of the
-/// machine's. With `r` the rounds' ratios, the challenger beats the incumbent when
+/// Rounds are interleaved, so a slow stretch of a shared machine (its memory bandwidth moves by
+/// a third within seconds) that lasts through a round slows the round's candidates alike: the
+/// ratio of two candidates' times in one round keeps the difference of the code without that
+/// part of the machine's noise. With `r` the rounds' ratios, the challenger beats the incumbent when
 /// `median(r) · (1 + margin) < 1`, the margin being the ratios' own spread, `(p90(r) −
 /// median(r)) / median(r)`, between [`MIN_MARGIN`] and [`MAX_MARGIN`]: the rule of [`beats`],
 /// applied to the ratio instead of to each median.
