@@ -388,10 +388,10 @@ fn choose(
             .copied();
         let class = class.unwrap_or_default();
         let record = |imp: &Implementation| match &evidence[imp.name.as_str()] {
-            Evidence::Measured(r) => r.clone(),
+            Evidence::Measured(r) => r,
             _ => unreachable!("a measured candidate has a fresh record"),
         };
-        let verdict = incumbent.map(|inc| rankings::judge(&record(fastest.0), &record(inc.0)));
+        let verdict = incumbent.map(|inc| rankings::judge(record(fastest.0), record(inc.0)));
         let by = |v: &rankings::Verdict| {
             if v.paired_rounds > 0 {
                 format!("{:.3}x its time round by round over {} rounds", v.ratio, v.paired_rounds)
