@@ -92,6 +92,15 @@ for shape in "${shapes[@]}"; do
         sync
         evict "$model-saved/model.safetensors"
         q8=(q8 "$model-saved")
+    elif grep -q PACKED_LAYOUT "${crates[0]}/src/kernels/mod.rs"; then
+        # A crate whose matmul packs its matrices reads them packed from the directory it
+        # writes with `--save-model` (the 1-thread crate packs alike), rather than packing
+        # them at every start: at stories110M in bf16-bf16act that took 104 of 161 ms to the
+        # first token (bench/RESULTS.md).
+        "$work/target/release/$two" --model "$model" --save-model "$model-packed"
+        sync
+        evict "$model-packed/model.safetensors"
+        q8=(saved "$model-packed")
     fi
     "$harness" compare "$work/target/release/$name-t1" "$model" 1 "$rounds" "${q8[@]}" | tee "$work/compare-1.txt"
     "$harness" compare "$work/target/release/$two" "$model" 2 "$rounds" "${q8[@]}" | tee "$work/compare-2.txt"

@@ -117,6 +117,9 @@ pub struct Chosen {
     pub dependencies: Vec<String>,
     /// Whether its kernel reads weights that its `pack` rewrote at load.
     pub packs_weights: bool,
+    /// For a kernel that packs its weights, the layout a saved model's packed matrices must be
+    /// in for the crate to map them.
+    pub packing: Option<Packing>,
     /// The type in which its kernel hands work to the crate's thread team, if it uses one.
     pub team_job: Option<String>,
     /// Why it won, in one sentence, with the evidence (for `explain`).
@@ -124,6 +127,18 @@ pub struct Chosen {
     /// Why it won in words that do not change when the same ranking is measured again (for
     /// the generated README, which must not change when nothing flipped).
     pub basis: String,
+}
+
+/// The layout of a packing kernel's weights, as a generated crate names and checks it.
+#[derive(Debug, Clone, Serialize)]
+pub struct Packing {
+    /// The function (`module::function` of `kernels::shared`) that gives the length of a
+    /// packed `[n, k]` matrix.
+    pub packed_len: String,
+    /// `interface/implementation version sha256:…` with the hash of its kernel and shared
+    /// modules (as a ranking record keeps it): a saved model's packed matrices are mapped only
+    /// by a crate whose kernel packs exactly the same way.
+    pub layout: String,
 }
 
 /// Every implementation of an interface, and what resolution made of it.

@@ -118,6 +118,10 @@ pub struct Implementation {
     /// Whether the kernel reads its weights in a layout of its own, which its interface's
     /// packing function (also in the kernel) writes once at load.
     pub packs_weights: bool,
+    /// For a kernel that packs its weights: the function of one of its shared modules that
+    /// gives the length of a packed `[n, k]` matrix (what `pack` returns), as
+    /// `module::function`. A crate checks a saved model's packed matrices against it.
+    pub packed_len: Option<String>,
     /// The type (a `pub(crate)` struct of kernel.rs) in which the kernel hands work to the
     /// crate's thread team, [`TEAM_MODULE`]; a crate with such kernels gets an enum of their
     /// job types (`kernels::TeamJob`) for the team's workers to run.
@@ -195,6 +199,8 @@ struct ManifestFile {
     dependencies: Vec<String>,
     #[serde(default)]
     packs_weights: bool,
+    #[serde(default)]
+    packed_len: Option<String>,
     #[serde(default)]
     team_job: Option<String>,
     #[serde(default)]
@@ -461,6 +467,44 @@ fn source_diag(rel: &Path, source: &Arc<str>, e: &rust_source::SourceError) -> D
     Diagnostic::new(e.message.clone()).in_file(rel, source).primary(offset..offset + 1, "")
 }
 
+/// Why `path` (a manifest's `packed_len`) does not name a `pub fn (usize, usize) -> usize` of
+/// one of the shared modules `uses`, if it does not.
+fn check_packed_len(path: &str, uses: &[String], shared: &BTreeMap<String, SharedModule>) -> Option<String> {
+    let Some((module, function)) = path.split_once("::") else {
+        return Some(format!("`packed_len = \"{path}\"` is not of the form `<module>::<function>`"));
+    };
+    if !uses.iter().any(|s| s == module) {
+        return Some(format!("`packed_len` names shared module `{module}`, which `shared` does not list"));
+    }
+    // A missing module is reported with `shared`.
+    let source = &shared.get(module)?.source;
+    let file = rust_source::parse_with_comments(source).ok()?;
+    let found = file.items.iter().find_map(|item| match item {
+        syn::Item::Fn(f) if f.sig.ident == function => Some(f),
+        _ => None,
+    });
+    let Some(f) = found else {
+        return Some(format!("shared module `{module}` has no function `{function}`"));
+    };
+    let usize_type: syn::Type = syn::parse_quote!(usize);
+    let takes_two_usizes = f.sig.inputs.len() == 2
+        && f.sig.inputs.iter().all(|input| matches!(input, syn::FnArg::Typed(t) if *t.ty == usize_type));
+    let returns_usize = matches!(&f.sig.output, syn::ReturnType::Type(_, ty) if **ty == usize_type);
+    let public = matches!(f.vis, syn::Visibility::Public(_));
+    if !(public
+        && takes_two_usizes
+        && returns_usize
+        && f.sig.generics.params.is_empty()
+        && !matches!(f.sig.safety, syn::Safety::Unsafe(_)))
+    {
+        return Some(format!(
+            "`{path}` is `{}`; `packed_len` needs a safe `pub fn {function}(n: usize, k: usize) -> usize`",
+            pretty_signature(&f.vis, &f.sig)
+        ));
+    }
+    None
+}
+
 fn parse_fn_decl(signature: &str) -> syn::Result<syn::ForeignItemFn> {
     syn::parse_str::<syn::ForeignItemFn>(&format!("{signature};"))
 }
@@ -554,6 +598,25 @@ fn load_implementation(
         }
     }
 
+    match (&m.packed_len, m.packs_weights) {
+        (None, true) => {
+            problems.push(diag("`packs_weights`, but no `packed_len`".into(), &["packs_weights"]).hint(
+                "name the function of a shared module that gives the length of a packed `[n, k]` matrix: \
+                 `packed_len = \"<module>::<function>\"`, a `pub fn (usize, usize) -> usize`",
+            ))
+        }
+        (Some(_), false) => problems.push(
+            diag("`packed_len`, but the kernel does not pack its weights".into(), &["packed_len"])
+                .hint("add `packs_weights = true`, or remove `packed_len`"),
+        ),
+        (Some(path), true) => {
+            if let Some(problem) = check_packed_len(path, &m.shared, shared) {
+                problems.push(diag(problem, &["packed_len"]));
+            }
+        }
+        (None, false) => {}
+    }
+
     let uses_team = m.shared.iter().any(|s| s == TEAM_MODULE);
     match &m.team_job {
         None if uses_team => problems.push(
@@ -621,6 +684,7 @@ fn load_implementation(
         shared: m.shared,
         dependencies: m.dependencies,
         packs_weights: m.packs_weights,
+        packed_len: m.packed_len,
         team_job: m.team_job,
         constraints: m.constraints,
         dir: rel_dir,
@@ -996,6 +1060,7 @@ mod tests {
             shared: vec![],
             dependencies: vec![],
             packs_weights: false,
+            packed_len: None,
             team_job: None,
             constraints: Constraints::default(),
             dir: PathBuf::new(),

@@ -511,6 +511,15 @@ fn choose(
                 shared: win.shared.clone(),
                 dependencies: win.dependencies.clone(),
                 packs_weights: win.packs_weights,
+                packing: win.packed_len.as_ref().map(|packed_len| crate::plan::Packing {
+                    packed_len: packed_len.clone(),
+                    layout: format!(
+                        "{interface}/{} {} sha256:{}",
+                        win.name,
+                        win.version,
+                        crate::rankings::measured_source_sha256(win, registry)
+                    ),
+                }),
                 team_job: win.team_job.clone(),
                 reason,
                 basis,
@@ -654,6 +663,7 @@ mod tests {
             shared: vec![],
             dependencies: vec![],
             packs_weights: false,
+            packed_len: None,
             team_job: None,
             constraints,
             dir: format!("implementations/matmul/{name}").into(),

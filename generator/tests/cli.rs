@@ -397,7 +397,7 @@ fn only_weights_beyond_every_cache_are_copied_into_memory_at_load() {
 /// may do so only for an interface that has one; each slip is refused with the reason.
 #[test]
 fn packing_kernels_are_checked_against_the_interface() {
-    let cases: [(&str, &str, &str, &str, &str); 3] = [
+    let cases: [(&str, &str, &str, &str, &str); 7] = [
         // Packs without saying so: `pack` is then an item the interface does not declare.
         (
             "matmul/avx512-packed",
@@ -421,6 +421,36 @@ fn packing_kernels_are_checked_against_the_interface() {
             "shared = []\n",
             "shared = []\npacks_weights = true\n",
             "interface `gelu` declares no packing function",
+        ),
+        // Packs without naming the length of a packed matrix (which a crate checks a saved
+        // model's packed matrices against), or names something else.
+        (
+            "matmul/avx512-packed",
+            "manifest.toml",
+            "packed_len = \"avx512_packed::packed_len\"\n",
+            "",
+            "`packs_weights`, but no `packed_len`",
+        ),
+        (
+            "matmul/avx512-packed",
+            "manifest.toml",
+            "avx512_packed::packed_len",
+            "avx512_packed::packed_length",
+            "shared module `avx512_packed` has no function `packed_length`",
+        ),
+        (
+            "matmul/avx512-packed",
+            "manifest.toml",
+            "avx512_packed::packed_len",
+            "avx512_packed::pack",
+            "`avx512_packed::pack` is `pub fn pack(w: &[f32], n: usize, k: usize) -> Vec<f32>`; `packed_len` needs",
+        ),
+        (
+            "matmul/avx512-packed",
+            "manifest.toml",
+            "avx512_packed::packed_len",
+            "amx_bf16::packed_len",
+            "`packed_len` names shared module `amx_bf16`, which `shared` does not list",
         ),
     ];
     assert_each_slip_refused(&cases);

@@ -62,18 +62,37 @@ impl TensorFile {
     /// The `[rows, cols]` matrix `name`, as [`TensorFile::bf16`] reads it, rewritten into a copy
     /// in the layout of the matmul kernel, which reads its weights packed (its `pack`). The copy
     /// goes into the huge pages that every packed matrix of the file shares (see
-    /// [`TensorFile::pages_for`]).
+    /// [`TensorFile::pages_for`]). From a saved model that holds it packed in this kernel's
+    /// layout (see [`TensorFile::packed_entry`]), it is a slice of the file instead, which
+    /// touches no fresh memory: most of a packing load's time went to the kernel zeroing the
+    /// copies' pages (bench/RESULTS.md).
     pub fn bf16_packed(&mut self, name: &str, shape: &[usize]) -> Result<Bf16Tensor, Error> {
-        let matrix = self.bf16(name, shape)?;
         let [rows, cols] = shape else {
             unreachable!("a matrix has two dimensions, as the generated loader asks for")
         };
+        let len = crate::kernels::packed_len(*rows, *cols);
+        if let Some(range) = self.packed_entry(name, Dtype::BF16, "BF16", len)? {
+            let bytes = &self.map[range.clone()];
+            // On a cache line, as a saved model places its packed matrices (AMX tile loads ran
+            // about 6 times as long from 16 bytes off one); else copied into the huge pages.
+            if bytes.as_ptr().align_offset(64) == 0 {
+                return Ok(Bf16Tensor { ptr: bytes.as_ptr().cast(), len, _copy: None });
+            }
+            let at = self.pages_for(bytes.len())?;
+            // SAFETY: `pages_for` handed out room for the range's bytes, aligned, that nothing
+            // else points to; the range lies in the mapping.
+            unsafe { std::ptr::copy_nonoverlapping(self.map[range].as_ptr(), at, len * 2) };
+            return Ok(Bf16Tensor { ptr: at.cast(), len, _copy: None });
+        }
+        let matrix = self.read_bf16(name, shape)?;
         let packed = crate::kernels::__matmul::pack(&matrix, *rows, *cols);
-        let at = self.pages_for(packed.len() * 2)?.cast::<u16>();
-        // SAFETY: `pages_for` handed out room for `packed.len()` values, aligned, that nothing
-        // else points to.
-        unsafe { std::ptr::copy_nonoverlapping(packed.as_ptr(), at, packed.len()) };
-        Ok(Bf16Tensor { ptr: at, len: packed.len(), _copy: None })
+        assert_eq!(packed.len(), len, "`packed_len` and `pack` disagree");
+        self.save_packed(name, Dtype::BF16, len, || packed.iter().flat_map(|v| v.to_le_bytes()).collect());
+        let at = self.pages_for(len * 2)?.cast::<u16>();
+        // SAFETY: `pages_for` handed out room for `len` values, aligned, that nothing else
+        // points to.
+        unsafe { std::ptr::copy_nonoverlapping(packed.as_ptr(), at, len) };
+        Ok(Bf16Tensor { ptr: at, len, _copy: None })
     }
 }
 

@@ -30,6 +30,12 @@ pub enum Error {
     /// A tensor has another dtype than the one this crate reads.
     #[error("tensor `{name}` has dtype {found}, but this crate reads {expected}")]
     WrongDtype { name: String, expected: &'static str, found: String },
+    /// A saved model holds a matrix packed for another kernel than the one this crate reads it
+    /// with (`--save-model` of a crate whose matmul packs its weights).
+    #[error(
+        "tensor `{name}` is packed for {found}, but this crate's matmul reads {expected}; load the checkpoint it was saved from, or save it again with this crate (--save-model)"
+    )]
+    WrongLayout { name: String, expected: &'static str, found: String },
     /// tokenizer.json cannot be loaded or used.
     #[error("tokenizer {}: {reason}", path.display())]
     Tokenizer { path: PathBuf, reason: String },
@@ -65,6 +71,7 @@ impl Error {
             | Error::MissingTensor { .. }
             | Error::WrongShape { .. }
             | Error::WrongDtype { .. }
+            | Error::WrongLayout { .. }
             | Error::Tokenizer { .. }
             | Error::VocabularyMismatch { .. } => 3,
             Error::TokenOutOfRange { .. }

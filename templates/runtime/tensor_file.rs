@@ -12,6 +12,15 @@ use safetensors::{Dtype, SafeTensors};
 
 use crate::Error;
 
+/// The suffix of a matrix's name in a saved model that holds it as the crate's matmul kernel
+/// packed it (`--save-model` of a crate whose kernel packs its weights).
+const PACKED: &str = ".packed";
+
+/// The tensor of such a saved model that names the packing's layout (`kernels::PACKED_LAYOUT`
+/// of the crate that saved it), as UTF-8 bytes (`U8`). A tensor rather than metadata: the header
+/// keeps a single metadata entry, so that a save is the same byte for byte every time.
+const PACKED_LAYOUT: &str = "monogen.packed_layout";
+
 /// A safetensors file mapped into memory, with its table of tensors.
 pub struct TensorFile {
     pub(crate) path: PathBuf,
@@ -170,7 +179,7 @@ impl TensorFile {
     }
 
     /// [`TensorFile::f32`], without keeping a copy when saving.
-    fn read_f32(&mut self, name: &str, shape: &[usize]) -> Result<Tensor, Error> {
+    pub(crate) fn read_f32(&mut self, name: &str, shape: &[usize]) -> Result<Tensor, Error> {
         let (dtype, range) = self.checked(name, shape)?;
         let bytes = &self.map[range];
         // BF16 and F16 (as Hugging Face checkpoints often are) widen to f32 once, here.
@@ -188,6 +197,17 @@ impl TensorFile {
             .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
             .collect();
         Ok(self.keep(copy))
+    }
+
+    /// The f32 values of `range` (in `map`): a slice of the mapping when it starts on a cache
+    /// line, as a saved model places its packed matrices, else an aligned copy.
+    pub(crate) fn slice_f32(&mut self, range: Range<usize>) -> Tensor {
+        let bytes = &self.map[range];
+        if bytes.as_ptr().align_offset(64) == 0 {
+            return Tensor { ptr: bytes.as_ptr().cast(), len: bytes.len() / 4 };
+        }
+        let copy: Box<[f32]> = bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
+        self.keep(copy)
     }
 
     /// A tensor of `copy`, which the storage keeps from now on.
@@ -214,6 +234,14 @@ impl TensorFile {
         expected: &'static str,
     ) -> Result<(Dtype, Range<usize>), Error> {
         let Some(entry) = self.entries.get(name) else {
+            if self.entries.contains_key(&format!("{name}{PACKED}")) {
+                // Saved by a crate whose matmul packs its weights.
+                return Err(Error::WrongLayout {
+                    name: format!("{name}{PACKED}"),
+                    expected: "it unpacked",
+                    found: self.packed_layout(),
+                });
+            }
             return Err(Error::MissingTensor { path: self.path.clone(), name: name.to_string() });
         };
         if !dtypes.contains(&entry.dtype) {
@@ -228,6 +256,51 @@ impl TensorFile {
         }
         self.used.insert(name.to_string());
         Ok((entry.dtype, entry.bytes.clone()))
+    }
+
+    /// The layout that the file's packed matrices are in, as its `monogen.packed_layout` names it.
+    fn packed_layout(&self) -> String {
+        self.entries.get(PACKED_LAYOUT).filter(|entry| entry.dtype == Dtype::U8).map_or_else(
+            || format!("a layout that it does not name (it holds no {PACKED_LAYOUT} of U8)"),
+            |entry| format!("`{}`", String::from_utf8_lossy(&self.map[entry.bytes.clone()])),
+        )
+    }
+
+    /// The byte range (in `map`) of the `[rows, cols]` matrix `name` as this crate's matmul
+    /// kernel packed it, when the file is a saved model that holds it so (`name.packed`, 1-D,
+    /// `len` values of `dtype`, in the layout `kernels::PACKED_LAYOUT`); `None` when the file
+    /// holds `name` unpacked, for the caller to pack. Marks it used, and keeps it when saving.
+    pub(crate) fn packed_entry(
+        &mut self,
+        name: &str,
+        dtype: Dtype,
+        expected: &'static str,
+        len: usize,
+    ) -> Result<Option<Range<usize>>, Error> {
+        let packed = format!("{name}{PACKED}");
+        if !self.entries.contains_key(&packed) {
+            return Ok(None);
+        }
+        let layout = crate::kernels::PACKED_LAYOUT;
+        let named = self.entries.get(PACKED_LAYOUT);
+        if !named.is_some_and(|e| e.dtype == Dtype::U8 && self.map[e.bytes.clone()] == *layout.as_bytes()) {
+            return Err(Error::WrongLayout { name: packed, expected: layout, found: self.packed_layout() });
+        }
+        self.used.insert(PACKED_LAYOUT.to_string());
+        let (_, range) = self.checked_as(&packed, &[len], &[dtype], expected)?;
+        if self.saved.is_some() {
+            let bytes = self.map[range.clone()].to_vec();
+            self.save_packed(name, dtype, len, || bytes);
+        }
+        Ok(Some(range))
+    }
+
+    /// Keeps `bytes`, the `len` values of `dtype` into which this crate's matmul kernel packed
+    /// matrix `name`, when saving: as `name.packed`, with the layout's name.
+    pub(crate) fn save_packed(&mut self, name: &str, dtype: Dtype, len: usize, bytes: impl FnOnce() -> Vec<u8>) {
+        let layout = crate::kernels::PACKED_LAYOUT;
+        self.save(PACKED_LAYOUT, Dtype::U8, &[layout.len()], || layout.as_bytes().to_vec());
+        self.save(&format!("{name}{PACKED}"), dtype, &[len], bytes);
     }
 
     /// Room for `bytes` bytes, 64-byte aligned and zero, in anonymous memory asked for in huge
@@ -291,8 +364,23 @@ impl Storage {
         // which every run maps by the entry (see `TensorFile::open`), where writes of 1 MiB (the
         // safetensors crate's own writer) left it in smaller ones. A stories15M int8 file came
         // out 16 of 16 MiB in huge folios instead of 8 (bench/RESULTS.md).
+        // The header padded with spaces (as the format allows) so that the data start 64 bytes
+        // into the file: a packed matrix at an offset in the data that is a multiple of 64 (they
+        // all are, where every tensor before it has a length that is one) is then mapped on a
+        // cache line, where the products read it fastest.
+        let header = u64::from_le_bytes(bytes[..8].try_into().expect("a serialized file starts with its header's length"));
+        let header = 8 + usize::try_from(header).expect("the header was serialized in memory");
+        let padded = header.next_multiple_of(64);
+        let mut head = Vec::with_capacity(padded);
+        head.extend_from_slice(&((padded - 8) as u64).to_le_bytes());
+        head.extend_from_slice(&bytes[8..header]);
+        head.resize(padded, b' ');
+        let data = &bytes[header..];
+        let first = data.len().min((2 << 20) - padded % (2 << 20));
         let written = File::create(&partial).and_then(|mut file| {
-            for chunk in bytes.chunks(2 << 20) {
+            file.write_all(&head)?;
+            file.write_all(&data[..first])?;
+            for chunk in data[first..].chunks(2 << 20) {
                 file.write_all(chunk)?;
             }
             file.sync_data()

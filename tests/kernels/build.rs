@@ -48,6 +48,8 @@ struct Manifest {
     #[serde(default)]
     packs_weights: bool,
     #[serde(default)]
+    packed_len: Option<String>,
+    #[serde(default)]
     team_job: Option<String>,
     #[serde(default)]
     constraints: Constraints,
@@ -87,6 +89,9 @@ struct Implementation {
     shared: Vec<String>,
     /// Whether its kernel reads weights rewritten by its `pack`.
     packs_weights: bool,
+    /// The shared module's function (`module::function`) that gives the length of what `pack`
+    /// returns.
+    packed_len: Option<String>,
     /// The type in which it hands work to the thread team (`shared/team.rs`).
     team_job: Option<String>,
 }
@@ -214,6 +219,7 @@ fn read_implementations(
                 cpu_features: manifest.constraints.cpu_features,
                 shared: manifest.shared,
                 packs_weights: manifest.packs_weights,
+                packed_len: manifest.packed_len,
                 team_job: manifest.team_job,
             });
         }
@@ -266,10 +272,13 @@ fn kernels_module(implementations: &[Implementation], shared_modules: &BTreeMap<
             }
             out.push_str("    #[allow(non_snake_case)]\n");
             if imp.packs_weights {
+                // Every test of a packing kernel also checks that its `packed_len` (which a
+                // generated crate checks a saved model's packed matrices against) agrees.
+                let packed_len = imp.packed_len.as_deref().expect("a packing kernel names its `packed_len`");
                 writeln!(
                     out,
-                    "    pub fn {}(w: &[{element}], n: usize, k: usize) -> Vec<{element}> {{ super::kernels::{}::pack(w, n, k) }}",
-                    imp.module, imp.module
+                    "    pub fn {m}(w: &[{element}], n: usize, k: usize) -> Vec<{element}> {{\n        let packed = super::kernels::{m}::pack(w, n, k);\n        assert_eq!(packed.len(), super::kernels::shared::{packed_len}(n, k), \"{m}: `pack` and `{packed_len}` disagree at {{n}} x {{k}}\");\n        packed\n    }}",
+                    m = imp.module
                 )
                 .unwrap();
             } else {

@@ -3,7 +3,8 @@
 //! and the declared priorities choose others), so each test generates its crate from a scratch
 //! copy of the registry in which the packing kernel has the highest priority, builds it, and
 //! runs its binary: stories260k (LLaMA; its classifier is tied to the embedding rows, which stay
-//! unpacked, and its 64-wide matrices end in a partial block) and all-MiniLM-L6-v2 (BERT).
+//! unpacked, and its 64-wide matrices end in a partial block; it also saves them packed and
+//! runs from the saved directory) and all-MiniLM-L6-v2 (BERT).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -73,23 +74,50 @@ fn a_llama_crate_with_packed_weights_continues_as_the_reference() {
     };
     let weights = std::fs::read_to_string(scratch.path().join("stories260k-packed/src/weights.rs")).unwrap();
     assert!(weights.contains("classifier"), "a tied classifier gets its packed copy: {weights}");
+    // The crate saves its matrices packed (with the layout's name), and continues the same from
+    // the saved directory, which it maps instead of packing again.
+    let saved = scratch.path().join("saved");
+    let out = Command::new(&binary)
+        .args(["--model", model.to_str().unwrap(), "--save-model", saved.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let bytes = std::fs::read(saved.join("model.safetensors")).unwrap();
+    let header_len = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let header: Value = serde_json::from_slice(&bytes[8..8 + header_len]).unwrap();
+    let packed: Vec<&String> =
+        header.as_object().unwrap().keys().filter(|n| n.ends_with(".packed")).collect();
+    // 5 layers of 7 matrices and the tied classifier.
+    assert_eq!(packed.len(), 36, "{packed:?}");
+    assert!(packed.iter().all(|n| header[n.as_str()]["dtype"] == "F32"));
+    assert_eq!(header["model.embed_tokens.weight"]["shape"], serde_json::json!([512, 64]));
+    assert_eq!(header["monogen.packed_layout"]["dtype"], "U8");
+
     let reference = reference_json(&model);
     for case in reference["greedy"].as_array().unwrap() {
         let prompt_ids: Vec<String> = ids(&case["prompt_ids"]).iter().map(u32::to_string).collect();
-        let out = json(
-            &binary,
-            &[
-                "--model",
-                model.to_str().unwrap(),
-                "--prompt-ids",
-                &prompt_ids.join(","),
-                "--max-tokens",
-                "32",
-                "--json",
-            ],
-        );
         let want = ids(&case["new_ids"]);
-        assert_eq!(ids(&out["generated_ids"]), want[..want.len().min(32)], "{}", case["prompt"]);
+        for dir in [&model, &saved] {
+            let out = json(
+                &binary,
+                &[
+                    "--model",
+                    dir.to_str().unwrap(),
+                    "--prompt-ids",
+                    &prompt_ids.join(","),
+                    "--max-tokens",
+                    "32",
+                    "--json",
+                ],
+            );
+            assert_eq!(
+                ids(&out["generated_ids"]),
+                want[..want.len().min(32)],
+                "{}: {}",
+                dir.display(),
+                case["prompt"]
+            );
+        }
     }
 }
 

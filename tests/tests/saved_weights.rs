@@ -1,6 +1,7 @@
 //! `Model::save_model` (the binaries' `--save-model DIR`): a crate writes a model directory
 //! whose model.safetensors holds every tensor as the crate holds it in memory (an int8
-//! crate's matrices quantized, with their scales; a bf16 crate's in bfloat16), and loading
+//! crate's matrices quantized, with their scales; a bf16 crate's in bfloat16; a crate whose
+//! matmul packs its weights, its matrices packed, with the layout's name), and loading
 //! that directory maps them instead of converting them. Checked on the real models: the saved
 //! files hold what they should, the crates compute bit for bit what they compute from the
 //! original checkpoint, saving is deterministic, and a damaged saved file is an error naming
@@ -12,6 +13,7 @@ use all_minilm_l6_v2_cpu_int8 as minilm_int8;
 use monogen_tests::model_dir;
 use serde_json::Value;
 use stories260k_cpu_bf16 as bf16;
+use stories260k_cpu_bf16_bf16act as bf16act;
 use stories260k_cpu_int8 as int8;
 
 /// The JSON header of a safetensors file and the offset of its data.
@@ -39,6 +41,26 @@ fn dtypes_ending(header: &Value, suffix: &str) -> Vec<String> {
         .filter(|(name, _)| name.ends_with(suffix))
         .map(|(_, info)| info["dtype"].as_str().unwrap().to_string())
         .collect()
+}
+
+/// Asserts that crate `$krate` loads directory `$saved` (which it saved from model directory
+/// `$dir` as the file `$bytes`) without warnings, computes the same logits from it as from
+/// `$dir`, bit for bit, and saves it again (into `$temp/again`) byte for byte.
+macro_rules! assert_faithful {
+    ($krate:ident, $dir:expr, $saved:expr, $bytes:expr, $temp:expr) => {{
+        let ids = story();
+        let from_checkpoint = $krate::Model::load($dir).unwrap().session().logits_all(&ids).unwrap();
+        let from_saved = $krate::Model::load($saved).unwrap();
+        assert!(from_saved.warnings().is_empty(), "{:?}", from_saved.warnings());
+        let logits = from_saved.session().logits_all(&ids).unwrap();
+        assert!(
+            from_checkpoint.iter().zip(&logits).all(|(a, b)| a.to_bits() == b.to_bits()),
+            "the logits differ"
+        );
+        let again = $temp.join("again");
+        $krate::Model::save_model($saved, &again).unwrap();
+        assert!(std::fs::read(again.join("model.safetensors")).unwrap() == *$bytes, "a second save differs");
+    }};
 }
 
 #[test]
@@ -69,20 +91,7 @@ fn an_int8_crate_saves_its_quantized_matrices_and_computes_the_same_from_them() 
         );
     }
 
-    let ids = story();
-    let from_checkpoint = int8::Model::load(&dir).unwrap().session().logits_all(&ids).unwrap();
-    let from_saved = int8::Model::load(&saved).unwrap();
-    assert!(from_saved.warnings().is_empty(), "{:?}", from_saved.warnings());
-    let logits = from_saved.session().logits_all(&ids).unwrap();
-    assert!(
-        from_checkpoint.iter().zip(&logits).all(|(a, b)| a.to_bits() == b.to_bits()),
-        "the logits differ"
-    );
-
-    // Saving the saved directory again writes the same file, byte for byte.
-    let again = temp.path().join("again");
-    int8::Model::save_model(&saved, &again).unwrap();
-    assert!(std::fs::read(again.join("model.safetensors")).unwrap() == bytes, "a second save differs");
+    assert_faithful!(int8, &dir, &saved, &bytes, temp.path());
 }
 
 #[test]
@@ -183,4 +192,88 @@ fn a_damaged_saved_file_is_an_error_naming_the_tensor() {
     // Saving into the model directory itself would replace the weights it reads.
     let e = int8::Model::save_model(temp.path(), temp.path()).expect_err("an error").to_string();
     assert!(e.contains("model directory itself"), "{e}");
+}
+
+/// The data range (from the data's start) of tensor `name` in a safetensors header.
+fn offsets(header: &Value, name: &str) -> (usize, usize) {
+    let offsets = &header[name]["data_offsets"];
+    (offsets[0].as_u64().unwrap() as usize, offsets[1].as_u64().unwrap() as usize)
+}
+
+#[test]
+fn a_packing_crate_saves_its_matrices_packed_and_maps_them() {
+    let Some(dir) = model_dir("stories260k") else { return };
+    if let Err(e) = bf16act::cpu::check() {
+        eprintln!("skipped: {e}");
+        return;
+    }
+    let temp = tempfile::tempdir().unwrap();
+    let saved = temp.path().join("saved");
+    let warnings = bf16act::Model::save_model(&dir, &saved).unwrap();
+    assert!(warnings.is_empty(), "{warnings:?}");
+
+    let bytes = std::fs::read(saved.join("model.safetensors")).unwrap();
+    let (header, data) = header(&bytes);
+    // The layout, named by the crate's matmul and its sources' hash.
+    assert_eq!(header["monogen.packed_layout"]["dtype"], "U8");
+    let (start, end) = offsets(&header, "monogen.packed_layout");
+    let layout = std::str::from_utf8(&bytes[data + start..data + end]).unwrap();
+    assert!(layout.starts_with("matmul_bf16_bf16/avx512-threads 1.0.0 sha256:"), "{layout}");
+    // 5 layers of 7 matrices packed (1-D, in blocks of 32 rows by 32 columns: the 64-wide
+    // matrices have 2 steps of K, the 172-wide down projections 6) and none unpacked; the tied
+    // classifier packed beside the embedding rows, which stay unpacked.
+    assert_eq!(dtypes_ending(&header, "proj.weight.packed"), vec!["BF16"; 35]);
+    assert!(dtypes_ending(&header, "proj.weight").is_empty());
+    assert_eq!(
+        header["model.layers.0.self_attn.q_proj.weight.packed"]["shape"],
+        serde_json::json!([64 * 64])
+    );
+    assert_eq!(header["model.layers.0.mlp.gate_proj.weight.packed"]["shape"], serde_json::json!([192 * 64]));
+    assert_eq!(header["model.layers.0.mlp.down_proj.weight.packed"]["shape"], serde_json::json!([64 * 192]));
+    assert_eq!(header["model.embed_tokens.weight"]["dtype"], "BF16");
+    assert_eq!(header["model.embed_tokens.weight.packed"]["shape"], serde_json::json!([512 * 64]));
+    // The data start on a cache line, and so does every packed matrix: the crate maps them.
+    assert_eq!(data % 64, 0);
+    for (name, _) in header.as_object().unwrap().iter().filter(|(n, _)| n.ends_with(".packed")) {
+        assert_eq!(offsets(&header, name).0 % 64, 0, "{name}");
+    }
+
+    assert_faithful!(bf16act, &dir, &saved, &bytes, temp.path());
+
+    // Another layout (a kernel or shared module edited since the save) is refused, naming the
+    // matrix and both layouts.
+    let other = damaged(&saved, "monogen.packed_layout", |name| *name.last_mut().unwrap() ^= 1);
+    let e = bf16act::Model::load(other.path()).err().expect("another layout is an error").to_string();
+    assert!(e.contains(".packed`") && e.contains(layout) && e.contains("--save-model"), "{e}");
+    // So is a crate whose matmul reads its matrices unpacked.
+    let e = bf16::Model::load(&saved).err().expect("packed matrices are an error").to_string();
+    assert!(e.contains("proj.weight.packed`") && e.contains("unpacked") && e.contains(layout), "{e}");
+
+    // A packed matrix of the wrong length (a block short) is an error naming it.
+    let matrix = "model.layers.2.mlp.down_proj.weight.packed";
+    let out = tempfile::tempdir().unwrap();
+    let mut header = header.clone();
+    let (start, end) = offsets(&header, matrix);
+    let cut = 32 * 32 * 2;
+    for (_, info) in header.as_object_mut().unwrap().iter_mut().filter(|(n, _)| *n != "__metadata__") {
+        let offsets = info["data_offsets"].as_array_mut().unwrap();
+        for offset in offsets.iter_mut() {
+            let at = offset.as_u64().unwrap() as usize;
+            if at > start {
+                *offset = serde_json::json!(at - cut);
+            }
+        }
+    }
+    header[matrix]["shape"] = serde_json::json!([(end - start - cut) / 2]);
+    let text = serde_json::to_string(&header).unwrap();
+    let mut edited = (text.len() as u64).to_le_bytes().to_vec();
+    edited.extend_from_slice(text.as_bytes());
+    edited.extend_from_slice(&bytes[data..data + end - cut]);
+    edited.extend_from_slice(&bytes[data + end..]);
+    std::fs::write(out.path().join("model.safetensors"), edited).unwrap();
+    for file in ["config.json", "tokenizer.json"] {
+        std::fs::copy(saved.join(file), out.path().join(file)).unwrap();
+    }
+    let e = bf16act::Model::load(out.path()).err().expect("a short matrix is an error").to_string();
+    assert!(e.contains(matrix) && e.contains("shape"), "{e}");
 }

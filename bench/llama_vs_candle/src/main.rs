@@ -9,12 +9,14 @@
 //!   quantized Llama (`quantized_llama`, the GGUF model) on `MODEL_DIR/model-q8_0.gguf`: every
 //!   matrix in ggml's Q8_0 (int8 with a scale per 32 values, as monogen's int8 crates hold
 //!   them), the norms in f32.
-//! - `llama-vs-candle compare OURS_BIN MODEL_DIR THREADS ROUNDS [q8 [OURS_DIR]]`: `ROUNDS`
+//! - `llama-vs-candle compare OURS_BIN MODEL_DIR THREADS ROUNDS [q8|saved [OURS_DIR]]`: `ROUNDS`
 //!   alternating runs of the generated binary `OURS_BIN` (`--prompt-ids`, `--json`) and of the
 //!   candle side (with RAYON_NUM_THREADS=THREADS; the quantized one with `q8`, which first
 //!   writes the GGUF file from `model.safetensors` unless it exists; `OURS_BIN` then reads
 //!   `OURS_DIR` if given, the model directory it wrote with `--save-model`, its matrices
-//!   already in int8 as the GGUF's are in Q8_0) on a 128-token prompt with 64 new tokens, then
+//!   already in int8 as the GGUF's are in Q8_0; with `saved`, candle's Llama on `MODEL_DIR`
+//!   and `OURS_BIN` on `OURS_DIR`, a crate that packs its matrices reading them packed) on a
+//!   128-token prompt with 64 new tokens, then
 //!   `ROUNDS` alternating runs of each that stop at the first token, timed from process start
 //!   to exit: the time to first token. Prints the medians, each side's cores kept busy (CPU
 //!   time over wall time of its processes) and the ratios.
@@ -49,11 +51,14 @@ fn main() -> Result<()> {
             println!("{report}");
             Ok(())
         }
-        Some("compare") if args.len() == 6 || ((7..=8).contains(&args.len()) && args[6] == "q8") => {
+        Some("compare")
+            if args.len() == 6 || ((7..=8).contains(&args.len()) && ["q8", "saved"].contains(&args[6].as_str())) =>
+        {
             let ours_dir = args.get(7).unwrap_or(&args[3]);
-            compare(&args[2], &args[3], ours_dir, args[4].parse()?, args[5].parse()?, args.len() >= 7)
+            let q8 = args.get(6).is_some_and(|a| a == "q8");
+            compare(&args[2], &args[3], ours_dir, args[4].parse()?, args[5].parse()?, q8)
         }
-        _ => Err("usage: llama-vs-candle candle|candle-q8 MODEL_DIR IDS MAX_TOKENS | compare OURS_BIN MODEL_DIR THREADS ROUNDS [q8 [OURS_DIR]]".into()),
+        _ => Err("usage: llama-vs-candle candle|candle-q8 MODEL_DIR IDS MAX_TOKENS | compare OURS_BIN MODEL_DIR THREADS ROUNDS [q8|saved [OURS_DIR]]".into()),
     }
 }
 

@@ -67,11 +67,15 @@ impl Matrices {
     }
 
     /// The methods of tensor_file.rs that this crate never calls: `pages_for` (huge pages for
-    /// copies of the matrices) serves only packed bfloat16 copies and int8 matrices.
+    /// copies of the matrices) serves only packed bfloat16 copies and int8 matrices,
+    /// `packed_entry` and `save_packed` (a saved model's packed matrices) only packed matrices,
+    /// `slice_f32` only packed f32 ones.
     pub fn unused_tensor_file_methods(self) -> &'static [&'static str] {
         match self {
-            Matrices::Bf16Packed | Matrices::Q8 => &[],
-            Matrices::F32 | Matrices::Packed | Matrices::Bf16 => &["pages_for"],
+            Matrices::Bf16Packed => &["slice_f32"],
+            Matrices::Q8 => &["packed_entry", "save_packed", "slice_f32"],
+            Matrices::Packed => &["pages_for"],
+            Matrices::F32 | Matrices::Bf16 => &["pages_for", "packed_entry", "save_packed", "slice_f32"],
         }
     }
 
@@ -373,11 +377,35 @@ pub fn kernels_mod_rs(plan: &Plan) -> TokenStream {
             }
         }
     });
+    let packing = plan.interfaces.iter().find_map(|i| Some((i, i.chosen.packing.as_ref()?))).map(|(i, p)| {
+        let layout = &p.layout;
+        let doc = [
+            format!(
+                " The layout in which `{}` reads its weights, as its `pack` writes them: its",
+                i.interface
+            ),
+            " name, version and the sha256 of its source with the shared modules it uses. A saved"
+                .to_string(),
+            " model's packed matrices are mapped only when the file names this layout (tensor_file.rs)."
+                .to_string(),
+        ];
+        let path: syn::Path = syn::parse_str(&p.packed_len).expect("the registry checks `module::function`");
+        let named = path.segments.last().is_some_and(|s| s.ident == "packed_len");
+        let alias = (!named).then(|| quote!(as packed_len));
+        quote! {
+            #(#[doc = #doc])*
+            pub(crate) const PACKED_LAYOUT: &str = #layout;
+
+            /// The length of a packed `[n, k]` matrix, as `pack` returns it.
+            pub(crate) use shared::#path #alias;
+        }
+    });
     quote! {
         #(#![doc = #module_doc])*
 
         #(#modules)*
         #shared
+        #packing
         #team_job
     }
 }

@@ -213,6 +213,8 @@ struct ReadmeContext<'a> {
     interfaces: &'a [crate::plan::InterfacePlan],
     cpu_features: &'a [String],
     footprint: BTreeMap<&'static str, String>,
+    /// Whether the chosen matmul packs its weights at load (and saves them packed).
+    packed: bool,
     dependencies: Vec<Dependency>,
 }
 
@@ -260,6 +262,7 @@ impl<'a> ReadmeContext<'a> {
                 ("kv_cache", human_bytes(f.kv_cache_bytes)),
                 ("scratch", human_bytes(f.scratch_bytes)),
             ]),
+            packed: crate::plan::matmul_packs_weights(&plan.interfaces),
             dependencies: {
                 // The runtime's crates, and those of the chosen kernels.
                 let mut names: Vec<&str> = match w.model {
