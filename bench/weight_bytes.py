@@ -23,6 +23,8 @@ def weight_bytes(model_dir: str, dtype: str) -> tuple[int, int]:
         n = struct.unpack("<Q", f.read(8))[0]
         header = json.loads(f.read(n))
     header.pop("__metadata__", None)
+    if any(name.endswith(".packed") for name in header):
+        sys.exit(f"{model_dir} holds packed matrices (a packing crate's --save-model): give the checkpoint it was saved from")
     tied = "lm_head.weight" not in header
     total = 0
     for name, t in header.items():
