@@ -82,6 +82,95 @@ impl TensorFile {
     /// threads for all of them, which a layer's matrices share (a scoped thread's start and
     /// join took 84-92 µs on a 2-vCPU VM, bench/RESULTS.md).
     pub fn q8_many<const M: usize>(&mut self, matrices: [(&str, [usize; 2]); M]) -> Result<[Q8Tensor; M], Error> {
+        let read = self.read_q8_many(matrices)?;
+        for (matrix, &(name, [rows, cols])) in read.iter().zip(&matrices) {
+            self.save(name, Dtype::I8, &[rows, cols], || matrix.values().iter().map(|&v| v as u8).collect());
+            self.save(&scale_name(name), Dtype::F32, &[rows, cols.div_ceil(BLOCK)], || {
+                matrix.scales().iter().flat_map(|v| v.to_le_bytes()).collect()
+            });
+        }
+        Ok(read)
+    }
+
+    /// The matrices `matrices` (name and `[rows, cols]`), read as [`TensorFile::q8_many`] reads
+    /// them, then rewritten into copies in the layout of the matmul kernel, which reads its
+    /// weights packed (its `pack`), in the huge pages of [`TensorFile::pages_for`]. From a saved
+    /// model that holds them packed in this kernel's layout (see
+    /// [`TensorFile::packed_entry`]), they are slices of the file instead, their scales checked
+    /// as [`TensorFile::q8`] checks a saved int8 matrix's.
+    pub fn q8_packed_many<const M: usize>(
+        &mut self,
+        matrices: [(&str, [usize; 2]); M],
+    ) -> Result<[Q8Tensor; M], Error> {
+        let lens = matrices.map(|(_, [rows, cols])| crate::kernels::packed_len(rows, cols));
+        if matrices.iter().all(|(name, _)| self.entries.contains_key(&format!("{name}.packed"))) {
+            let mut read = Vec::with_capacity(M);
+            for (&(name, _), &len) in matrices.iter().zip(&lens) {
+                read.push(self.mapped_packed_q8(name, len)?);
+            }
+            return Ok(read.try_into().unwrap_or_else(|_| unreachable!("one matrix read per name")));
+        }
+        let unpacked = self.read_q8_many(matrices)?;
+        let mut read = Vec::with_capacity(M);
+        for ((matrix, &(name, [rows, cols])), &len) in unpacked.iter().zip(&matrices).zip(&lens) {
+            let (values, scales) = crate::kernels::__matmul::pack(matrix.values(), matrix.scales(), rows, cols);
+            assert!(values.len() == len && scales.len() == len / BLOCK, "`packed_len` and `pack` disagree");
+            self.save_packed(name, Dtype::I8, len, || values.iter().map(|&v| v as u8).collect());
+            self.save_packed(&scale_name(name), Dtype::F32, len / BLOCK, || {
+                scales.iter().flat_map(|v| v.to_le_bytes()).collect()
+            });
+            let at = self.pages_for(len)?.cast::<i8>();
+            let scales_at = self.pages_for(scales.len() * 4)?.cast::<f32>();
+            // SAFETY: `pages_for` handed out room for `len` values and as many scales as `pack`
+            // returned, aligned, that nothing else points to.
+            unsafe {
+                std::ptr::copy_nonoverlapping(values.as_ptr(), at, len);
+                std::ptr::copy_nonoverlapping(scales.as_ptr(), scales_at, scales.len());
+            }
+            read.push(Q8Tensor { values: at, len, scales: scales_at, scales_len: scales.len() });
+        }
+        Ok(read.try_into().unwrap_or_else(|_| unreachable!("one matrix read per name")))
+    }
+
+    /// The matrix `name`, read as [`TensorFile::q8_packed_many`] reads it.
+    pub fn q8_packed(&mut self, name: &str, shape: &[usize]) -> Result<Q8Tensor, Error> {
+        let &[rows, cols] = shape else { panic!("q8_packed: `{name}` is not a matrix") };
+        let [matrix] = self.q8_packed_many([(name, [rows, cols])])?;
+        Ok(matrix)
+    }
+
+    /// The packed matrix `name` (`len` values) and its scales, slices of a saved model's
+    /// mapping (see [`TensorFile::packed_entry`]) once the scales are known to be valid; either
+    /// is copied into huge pages where the file does not place it on a cache line.
+    fn mapped_packed_q8(&mut self, name: &str, len: usize) -> Result<Q8Tensor, Error> {
+        let Some(values) = self.packed_entry(name, Dtype::I8, "I8", len)? else {
+            unreachable!("the caller found `{name}.packed`")
+        };
+        let scales_name = scale_name(name);
+        let Some(scales) = self.packed_entry(&scales_name, Dtype::F32, "F32", len / BLOCK)? else {
+            return Err(Error::MissingTensor { path: self.path.clone(), name: format!("{scales_name}.packed") });
+        };
+        self.check_scales(&format!("{scales_name}.packed"), scales.clone())?;
+        let values = self.on_cache_line(values)?.cast::<i8>();
+        let scales = self.on_cache_line(scales)?.cast::<f32>();
+        Ok(Q8Tensor { values, len, scales, scales_len: len / BLOCK })
+    }
+
+    /// The bytes of `range` (in `map`) where they start on a cache line, else a copy in huge
+    /// pages.
+    fn on_cache_line(&mut self, range: Range<usize>) -> Result<*const u8, Error> {
+        if self.map[range.clone()].as_ptr().align_offset(64) == 0 {
+            return Ok(self.map[range].as_ptr());
+        }
+        let at = self.pages_for(range.len())?;
+        // SAFETY: `pages_for` handed out room for the range's bytes, aligned, that nothing else
+        // points to; the mapping does not overlap it.
+        unsafe { std::ptr::copy_nonoverlapping(self.map[range.clone()].as_ptr(), at, range.len()) };
+        Ok(at)
+    }
+
+    /// [`TensorFile::q8_many`], without keeping copies when saving.
+    fn read_q8_many<const M: usize>(&mut self, matrices: [(&str, [usize; 2]); M]) -> Result<[Q8Tensor; M], Error> {
         let dtypes = [Dtype::F32, Dtype::BF16, Dtype::F16, Dtype::I8];
         let expected = "F32, BF16, F16, or I8 with its scales (as `--save-model` writes them)";
         let mut read = Vec::with_capacity(M);
@@ -125,12 +214,6 @@ impl TensorFile {
             }
             first.into_iter().for_each(Part::quantize);
         });
-        for (matrix, &(name, [rows, cols])) in read.iter().zip(&matrices) {
-            self.save(name, Dtype::I8, &[rows, cols], || matrix.values().iter().map(|&v| v as u8).collect());
-            self.save(&scale_name(name), Dtype::F32, &[rows, cols.div_ceil(BLOCK)], || {
-                matrix.scales().iter().flat_map(|v| v.to_le_bytes()).collect()
-            });
-        }
         Ok(read.try_into().unwrap_or_else(|_| unreachable!("one matrix read per name")))
     }
 
@@ -152,13 +235,7 @@ impl TensorFile {
             )));
         }
         let values = values.as_ptr().cast::<i8>();
-        // A scale is finite and not negative exactly when its bits, as an unsigned integer,
-        // lie below those of +∞; or-ing the comparisons, with no early exit, vectorizes.
-        let bits = |b: &[u8]| u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
-        let infinity = f32::INFINITY.to_bits();
-        if self.map[scales.clone()].chunks_exact(4).fold(false, |bad, b| bad | (bits(b) >= infinity)) {
-            return Err(invalid(format!("tensor `{scales_name}` holds a scale that is negative, infinite or NaN")));
-        }
+        self.check_scales(&scales_name, scales.clone())?;
         let scales = if self.map[scales.clone()].as_ptr().align_offset(std::mem::align_of::<f32>()) == 0 {
             self.map[scales].as_ptr().cast::<f32>()
         } else {
@@ -169,6 +246,23 @@ impl TensorFile {
             at.cast::<f32>()
         };
         Ok(Q8Tensor { values, len: rows * cols, scales, scales_len: blocks })
+    }
+}
+
+impl TensorFile {
+    /// Whether every scale of tensor `name` (at `range`) is finite and not negative.
+    fn check_scales(&self, name: &str, range: Range<usize>) -> Result<(), Error> {
+        // A scale is finite and not negative exactly when its bits, as an unsigned integer,
+        // lie below those of +∞; or-ing the comparisons, with no early exit, vectorizes.
+        let bits = |b: &[u8]| u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+        let infinity = f32::INFINITY.to_bits();
+        if self.map[range].chunks_exact(4).fold(false, |bad, b| bad | (bits(b) >= infinity)) {
+            return Err(Error::InvalidWeights {
+                path: self.path.clone(),
+                reason: format!("tensor `{name}` holds a scale that is negative, infinite or NaN"),
+            });
+        }
+        Ok(())
     }
 }
 

@@ -259,35 +259,42 @@ fn kernels_module(implementations: &[Implementation], shared_modules: &BTreeMap<
     out.push_str("}\n\n");
     // The weights of every matmul in the layout its kernel reads, as a generated crate loads
     // them: packed by the kernel's `pack`, or as they are.
-    for (interface, element) in [("matmul", "f32"), ("matmul_bf16", "u16"), ("matmul_bf16_bf16", "u16")] {
-        writeln!(
-            out,
-            "/// `[n, k]` row-major weights in the layout each `{interface}` implementation reads."
-        )
-        .unwrap();
+    // (interface, parameters, return type, `pack`'s arguments, the values `pack` returned, what
+    // else to check of them, the unpacked copy)
+    let layouts = [
+        ("matmul", "w: &[f32]", "Vec<f32>", "w", "packed", "", "w.to_vec()"),
+        ("matmul_bf16", "w: &[u16]", "Vec<u16>", "w", "packed", "", "w.to_vec()"),
+        ("matmul_bf16_bf16", "w: &[u16]", "Vec<u16>", "w", "packed", "", "w.to_vec()"),
+        (
+            "matmul_q8",
+            "w: &[i8], scales: &[f32]",
+            "(Vec<i8>, Vec<f32>)",
+            "w, scales",
+            "packed.0",
+            "assert_eq!(packed.1.len(), packed.0.len() / 32, \"`pack` returns a scale per 32 values\");",
+            "(w.to_vec(), scales.to_vec())",
+        ),
+    ];
+    for (interface, params, ret, args, values, check, copy) in layouts {
+        writeln!(out, "/// `[n, k]` weights in the layout each `{interface}` implementation reads.").unwrap();
         writeln!(out, "pub mod {interface}_weights {{").unwrap();
         for imp in implementations.iter().filter(|i| i.interface == interface) {
             if let Some(cfg) = imp.arch_cfg() {
                 writeln!(out, "    {cfg}").unwrap();
             }
-            out.push_str("    #[allow(non_snake_case)]\n");
+            out.push_str("    #[allow(non_snake_case, unused_variables)]\n");
+            let m = &imp.module;
             if imp.packs_weights {
                 // Every test of a packing kernel also checks that its `packed_len` (which a
                 // generated crate checks a saved model's packed matrices against) agrees.
                 let packed_len = imp.packed_len.as_deref().expect("a packing kernel names its `packed_len`");
                 writeln!(
                     out,
-                    "    pub fn {m}(w: &[{element}], n: usize, k: usize) -> Vec<{element}> {{\n        let packed = super::kernels::{m}::pack(w, n, k);\n        assert_eq!(packed.len(), super::kernels::shared::{packed_len}(n, k), \"{m}: `pack` and `{packed_len}` disagree at {{n}} x {{k}}\");\n        packed\n    }}",
-                    m = imp.module
+                    "    pub fn {m}({params}, n: usize, k: usize) -> {ret} {{\n        let packed = super::kernels::{m}::pack({args}, n, k);\n        assert_eq!({values}.len(), super::kernels::shared::{packed_len}(n, k), \"{m}: `pack` and `{packed_len}` disagree at {{n}} x {{k}}\");\n        {check}\n        packed\n    }}"
                 )
                 .unwrap();
             } else {
-                writeln!(
-                    out,
-                    "    pub fn {}(w: &[{element}], _n: usize, _k: usize) -> Vec<{element}> {{ w.to_vec() }}",
-                    imp.module
-                )
-                .unwrap();
+                writeln!(out, "    pub fn {m}({params}, n: usize, k: usize) -> {ret} {{ {copy} }}").unwrap();
             }
         }
         out.push_str("}\n");

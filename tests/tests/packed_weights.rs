@@ -19,17 +19,21 @@ use serde_json::Value;
 const AVX512: &str = r#""avx512f", "avx512cd", "avx512bw", "avx512dq", "avx512vl""#;
 
 /// Generates `workload` (a file of `workloads/`, renamed `name`, without its hardware class and
-/// with the AVX-512 features) from a scratch registry that prefers the packing kernel, builds
-/// it and returns its binary; `None` on a CPU without AVX-512F.
-fn packed_crate(scratch: &Path, workload: &str, name: &str) -> Option<PathBuf> {
-    if !std::arch::is_x86_feature_detected!("avx512f") {
-        eprintln!("skipped: this CPU has no AVX-512F");
+/// with the AVX-512 features, and VNNI for an int8 one) from a scratch registry that prefers
+/// the packing kernel `implementation` (`interface/name`), builds it and returns its binary;
+/// `None` on a CPU without those features.
+fn packed_crate(scratch: &Path, workload: &str, name: &str, implementation: &str) -> Option<PathBuf> {
+    let int8 = implementation.starts_with("matmul_q8/");
+    if !std::arch::is_x86_feature_detected!("avx512f")
+        || (int8 && !std::arch::is_x86_feature_detected!("avx512vnni"))
+    {
+        eprintln!("skipped: this CPU has no AVX-512F (or no AVX-512 VNNI for int8)");
         return None;
     }
     for dir in ["interfaces", "implementations", "templates"] {
         copy_dir(&workspace_root().join(dir), &scratch.join(dir));
     }
-    let manifest = scratch.join("implementations/matmul/avx512-packed-threads/manifest.toml");
+    let manifest = scratch.join("implementations").join(implementation).join("manifest.toml");
     let text = std::fs::read_to_string(&manifest).unwrap();
     let priority = text.lines().find(|l| l.starts_with("priority = ")).unwrap().to_string();
     std::fs::write(&manifest, text.replace(&priority, "priority = 1000")).unwrap();
@@ -43,7 +47,8 @@ fn packed_crate(scratch: &Path, workload: &str, name: &str) -> Option<PathBuf> {
         .collect::<Vec<_>>()
         .join("\n");
     if !text.contains("avx512f") {
-        text = text.replace(r#""movbe"]"#, &format!(r#""movbe", {AVX512}]"#));
+        let vnni = if int8 { r#", "avx512vnni""# } else { "" };
+        text = text.replace(r#""movbe"]"#, &format!(r#""movbe", {AVX512}{vnni}]"#));
     }
     let path = scratch.join("workload.toml");
     std::fs::write(&path, text).unwrap();
@@ -51,12 +56,36 @@ fn packed_crate(scratch: &Path, workload: &str, name: &str) -> Option<PathBuf> {
     let project = monogen::Project::load(scratch).unwrap();
     let out = scratch.join(name);
     let (plan, output) = project.generate_into(&path, Some(&out)).unwrap();
-    let chosen = &plan.interface("matmul").chosen;
-    assert!(chosen.packs_weights, "matmul/{} does not pack", chosen.name);
+    let (interface, kernel) = implementation.split_once('/').unwrap();
+    let chosen = &plan.interface(interface).chosen;
+    assert!(chosen.packs_weights && chosen.name == kernel, "{interface}/{} does not pack", chosen.name);
     monogen::write::write(&out, &output, false).unwrap();
     let source = std::fs::read_to_string(out.join("src/weights.rs")).unwrap();
-    assert!(source.contains(".packed("), "{source}");
+    let loader = if int8 { "q8_packed" } else { ".packed(" };
+    assert!(source.contains(loader), "{source}");
     Some(build_crate(&out, name))
+}
+
+/// Runs `binary --save-model saved` on `model` and returns the JSON header of the
+/// model.safetensors it writes.
+fn save_model(binary: &Path, model: &Path, saved: &Path) -> Value {
+    let out = Command::new(binary)
+        .args(["--model", model.to_str().unwrap(), "--save-model", saved.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let bytes = std::fs::read(saved.join("model.safetensors")).unwrap();
+    let header_len = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    serde_json::from_slice(&bytes[8..8 + header_len]).unwrap()
+}
+
+/// The JSON report of `binary` continuing `prompt` greedily by 32 tokens from model directory
+/// `dir`.
+fn greedy(binary: &Path, dir: &Path, prompt: &[u32]) -> Value {
+    let ids: Vec<String> = prompt.iter().map(u32::to_string).collect();
+    let args =
+        ["--model", dir.to_str().unwrap(), "--prompt-ids", &ids.join(","), "--max-tokens", "32", "--json"];
+    json(binary, &args)
 }
 
 fn json(binary: &Path, args: &[&str]) -> Value {
@@ -69,7 +98,12 @@ fn json(binary: &Path, args: &[&str]) -> Value {
 fn a_llama_crate_with_packed_weights_continues_as_the_reference() {
     let Some(model) = model_dir("stories260k") else { return };
     let scratch = tempfile::tempdir().unwrap();
-    let Some(binary) = packed_crate(scratch.path(), "stories260k-cpu-f32.toml", "stories260k-packed") else {
+    let Some(binary) = packed_crate(
+        scratch.path(),
+        "stories260k-cpu-f32.toml",
+        "stories260k-packed",
+        "matmul/avx512-packed-threads",
+    ) else {
         return;
     };
     let weights = std::fs::read_to_string(scratch.path().join("stories260k-packed/src/weights.rs")).unwrap();
@@ -77,14 +111,7 @@ fn a_llama_crate_with_packed_weights_continues_as_the_reference() {
     // The crate saves its matrices packed (with the layout's name), and continues the same from
     // the saved directory, which it maps instead of packing again.
     let saved = scratch.path().join("saved");
-    let out = Command::new(&binary)
-        .args(["--model", model.to_str().unwrap(), "--save-model", saved.to_str().unwrap()])
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let bytes = std::fs::read(saved.join("model.safetensors")).unwrap();
-    let header_len = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
-    let header: Value = serde_json::from_slice(&bytes[8..8 + header_len]).unwrap();
+    let header = save_model(&binary, &model, &saved);
     let packed: Vec<&String> =
         header.as_object().unwrap().keys().filter(|n| n.ends_with(".packed")).collect();
     // 5 layers of 7 matrices and the tied classifier.
@@ -95,21 +122,10 @@ fn a_llama_crate_with_packed_weights_continues_as_the_reference() {
 
     let reference = reference_json(&model);
     for case in reference["greedy"].as_array().unwrap() {
-        let prompt_ids: Vec<String> = ids(&case["prompt_ids"]).iter().map(u32::to_string).collect();
+        let prompt = ids(&case["prompt_ids"]);
         let want = ids(&case["new_ids"]);
         for dir in [&model, &saved] {
-            let out = json(
-                &binary,
-                &[
-                    "--model",
-                    dir.to_str().unwrap(),
-                    "--prompt-ids",
-                    &prompt_ids.join(","),
-                    "--max-tokens",
-                    "32",
-                    "--json",
-                ],
-            );
+            let out = greedy(&binary, dir, &prompt);
             assert_eq!(
                 ids(&out["generated_ids"]),
                 want[..want.len().min(32)],
@@ -122,11 +138,61 @@ fn a_llama_crate_with_packed_weights_continues_as_the_reference() {
 }
 
 #[test]
+fn an_int8_crate_with_packed_weights_generates_as_the_unpacked_one_and_from_its_saved_directory() {
+    let Some(model) = model_dir("stories260k") else { return };
+    let scratch = tempfile::tempdir().unwrap();
+    let kernel = "matmul_q8/avx512-vnni-packed-threads";
+    let Some(binary) =
+        packed_crate(scratch.path(), "stories260k-cpu-int8.toml", "stories260k-q8-packed", kernel)
+    else {
+        return;
+    };
+    // Saved with the matrices packed (values and scales), and the tied embedding's rows
+    // unpacked, which a step dequantizes.
+    let saved = scratch.path().join("saved");
+    let header = save_model(&binary, &model, &saved);
+    let dtypes = |suffix: &str| -> Vec<String> {
+        let names = header.as_object().unwrap().iter().filter(|(n, _)| n.ends_with(suffix));
+        names.map(|(_, t)| t["dtype"].as_str().unwrap().to_string()).collect()
+    };
+    // 5 layers of 7 matrices and the tied classifier.
+    assert_eq!(dtypes(".weight.packed"), vec!["I8"; 36]);
+    assert_eq!(dtypes(".weight_scale.packed"), vec!["F32"; 36]);
+    assert_eq!(header["model.embed_tokens.weight"]["dtype"], "I8");
+    assert!(dtypes("proj.weight").is_empty());
+
+    // The same greedy tokens as the committed int8 crate (the same quantization; only the
+    // order of the f32 additions differs), from the checkpoint and from the saved directory.
+    let unpacked = stories260k_cpu_int8::Model::load(&model).unwrap();
+    let reference = reference_json(&model);
+    for case in reference["greedy"].as_array().unwrap() {
+        let prompt = ids(&case["prompt_ids"]);
+        let params = stories260k_cpu_int8::GenerateParams { max_tokens: 32, ..Default::default() };
+        let mut want = Vec::new();
+        unpacked
+            .session()
+            .generate(&prompt, &params, |t| {
+                want.push(t);
+                true
+            })
+            .unwrap();
+        for dir in [&model, &saved] {
+            let out = greedy(&binary, dir, &prompt);
+            assert_eq!(ids(&out["generated_ids"]), want, "{}: {}", dir.display(), case["prompt"]);
+        }
+    }
+}
+
+#[test]
 fn a_bert_crate_with_packed_weights_embeds_as_the_reference() {
     let Some(model) = model_dir("all-minilm-l6-v2") else { return };
     let scratch = tempfile::tempdir().unwrap();
-    let Some(binary) = packed_crate(scratch.path(), "all-minilm-l6-v2-cpu-f32.toml", "all-minilm-packed")
-    else {
+    let Some(binary) = packed_crate(
+        scratch.path(),
+        "all-minilm-l6-v2-cpu-f32.toml",
+        "all-minilm-packed",
+        "matmul/avx512-packed-threads",
+    ) else {
         return;
     };
     let reference = reference_json(&model);

@@ -53,6 +53,10 @@ pub fn rust_files(
         let mut source = templates.runtime_with(file, &[("__crate", &krate), ("__matmul", matmul)])?;
         rust_source::remove_methods(&mut source, &["dequantize_row"]);
         rust_source::remove_methods(&mut source, matrices.unused_methods());
+        if matches!(matrices, Matrices::Q8Packed) {
+            // Every int8 matrix of an encoder is packed: none is read unpacked.
+            rust_source::remove_methods(&mut source, &["q8", "q8_many"]);
+        }
         files.push((format!("src/{file}"), rust_source::print(&source)));
     }
     files.extend(common::kernel_files(plan, registry)?);
@@ -520,6 +524,9 @@ fn weights_rs(plan: &Plan) -> TokenStream {
         }
         Matrices::Q8 => {
             ", except the linear layers' weights, quantized at load to blockwise int8 copies (q8_tensor.rs), and tensors it does not hold as F32 or misaligns (copied)."
+        }
+        Matrices::Q8Packed => {
+            ", except the linear layers' weights, quantized at load to blockwise int8 and packed into copies in the layout of the matmul kernel (q8_tensor.rs), and tensors it does not hold as F32 or misaligns (copied)."
         }
     };
     let module_doc = [

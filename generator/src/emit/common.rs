@@ -26,6 +26,9 @@ pub enum Matrices {
     Bf16Packed,
     /// Blockwise int8 values and scales (q8_tensor.rs); `matmul_q8`.
     Q8,
+    /// Blockwise int8 values and scales rewritten at load by the chosen `matmul_q8`'s `pack`
+    /// (q8_tensor.rs's `q8_packed_many`); `matmul_q8`.
+    Q8Packed,
 }
 
 impl Matrices {
@@ -33,6 +36,7 @@ impl Matrices {
         match plan.workload.weights.dtype {
             Dtype::Bf16 if crate::plan::matmul_packs_weights(&plan.interfaces) => Matrices::Bf16Packed,
             Dtype::Bf16 => Matrices::Bf16,
+            Dtype::Int8 if crate::plan::matmul_packs_weights(&plan.interfaces) => Matrices::Q8Packed,
             Dtype::Int8 => Matrices::Q8,
             Dtype::F32 | Dtype::F16 if crate::plan::matmul_packs_weights(&plan.interfaces) => {
                 Matrices::Packed
@@ -48,20 +52,21 @@ impl Matrices {
             Matrices::F32 => None,
             Matrices::Packed => Some("packed.rs"),
             Matrices::Bf16 | Matrices::Bf16Packed => Some("bf16_tensor.rs"),
-            Matrices::Q8 => Some("q8_tensor.rs"),
+            Matrices::Q8 | Matrices::Q8Packed => Some("q8_tensor.rs"),
         }
     }
 
     /// Whether the matrices are copies in the layout of the matmul kernel, rewritten at load by
     /// its `pack`.
     pub fn packed(self) -> bool {
-        matches!(self, Matrices::Packed | Matrices::Bf16Packed)
+        matches!(self, Matrices::Packed | Matrices::Bf16Packed | Matrices::Q8Packed)
     }
 
     /// That runtime file's methods that this crate never calls, which the emitter leaves out.
     pub fn unused_methods(self) -> &'static [&'static str] {
         match self {
             Matrices::Bf16 => &["bf16_packed"],
+            Matrices::Q8 => &["q8_packed_many", "q8_packed", "mapped_packed_q8", "on_cache_line"],
             _ => &[],
         }
     }
@@ -72,7 +77,7 @@ impl Matrices {
     /// `slice_f32` only packed f32 ones.
     pub fn unused_tensor_file_methods(self) -> &'static [&'static str] {
         match self {
-            Matrices::Bf16Packed => &["slice_f32"],
+            Matrices::Bf16Packed | Matrices::Q8Packed => &["slice_f32"],
             Matrices::Q8 => &["packed_entry", "save_packed", "slice_f32"],
             Matrices::Packed => &["pages_for"],
             Matrices::F32 | Matrices::Bf16 => &["pages_for", "packed_entry", "save_packed", "slice_f32"],
@@ -91,7 +96,7 @@ impl Matrices {
         });
         match self {
             Matrices::Bf16 | Matrices::Bf16Packed => (module, None),
-            Matrices::Q8 | Matrices::Packed => (None, module),
+            Matrices::Q8 | Matrices::Q8Packed | Matrices::Packed => (None, module),
             Matrices::F32 => (None, None),
         }
     }
@@ -117,6 +122,13 @@ impl Matrices {
             Matrices::Q8 => (
                 quote!(Q8Tensor),
                 format_ident!("q8"),
+                quote!(
+                    use crate::q8_tensor::Q8Tensor;
+                ),
+            ),
+            Matrices::Q8Packed => (
+                quote!(Q8Tensor),
+                format_ident!("q8_packed"),
                 quote!(
                     use crate::q8_tensor::Q8Tensor;
                 ),
@@ -151,7 +163,9 @@ impl Matrices {
             Matrices::F32 | Matrices::Packed | Matrices::Bf16 | Matrices::Bf16Packed => {
                 quote!(#matmul::<#n, #k>(#out, #x, &#w, #rows);)
             }
-            Matrices::Q8 => quote!(#matmul::<#n, #k>(#out, #x, #w.values(), #w.scales(), #rows);),
+            Matrices::Q8 | Matrices::Q8Packed => {
+                quote!(#matmul::<#n, #k>(#out, #x, #w.values(), #w.scales(), #rows);)
+            }
         }
     }
 }

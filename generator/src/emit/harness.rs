@@ -344,7 +344,14 @@ fn trait_impl(imp: &Implementation) -> TokenStream {
             }
             }
         }
-        "matmul_q8" => quote! {
+        "matmul_q8" => {
+            let packed = imp.packs_weights.then(|| {
+                quote! {
+                    // Packed by the kernel, as the crate packs them at load.
+                    let (values, scales) = kernels::#m::pack(&values, &scales, n, k);
+                }
+            });
+            quote! {
             impl harness::Matmul for #ty {
                 /// The values and the scale of each block of 32 of a row.
                 type Weights = (Vec<i8>, Vec<f32>);
@@ -359,6 +366,7 @@ fn trait_impl(imp: &Implementation) -> TokenStream {
                             values.extend(block.iter().map(|v| (v * inverse).round_ties_even() as i8));
                         }
                     }
+                    #packed
                     (values, scales)
                 }
                 #[inline]
@@ -371,7 +379,8 @@ fn trait_impl(imp: &Implementation) -> TokenStream {
                     kernels::#m::matmul_q8::<N, K>(out, x, &w.0, &w.1, rows)
                 }
             }
-        },
+            }
+        }
         "rmsnorm" => quote! {
             impl passes::Rmsnorm for #ty {
                 #[inline]

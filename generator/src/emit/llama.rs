@@ -220,7 +220,7 @@ fn model_rs(plan: &Plan) -> TokenStream {
                 }
             },
         ),
-        Matrices::Q8 => {
+        Matrices::Q8 | Matrices::Q8Packed => {
             (quote!(w.embed_tokens.dequantize_row(token, &mut x[row * DIM..(row + 1) * DIM]);), quote!())
         }
         Matrices::F32 | Matrices::Packed => (
@@ -661,7 +661,9 @@ fn weights_rs(plan: &Plan) -> TokenStream {
         let dtype = match matrices {
             Matrices::Bf16 | Matrices::Bf16Packed => format_ident!("BF16"),
             Matrices::F32 | Matrices::Packed => format_ident!("F32"),
-            Matrices::Q8 => unreachable!("int8 matrices are never resident (resolve::resolve)"),
+            Matrices::Q8 | Matrices::Q8Packed => {
+                unreachable!("int8 matrices are never resident (resolve::resolve)")
+            }
         };
         quote!(.resident(safetensors::Dtype::#dtype)?)
     });
@@ -671,6 +673,7 @@ fn weights_rs(plan: &Plan) -> TokenStream {
     let (embed_matrix, load_embed) = match matrices {
         Matrices::Packed => (quote!(Tensor), format_ident!("f32")),
         Matrices::Bf16Packed => (matrix.clone(), format_ident!("bf16")),
+        Matrices::Q8Packed => (matrix.clone(), format_ident!("q8")),
         _ => (matrix.clone(), load_matrix.clone()),
     };
     let name = &plan.workload.name;
@@ -685,6 +688,9 @@ fn weights_rs(plan: &Plan) -> TokenStream {
         }
         Matrices::Q8 => {
             " except the matrices, quantized at load to blockwise int8 copies (q8_tensor.rs), and norms or biases the file does not hold as F32 (widened to f32 copies)."
+        }
+        Matrices::Q8Packed => {
+            " except the matrices, quantized at load to blockwise int8 and packed into copies in the layout of the matmul kernel (q8_tensor.rs), the embedding rows (quantized to int8 copies), and norms or biases the file does not hold as F32 (widened to f32 copies)."
         }
         Matrices::F32 => {
             " except a tensor the file misaligns or holds as BF16 or F16, which is copied (widened to f32)."
@@ -763,7 +769,8 @@ fn weights_rs(plan: &Plan) -> TokenStream {
     });
     // An int8 crate quantizes a layer's matrices together (`TensorFile::q8_many`: one start of
     // the other threads for all seven); every other tensor loads where its field is set.
-    let together = matches!(matrices, Matrices::Q8);
+    let together = matches!(matrices, Matrices::Q8 | Matrices::Q8Packed);
+    let many = format_ident!("{load_matrix}_many");
     let loads = tensors.iter().map(|t| {
         let field = format_ident!("{}", t.field);
         let hf = t.hf;
@@ -792,7 +799,7 @@ fn weights_rs(plan: &Plan) -> TokenStream {
                 Some((field, quote!((&format!(#tensor_name), [#rows, #cols]))))
             })
             .unzip();
-        quote! { let [#(#fields),*] = file.q8_many([#(#entries),*])?; }
+        quote! { let [#(#fields),*] = file.#many([#(#entries),*])?; }
     });
 
     let (bias_fields, bias_loads) = if c.qkv_bias {

@@ -62,6 +62,16 @@ fn main() {
             })
         })
         .collect();
+    // The packed int8 blocks, on cache lines as the crates' loader places them.
+    let packed_q8: Vec<[PackedQ8; 7]> = int8[..packed_layers]
+        .iter()
+        .map(|l| {
+            std::array::from_fn(|i| {
+                let (n, k) = SHAPES[i];
+                PackedQ8::new(kernels::matmul_q8__avx512_vnni_packed_threads::pack(&l[i].0, &l[i].1, n, k))
+            })
+        })
+        .collect();
     let params: usize = SHAPES.iter().map(|(n, k)| n * k).sum::<usize>() * layers;
     let q8_bytes = params + params / 32 * 4;
     // Each implementation: its name, the bytes its weights hold, and one pass over every
@@ -75,6 +85,7 @@ fn main() {
         ("bf16 (matmul_bf16/avx512-repack-threads)", params * 2, over(&bf16, bf16_repack)),
         ("int8 (matmul_q8/avx512-vnni-threads)", q8_bytes, over(&int8, q8_product)),
         ("int8 (matmul_q8/avx512-vnni-repack-threads)", q8_bytes, over(&int8, q8_repack)),
+        ("int8 (matmul_q8/avx512-vnni-packed-threads)", q8_bytes, over(&packed_q8, q8_packed)),
         ("int8 (matmul_q8/avx512-vnni, 1 thread)", q8_bytes, over(&int8, q8_one)),
         // The same tiles as the threaded f32 and bf16 products, on one thread: with the quick
         // run's one layer, from L3, they show whether memory or the instructions set the pace.
@@ -194,6 +205,41 @@ impl Tiles {
         // SAFETY: the lines hold at least `len` values, and a `Line` is 32 `u16` and nothing
         // else.
         unsafe { std::slice::from_raw_parts(self.lines.as_ptr().cast(), self.len) }
+    }
+}
+
+/// Packed int8 values starting on a cache line, as a crate's loader places them, and their
+/// scales.
+struct PackedQ8 {
+    lines: Vec<Bytes>,
+    len: usize,
+    scales: Vec<f32>,
+}
+
+#[derive(Clone, Copy)]
+#[repr(align(64))]
+struct Bytes([i8; 64]);
+
+impl PackedQ8 {
+    fn new((values, scales): (Vec<i8>, Vec<f32>)) -> PackedQ8 {
+        let mut lines = vec![Bytes([0; 64]); values.len().div_ceil(64)];
+        for (line, values) in lines.iter_mut().zip(values.chunks(64)) {
+            line.0[..values.len()].copy_from_slice(values);
+        }
+        PackedQ8 { lines, len: values.len(), scales }
+    }
+}
+
+fn q8_packed(n: usize, k: usize, out: &mut [f32], x: &[f32], w: &PackedQ8, rows: usize) {
+    // SAFETY: the lines hold at least `len` values, and a `Bytes` is 64 `i8` and nothing else.
+    let values = unsafe { std::slice::from_raw_parts(w.lines.as_ptr().cast::<i8>(), w.len) };
+    let (out, x, values, scales) = (black_box(out), black_box(x), black_box(values), black_box(&w.scales));
+    use kernels::matmul_q8__avx512_vnni_packed_threads::matmul_q8;
+    match (n, k) {
+        (DIM, DIM) => matmul_q8::<DIM, DIM>(out, x, values, scales, rows),
+        (HIDDEN, DIM) => matmul_q8::<HIDDEN, DIM>(out, x, values, scales, rows),
+        (DIM, HIDDEN) => matmul_q8::<DIM, HIDDEN>(out, x, values, scales, rows),
+        _ => unreachable!(),
     }
 }
 

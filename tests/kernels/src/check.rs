@@ -255,10 +255,12 @@ fn quantize_q8(x: &[f32]) -> (Vec<i8>, Vec<f32>) {
 /// Checks an int8 matmul at one shape against the reference, against an f64 evaluation of
 /// the interface's formula (activations quantized in f32 as the interface says, the sums in
 /// f64), and against the unquantized product of the dequantized weights within the error that
-/// quantizing the activations allows, for several row counts. Some activation blocks are all
-/// zeros, and the weights span −127..=127.
+/// quantizing the activations allows, for several row counts, with the weights in the layout the
+/// candidate reads (`layout`: its `pack`, or a copy). Some activation blocks are all zeros, and
+/// the weights span −127..=127.
 pub fn matmul_q8<const N: usize, const K: usize>(
     candidate: impl Fn(&mut [f32], &[f32], &[i8], &[f32], usize),
+    layout: impl Fn(&[i8], &[f32]) -> (Vec<i8>, Vec<f32>),
     reference: impl Fn(&mut [f32], &[f32], &[i8], &[f32], usize),
 ) {
     let mut rng = Rng::for_shape(&[N, K, 8]);
@@ -266,6 +268,7 @@ pub fn matmul_q8<const N: usize, const K: usize>(
     let blocks = K.div_ceil(32);
     let w: Vec<i8> = rng.vec(N * K, 1.0).iter().map(|v| (v * 127.0).round() as i8).collect();
     let scales: Vec<f32> = rng.vec(N * blocks, 1.0).iter().map(|v| 0.01 + v.abs() * 0.02).collect();
+    let (laid_out, laid_out_scales) = layout(&w, &scales);
     for rows in [1, 2, 5, 7, 32, 100] {
         let mut x = rng.vec(rows * K, 1.0);
         if K > 32 {
@@ -273,7 +276,7 @@ pub fn matmul_q8<const N: usize, const K: usize>(
             x[..32].fill(0.0);
         }
         let what = format!("matmul_q8 N={N} K={K} rows={rows}");
-        let got = output_of(rows * N, |out| candidate(out, &x, &w, &scales, rows));
+        let got = output_of(rows * N, |out| candidate(out, &x, &laid_out, &laid_out_scales, rows));
         let want = output_of(rows * N, |out| reference(out, &x, &w, &scales, rows));
         assert_close(&format!("{what}, against the reference"), &got, &want, tolerance);
         let quantized: Vec<(Vec<i8>, Vec<f32>)> = x.chunks(K).map(quantize_q8).collect();
@@ -302,7 +305,7 @@ pub fn matmul_q8<const N: usize, const K: usize>(
             );
         }
     }
-    candidate(&mut [], &[], &w, &scales, 0);
+    candidate(&mut [], &[], &laid_out, &laid_out_scales, 0);
 }
 
 #[macro_export]
@@ -316,6 +319,7 @@ macro_rules! conform_matmul_q8 {
         $(
             $crate::check::matmul_q8::<$n, $k>(
                 $crate::kernels::$candidate::matmul_q8::<$n, $k>,
+                |w, scales| $crate::matmul_q8_weights::$candidate(w, scales, $n, $k),
                 $crate::kernels::$reference::matmul_q8::<$n, $k>,
             );
         )*
