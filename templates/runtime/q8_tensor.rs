@@ -110,10 +110,20 @@ impl TensorFile {
             }
             return Ok(read.try_into().unwrap_or_else(|_| unreachable!("one matrix read per name")));
         }
-        let unpacked = self.read_q8_many(matrices)?;
+        // Quantized into pages of their own, which are unmapped once the matrices are packed:
+        // only the packed copies stay.
+        let kept = std::mem::take(&mut self.pages);
+        let unpacked = self.read_q8_many(matrices);
+        let quantized = std::mem::replace(&mut self.pages, kept);
+        let unpacked = unpacked?;
+        let packed: [(Vec<i8>, Vec<f32>); M] = std::array::from_fn(|i| {
+            let [rows, cols] = matrices[i].1;
+            crate::kernels::__matmul::pack(unpacked[i].values(), unpacked[i].scales(), rows, cols)
+        });
+        // The quantized matrices point into these pages: both go together.
+        drop((unpacked, quantized));
         let mut read = Vec::with_capacity(M);
-        for ((matrix, &(name, [rows, cols])), &len) in unpacked.iter().zip(&matrices).zip(&lens) {
-            let (values, scales) = crate::kernels::__matmul::pack(matrix.values(), matrix.scales(), rows, cols);
+        for (((values, scales), &(name, _)), &len) in packed.iter().zip(&matrices).zip(&lens) {
             assert!(values.len() == len && scales.len() == len / BLOCK, "`packed_len` and `pack` disagree");
             self.save_packed(name, Dtype::I8, len, || values.iter().map(|&v| v as u8).collect());
             self.save_packed(&scale_name(name), Dtype::F32, len / BLOCK, || {

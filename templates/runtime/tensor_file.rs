@@ -36,7 +36,7 @@ pub struct TensorFile {
     /// Anonymous memory asked for in huge pages, each with the bytes handed out of it so far:
     /// the packed matrices of a crate whose matmul packs bfloat16 weights (bf16_tensor.rs), the
     /// quantized matrices of an int8 crate (q8_tensor.rs).
-    pages: Vec<(MmapMut, usize)>,
+    pub(crate) pages: Vec<(MmapMut, usize)>,
     /// When the weights are being saved ([`TensorFile::saving`]): each tensor handed out so far,
     /// as the model holds it.
     saved: Option<Vec<Saved>>,
