@@ -181,6 +181,26 @@ fn an_int8_crate_with_packed_weights_generates_as_the_unpacked_one_and_from_its_
             assert_eq!(ids(&out["generated_ids"]), want, "{}: {}", dir.display(), case["prompt"]);
         }
     }
+
+    // A saved packed scale that is NaN is an error naming the tensor (exit code 3).
+    let scales = "model.layers.1.self_attn.k_proj.weight_scale.packed";
+    let damaged = scratch.path().join("damaged");
+    std::fs::create_dir(&damaged).unwrap();
+    for file in ["config.json", "tokenizer.json"] {
+        std::fs::copy(saved.join(file), damaged.join(file)).unwrap();
+    }
+    let mut bytes = std::fs::read(saved.join("model.safetensors")).unwrap();
+    let data = 8 + u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let at = data + header[scales]["data_offsets"][0].as_u64().unwrap() as usize;
+    bytes[at..at + 4].copy_from_slice(&f32::NAN.to_le_bytes());
+    std::fs::write(damaged.join("model.safetensors"), bytes).unwrap();
+    let out = Command::new(&binary)
+        .args(["--model", damaged.to_str().unwrap(), "--prompt-ids", "1,2", "--max-tokens", "1"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(3), "{stderr}");
+    assert!(stderr.contains(scales) && stderr.contains("NaN"), "{stderr}");
 }
 
 #[test]
