@@ -72,17 +72,7 @@ impl TensorFile {
         };
         let len = crate::kernels::packed_len(*rows, *cols);
         if let Some(range) = self.packed_entry(name, Dtype::BF16, "BF16", len)? {
-            let bytes = &self.map[range.clone()];
-            // On a cache line, as a saved model places its packed matrices (AMX tile loads ran
-            // about 6 times as long from 16 bytes off one); else copied into the huge pages.
-            if bytes.as_ptr().align_offset(64) == 0 {
-                return Ok(Bf16Tensor { ptr: bytes.as_ptr().cast(), len, _copy: None });
-            }
-            let at = self.pages_for(bytes.len())?;
-            // SAFETY: `pages_for` handed out room for the range's bytes, aligned, that nothing
-            // else points to; the range lies in the mapping.
-            unsafe { std::ptr::copy_nonoverlapping(self.map[range].as_ptr(), at, len * 2) };
-            return Ok(Bf16Tensor { ptr: at.cast(), len, _copy: None });
+            return Ok(Bf16Tensor { ptr: self.on_cache_line(range)?.cast(), len, _copy: None });
         }
         let matrix = self.read_bf16(name, shape)?;
         let packed = crate::kernels::__matmul::pack(&matrix, *rows, *cols);

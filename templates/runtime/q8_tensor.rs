@@ -166,19 +166,6 @@ impl TensorFile {
         Ok(Q8Tensor { values, len, scales, scales_len: len / BLOCK })
     }
 
-    /// The bytes of `range` (in `map`) where they start on a cache line, else a copy in huge
-    /// pages.
-    fn on_cache_line(&mut self, range: Range<usize>) -> Result<*const u8, Error> {
-        if self.map[range.clone()].as_ptr().align_offset(64) == 0 {
-            return Ok(self.map[range].as_ptr());
-        }
-        let at = self.pages_for(range.len())?;
-        // SAFETY: `pages_for` handed out room for the range's bytes, aligned, that nothing else
-        // points to; the mapping does not overlap it.
-        unsafe { std::ptr::copy_nonoverlapping(self.map[range.clone()].as_ptr(), at, range.len()) };
-        Ok(at)
-    }
-
     /// [`TensorFile::q8_many`], without keeping copies when saving.
     fn read_q8_many<const M: usize>(&mut self, matrices: [(&str, [usize; 2]); M]) -> Result<[Q8Tensor; M], Error> {
         let dtypes = [Dtype::F32, Dtype::BF16, Dtype::F16, Dtype::I8];
@@ -227,6 +214,21 @@ impl TensorFile {
         Ok(read.try_into().unwrap_or_else(|_| unreachable!("one matrix read per name")))
     }
 
+    /// Whether every scale of tensor `name` (at `range`) is finite and not negative.
+    fn check_scales(&self, name: &str, range: Range<usize>) -> Result<(), Error> {
+        // A scale is finite and not negative exactly when its bits, as an unsigned integer,
+        // lie below those of +∞; or-ing the comparisons, with no early exit, vectorizes.
+        let bits = |b: &[u8]| u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+        let infinity = f32::INFINITY.to_bits();
+        if self.map[range].chunks_exact(4).fold(false, |bad, b| bad | (bits(b) >= infinity)) {
+            return Err(Error::InvalidWeights {
+                path: self.path.clone(),
+                reason: format!("tensor `{name}` holds a scale that is negative, infinite or NaN"),
+            });
+        }
+        Ok(())
+    }
+
     /// The I8 matrix `name` (at `range`, `[rows, cols]`) and its scales, slices of the mapping
     /// once they are known to be valid: no value -128 (the AVX-512 decode tile negates weights
     /// to carry the activations' signs, and -128 has no negation), every scale finite and not
@@ -256,23 +258,6 @@ impl TensorFile {
             at.cast::<f32>()
         };
         Ok(Q8Tensor { values, len: rows * cols, scales, scales_len: blocks })
-    }
-}
-
-impl TensorFile {
-    /// Whether every scale of tensor `name` (at `range`) is finite and not negative.
-    fn check_scales(&self, name: &str, range: Range<usize>) -> Result<(), Error> {
-        // A scale is finite and not negative exactly when its bits, as an unsigned integer,
-        // lie below those of +∞; or-ing the comparisons, with no early exit, vectorizes.
-        let bits = |b: &[u8]| u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
-        let infinity = f32::INFINITY.to_bits();
-        if self.map[range].chunks_exact(4).fold(false, |bad, b| bad | (bits(b) >= infinity)) {
-            return Err(Error::InvalidWeights {
-                path: self.path.clone(),
-                reason: format!("tensor `{name}` holds a scale that is negative, infinite or NaN"),
-            });
-        }
-        Ok(())
     }
 }
 

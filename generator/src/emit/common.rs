@@ -66,7 +66,7 @@ impl Matrices {
     pub fn unused_methods(self) -> &'static [&'static str] {
         match self {
             Matrices::Bf16 => &["bf16_packed"],
-            Matrices::Q8 => &["q8_packed_many", "q8_packed", "mapped_packed_q8", "on_cache_line"],
+            Matrices::Q8 => &["q8_packed_many", "q8_packed", "mapped_packed_q8"],
             _ => &[],
         }
     }
@@ -74,13 +74,15 @@ impl Matrices {
     /// The methods of tensor_file.rs that this crate never calls: `pages_for` (huge pages for
     /// copies of the matrices) serves only packed bfloat16 copies and int8 matrices,
     /// `packed_entry` and `save_packed` (a saved model's packed matrices) only packed matrices,
-    /// `slice_f32` only packed f32 ones.
+    /// `on_cache_line` only those in huge pages (bf16 and int8), `slice_f32` only packed f32 ones.
     pub fn unused_tensor_file_methods(self) -> &'static [&'static str] {
         match self {
             Matrices::Bf16Packed | Matrices::Q8Packed => &["slice_f32"],
-            Matrices::Q8 => &["packed_entry", "save_packed", "slice_f32"],
-            Matrices::Packed => &["pages_for"],
-            Matrices::F32 | Matrices::Bf16 => &["pages_for", "packed_entry", "save_packed", "slice_f32"],
+            Matrices::Q8 => &["packed_entry", "save_packed", "slice_f32", "on_cache_line"],
+            Matrices::Packed => &["pages_for", "on_cache_line"],
+            Matrices::F32 | Matrices::Bf16 => {
+                &["pages_for", "packed_entry", "save_packed", "slice_f32", "on_cache_line"]
+            }
         }
     }
 
