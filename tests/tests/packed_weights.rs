@@ -4,7 +4,9 @@
 //! copy of the registry in which the packing kernel has the highest priority, builds it, and
 //! runs its binary: stories260k (LLaMA; its classifier is tied to the embedding rows, which stay
 //! unpacked, and its 64-wide matrices end in a partial block; it also saves them packed and
-//! runs from the saved directory) and all-MiniLM-L6-v2 (BERT).
+//! runs from the saved directory) and all-MiniLM-L6-v2 (BERT). The int8 and bf16 packing
+//! kernels (`matmul_q8/avx512-vnni-packed-threads`, `matmul_bf16/avx512-packed-threads`) are
+//! checked the same way, against the committed crates that read their weights unpacked.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -61,7 +63,13 @@ fn packed_crate(scratch: &Path, workload: &str, name: &str, implementation: &str
     assert!(chosen.packs_weights && chosen.name == kernel, "{interface}/{} does not pack", chosen.name);
     monogen::write::write(&out, &output, false).unwrap();
     let source = std::fs::read_to_string(out.join("src/weights.rs")).unwrap();
-    let loader = if int8 { "q8_packed" } else { ".packed(" };
+    let loader = if int8 {
+        "q8_packed"
+    } else if implementation.starts_with("matmul_bf16/") {
+        "bf16_packed("
+    } else {
+        ".packed("
+    };
     assert!(source.contains(loader), "{source}");
     Some(build_crate(&out, name))
 }
@@ -201,6 +209,54 @@ fn an_int8_crate_with_packed_weights_generates_as_the_unpacked_one_and_from_its_
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(3), "{stderr}");
     assert!(stderr.contains(scales) && stderr.contains("NaN"), "{stderr}");
+}
+
+#[test]
+fn a_bf16_crate_with_packed_weights_generates_as_the_unpacked_one_and_from_its_saved_directory() {
+    let Some(model) = model_dir("stories260k") else { return };
+    let scratch = tempfile::tempdir().unwrap();
+    let kernel = "matmul_bf16/avx512-packed-threads";
+    let Some(binary) =
+        packed_crate(scratch.path(), "stories260k-cpu-bf16.toml", "stories260k-bf16-packed", kernel)
+    else {
+        return;
+    };
+    // Saved with the matrices packed (blocks of 64 weight rows, each stored column by column:
+    // the 192-row projections are 3 blocks, the 64-row ones 1), and the tied embedding's rows
+    // unpacked.
+    let saved = scratch.path().join("saved");
+    let header = save_model(&binary, &model, &saved);
+    let packed: Vec<&String> =
+        header.as_object().unwrap().keys().filter(|n| n.ends_with(".packed")).collect();
+    // 5 layers of 7 matrices and the tied classifier.
+    assert_eq!(packed.len(), 36, "{packed:?}");
+    assert!(packed.iter().all(|n| header[n.as_str()]["dtype"] == "BF16"));
+    assert_eq!(header["model.layers.0.mlp.up_proj.weight.packed"]["shape"], serde_json::json!([192 * 64]));
+    assert_eq!(header["model.embed_tokens.weight"]["dtype"], "BF16");
+    let layout = &header["monogen.packed_layout"];
+    assert_eq!(layout["dtype"], "U8");
+
+    // The same greedy tokens as the committed bf16 crate (the same bf16 weights times the same
+    // f32 activations; only the order of the f32 additions differs), from the checkpoint and
+    // from the saved directory.
+    let unpacked = stories260k_cpu_bf16::Model::load(&model).unwrap();
+    let reference = reference_json(&model);
+    for case in reference["greedy"].as_array().unwrap() {
+        let prompt = ids(&case["prompt_ids"]);
+        let params = stories260k_cpu_bf16::GenerateParams { max_tokens: 32, ..Default::default() };
+        let mut want = Vec::new();
+        unpacked
+            .session()
+            .generate(&prompt, &params, |t| {
+                want.push(t);
+                true
+            })
+            .unwrap();
+        for dir in [&model, &saved] {
+            let out = greedy(&binary, dir, &prompt);
+            assert_eq!(ids(&out["generated_ids"]), want, "{}: {}", dir.display(), case["prompt"]);
+        }
+    }
 }
 
 #[test]

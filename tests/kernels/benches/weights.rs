@@ -48,6 +48,18 @@ fn main() {
         })
         .collect();
     let f32 = f32_layers;
+    let packed_bf16: Vec<[Tiles; 7]> = bf16[..packed_layers]
+        .iter()
+        .map(|l| {
+            std::array::from_fn(|i| {
+                Tiles::new(&kernels::matmul_bf16__avx512_packed_threads::pack(
+                    &l[i],
+                    SHAPES[i].0,
+                    SHAPES[i].1,
+                ))
+            })
+        })
+        .collect();
     // The AMX tiles and the AVX512_BF16 dot products only where this CPU has them (and the
     // kernel grants the tiles), on weights packed by `pack`: the same layout for every
     // implementation over shared/amx_bf16.rs, copied onto whole cache lines as the crates'
@@ -83,6 +95,7 @@ fn main() {
         ("f32 (matmul/avx512-repack-threads)", params * 4, over(&f32, f32_repack)),
         ("bf16 (matmul_bf16/avx512-threads)", params * 2, over(&bf16, bf16_product)),
         ("bf16 (matmul_bf16/avx512-repack-threads)", params * 2, over(&bf16, bf16_repack)),
+        ("bf16 (matmul_bf16/avx512-packed-threads)", params * 2, over(&packed_bf16, bf16_packed)),
         ("int8 (matmul_q8/avx512-vnni-threads)", q8_bytes, over(&int8, q8_product)),
         ("int8 (matmul_q8/avx512-vnni-repack-threads)", q8_bytes, over(&int8, q8_repack)),
         ("int8 (matmul_q8/avx512-vnni-packed-threads)", q8_bytes, over(&packed_q8, q8_packed)),
@@ -111,19 +124,19 @@ fn main() {
     }
     let rounded = "bf16, x rounded (matmul_bf16_bf16/avx512-threads)";
     if avx512 {
-        runs.insert(6, (rounded, params * 2, over(&tiles, rounded_fma)));
+        runs.insert(7, (rounded, params * 2, over(&tiles, rounded_fma)));
     }
     if dot {
         let name = "bf16, x rounded (matmul_bf16_bf16/avx512bf16-threads)";
-        runs.insert(7, (name, params * 2, over(&tiles, rounded_dot)));
+        runs.insert(8, (name, params * 2, over(&tiles, rounded_dot)));
     } else {
         println!("(no AVX512_BF16 on this CPU: matmul_bf16_bf16/avx512bf16-threads not measured)");
     }
     if amx {
-        runs.insert(6, ("bf16 (matmul_bf16/amx-threads)", params * 2, over(&tiles, bf16_amx)));
+        runs.insert(7, ("bf16 (matmul_bf16/amx-threads)", params * 2, over(&tiles, bf16_amx)));
         if dot {
             let name = "bf16, x rounded (matmul_bf16_bf16/amx-threads)";
-            runs.insert(9, (name, params * 2, over(&tiles, rounded_amx)));
+            runs.insert(10, (name, params * 2, over(&tiles, rounded_amx)));
         }
     } else {
         println!("(no AMX-BF16 on this CPU: the amx-threads implementations not measured)");
@@ -286,6 +299,7 @@ dispatch!(f32_packed, matmul__avx512_packed_threads, matmul, Vec<f32>);
 dispatch!(f32_repack, matmul__avx512_repack_threads, matmul, Vec<f32>);
 dispatch!(bf16_product, matmul_bf16__avx512_threads, matmul_bf16, Vec<u16>);
 dispatch!(bf16_repack, matmul_bf16__avx512_repack_threads, matmul_bf16, Vec<u16>);
+dispatch!(bf16_packed, matmul_bf16__avx512_packed_threads, matmul_bf16, Tiles);
 dispatch!(bf16_amx, matmul_bf16__amx_threads, matmul_bf16, Tiles);
 dispatch!(rounded_fma, matmul_bf16_bf16__avx512_threads, matmul_bf16_bf16, Tiles);
 dispatch!(rounded_dot, matmul_bf16_bf16__avx512bf16_threads, matmul_bf16_bf16, Tiles);
