@@ -2,6 +2,7 @@
 
 mod common;
 
+use std::path::Path;
 use std::process::Command;
 
 use common::*;
@@ -355,41 +356,61 @@ fn stale_files_of_an_older_generation_are_removed() {
 #[test]
 fn only_weights_beyond_every_cache_are_copied_into_memory_at_load() {
     let root = workspace_root();
-    let resident = |workload: &str| {
-        let out = monogen(&root, &["explain", &format!("workloads/{workload}.toml"), "--json"]);
+    let resident = |workload: &Path| {
+        let out = monogen(&root, &["explain", workload.to_str().unwrap(), "--json"]);
         assert!(out.status.success(), "{}", stderr(&out));
         let plan: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
         plan["consts"]["resident_weights"]
             .as_bool()
             .unwrap_or_else(|| panic!("no resident_weights in {plan}"))
     };
+    let committed = |name: &str| root.join("workloads").join(format!("{name}.toml"));
     // TinyLlama's 4.4 GB are copied; stories110M's 438 MB and stories260k's 1 MB are mapped.
-    assert!(resident("tinyllama-bench-cpu-f32"));
-    assert!(resident("tinyllama-bench-cpu-bf16"));
-    assert!(!resident("stories110m-bench-cpu-f32"));
-    assert!(!resident("stories260k-cpu-f32"));
-    // TinyLlama's int8 matrices (1.24 GB) are quantized copies in memory already, or mapped
-    // from a file saved with `--save-model`, which decodes as fast: no copy.
-    assert!(!resident("tinyllama-bench-cpu-int8"));
+    assert!(resident(&committed("tinyllama-bench-cpu-f32")));
+    assert!(!resident(&committed("stories110m-bench-cpu-f32")));
+    assert!(!resident(&committed("stories260k-cpu-f32")));
+    // A crate whose matmul packs its weights holds them in copies already, or maps a file saved
+    // with `--save-model`, which decodes as fast: no copy. TinyLlama's int8 matrices (1.24 GB)
+    // are quantized and packed at load, its bf16 ones (2.2 GB) packed.
+    assert!(!resident(&committed("tinyllama-bench-cpu-int8")));
+    assert!(!resident(&committed("tinyllama-bench-cpu-bf16")));
+    // Without AVX-512 its bf16 matmul (`avx2-fma-threads`) reads the file as it is: copied.
+    let scratch = tempfile::tempdir().unwrap();
+    let text = std::fs::read_to_string(committed("tinyllama-bench-cpu-bf16")).unwrap();
+    let avx512 = r#", "avx512f", "avx512cd", "avx512bw", "avx512dq", "avx512vl"]"#;
+    assert!(text.contains(avx512), "{text}");
+    let avx2 = scratch.path().join("tinyllama-bench-cpu-bf16-avx2.toml");
+    std::fs::write(
+        &avx2,
+        text.replace(avx512, "]")
+            .replace("name = \"tinyllama-bench-cpu-bf16\"", "name = \"tinyllama-bench-cpu-bf16-avx2\""),
+    )
+    .unwrap();
+    assert!(resident(&avx2));
+    let bf16 = scratch.path().join("bf16");
+    let out = monogen(&root, &["build", avx2.to_str().unwrap(), "--out", bf16.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", stderr(&out));
     // The copy is of a file that holds the matrices in the crate's dtype.
     let weights =
         std::fs::read_to_string(root.join("generated/tinyllama-bench-cpu-f32/src/weights.rs")).unwrap();
     assert!(weights.contains("TensorFile::open(path)?.resident(safetensors::Dtype::F32)?"), "{weights}");
-    let weights =
-        std::fs::read_to_string(root.join("generated/tinyllama-bench-cpu-bf16/src/weights.rs")).unwrap();
+    let weights = std::fs::read_to_string(bf16.join("src/weights.rs")).unwrap();
     assert!(weights.contains("TensorFile::open(path)?.resident(safetensors::Dtype::BF16)?"), "{weights}");
     let weights = std::fs::read_to_string(root.join("generated/stories260k-cpu-f32/src/weights.rs")).unwrap();
     assert!(!weights.contains("resident"), "{weights}");
     // ... and only where the kernel maps the file mostly in small pages, which the crate reads
     // from /proc/self/smaps with runtime/huge_pages.rs, a module only these crates carry.
-    for (krate, carries) in [("tinyllama-bench-cpu-bf16", true), ("stories260k-cpu-f32", false)] {
-        let src = root.join("generated").join(krate).join("src");
-        assert_eq!(src.join("huge_pages.rs").exists(), carries, "{krate}");
+    for (src, carries) in [
+        (bf16.join("src"), true),
+        (root.join("generated/tinyllama-bench-cpu-f32/src"), true),
+        (root.join("generated/stories260k-cpu-f32/src"), false),
+        (root.join("generated/tinyllama-bench-cpu-bf16/src"), false),
+    ] {
+        assert_eq!(src.join("huge_pages.rs").exists(), carries, "{}", src.display());
         let lib = std::fs::read_to_string(src.join("lib.rs")).unwrap();
-        assert_eq!(lib.contains("mod huge_pages;"), carries, "{krate}");
+        assert_eq!(lib.contains("mod huge_pages;"), carries, "{}", src.display());
     }
-    let resident =
-        std::fs::read_to_string(root.join("generated/tinyllama-bench-cpu-bf16/src/resident.rs")).unwrap();
+    let resident = std::fs::read_to_string(bf16.join("src/resident.rs")).unwrap();
     assert!(resident.contains("huge_pages::share(&self.map)"), "{resident}");
 }
 
