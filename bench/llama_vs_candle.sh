@@ -87,6 +87,7 @@ for shape in "${shapes[@]}"; do
     # ahead of time: ours reads the model directory it writes with `--save-model`, whose matrices
     # are int8 already (both crates quantize alike; the thread count only splits the work).
     q8=()
+    q8_t1=()
     if [ "$dtype" = int8 ]; then
         "$work/target/release/$two" --model "$model" --save-model "$model-saved"
         sync
@@ -94,7 +95,7 @@ for shape in "${shapes[@]}"; do
         q8=(q8 "$model-saved")
     elif grep -q PACKED_LAYOUT "${crates[0]}/src/kernels/mod.rs"; then
         # A crate whose matmul packs its matrices reads them packed from the directory it
-        # writes with `--save-model` (the 1-thread crate packs alike), rather than packing
+        # writes with `--save-model` (and so does the 1-thread crate, below), rather than packing
         # them at every start: at stories110M in bf16-bf16act that took 104 of 161 ms to the
         # first token (bench/RESULTS.md).
         "$work/target/release/$two" --model "$model" --save-model "$model-packed"
@@ -102,7 +103,14 @@ for shape in "${shapes[@]}"; do
         evict "$model-packed/model.safetensors"
         q8=(saved "$model-packed")
     fi
-    "$harness" compare "$work/target/release/$name-t1" "$model" 1 "$rounds" "${q8[@]}" | tee "$work/compare-1.txt"
+    # The 1-thread crate reads the same directory, but a packed one only where its matmul reads
+    # the same layout (it names no hardware class, so the declared priorities choose its
+    # kernels); else the checkpoint.
+    layout() { grep -h 'PACKED_LAYOUT: &str' "$1/src/kernels/mod.rs" | cut -d'"' -f2; }
+    if [ "$dtype" = int8 ] || [ "$(layout "${crates[0]}")" = "$(layout "$work/crates/$name-t1")" ]; then
+        q8_t1=("${q8[@]}")
+    fi
+    "$harness" compare "$work/target/release/$name-t1" "$model" 1 "$rounds" "${q8_t1[@]}" | tee "$work/compare-1.txt"
     "$harness" compare "$work/target/release/$two" "$model" 2 "$rounds" "${q8[@]}" | tee "$work/compare-2.txt"
     # Weight bytes read per decoded token, as the crate holds them, and the operations of a
     # prefill token (bench/weight_bytes.py says how each is counted).
