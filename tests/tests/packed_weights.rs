@@ -26,10 +26,14 @@ const AVX512: &str = r#""avx512f", "avx512cd", "avx512bw", "avx512dq", "avx512vl
 /// `None` on a CPU without those features.
 fn packed_crate(scratch: &Path, workload: &str, name: &str, implementation: &str) -> Option<PathBuf> {
     let int8 = implementation.starts_with("matmul_q8/");
-    if !std::arch::is_x86_feature_detected!("avx512f")
+    // An AVX2 kernel runs on the workload's own CPU features (AVX2 and FMA).
+    let avx512 = !implementation.contains("/avx2-");
+    if !std::arch::is_x86_feature_detected!("avx2")
+        || !std::arch::is_x86_feature_detected!("fma")
+        || (avx512 && !std::arch::is_x86_feature_detected!("avx512f"))
         || (int8 && !std::arch::is_x86_feature_detected!("avx512vnni"))
     {
-        eprintln!("skipped: this CPU has no AVX-512F (or no AVX-512 VNNI for int8)");
+        eprintln!("skipped: this CPU lacks the kernel's features (AVX-512F, or VNNI for int8)");
         return None;
     }
     for dir in ["interfaces", "implementations", "templates"] {
@@ -48,7 +52,7 @@ fn packed_crate(scratch: &Path, workload: &str, name: &str, implementation: &str
         .filter(|l| !l.starts_with("hardware = "))
         .collect::<Vec<_>>()
         .join("\n");
-    if !text.contains("avx512f") {
+    if avx512 && !text.contains("avx512f") {
         let vnni = if int8 { r#", "avx512vnni""# } else { "" };
         text = text.replace(r#""movbe"]"#, &format!(r#""movbe", {AVX512}{vnni}]"#));
     }
@@ -213,16 +217,33 @@ fn an_int8_crate_with_packed_weights_generates_as_the_unpacked_one_and_from_its_
 
 #[test]
 fn a_bf16_crate_with_packed_weights_generates_as_the_unpacked_one_and_from_its_saved_directory() {
+    bf16_packed_generates_as_the_unpacked_one(
+        "matmul_bf16/avx512-packed-threads",
+        "stories260k-bf16-packed",
+        192,
+    );
+}
+
+#[test]
+fn an_avx2_bf16_crate_with_packed_weights_generates_as_the_unpacked_one() {
+    bf16_packed_generates_as_the_unpacked_one(
+        "matmul_bf16/avx2-packed-threads",
+        "stories260k-bf16-avx2-packed",
+        176,
+    );
+}
+
+/// Generates stories260k in bf16 with the packing kernel `kernel`, whose layout pads the
+/// 172-row projections to `padded` rows, and checks its saved directory and its greedy tokens
+/// against the committed bf16 crate's.
+fn bf16_packed_generates_as_the_unpacked_one(kernel: &str, name: &str, padded: usize) {
     let Some(model) = model_dir("stories260k") else { return };
     let scratch = tempfile::tempdir().unwrap();
-    let kernel = "matmul_bf16/avx512-packed-threads";
-    let Some(binary) =
-        packed_crate(scratch.path(), "stories260k-cpu-bf16.toml", "stories260k-bf16-packed", kernel)
-    else {
+    let Some(binary) = packed_crate(scratch.path(), "stories260k-cpu-bf16.toml", name, kernel) else {
         return;
     };
-    // Saved with the matrices packed (blocks of 64 weight rows, each stored column by column:
-    // the 192-row projections are 3 blocks, the 64-row ones 1), and the tied embedding's rows
+    // Saved with the matrices packed (blocks of 64 weight rows for AVX-512, 32 for AVX2, each
+    // stored column by column; the last block of 32 or 16 rows), and the tied embedding's rows
     // unpacked.
     let saved = scratch.path().join("saved");
     let header = save_model(&binary, &model, &saved);
@@ -231,7 +252,7 @@ fn a_bf16_crate_with_packed_weights_generates_as_the_unpacked_one_and_from_its_s
     // 5 layers of 7 matrices and the tied classifier.
     assert_eq!(packed.len(), 36, "{packed:?}");
     assert!(packed.iter().all(|n| header[n.as_str()]["dtype"] == "BF16"));
-    assert_eq!(header["model.layers.0.mlp.up_proj.weight.packed"]["shape"], serde_json::json!([192 * 64]));
+    assert_eq!(header["model.layers.0.mlp.up_proj.weight.packed"]["shape"], serde_json::json!([padded * 64]));
     assert_eq!(header["model.embed_tokens.weight"]["dtype"], "BF16");
     let layout = &header["monogen.packed_layout"];
     assert_eq!(layout["dtype"], "U8");

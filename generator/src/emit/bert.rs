@@ -53,9 +53,11 @@ pub fn rust_files(
         let mut source = templates.runtime_with(file, &[("__crate", &krate), ("__matmul", matmul)])?;
         rust_source::remove_methods(&mut source, &["dequantize_row"]);
         rust_source::remove_methods(&mut source, matrices.unused_methods());
-        if matches!(matrices, Matrices::Q8Packed) {
-            // Every int8 matrix of an encoder is packed: none is read unpacked.
-            rust_source::remove_methods(&mut source, &["q8", "q8_many"]);
+        // Every matrix of an encoder is packed where the kernel packs: none is read unpacked.
+        match matrices {
+            Matrices::Q8Packed => rust_source::remove_methods(&mut source, &["q8", "q8_many"]),
+            Matrices::Bf16Packed => rust_source::remove_methods(&mut source, &["bf16"]),
+            _ => {}
         }
         files.push((format!("src/{file}"), rust_source::print(&source)));
     }

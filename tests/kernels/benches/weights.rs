@@ -48,6 +48,15 @@ fn main() {
         })
         .collect();
     let f32 = f32_layers;
+    // The AVX2 form of the same layout, at half the width.
+    let avx2_bf16: Vec<[Tiles; 7]> = bf16
+        .iter()
+        .map(|l| {
+            std::array::from_fn(|i| {
+                Tiles::new(&kernels::matmul_bf16__avx2_packed_threads::pack(&l[i], SHAPES[i].0, SHAPES[i].1))
+            })
+        })
+        .collect();
     let packed_bf16: Vec<[Tiles; 7]> = bf16[..packed_layers]
         .iter()
         .map(|l| {
@@ -96,6 +105,9 @@ fn main() {
         ("bf16 (matmul_bf16/avx512-threads)", params * 2, over(&bf16, bf16_product)),
         ("bf16 (matmul_bf16/avx512-repack-threads)", params * 2, over(&bf16, bf16_repack)),
         ("bf16 (matmul_bf16/avx512-packed-threads)", params * 2, over(&packed_bf16, bf16_packed)),
+        // The AVX2 bf16 products too, which CPUs without AVX-512 take.
+        ("bf16 (matmul_bf16/avx2-fma-threads)", params * 2, over(&bf16, bf16_avx2)),
+        ("bf16 (matmul_bf16/avx2-packed-threads)", params * 2, over(&avx2_bf16, bf16_avx2_packed)),
         ("int8 (matmul_q8/avx512-vnni-threads)", q8_bytes, over(&int8, q8_product)),
         ("int8 (matmul_q8/avx512-vnni-repack-threads)", q8_bytes, over(&int8, q8_repack)),
         ("int8 (matmul_q8/avx512-vnni-packed-threads)", q8_bytes, over(&packed_q8, q8_packed)),
@@ -111,6 +123,7 @@ fn main() {
         runs = vec![
             ("f32 (matmul/avx2-fma-team)", params * 4, over(&f32, f32_avx2)),
             ("bf16 (matmul_bf16/avx2-fma-threads)", params * 2, over(&bf16, bf16_avx2)),
+            ("bf16 (matmul_bf16/avx2-packed-threads)", params * 2, over(&avx2_bf16, bf16_avx2_packed)),
             ("int8 (matmul_q8/avx2-threads)", q8_bytes, over(&int8, q8_avx2)),
             // What the packed blocks of a prefill gain over the dot tiles, on one thread.
             ("f32 dot tiles, 1 thread (shared/avx2_team_matmul.rs)", params * 4, over(&f32, f32_avx2_dots)),
@@ -124,11 +137,11 @@ fn main() {
     }
     let rounded = "bf16, x rounded (matmul_bf16_bf16/avx512-threads)";
     if avx512 {
-        runs.insert(7, (rounded, params * 2, over(&tiles, rounded_fma)));
+        runs.insert(8, (rounded, params * 2, over(&tiles, rounded_fma)));
     }
     if dot {
         let name = "bf16, x rounded (matmul_bf16_bf16/avx512bf16-threads)";
-        runs.insert(8, (name, params * 2, over(&tiles, rounded_dot)));
+        runs.insert(9, (name, params * 2, over(&tiles, rounded_dot)));
     } else {
         println!("(no AVX512_BF16 on this CPU: matmul_bf16_bf16/avx512bf16-threads not measured)");
     }
@@ -299,6 +312,7 @@ dispatch!(f32_packed, matmul__avx512_packed_threads, matmul, Vec<f32>);
 dispatch!(f32_repack, matmul__avx512_repack_threads, matmul, Vec<f32>);
 dispatch!(bf16_product, matmul_bf16__avx512_threads, matmul_bf16, Vec<u16>);
 dispatch!(bf16_repack, matmul_bf16__avx512_repack_threads, matmul_bf16, Vec<u16>);
+dispatch!(bf16_avx2_packed, matmul_bf16__avx2_packed_threads, matmul_bf16, Tiles);
 dispatch!(bf16_packed, matmul_bf16__avx512_packed_threads, matmul_bf16, Tiles);
 dispatch!(bf16_amx, matmul_bf16__amx_threads, matmul_bf16, Tiles);
 dispatch!(rounded_fma, matmul_bf16_bf16__avx512_threads, matmul_bf16_bf16, Tiles);
