@@ -106,6 +106,31 @@ fn json(binary: &Path, args: &[&str]) -> Value {
     serde_json::from_slice(&out.stdout).unwrap()
 }
 
+/// Asserts that `$binary` continues every reference prompt of stories260k (`$model`) greedily
+/// by the same 32 tokens as the committed crate `$krate`, from the checkpoint and from the
+/// directory `$saved` it saved.
+macro_rules! continues_as_committed {
+    ($krate:ident, $binary:expr, $model:expr, $saved:expr) => {{
+        let committed = $krate::Model::load($model).unwrap();
+        for case in reference_json($model)["greedy"].as_array().unwrap() {
+            let prompt = ids(&case["prompt_ids"]);
+            let params = $krate::GenerateParams { max_tokens: 32, ..Default::default() };
+            let mut want = Vec::new();
+            committed
+                .session()
+                .generate(&prompt, &params, |t| {
+                    want.push(t);
+                    true
+                })
+                .unwrap();
+            for dir in [$model, $saved] {
+                let out = greedy($binary, dir, &prompt);
+                assert_eq!(ids(&out["generated_ids"]), want, "{}: {}", dir.display(), case["prompt"]);
+            }
+        }
+    }};
+}
+
 #[test]
 fn a_llama_crate_with_packed_weights_continues_as_the_reference() {
     let Some(model) = model_dir("stories260k") else { return };
@@ -175,24 +200,7 @@ fn an_int8_crate_with_packed_weights_generates_as_the_unpacked_one_and_from_its_
 
     // The same greedy tokens as the committed int8 crate (the same quantization; only the
     // order of the f32 additions differs), from the checkpoint and from the saved directory.
-    let unpacked = stories260k_cpu_int8::Model::load(&model).unwrap();
-    let reference = reference_json(&model);
-    for case in reference["greedy"].as_array().unwrap() {
-        let prompt = ids(&case["prompt_ids"]);
-        let params = stories260k_cpu_int8::GenerateParams { max_tokens: 32, ..Default::default() };
-        let mut want = Vec::new();
-        unpacked
-            .session()
-            .generate(&prompt, &params, |t| {
-                want.push(t);
-                true
-            })
-            .unwrap();
-        for dir in [&model, &saved] {
-            let out = greedy(&binary, dir, &prompt);
-            assert_eq!(ids(&out["generated_ids"]), want, "{}: {}", dir.display(), case["prompt"]);
-        }
-    }
+    continues_as_committed!(stories260k_cpu_int8, &binary, &model, &saved);
 
     // A saved packed scale that is NaN is an error naming the tensor (exit code 3).
     let scales = "model.layers.1.self_attn.k_proj.weight_scale.packed";
@@ -260,24 +268,7 @@ fn bf16_packed_generates_as_the_unpacked_one(kernel: &str, name: &str, padded: u
     // The same greedy tokens as the committed bf16 crate (the same bf16 weights times the same
     // f32 activations; only the order of the f32 additions differs), from the checkpoint and
     // from the saved directory.
-    let unpacked = stories260k_cpu_bf16::Model::load(&model).unwrap();
-    let reference = reference_json(&model);
-    for case in reference["greedy"].as_array().unwrap() {
-        let prompt = ids(&case["prompt_ids"]);
-        let params = stories260k_cpu_bf16::GenerateParams { max_tokens: 32, ..Default::default() };
-        let mut want = Vec::new();
-        unpacked
-            .session()
-            .generate(&prompt, &params, |t| {
-                want.push(t);
-                true
-            })
-            .unwrap();
-        for dir in [&model, &saved] {
-            let out = greedy(&binary, dir, &prompt);
-            assert_eq!(ids(&out["generated_ids"]), want, "{}: {}", dir.display(), case["prompt"]);
-        }
-    }
+    continues_as_committed!(stories260k_cpu_bf16, &binary, &model, &saved);
 }
 
 #[test]
