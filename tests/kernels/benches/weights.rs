@@ -137,11 +137,11 @@ fn main() {
     }
     let rounded = "bf16, x rounded (matmul_bf16_bf16/avx512-threads)";
     if avx512 {
-        runs.insert(8, (rounded, params * 2, over(&tiles, rounded_fma)));
+        runs.insert(9, (rounded, params * 2, over(&tiles, rounded_fma)));
     }
     if dot {
         let name = "bf16, x rounded (matmul_bf16_bf16/avx512bf16-threads)";
-        runs.insert(9, (name, params * 2, over(&tiles, rounded_dot)));
+        runs.insert(10, (name, params * 2, over(&tiles, rounded_dot)));
     } else {
         println!("(no AVX512_BF16 on this CPU: matmul_bf16_bf16/avx512bf16-threads not measured)");
     }
@@ -149,7 +149,7 @@ fn main() {
         runs.insert(7, ("bf16 (matmul_bf16/amx-threads)", params * 2, over(&tiles, bf16_amx)));
         if dot {
             let name = "bf16, x rounded (matmul_bf16_bf16/amx-threads)";
-            runs.insert(10, (name, params * 2, over(&tiles, rounded_amx)));
+            runs.insert(12, (name, params * 2, over(&tiles, rounded_amx)));
         }
     } else {
         println!("(no AMX-BF16 on this CPU: the amx-threads implementations not measured)");
