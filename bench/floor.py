@@ -20,7 +20,8 @@ only half of which was in huge pages. The bandwidth's buffer is in huge pages as
 (bench/peaks). Keep the machine otherwise idle.
 
 Usage: bench/floor.py [--rounds R] [--threads T] [--max-tokens M] MODEL_DIR DTYPE BINARY...
-       (DTYPE as the crate holds the weights: f32, bf16 or int8; T the crates' thread count)
+       (DTYPE as the crate holds the weights: f32, bf16, int8, or int8-packed for an int8 crate
+       whose matmul packs them with binary16 scales; T the crates' thread count)
 """
 
 import argparse
@@ -46,7 +47,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("model")
-    parser.add_argument("dtype", choices=["f32", "bf16", "int8"])
+    parser.add_argument("dtype", choices=["f32", "bf16", "int8", "int8-packed"])
     parser.add_argument("binaries", nargs="+")
     args = parser.parse_args()
 

@@ -114,7 +114,12 @@ for shape in "${shapes[@]}"; do
     "$harness" compare "$work/target/release/$two" "$model" 2 "$rounds" "${q8[@]}" | tee "$work/compare-2.txt"
     # Weight bytes read per decoded token, as the crate holds them, and the operations of a
     # prefill token (bench/weight_bytes.py says how each is counted).
-    read -r bytes ops < <(python3 bench/weight_bytes.py "$model" "$dtype")
+    # An int8 crate whose matmul packs its weights holds their scales in binary16.
+    held=$dtype
+    if [ "$dtype" = int8 ] && layout "${crates[0]}" | grep -q '^matmul_q8/avx512-vnni-packed-threads'; then
+        held=int8-packed
+    fi
+    read -r bytes ops < <(python3 bench/weight_bytes.py "$model" "$held")
     "$peaks" --rounds 3 "$bytes" | tee "$work/peaks.txt" | sed 's/^/  peaks: /'
     echo "  weight bytes read per decoded token: $bytes"
     # Each decode figure against its floor (those bytes over the read bandwidth of the same

@@ -5,11 +5,12 @@ The bytes: every tensor of MODEL_DIR/model.safetensors but the embedding table, 
 reads one row of (unless the classifier is tied to it, when it is read whole), as the crate
 holds it: with DTYPE int8 a matrix takes a byte per value and an f32 scale per 32 (the norms stay
 f32), whatever the file holds (a directory that an int8 crate saved with `--save-model` holds
-them so already: its int8 matrices and their `_scale` tensors count as they are); otherwise as
-the file holds it. The operations: two per weight of the layers' matrices (the classifier runs
+them so already: its int8 matrices and their `_scale` tensors count as they are); with DTYPE
+int8-packed (a crate whose `matmul_q8` packs its weights, `avx512-vnni-packed-threads`), a byte
+per value and a binary16 scale per 32, as that kernel holds them; otherwise as the file holds it. The operations: two per weight of the layers' matrices (the classifier runs
 for the last token only).
 
-Usage: bench/weight_bytes.py MODEL_DIR DTYPE   (prints "BYTES OPS")
+Usage: bench/weight_bytes.py MODEL_DIR DTYPE   (prints "BYTES OPS"; DTYPE f32, bf16, int8 or int8-packed)
 """
 
 import json
@@ -26,14 +27,15 @@ def weight_bytes(model_dir: str, dtype: str) -> tuple[int, int]:
     if any(name.endswith(".packed") for name in header):
         sys.exit(f"{model_dir} holds packed matrices (a packing crate's --save-model): give the checkpoint it was saved from")
     tied = "lm_head.weight" not in header
+    scale_bytes = 2 if dtype == "int8-packed" else 4
     total = 0
     for name, t in header.items():
         size = t["data_offsets"][1] - t["data_offsets"][0]
         scale = name.endswith("_scale")
-        if dtype == "int8" and t["dtype"] != "I8" and not scale:
+        if dtype.startswith("int8") and t["dtype"] != "I8" and not scale:
             shape = t["shape"]
             if len(shape) == 2:
-                size = shape[0] * (shape[1] + (shape[1] + 31) // 32 * 4)
+                size = shape[0] * (shape[1] + (shape[1] + 31) // 32 * scale_bytes)
             else:
                 size = shape[0] * 4
         if name.removesuffix("_scale") == "model.embed_tokens.weight" and not tied:

@@ -99,7 +99,7 @@ pub struct InterfacePlan {
 }
 
 /// Whether the chosen matmul (whichever interface the workload's weights take) reads weights
-/// that its `pack` rewrote at load: only an interface with a `[packing]` function lets an
+/// that its `pack` rewrote at load: only an interface with `[[packing]]` functions lets an
 /// implementation pack (the registry checks), and only the matmul interfaces have one.
 pub fn matmul_packs_weights(interfaces: &[InterfacePlan]) -> bool {
     interfaces.iter().any(|i| i.chosen.packs_weights)

@@ -64,9 +64,10 @@ pub struct Interface {
     pub reference: String,
     pub functions: Vec<FnDecl>,
     pub types: Vec<TypeDecl>,
-    /// The function that an implementation which reads its weights in a layout of its own
-    /// (`packs_weights = true`) exposes besides `functions`, to rewrite them once at load.
-    pub packing: Option<FnDecl>,
+    /// The functions that an implementation which reads its weights in a layout of its own
+    /// (`packs_weights = true`) exposes besides `functions` (`[[packing]]`): `pack`, to rewrite
+    /// them once at load, and any other the interface's loader calls on packed weights.
+    pub packing: Vec<FnDecl>,
     /// Path relative to the project root.
     pub path: PathBuf,
 }
@@ -99,7 +100,7 @@ struct InterfaceFile {
     #[serde(default)]
     types: Vec<TypeDecl>,
     #[serde(default)]
-    packing: Option<FnDecl>,
+    packing: Vec<FnDecl>,
 }
 
 /// One implementation of an interface.
@@ -637,12 +638,12 @@ fn load_implementation(
     let rel_kernel = rel_dir.join(KERNEL_FILE);
     let source = read_text(root, &kernel_path, problems)?;
     if let Some(interface) = interfaces.get(&m.interface) {
-        // A packing kernel exposes the interface's packing function as well.
+        // A packing kernel exposes the interface's packing functions as well.
         let mut interface = interface.clone();
         if m.packs_weights {
-            match interface.packing.take() {
-                Some(packing) => interface.functions.push(packing),
-                None => problems.push(
+            match std::mem::take(&mut interface.packing) {
+                packing if !packing.is_empty() => interface.functions.extend(packing),
+                _ => problems.push(
                     diag(
                         format!(
                             "`packs_weights`, but interface `{}` declares no packing function",
@@ -650,7 +651,9 @@ fn load_implementation(
                         ),
                         &["packs_weights"],
                     )
-                    .hint("only interfaces with a `[packing]` table let implementations pack their weights"),
+                    .hint(
+                        "only interfaces with `[[packing]]` functions let implementations pack their weights",
+                    ),
                 ),
             }
         }
@@ -987,7 +990,7 @@ mod tests {
                 doc: String::new(),
             }],
             types: vec![],
-            packing: None,
+            packing: Vec::new(),
             path: "interfaces/matmul.toml".into(),
         }
     }

@@ -4,11 +4,18 @@
 //! # The layout ([`pack`])
 //!
 //! The weight rows go in groups of 16, one per 32-bit lane of a vector. For each group, the
-//! blocks of 32 values of K follow one another. A block is 8 vectors of 64 bytes, and vector `s`
-//! holds values `4s..4s + 4` of the block for the 16 rows, lane by lane. Each value is stored
-//! plus 128, as an unsigned byte (the bits of the int8 value with the sign bit flipped). The
-//! scales follow the same order: per group and block, the 16 rows' scales as one vector. Rows
-//! past `n` and values past `k` are zero weights with scale 0.
+//! blocks of 32 values of K follow one another in pairs, and each pair's scales lead it, so
+//! that a thread reads its share as one stream with nothing beside it:
+//!
+//! - **The scales** of a pair: one cache line, the 16 rows' scales of its first block, then
+//!   those of its second, as binary16 (the interface's scales are binary16 values, so this is
+//!   exact). A last block without a partner has a line of its own, half of it unused.
+//! - **A block**: 8 vectors of 64 bytes; vector `s` holds values `4s..4s + 4` of the block for
+//!   the 16 rows, lane by lane. Each value is stored plus 128, as an unsigned byte (the bits of
+//!   the int8 value with the sign bit flipped).
+//!
+//! So a block of 32 values of a row takes 34 bytes, against 36 with its scale in f32. Rows past
+//! `n` and values past `k` are zero weights with scale 0.
 //!
 //! # The product
 //!
@@ -28,8 +35,8 @@
 //! # Safety
 //!
 //! [`Q8Packed::columns`] may be called only on a CPU with AVX-512F, AVX-512BW and AVX-512 VNNI,
-//! from inside [`Q8Packed::prepared`], with pointers that hold `[n, k]` weights and scales as
-//! [`pack`] wrote them and `[rows, n]` outputs. It must never run twice at once on overlapping
+//! from inside [`Q8Packed::prepared`], with a pointer to `[n, k]` weights as [`pack`] wrote them
+//! and one to `[rows, n]` outputs. It must never run twice at once on overlapping
 //! column ranges of the same `out`.
 #![allow(dead_code, clippy::missing_safety_doc, clippy::needless_range_loop)]
 
@@ -44,6 +51,55 @@ pub const GROUP: usize = 16;
 
 /// Bytes of one block of a group: 16 rows of 32 values.
 const BLOCK_BYTES: usize = GROUP * BLOCK;
+
+/// Bytes of the scales of a pair of blocks: 2 × 16 binary16 values, one cache line.
+const SCALE_BYTES: usize = 64;
+
+/// Bytes of a pair of blocks with their scales, which lead.
+const PAIR_BYTES: usize = SCALE_BYTES + 2 * BLOCK_BYTES;
+
+/// Bytes of one group of 16 rows over `blocks` blocks (an odd last block has a line of scales
+/// of its own, half of it unused).
+const fn group_bytes(blocks: usize) -> usize {
+    blocks / 2 * PAIR_BYTES + blocks % 2 * (SCALE_BYTES + BLOCK_BYTES)
+}
+
+/// Offset of block `b`'s values in its group.
+const fn block_at(b: usize) -> usize {
+    b / 2 * PAIR_BYTES + SCALE_BYTES + b % 2 * BLOCK_BYTES
+}
+
+/// Offset of block `b`'s 16 scales in its group.
+const fn scales_at(b: usize) -> usize {
+    b / 2 * PAIR_BYTES + b % 2 * 32
+}
+
+/// `v` as binary16 bits: exact for the binary16 values that `matmul_q8`'s scales are, rounded
+/// to nearest (ties to even) for any other.
+pub fn binary16(v: f32) -> u16 {
+    let x = v.to_bits();
+    // The usual case, a normal binary16 value: the exponent rebiased, the mantissa's top bits.
+    let magnitude = x & 0x7fff_ffff;
+    if (0x3880_0000..0x4780_0000).contains(&magnitude) && magnitude & 0x1fff == 0 {
+        return (((x >> 16) & 0x8000) | ((magnitude >> 13) - (112 << 10))) as u16;
+    }
+    let sign = ((x >> 16) & 0x8000) as u16;
+    let exp = ((x >> 23) & 0xff) as i32;
+    let mant = x & 0x7f_ffff;
+    if exp == 255 {
+        return sign | 0x7c00 | if mant != 0 { 0x200 } else { 0 };
+    }
+    let e = exp - 127 + 15;
+    let (m, shift) = if e >= 1 { (mant, 13) } else { (mant | 0x80_0000, (14 - e) as u32) };
+    if shift > 24 {
+        return sign;
+    }
+    let base = if e >= 1 { ((e as u32) << 10) | (m >> 13) } else { m >> shift };
+    let dropped = m & ((1 << shift) - 1);
+    let half = 1 << (shift - 1);
+    let rounded = base + u32::from(dropped > half || (dropped == half && base & 1 == 1));
+    sign | rounded.min(0x7c00) as u16
+}
 
 /// Most activation rows that pass over a group's weights at once: each takes an i32 and an f32
 /// accumulator.
@@ -60,28 +116,33 @@ thread_local! {
         const { RefCell::new((Vec::new(), Vec::new(), Vec::new())) };
 }
 
-/// Values of the packed form of `[n, k]` weights: `n` rounded up to a multiple of 16 by `k`
-/// rounded up to a multiple of 32. Its scales are a 32nd of that.
+/// Bytes of the packed form of `[n, k]` weights: `n` rounded up to a multiple of 16 by `k`
+/// rounded up to a multiple of 32, and the scales' lines.
 pub const fn packed_len(n: usize, k: usize) -> usize {
-    n.div_ceil(GROUP) * GROUP * k.div_ceil(BLOCK) * BLOCK
+    n.div_ceil(GROUP) * group_bytes(k.div_ceil(BLOCK))
 }
 
-/// The `[n, k]` int8 weights `w` (values in −127..=127) and their `[n, ⌈k/32⌉]` scales in the
-/// packed layout (see the module's docs): the values ([`packed_len`] of them) and the scales.
-pub fn pack(w: &[i8], scales: &[f32], n: usize, k: usize) -> (Vec<i8>, Vec<f32>) {
+/// The `[n, k]` int8 weights `w` (values in −127..=127) and their `[n, ⌈k/32⌉]` binary16 scales
+/// in the packed layout (see the module's docs): [`packed_len`] bytes.
+pub fn pack(w: &[i8], scales: &[f32], n: usize, k: usize) -> Vec<i8> {
     let blocks = k.div_ceil(BLOCK);
     assert!(w.len() >= n * k, "pack: w is shorter than {n} rows of {k}");
     assert!(scales.len() >= n * blocks, "pack: scales is shorter than {n} rows of {blocks}");
     let groups = n.div_ceil(GROUP);
-    // Zero weights are 128 offset, -128 as i8 bits.
+    // Zero weights are 128 offset, -128 as i8 bits; the scales' lines start as zeros.
     let mut values = vec![i8::MIN; packed_len(n, k)];
-    let mut packed_scales = vec![0f32; packed_len(n, k) / BLOCK];
+    for g in 0..groups {
+        for b in (0..blocks).step_by(2) {
+            let at = g * group_bytes(blocks) + scales_at(b);
+            values[at..at + SCALE_BYTES].fill(0);
+        }
+    }
     for g in 0..groups {
         for lane in 0..GROUP.min(n - g * GROUP) {
             let row = g * GROUP + lane;
             let weights = &w[row * k..(row + 1) * k];
             for b in 0..blocks {
-                let block = (g * blocks + b) * BLOCK_BYTES;
+                let block = g * group_bytes(blocks) + block_at(b);
                 let part = &weights[b * BLOCK..k.min((b + 1) * BLOCK)];
                 // 4 values at a time, each offset by 128 (the sign bit flipped).
                 for (s, quad) in part.chunks(4).enumerate() {
@@ -90,23 +151,51 @@ pub fn pack(w: &[i8], scales: &[f32], n: usize, k: usize) -> (Vec<i8>, Vec<f32>)
                         *out = v ^ i8::MIN;
                     }
                 }
-                packed_scales[(g * blocks + b) * GROUP + lane] = scales[row * blocks + b];
+                let at = g * group_bytes(blocks) + scales_at(b) + lane * 2;
+                let [low, high] = binary16(scales[row * blocks + b]).to_le_bytes();
+                values[at] = low as i8;
+                values[at + 1] = high as i8;
             }
         }
     }
-    (values, packed_scales)
+    values
+}
+
+/// Ok when the `packed_len(n, k)` bytes `packed` hold scales (binary16) that are all finite and
+/// not negative, as [`pack`] writes them; else which group and block holds a bad one.
+pub fn check_packed(packed: &[i8], n: usize, k: usize) -> Result<(), String> {
+    if packed.len() != packed_len(n, k) {
+        return Err(format!(
+            "holds {} bytes, not the {} of {n} × {k} packed weights",
+            packed.len(),
+            packed_len(n, k)
+        ));
+    }
+    let blocks = k.div_ceil(BLOCK);
+    for g in 0..n.div_ceil(GROUP) {
+        for b in 0..blocks {
+            let at = g * group_bytes(blocks) + scales_at(b);
+            let scales = packed[at..at + 2 * GROUP].chunks_exact(2);
+            // Finite and not negative: below +∞'s bits, with the sign bit clear.
+            if scales.map(|s| u16::from_le_bytes([s[0] as u8, s[1] as u8])).any(|bits| bits >= 0x7c00) {
+                return Err(format!(
+                    "holds a scale that is negative, infinite or NaN (rows {}.., block {b})",
+                    g * GROUP
+                ));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// One call's operands: `out[r, j]` for `r < rows`, `j < n`, from `x: [rows, k]` and packed
-/// weights.
+/// weights with their scales.
 #[derive(Clone, Copy)]
 pub struct Q8Packed {
     pub out: *mut f32,
     pub x: *const f32,
-    /// The packed values (offset by 128), as [`pack`] wrote them.
+    /// The packed values (offset by 128) and scales, as [`pack`] wrote them.
     pub w: *const u8,
-    /// The packed scales.
-    pub scales: *const f32,
     pub rows: usize,
     pub n: usize,
     pub k: usize,
@@ -124,8 +213,8 @@ unsafe impl Send for Q8Packed {}
 unsafe impl Sync for Q8Packed {}
 
 impl Q8Packed {
-    /// The product of `rows` rows of `x` with the `[N, K]` weights `w` and `scales` as [`pack`]
-    /// wrote them, into `out`, after checking the slices' lengths.
+    /// The product of `rows` rows of `x` with the `[N, K]` weights `w` as [`pack`] wrote them
+    /// (scales included: `scales` is empty), into `out`, after checking the slices' lengths.
     pub fn new<const N: usize, const K: usize>(
         out: &mut [f32],
         x: &[f32],
@@ -135,13 +224,12 @@ impl Q8Packed {
     ) -> Q8Packed {
         assert!(x.len() >= rows * K, "matmul_q8: x is shorter than {rows} rows of {K}");
         assert!(w.len() == packed_len(N, K), "matmul_q8: w is not {N} × {K} weights packed by `pack`");
-        assert!(scales.len() == packed_len(N, K) / BLOCK, "matmul_q8: scales are not those `pack` wrote");
+        assert!(scales.is_empty(), "matmul_q8: the packed weights hold their scales; `scales` is empty");
         assert!(out.len() >= rows * N, "matmul_q8: out is shorter than {rows} rows of {N}");
         Q8Packed {
             out: out.as_mut_ptr(),
             x: x.as_ptr(),
             w: w.as_ptr().cast(),
-            scales: scales.as_ptr(),
             rows,
             n: N,
             k: K,
@@ -234,7 +322,11 @@ impl Q8Packed {
     unsafe fn quad(&self, r: usize, b: usize, s: usize) -> __m512i {
         let steps = self.k.div_ceil(STEP);
         // SAFETY: row `r` holds `steps · 64` values, and block `b` lies inside them.
-        unsafe { _mm512_set1_epi32(self.qx.add(r * steps * STEP + b * BLOCK + s * 4).cast::<i32>().read_unaligned()) }
+        unsafe {
+            _mm512_set1_epi32(
+                self.qx.add(r * steps * STEP + b * BLOCK + s * 4).cast::<i32>().read_unaligned(),
+            )
+        }
     }
 
     /// `dx · dw` of block `b` for row `r`, the 16 weight rows of group `g`.
@@ -243,7 +335,9 @@ impl Q8Packed {
         let (steps, blocks) = (self.k.div_ceil(STEP), self.blocks());
         // SAFETY: the group's scales and the row's block scale lie inside their buffers.
         unsafe {
-            let dw = _mm512_loadu_ps(self.scales.add((g * blocks + b) * GROUP));
+            let dw = _mm512_cvtph_ps(_mm256_loadu_si256(
+                self.w.add(g * group_bytes(blocks) + scales_at(b)).cast(),
+            ));
             _mm512_mul_ps(dw, _mm512_set1_ps(*self.dx.add(r * steps * 16 + b * 8)))
         }
     }
@@ -255,12 +349,12 @@ impl Q8Packed {
         let blocks = self.blocks();
         // SAFETY: group `g`'s blocks lie inside the packed weights; prefetches never fault.
         unsafe {
-            let base = self.w.add(g * blocks * BLOCK_BYTES);
+            let base = self.w.add(g * group_bytes(blocks));
             let (mut sum0, mut sum1) = (_mm512_setzero_ps(), _mm512_setzero_ps());
             let mut b = 0;
             while b + 2 <= blocks {
-                let w = base.add(b * BLOCK_BYTES);
-                for line in (0..2 * BLOCK_BYTES).step_by(64) {
+                let w = base.add(block_at(b));
+                for line in (0..PAIR_BYTES).step_by(64) {
                     _mm_prefetch::<_MM_HINT_T0>(w.add(AHEAD + line).cast());
                 }
                 let mut a0 = _mm512_set1_epi32(*self.offsets.add(b));
@@ -276,10 +370,11 @@ impl Q8Packed {
                 b += 2;
             }
             if b < blocks {
-                let w = base.add(b * BLOCK_BYTES);
+                let w = base.add(block_at(b));
                 let mut a0 = _mm512_set1_epi32(*self.offsets.add(b));
                 for s in 0..8 {
-                    a0 = _mm512_dpbusd_epi32(a0, _mm512_loadu_si512(w.add(s * 64).cast()), self.quad(0, b, s));
+                    a0 =
+                        _mm512_dpbusd_epi32(a0, _mm512_loadu_si512(w.add(s * 64).cast()), self.quad(0, b, s));
                 }
                 sum0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a0), self.scale(g, 0, b), sum0);
             }
@@ -295,10 +390,10 @@ impl Q8Packed {
         // SAFETY: group `g`'s blocks lie inside the packed weights, rows `first..first + R`
         // inside the activations and the output.
         unsafe {
-            let base = self.w.add(g * blocks * BLOCK_BYTES);
+            let base = self.w.add(g * group_bytes(blocks));
             let mut sums = [_mm512_setzero_ps(); R];
             for b in 0..blocks {
-                let w = base.add(b * BLOCK_BYTES);
+                let w = base.add(block_at(b));
                 let mut acc: [__m512i; R] =
                     std::array::from_fn(|i| _mm512_set1_epi32(*self.offsets.add((first + i) * blocks + b)));
                 for s in 0..8 {
@@ -308,7 +403,8 @@ impl Q8Packed {
                     }
                 }
                 for i in 0..R {
-                    sums[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[i]), self.scale(g, first + i, b), sums[i]);
+                    sums[i] =
+                        _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[i]), self.scale(g, first + i, b), sums[i]);
                 }
             }
             for i in 0..R {

@@ -116,6 +116,19 @@ pub fn bf16_bits(v: f32) -> u16 {
     (bits.wrapping_add(0x7fff + ((bits >> 16) & 1)) >> 16) as u16
 }
 
+/// The scale of an int8 block whose largest magnitude is `amax` (at most 127 · 65504), as the
+/// crates quantize: `amax / 127` rounded up to a binary16 value, so that no value is clipped.
+pub fn q8_scale(amax: f32) -> f32 {
+    let scale = amax / 127.0;
+    if scale < 6.103_515_6e-5 {
+        // Below binary16's normal range: a multiple of its smallest step, 2⁻²⁴.
+        (scale * 16_777_216.0).ceil() / 16_777_216.0
+    } else {
+        // 10 bits of mantissa, rounded up.
+        f32::from_bits((scale.to_bits() + 0x1fff) & !0x1fff)
+    }
+}
+
 /// Ok unless `|got − want| > tolerance · (1 + |want|)` somewhere (NaN included).
 pub fn compare(what: &str, got: &[f32], want: &[f32], tolerance: f32) -> Result<(), String> {
     if got.len() != want.len() {

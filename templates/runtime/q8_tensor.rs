@@ -1,9 +1,9 @@
 //! Blockwise int8 matrices, for a crate whose workload holds its weights in 8 bits
 //! (`weights.dtype = "int8"`). Every matrix of the file (F32, BF16 or F16) is quantized once,
 //! at load, on `THREADS` threads, into huge pages (`TensorFile::pages_for`): per block of
-//! [`BLOCK`] consecutive values of a row, the scale is `max|w| / 127` and the values are
-//! `round(w · 127 / max|w|)` (ties to even), so that no value is clipped and the largest of
-//! each block is exact.
+//! [`BLOCK`] consecutive values of a row, the scale `d` is `max|w| / 127` rounded up to a
+//! binary16 value (as `matmul_q8` requires, and as GGML's Q8_0 stores it) and the values are
+//! `round(w / d)` (ties to even), so that no value is clipped.
 
 use std::ops::Range;
 
@@ -15,8 +15,8 @@ use crate::{Error, THREADS};
 /// Values of a row that share one scale.
 pub const BLOCK: usize = 32;
 
-/// An int8 matrix of `[rows, cols]` values and `[rows, ⌈cols / BLOCK⌉]` scales. Both lie in
-/// the huge pages of the [`Storage`](crate::tensor_file::Storage) that [`TensorFile::finish`]
+/// An int8 matrix of `[rows, cols]` values and `[rows, ⌈cols / BLOCK⌉]` scales (or, packed
+/// by the matmul kernel, its bytes, scales included, and no scales). Both lie in the huge pages of the [`Storage`](crate::tensor_file::Storage) that [`TensorFile::finish`]
 /// returns, or in its mapping of a file that holds them already (as `--save-model` writes
 /// it); whoever holds the matrix holds that storage too.
 pub struct Q8Tensor {
@@ -40,7 +40,7 @@ impl Q8Tensor {
         unsafe { std::slice::from_raw_parts(self.values, self.len) }
     }
 
-    /// The scale of each block of each row, row-major.
+    /// The scale of each block of each row, row-major (none for a packed matrix).
     pub fn scales(&self) -> &[f32] {
         // SAFETY: as for the values; `scales` is aligned for f32.
         unsafe { std::slice::from_raw_parts(self.scales, self.scales_len) }
@@ -70,7 +70,7 @@ pub fn scale_name(name: &str) -> String {
 impl TensorFile {
     /// The matrix `name`, which must have exactly `shape` (`[rows, cols]`), as int8: quantized
     /// now from F32, BF16 or F16, or mapped where the file holds it as I8 with its scales
-    /// (`scale_name`) as F32 `[rows, ⌈cols / BLOCK⌉]`.
+    /// (`scale_name`) as F32 `[rows, ⌈cols / BLOCK⌉]`, each a binary16 value.
     pub fn q8(&mut self, name: &str, shape: &[usize]) -> Result<Q8Tensor, Error> {
         let &[rows, cols] = shape else { panic!("q8: `{name}` is not a matrix") };
         let [matrix] = self.q8_many([(name, [rows, cols])])?;
@@ -96,8 +96,8 @@ impl TensorFile {
     /// them, then rewritten into copies in the layout of the matmul kernel, which reads its
     /// weights packed (its `pack`), in the huge pages of [`TensorFile::pages_for`]. From a saved
     /// model that holds them packed in this kernel's layout (see
-    /// [`TensorFile::packed_entry`]), they are slices of the file instead, their scales checked
-    /// as [`TensorFile::q8`] checks a saved int8 matrix's.
+    /// [`TensorFile::packed_entry`]), they are slices of the file instead. The kernel's layout
+    /// holds the scales among the values: a matrix is one buffer of `packed_len` bytes.
     pub fn q8_packed_many<const M: usize>(
         &mut self,
         matrices: [(&str, [usize; 2]); M],
@@ -105,8 +105,8 @@ impl TensorFile {
         let lens = matrices.map(|(_, [rows, cols])| crate::kernels::packed_len(rows, cols));
         if matrices.iter().all(|(name, _)| self.entries.contains_key(&format!("{name}.packed"))) {
             let mut read = Vec::with_capacity(M);
-            for (&(name, _), &len) in matrices.iter().zip(&lens) {
-                read.push(self.mapped_packed_q8(name, len)?);
+            for (&(name, shape), &len) in matrices.iter().zip(&lens) {
+                read.push(self.mapped_packed_q8(name, shape, len)?);
             }
             return Ok(read.try_into().unwrap_or_else(|_| unreachable!("one matrix read per name")));
         }
@@ -116,28 +116,21 @@ impl TensorFile {
         let unpacked = self.read_q8_many(matrices);
         let quantized = std::mem::replace(&mut self.pages, kept);
         let unpacked = unpacked?;
-        let packed: [(Vec<i8>, Vec<f32>); M] = std::array::from_fn(|i| {
+        let packed: [Vec<i8>; M] = std::array::from_fn(|i| {
             let [rows, cols] = matrices[i].1;
             crate::kernels::__matmul::pack(unpacked[i].values(), unpacked[i].scales(), rows, cols)
         });
         // The quantized matrices point into these pages: both go together.
         drop((unpacked, quantized));
         let mut read = Vec::with_capacity(M);
-        for (((values, scales), &(name, _)), &len) in packed.iter().zip(&matrices).zip(&lens) {
-            assert!(values.len() == len && scales.len() == len / BLOCK, "`packed_len` and `pack` disagree");
+        for ((values, &(name, _)), &len) in packed.iter().zip(&matrices).zip(&lens) {
+            assert!(values.len() == len, "`packed_len` and `pack` disagree");
             self.save_packed(name, Dtype::I8, len, || values.iter().map(|&v| v as u8).collect());
-            self.save_packed(&scale_name(name), Dtype::F32, len / BLOCK, || {
-                scales.iter().flat_map(|v| v.to_le_bytes()).collect()
-            });
             let at = self.pages_for(len)?.cast::<i8>();
-            let scales_at = self.pages_for(scales.len() * 4)?.cast::<f32>();
-            // SAFETY: `pages_for` handed out room for `len` values and as many scales as `pack`
-            // returned, aligned, that nothing else points to.
-            unsafe {
-                std::ptr::copy_nonoverlapping(values.as_ptr(), at, len);
-                std::ptr::copy_nonoverlapping(scales.as_ptr(), scales_at, scales.len());
-            }
-            read.push(Q8Tensor { values: at, len, scales: scales_at, scales_len: scales.len() });
+            // SAFETY: `pages_for` handed out room for `len` bytes, aligned, that nothing else
+            // points to.
+            unsafe { std::ptr::copy_nonoverlapping(values.as_ptr(), at, len) };
+            read.push(Q8Tensor { values: at, len, scales: std::ptr::NonNull::dangling().as_ptr(), scales_len: 0 });
         }
         Ok(read.try_into().unwrap_or_else(|_| unreachable!("one matrix read per name")))
     }
@@ -149,21 +142,22 @@ impl TensorFile {
         Ok(matrix)
     }
 
-    /// The packed matrix `name` (`len` values) and its scales, slices of a saved model's
-    /// mapping (see [`TensorFile::packed_entry`]) once the scales are known to be valid; either
-    /// is copied into huge pages where the file does not place it on a cache line.
-    fn mapped_packed_q8(&mut self, name: &str, len: usize) -> Result<Q8Tensor, Error> {
+    /// The packed `[rows, cols]` matrix `name` (`len` bytes, its scales among them), a slice
+    /// of a saved model's mapping (see [`TensorFile::packed_entry`]) once the kernel finds its
+    /// scales valid (its `check_packed`), copied into huge pages where the file does not place
+    /// it on a cache line.
+    fn mapped_packed_q8(&mut self, name: &str, [rows, cols]: [usize; 2], len: usize) -> Result<Q8Tensor, Error> {
         let Some(values) = self.packed_entry(name, Dtype::I8, "I8", len)? else {
             unreachable!("the caller found `{name}.packed`")
         };
-        let scales_name = scale_name(name);
-        let Some(scales) = self.packed_entry(&scales_name, Dtype::F32, "F32", len / BLOCK)? else {
-            return Err(Error::MissingTensor { path: self.path.clone(), name: format!("{scales_name}.packed") });
-        };
-        self.check_scales(&format!("{scales_name}.packed"), scales.clone())?;
+        let bytes = &self.map[values.clone()];
+        // SAFETY: i8 and u8 have the same size and alignment, and every bit pattern is valid.
+        let packed = unsafe { std::slice::from_raw_parts(bytes.as_ptr().cast::<i8>(), bytes.len()) };
+        if let Err(why) = crate::kernels::__matmul::check_packed(packed, rows, cols) {
+            return Err(Error::InvalidWeights { path: self.path.clone(), reason: format!("tensor `{name}.packed` {why}") });
+        }
         let values = self.on_cache_line(values)?.cast::<i8>();
-        let scales = self.on_cache_line(scales)?.cast::<f32>();
-        Ok(Q8Tensor { values, len, scales, scales_len: len / BLOCK })
+        Ok(Q8Tensor { values, len, scales: std::ptr::NonNull::dangling().as_ptr(), scales_len: 0 })
     }
 
     /// [`TensorFile::q8_many`], without keeping copies when saving.
@@ -173,6 +167,8 @@ impl TensorFile {
         let mut read = Vec::with_capacity(M);
         // What to quantize: the file's dtype and bytes, and the matrix's rows and columns.
         let mut quantize = Vec::new();
+        // The names of the matrices quantized here, with their scales.
+        let mut quantized = Vec::new();
         for &(name, [rows, cols]) in &matrices {
             let (dtype, range) = self.checked_as(name, &[rows, cols], &dtypes, expected)?;
             if dtype == Dtype::I8 {
@@ -182,6 +178,7 @@ impl TensorFile {
                 let scales = self.pages_for(rows * cols.div_ceil(BLOCK) * 4)?.cast::<f32>();
                 let matrix = Q8Tensor { values, len: rows * cols, scales, scales_len: rows * cols.div_ceil(BLOCK) };
                 quantize.push((dtype, range, rows, cols, values, scales));
+                quantized.push((name, read.len()));
                 read.push(matrix);
             }
         }
@@ -211,19 +208,34 @@ impl TensorFile {
             }
             first.into_iter().for_each(Part::quantize);
         });
+        // A scale beyond binary16's largest: values of magnitude above 127 · 65504.
+        for (name, at) in quantized {
+            if read[at].scales().iter().fold(false, |over, &d| over | (d > MAX_SCALE)) {
+                return Err(Error::InvalidWeights {
+                    path: self.path.clone(),
+                    reason: format!(
+                        "tensor `{name}` holds a value of magnitude above {}, too large for the scale \
+                         (binary16) of an int8 block",
+                        127.0 * MAX_SCALE
+                    ),
+                });
+            }
+        }
         Ok(read.try_into().unwrap_or_else(|_| unreachable!("one matrix read per name")))
     }
 
-    /// Whether every scale of tensor `name` (at `range`) is finite and not negative.
+    /// Whether every scale of tensor `name` (at `range`) is a binary16 value, not negative, as
+    /// `matmul_q8` requires (the scales that monogen's quantizer writes are).
     fn check_scales(&self, name: &str, range: Range<usize>) -> Result<(), Error> {
-        // A scale is finite and not negative exactly when its bits, as an unsigned integer,
-        // lie below those of +∞; or-ing the comparisons, with no early exit, vectorizes.
-        let bits = |b: &[u8]| u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
-        let infinity = f32::INFINITY.to_bits();
-        if self.map[range].chunks_exact(4).fold(false, |bad, b| bad | (bits(b) >= infinity)) {
+        // Or-ing the tests, with no early exit, vectorizes.
+        let value = |b: &[u8]| f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+        if self.map[range].chunks_exact(4).fold(false, |bad, b| bad | !is_binary16(value(b))) {
             return Err(Error::InvalidWeights {
                 path: self.path.clone(),
-                reason: format!("tensor `{name}` holds a scale that is negative, infinite or NaN"),
+                reason: format!(
+                    "tensor `{name}` holds a scale that is negative, NaN or not a binary16 value (a \
+                     model that an earlier monogen saved needs saving again)"
+                ),
             });
         }
         Ok(())
@@ -305,7 +317,46 @@ fn quantize_rows(dtype: Dtype, cols: usize, bytes: &[u8], values: &mut [i8], sca
     }
 }
 
-/// Quantizes one row: per block, `scale = max|x| / 127` and `q = round(x · 127 / max|x|)`.
+/// The largest binary16 value, and so the largest scale.
+const MAX_SCALE: f32 = 65504.0;
+
+/// binary16's smallest normal value, 2⁻¹⁴.
+const MIN_NORMAL: f32 = 6.103_515_6e-5;
+
+/// binary16's smallest step, 2⁻²⁴: the spacing of its values below [`MIN_NORMAL`].
+const SMALLEST: f32 = 5.960_464_5e-8;
+
+/// Whether `v` is a binary16 value and not negative.
+fn is_binary16(v: f32) -> bool {
+    // 10 bits of mantissa among the normal values; a multiple of 2⁻²⁴ below them (exact in
+    // f32, a whole number below 1024 once divided by it).
+    let normal = (MIN_NORMAL..=MAX_SCALE).contains(&v) && v.to_bits() & 0x1fff == 0;
+    let steps = v / SMALLEST;
+    let small = (0.0..MIN_NORMAL).contains(&v) && steps == steps as u32 as f32;
+    normal | small
+}
+
+/// The scale of a block whose largest magnitude is `amax`: `amax / 127` rounded up to a
+/// binary16 value (above [`MAX_SCALE`] when `amax` is too large for one).
+fn block_scale(amax: f32) -> f32 {
+    let scale = amax / 127.0;
+    if scale < MIN_NORMAL {
+        return small_scale(scale);
+    }
+    // Rounded up to 10 bits of mantissa.
+    f32::from_bits((scale.to_bits() + 0x1fff) & !0x1fff)
+}
+
+/// `scale` (below [`MIN_NORMAL`]) rounded up to a multiple of [`SMALLEST`]; out of the way of
+/// the quantizer's loop, which rarely comes here.
+#[cold]
+#[inline(never)]
+fn small_scale(scale: f32) -> f32 {
+    (scale / SMALLEST).ceil() * SMALLEST
+}
+
+/// Quantizes one row: per block, `scale = max|x| / 127` rounded up to binary16 and
+/// `q = round(x / scale)`.
 fn quantize(row: &[f32], values: &mut [i8], scales: &mut [f32]) {
     let mut blocks = row.chunks_exact(BLOCK);
     let mut outs = values.chunks_exact_mut(BLOCK);
@@ -340,11 +391,13 @@ fn quantize_block(block: &[f32; BLOCK], out: &mut [i8; BLOCK]) -> f32 {
         }
     }
     let amax = lanes.iter().fold(0.0f32, |m, &a| m.max(a));
-    let inverse = if amax > 0.0 { 127.0 / amax } else { 0.0 };
+    let scale = block_scale(amax);
+    // |v / scale| ≤ 127 (f32 rounding takes it at most an ulp past, which rounds to 127).
+    let inverse = if amax > 0.0 { 1.0 / scale } else { 0.0 };
     for (q, &v) in out.iter_mut().zip(block) {
         *q = round_to_int(v * inverse) as i8;
     }
-    amax / 127.0
+    scale
 }
 
 /// `v` rounded to the nearest integer, ties to even, for |v| ≤ 2²²: adding 1.5 · 2²³ leaves

@@ -294,4 +294,20 @@ fn int8_load_reports_a_bad_matrix_by_name() {
     std::fs::write(temp.path().join("model.safetensors"), edited).unwrap();
     let err = int8::Model::load(temp.path()).err().expect("a missing tensor is an error");
     assert!(err.to_string().contains("model.layers.2.mlp.down_proj.weight"), "{err}");
+
+    // A value too large for a block's scale (binary16, at most 65504 · 127 ≈ 8.3e6) is an
+    // error naming the matrix, not an infinite scale.
+    let json: serde_json::Value = serde_json::from_str(header).unwrap();
+    let name = "model.layers.1.mlp.up_proj.weight";
+    let at = 8 + header_len + json[name]["data_offsets"][0].as_u64().unwrap() as usize + 4 * 77;
+    let mut edited = bytes.clone();
+    edited[at..at + 4].copy_from_slice(&1e7f32.to_le_bytes());
+    std::fs::write(temp.path().join("model.safetensors"), edited).unwrap();
+    let err = int8::Model::load(temp.path()).err().expect("an out-of-range value is an error").to_string();
+    assert!(err.contains(name) && err.contains("binary16"), "{err}");
+    // Below it, the block quantizes (its scale rounded up, so nothing is clipped).
+    let mut edited = bytes.clone();
+    edited[at..at + 4].copy_from_slice(&8e6f32.to_le_bytes());
+    std::fs::write(temp.path().join("model.safetensors"), edited).unwrap();
+    assert!(int8::Model::load(temp.path()).is_ok());
 }

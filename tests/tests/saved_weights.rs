@@ -169,11 +169,24 @@ fn a_damaged_saved_file_is_an_error_naming_the_tensor() {
     let e = error(&damaged(temp.path(), matrix, |values| *values.last_mut().unwrap() = 0x80));
     assert!(e.contains(matrix) && e.contains("-128"), "{e}");
 
-    // A scale that is NaN, infinite or negative.
+    // A scale that is NaN, infinite, negative, or not a binary16 value (0.1 has more than 11
+    // significant bits; 1e-9 lies below binary16's smallest step; 7e4 above its largest value),
+    // as a model saved before scales were binary16 values may hold.
     let scales = "model.layers.1.self_attn.k_proj.weight_scale";
-    for bad in [f32::NAN, f32::INFINITY, -0.5] {
+    for bad in [f32::NAN, f32::INFINITY, -0.5, 0.1, 1e-9, 7e4] {
         let e = error(&damaged(temp.path(), scales, |s| s[4..8].copy_from_slice(&bad.to_le_bytes())));
-        assert!(e.contains(scales), "{bad}: {e}");
+        assert!(e.contains(scales) && e.contains("binary16"), "{bad}: {e}");
+    }
+    // Every scale of the saved file is one: 2⁻²⁴ steps below the normal values, 10 bits of
+    // mantissa above them.
+    let (h, data) = header(&std::fs::read(temp.path().join("model.safetensors")).unwrap());
+    let bytes = std::fs::read(temp.path().join("model.safetensors")).unwrap();
+    let (start, end) = offsets(&h, scales);
+    for b in bytes[data + start..data + end].chunks_exact(4) {
+        let v = f32::from_le_bytes(b.try_into().unwrap());
+        let binary16 =
+            if v < 6.103_515_6e-5 { (v * 16_777_216.0).fract() == 0.0 } else { v.to_bits() & 0x1fff == 0 };
+        assert!(v >= 0.0 && binary16, "{v} is not a binary16 value");
     }
 
     // Scales that are missing, or of another shape.

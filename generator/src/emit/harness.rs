@@ -347,13 +347,14 @@ fn trait_impl(imp: &Implementation) -> TokenStream {
         "matmul_q8" => {
             let packed = imp.packs_weights.then(|| {
                 quote! {
-                    // Packed by the kernel, as the crate packs them at load.
-                    let (values, scales) = kernels::#m::pack(&values, &scales, n, k);
+                    // Packed by the kernel, scales included, as the crate packs them at load.
+                    let (values, scales) = (kernels::#m::pack(&values, &scales, n, k), Vec::new());
                 }
             });
             quote! {
             impl harness::Matmul for #ty {
-                /// The values and the scale of each block of 32 of a row.
+                /// The values and the scale of each block of 32 of a row (for a kernel that
+                /// packs them, its packed bytes and no scales).
                 type Weights = (Vec<i8>, Vec<f32>);
                 /// Quantized per block of 32 of each row, as the crate quantizes at load.
                 fn weights(w: &[f32], n: usize, k: usize) -> (Vec<i8>, Vec<f32>) {
@@ -361,8 +362,9 @@ fn trait_impl(imp: &Implementation) -> TokenStream {
                     for row in w.chunks(k) {
                         for block in row.chunks(32) {
                             let amax = block.iter().fold(0.0f32, |m, v| m.max(v.abs()));
-                            let inverse = if amax > 0.0 { 127.0 / amax } else { 0.0 };
-                            scales.push(amax / 127.0);
+                            let scale = harness::q8_scale(amax);
+                            let inverse = if amax > 0.0 { 1.0 / scale } else { 0.0 };
+                            scales.push(scale);
                             values.extend(block.iter().map(|v| (v * inverse).round_ties_even() as i8));
                         }
                     }

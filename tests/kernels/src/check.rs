@@ -267,7 +267,12 @@ pub fn matmul_q8<const N: usize, const K: usize>(
     let tolerance = TOLERANCE * (K as f32 / 64.0).max(1.0);
     let blocks = K.div_ceil(32);
     let w: Vec<i8> = rng.vec(N * K, 1.0).iter().map(|v| (v * 127.0).round() as i8).collect();
-    let scales: Vec<f32> = rng.vec(N * blocks, 1.0).iter().map(|v| 0.01 + v.abs() * 0.02).collect();
+    // binary16 values, as the interface requires: 10 bits of mantissa.
+    let scales: Vec<f32> = rng
+        .vec(N * blocks, 1.0)
+        .iter()
+        .map(|v| f32::from_bits((0.01 + v.abs() * 0.02).to_bits() & !0x1fff))
+        .collect();
     let (laid_out, laid_out_scales) = layout(&w, &scales);
     for rows in [1, 2, 5, 7, 32, 100] {
         let mut x = rng.vec(rows * K, 1.0);

@@ -205,3 +205,43 @@ mod sampler {
         assert_eq!(kept, picked[..3].to_vec());
     }
 }
+
+/// The int8 packing kernel stores each scale in binary16: exactly for the binary16 values that
+/// `matmul_q8`'s scales are, and otherwise rounded to nearest as F16C's `vcvtps2ph` rounds
+/// (which this compares with, over every binary16 value and values near each).
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn int8_packed_scales_convert_to_binary16_as_f16c_does() {
+    use std::arch::x86_64::*;
+
+    use kernels::shared::avx512_q8_packed::binary16;
+    if !std::arch::is_x86_feature_detected!("f16c") {
+        eprintln!("skipped: this CPU lacks F16C");
+        return;
+    }
+    #[target_feature(enable = "f16c")]
+    fn narrow(v: f32) -> u16 {
+        _mm_extract_epi16::<0>(_mm_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm_set1_ps(v))) as u16
+    }
+    #[target_feature(enable = "f16c")]
+    fn widen(bits: u16) -> f32 {
+        _mm_cvtss_f32(_mm_cvtph_ps(_mm_set1_epi16(bits as i16)))
+    }
+    let mut rng = Rng::for_shape(&[16]);
+    for bits in 0..=u16::MAX {
+        // SAFETY: the CPU has F16C (checked above).
+        let v = unsafe { widen(bits) };
+        if v.is_nan() {
+            continue;
+        }
+        assert_eq!(binary16(v), bits, "{v:e} is binary16 {bits:#06x}");
+        let near = v * (1.0 + rng.vec(1, 1e-3)[0]);
+        // SAFETY: as above.
+        assert_eq!(binary16(near), unsafe { narrow(near) }, "{near:e}");
+    }
+    // Ties, below the smallest step, the largest value and past it.
+    for v in [1e-9f32, 2.980_232_2e-8, 8.940_697e-8, 6.1e-5, 65504.0, 65519.0, 65520.0, 1e6, f32::INFINITY] {
+        // SAFETY: as above.
+        assert_eq!(binary16(v), unsafe { narrow(v) }, "{v:e}");
+    }
+}
