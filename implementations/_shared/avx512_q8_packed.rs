@@ -3,13 +3,13 @@
 //!
 //! # The layout ([`pack`])
 //!
-//! The weight rows go in groups of 16, one per 32-bit lane of a vector. For each group, the
-//! blocks of 32 values of K follow one another in pairs, and each pair's scales lead it, so
-//! that a thread reads its share as one stream with nothing beside it:
+//! The weight rows go in groups of 16, one per 32-bit lane of a vector. Each group holds its
+//! scales, then its blocks of 32 values of K one after the other, so that a thread reads its
+//! share as one stream with nothing beside it:
 //!
-//! - **The scales** of a pair: one cache line, the 16 rows' scales of its first block, then
-//!   those of its second, as binary16 (the interface's scales are binary16 values, so this is
-//!   exact). A last block without a partner has a line of its own, half of it unused.
+//! - **The scales**: per block, the 16 rows' scales as binary16 (the interface's scales are
+//!   binary16 values, so this is exact), 32 bytes, padded to whole cache lines. Kept together,
+//!   they are what a load of a saved model reads to check them, in runs of lines.
 //! - **A block**: 8 vectors of 64 bytes; vector `s` holds values `4s..4s + 4` of the block for
 //!   the 16 rows, lane by lane. Each value is stored plus 128, as an unsigned byte (the bits of
 //!   the int8 value with the sign bit flipped).
@@ -52,26 +52,27 @@ pub const GROUP: usize = 16;
 /// Bytes of one block of a group: 16 rows of 32 values.
 const BLOCK_BYTES: usize = GROUP * BLOCK;
 
-/// Bytes of the scales of a pair of blocks: 2 × 16 binary16 values, one cache line.
-const SCALE_BYTES: usize = 64;
+/// Bytes of one block's scales: 16 binary16 values.
+const SCALES: usize = 2 * GROUP;
 
-/// Bytes of a pair of blocks with their scales, which lead.
-const PAIR_BYTES: usize = SCALE_BYTES + 2 * BLOCK_BYTES;
-
-/// Bytes of one group of 16 rows over `blocks` blocks (an odd last block has a line of scales
-/// of its own, half of it unused).
-const fn group_bytes(blocks: usize) -> usize {
-    blocks / 2 * PAIR_BYTES + blocks % 2 * (SCALE_BYTES + BLOCK_BYTES)
+/// Bytes of the scales of a group over `blocks` blocks, in whole cache lines.
+const fn scale_bytes(blocks: usize) -> usize {
+    (blocks * SCALES).next_multiple_of(64)
 }
 
-/// Offset of block `b`'s values in its group.
-const fn block_at(b: usize) -> usize {
-    b / 2 * PAIR_BYTES + SCALE_BYTES + b % 2 * BLOCK_BYTES
+/// Bytes of one group of 16 rows over `blocks` blocks: its scales, then its blocks.
+const fn group_bytes(blocks: usize) -> usize {
+    scale_bytes(blocks) + blocks * BLOCK_BYTES
+}
+
+/// Offset of block `b`'s values in a group of `blocks` blocks.
+const fn block_at(b: usize, blocks: usize) -> usize {
+    scale_bytes(blocks) + b * BLOCK_BYTES
 }
 
 /// Offset of block `b`'s 16 scales in its group.
 const fn scales_at(b: usize) -> usize {
-    b / 2 * PAIR_BYTES + b % 2 * 32
+    b * SCALES
 }
 
 /// `v` as binary16 bits: exact for the binary16 values that `matmul_q8`'s scales are, rounded
@@ -117,7 +118,7 @@ thread_local! {
 }
 
 /// Bytes of the packed form of `[n, k]` weights: `n` rounded up to a multiple of 16 by `k`
-/// rounded up to a multiple of 32, and the scales' lines.
+/// rounded up to a multiple of 32, and each group's lines of scales.
 pub const fn packed_len(n: usize, k: usize) -> usize {
     n.div_ceil(GROUP) * group_bytes(k.div_ceil(BLOCK))
 }
@@ -132,17 +133,15 @@ pub fn pack(w: &[i8], scales: &[f32], n: usize, k: usize) -> Vec<i8> {
     // Zero weights are 128 offset, -128 as i8 bits; the scales' lines start as zeros.
     let mut values = vec![i8::MIN; packed_len(n, k)];
     for g in 0..groups {
-        for b in (0..blocks).step_by(2) {
-            let at = g * group_bytes(blocks) + scales_at(b);
-            values[at..at + SCALE_BYTES].fill(0);
-        }
+        let at = g * group_bytes(blocks);
+        values[at..at + scale_bytes(blocks)].fill(0);
     }
     for g in 0..groups {
         for lane in 0..GROUP.min(n - g * GROUP) {
             let row = g * GROUP + lane;
             let weights = &w[row * k..(row + 1) * k];
             for b in 0..blocks {
-                let block = g * group_bytes(blocks) + block_at(b);
+                let block = g * group_bytes(blocks) + block_at(b, blocks);
                 let part = &weights[b * BLOCK..k.min((b + 1) * BLOCK)];
                 // 4 values at a time, each offset by 128 (the sign bit flipped).
                 for (s, quad) in part.chunks(4).enumerate() {
@@ -173,16 +172,18 @@ pub fn check_packed(packed: &[i8], n: usize, k: usize) -> Result<(), String> {
     }
     let blocks = k.div_ceil(BLOCK);
     for g in 0..n.div_ceil(GROUP) {
-        for b in 0..blocks {
-            let at = g * group_bytes(blocks) + scales_at(b);
-            let scales = packed[at..at + 2 * GROUP].chunks_exact(2);
-            // Finite and not negative: below +∞'s bits, with the sign bit clear.
-            if scales.map(|s| u16::from_le_bytes([s[0] as u8, s[1] as u8])).any(|bits| bits >= 0x7c00) {
-                return Err(format!(
-                    "holds a scale that is negative, infinite or NaN (rows {}.., block {b})",
-                    g * GROUP
-                ));
-            }
+        let at = g * group_bytes(blocks);
+        let scales = &packed[at..at + blocks * SCALES];
+        // Finite and not negative: below +∞'s bits, with the sign bit clear. Or-ing the tests,
+        // with no early exit, vectorizes; the bad scale is looked for only once one is found.
+        let bits = |s: &[i8]| u16::from_le_bytes([s[0] as u8, s[1] as u8]);
+        if scales.chunks_exact(2).fold(false, |bad, s| bad | (bits(s) >= 0x7c00)) {
+            let at = scales.chunks_exact(2).position(|s| bits(s) >= 0x7c00).unwrap_or(0);
+            return Err(format!(
+                "holds a scale that is negative, infinite or NaN (row {}, block {})",
+                g * GROUP + at % GROUP,
+                at / GROUP
+            ));
         }
     }
     Ok(())
@@ -353,8 +354,8 @@ impl Q8Packed {
             let (mut sum0, mut sum1) = (_mm512_setzero_ps(), _mm512_setzero_ps());
             let mut b = 0;
             while b + 2 <= blocks {
-                let w = base.add(block_at(b));
-                for line in (0..PAIR_BYTES).step_by(64) {
+                let w = base.add(block_at(b, blocks));
+                for line in (0..2 * BLOCK_BYTES).step_by(64) {
                     _mm_prefetch::<_MM_HINT_T0>(w.add(AHEAD + line).cast());
                 }
                 let mut a0 = _mm512_set1_epi32(*self.offsets.add(b));
@@ -370,7 +371,7 @@ impl Q8Packed {
                 b += 2;
             }
             if b < blocks {
-                let w = base.add(block_at(b));
+                let w = base.add(block_at(b, blocks));
                 let mut a0 = _mm512_set1_epi32(*self.offsets.add(b));
                 for s in 0..8 {
                     a0 =
@@ -393,7 +394,7 @@ impl Q8Packed {
             let base = self.w.add(g * group_bytes(blocks));
             let mut sums = [_mm512_setzero_ps(); R];
             for b in 0..blocks {
-                let w = base.add(block_at(b));
+                let w = base.add(block_at(b, blocks));
                 let mut acc: [__m512i; R] =
                     std::array::from_fn(|i| _mm512_set1_epi32(*self.offsets.add((first + i) * blocks + b)));
                 for s in 0..8 {

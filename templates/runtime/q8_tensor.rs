@@ -15,10 +15,11 @@ use crate::{Error, THREADS};
 /// Values of a row that share one scale.
 pub const BLOCK: usize = 32;
 
-/// An int8 matrix of `[rows, cols]` values and `[rows, ⌈cols / BLOCK⌉]` scales (or, packed
-/// by the matmul kernel, its bytes, scales included, and no scales). Both lie in the huge pages of the [`Storage`](crate::tensor_file::Storage) that [`TensorFile::finish`]
-/// returns, or in its mapping of a file that holds them already (as `--save-model` writes
-/// it); whoever holds the matrix holds that storage too.
+/// An int8 matrix of `[rows, cols]` values and `[rows, ⌈cols / BLOCK⌉]` scales (or, packed by
+/// the matmul kernel, its bytes, scales included, and no scales). Both lie in the huge pages of
+/// the [`Storage`](crate::tensor_file::Storage) that [`TensorFile::finish`] returns, or in its
+/// mapping of a file that holds them already (as `--save-model` writes it); whoever holds the
+/// matrix holds that storage too.
 pub struct Q8Tensor {
     values: *const i8,
     len: usize,

@@ -1,9 +1,9 @@
 //! Matrix product `out = x · wᵀ` with blockwise int8 weights and AVX-512 VNNI on `THREADS`
-//! threads, over weights packed once, at load (`pack`): groups of 16 weight rows whose blocks of
-//! 32 values, each pair led by its binary16 scales, each thread reads front to back
-//! (`shared/avx512_q8_packed.rs`). The activations are
-//! quantized once, by the calling thread; the groups are cut into `THREADS` equal shares that the
-//! persistent team of `shared/team.rs` computes, the calling thread taking the first.
+//! threads, over weights packed once, at load (`pack`): groups of 16 weight rows, each its
+//! binary16 scales and then its blocks of 32 values, which each thread reads front to back
+//! (`shared/avx512_q8_packed.rs`). The activations are quantized once, by the calling thread; the
+//! groups are cut into `THREADS` equal shares that the persistent team of `shared/team.rs`
+//! computes, the calling thread taking the first.
 
 use std::ops::Range;
 
@@ -11,8 +11,8 @@ use super::shared::avx512_q8_packed::{self, GROUP, Q8Packed};
 use super::shared::team::{self, Job};
 
 /// The `[n, k]` int8 weights `w` and their `[n, ⌈k/32⌉]` scales in the layout [`matmul_q8`]
-/// reads: groups of 16 weight rows, each value offset by 128, each pair of blocks led by its
-/// scales in binary16.
+/// reads: groups of 16 weight rows, each value offset by 128, each group led by its scales in
+/// binary16.
 pub fn pack(w: &[i8], scales: &[f32], n: usize, k: usize) -> Vec<i8> {
     avx512_q8_packed::pack(w, scales, n, k)
 }
