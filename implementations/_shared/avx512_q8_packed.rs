@@ -3,19 +3,8 @@
 //!
 //! # The layout ([`pack`])
 //!
-//! The weight rows go in groups of 16, one per 32-bit lane of a vector. Each group holds its
-//! scales, then its blocks of 32 values of K one after the other, so that a thread reads its
-//! share as one stream with nothing beside it:
-//!
-//! - **The scales**: per block, the 16 rows' scales as binary16 (the interface's scales are
-//!   binary16 values, so this is exact), 32 bytes, padded to whole cache lines. Kept together,
-//!   they are what a load of a saved model reads to check them, in runs of lines.
-//! - **A block**: 8 vectors of 64 bytes; vector `s` holds values `4s..4s + 4` of the block for
-//!   the 16 rows, lane by lane. Each value is stored plus 128, as an unsigned byte (the bits of
-//!   the int8 value with the sign bit flipped).
-//!
-//! So a block of 32 values of a row takes 34 bytes, against 36 with its scale in f32. Rows past
-//! `n` and values past `k` are zero weights with scale 0.
+//! `q8_packed.rs`'s, in groups of 16 weight rows (a block's vector `s`, 64 bytes, holds values
+//! `4s..4s + 4` of the block for the 16 rows), each value stored plus 128, as an unsigned byte.
 //!
 //! # The product
 //!
@@ -45,61 +34,20 @@ use std::cell::RefCell;
 use std::ops::Range;
 
 use super::avx512_q8::{BLOCK, STEP, quantize_row};
+use super::q8_packed::Layout;
 
 /// Weight rows per group: the lanes of a vector of i32.
 pub const GROUP: usize = 16;
 
+/// The packed layout, in groups of 16 rows.
+type L = Layout<GROUP>;
+
 /// Bytes of one block of a group: 16 rows of 32 values.
-const BLOCK_BYTES: usize = GROUP * BLOCK;
-
-/// Bytes of one block's scales: 16 binary16 values.
-const SCALES: usize = 2 * GROUP;
-
-/// Bytes of the scales of a group over `blocks` blocks, in whole cache lines.
-const fn scale_bytes(blocks: usize) -> usize {
-    (blocks * SCALES).next_multiple_of(64)
-}
-
-/// Bytes of one group of 16 rows over `blocks` blocks: its scales, then its blocks.
-const fn group_bytes(blocks: usize) -> usize {
-    scale_bytes(blocks) + blocks * BLOCK_BYTES
-}
+const BLOCK_BYTES: usize = L::BLOCK_BYTES;
 
 /// Offset of block `b`'s values in a group of `blocks` blocks.
 const fn block_at(b: usize, blocks: usize) -> usize {
-    scale_bytes(blocks) + b * BLOCK_BYTES
-}
-
-/// Offset of block `b`'s 16 scales in its group.
-const fn scales_at(b: usize) -> usize {
-    b * SCALES
-}
-
-/// `v` as binary16 bits: exact for the binary16 values that `matmul_q8`'s scales are, rounded
-/// to nearest (ties to even) for any other.
-pub fn binary16(v: f32) -> u16 {
-    let x = v.to_bits();
-    // The usual case, a normal binary16 value: the exponent rebiased, the mantissa's top bits.
-    let magnitude = x & 0x7fff_ffff;
-    if (0x3880_0000..0x4780_0000).contains(&magnitude) && magnitude & 0x1fff == 0 {
-        return (((x >> 16) & 0x8000) | ((magnitude >> 13) - (112 << 10))) as u16;
-    }
-    let sign = ((x >> 16) & 0x8000) as u16;
-    let exp = ((x >> 23) & 0xff) as i32;
-    let mant = x & 0x7f_ffff;
-    if exp == 255 {
-        return sign | 0x7c00 | if mant != 0 { 0x200 } else { 0 };
-    }
-    let e = exp - 127 + 15;
-    let (m, shift) = if e >= 1 { (mant, 13) } else { (mant | 0x80_0000, (14 - e) as u32) };
-    if shift > 24 {
-        return sign;
-    }
-    let base = if e >= 1 { ((e as u32) << 10) | (m >> 13) } else { m >> shift };
-    let dropped = m & ((1 << shift) - 1);
-    let half = 1 << (shift - 1);
-    let rounded = base + u32::from(dropped > half || (dropped == half && base & 1 == 1));
-    sign | rounded.min(0x7c00) as u16
+    L::block_at(b, blocks)
 }
 
 /// Most activation rows that pass over a group's weights at once: each takes an i32 and an f32
@@ -120,73 +68,19 @@ thread_local! {
 /// Bytes of the packed form of `[n, k]` weights: `n` rounded up to a multiple of 16 by `k`
 /// rounded up to a multiple of 32, and each group's lines of scales.
 pub const fn packed_len(n: usize, k: usize) -> usize {
-    n.div_ceil(GROUP) * group_bytes(k.div_ceil(BLOCK))
+    L::packed_len(n, k)
 }
 
 /// The `[n, k]` int8 weights `w` (values in −127..=127) and their `[n, ⌈k/32⌉]` binary16 scales
-/// in the packed layout (see the module's docs): [`packed_len`] bytes.
+/// in the packed layout (see the module's docs), each value offset by 128: [`packed_len`] bytes.
 pub fn pack(w: &[i8], scales: &[f32], n: usize, k: usize) -> Vec<i8> {
-    let blocks = k.div_ceil(BLOCK);
-    assert!(w.len() >= n * k, "pack: w is shorter than {n} rows of {k}");
-    assert!(scales.len() >= n * blocks, "pack: scales is shorter than {n} rows of {blocks}");
-    let groups = n.div_ceil(GROUP);
-    // Zero weights are 128 offset, -128 as i8 bits; the scales' lines start as zeros.
-    let mut values = vec![i8::MIN; packed_len(n, k)];
-    for g in 0..groups {
-        let at = g * group_bytes(blocks);
-        values[at..at + scale_bytes(blocks)].fill(0);
-    }
-    for g in 0..groups {
-        for lane in 0..GROUP.min(n - g * GROUP) {
-            let row = g * GROUP + lane;
-            let weights = &w[row * k..(row + 1) * k];
-            for b in 0..blocks {
-                let block = g * group_bytes(blocks) + block_at(b, blocks);
-                let part = &weights[b * BLOCK..k.min((b + 1) * BLOCK)];
-                // 4 values at a time, each offset by 128 (the sign bit flipped).
-                for (s, quad) in part.chunks(4).enumerate() {
-                    let at = block + s * 64 + lane * 4;
-                    for (out, &v) in values[at..at + quad.len()].iter_mut().zip(quad) {
-                        *out = v ^ i8::MIN;
-                    }
-                }
-                let at = g * group_bytes(blocks) + scales_at(b) + lane * 2;
-                let [low, high] = binary16(scales[row * blocks + b]).to_le_bytes();
-                values[at] = low as i8;
-                values[at + 1] = high as i8;
-            }
-        }
-    }
-    values
+    L::pack(w, scales, n, k, true)
 }
 
 /// Ok when the `packed_len(n, k)` bytes `packed` hold scales (binary16) that are all finite and
-/// not negative, as [`pack`] writes them; else which group and block holds a bad one.
+/// not negative, as [`pack`] writes them; else which row and block holds a bad one.
 pub fn check_packed(packed: &[i8], n: usize, k: usize) -> Result<(), String> {
-    if packed.len() != packed_len(n, k) {
-        return Err(format!(
-            "holds {} bytes, not the {} of {n} × {k} packed weights",
-            packed.len(),
-            packed_len(n, k)
-        ));
-    }
-    let blocks = k.div_ceil(BLOCK);
-    for g in 0..n.div_ceil(GROUP) {
-        let at = g * group_bytes(blocks);
-        let scales = &packed[at..at + blocks * SCALES];
-        // Finite and not negative: below +∞'s bits, with the sign bit clear. Or-ing the tests,
-        // with no early exit, vectorizes; the bad scale is looked for only once one is found.
-        let bits = |s: &[i8]| u16::from_le_bytes([s[0] as u8, s[1] as u8]);
-        if scales.chunks_exact(2).fold(false, |bad, s| bad | (bits(s) >= 0x7c00)) {
-            let at = scales.chunks_exact(2).position(|s| bits(s) >= 0x7c00).unwrap_or(0);
-            return Err(format!(
-                "holds a scale that is negative, infinite or NaN (row {}, block {})",
-                g * GROUP + at % GROUP,
-                at / GROUP
-            ));
-        }
-    }
-    Ok(())
+    L::check_packed(packed, n, k)
 }
 
 /// One call's operands: `out[r, j]` for `r < rows`, `j < n`, from `x: [rows, k]` and packed
@@ -337,7 +231,7 @@ impl Q8Packed {
         // SAFETY: the group's scales and the row's block scale lie inside their buffers.
         unsafe {
             let dw = _mm512_cvtph_ps(_mm256_loadu_si256(
-                self.w.add(g * group_bytes(blocks) + scales_at(b)).cast(),
+                self.w.add(g * L::group_bytes(blocks) + L::scales_at(b)).cast(),
             ));
             _mm512_mul_ps(dw, _mm512_set1_ps(*self.dx.add(r * steps * 16 + b * 8)))
         }
@@ -350,7 +244,7 @@ impl Q8Packed {
         let blocks = self.blocks();
         // SAFETY: group `g`'s blocks lie inside the packed weights; prefetches never fault.
         unsafe {
-            let base = self.w.add(g * group_bytes(blocks));
+            let base = self.w.add(g * L::group_bytes(blocks));
             let (mut sum0, mut sum1) = (_mm512_setzero_ps(), _mm512_setzero_ps());
             let mut b = 0;
             while b + 2 <= blocks {
@@ -391,7 +285,7 @@ impl Q8Packed {
         // SAFETY: group `g`'s blocks lie inside the packed weights, rows `first..first + R`
         // inside the activations and the output.
         unsafe {
-            let base = self.w.add(g * group_bytes(blocks));
+            let base = self.w.add(g * L::group_bytes(blocks));
             let mut sums = [_mm512_setzero_ps(); R];
             for b in 0..blocks {
                 let w = base.add(block_at(b, blocks));

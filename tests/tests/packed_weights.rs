@@ -6,9 +6,10 @@
 //! - `matmul/avx512-packed-threads`: stories260k (LLaMA; its classifier is tied to the
 //!   embedding rows, which stay unpacked, and its 64-wide matrices end in a partial block; it
 //!   also saves them packed and runs from the saved directory) and all-MiniLM-L6-v2 (BERT);
-//! - `matmul_q8/avx512-vnni-packed-threads`, `matmul_bf16/avx512-packed-threads` and
-//!   `matmul_bf16/avx2-packed-threads`: stories260k, against the greedy tokens of the committed
-//!   int8 and bf16 crates, which read their weights unpacked.
+//! - `matmul_q8/avx512-vnni-packed-threads`, `matmul_q8/avx2-packed-threads`,
+//!   `matmul_bf16/avx512-packed-threads` and `matmul_bf16/avx2-packed-threads`: stories260k,
+//!   against the greedy tokens of the committed int8 and bf16 crates, which read their weights
+//!   unpacked.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -33,9 +34,12 @@ fn packed_crate(scratch: &Path, workload: &str, name: &str, implementation: &str
     if !std::arch::is_x86_feature_detected!("avx2")
         || !std::arch::is_x86_feature_detected!("fma")
         || (avx512 && !std::arch::is_x86_feature_detected!("avx512f"))
-        || (int8 && !std::arch::is_x86_feature_detected!("avx512vnni"))
+        || (int8 && avx512 && !std::arch::is_x86_feature_detected!("avx512vnni"))
+        || (int8 && !std::arch::is_x86_feature_detected!("f16c"))
     {
-        eprintln!("skipped: this CPU lacks the kernel's features (AVX2 and FMA, AVX-512F, VNNI for int8)");
+        eprintln!(
+            "skipped: this CPU lacks the kernel's features (AVX2 and FMA, AVX-512F, VNNI and F16C for int8)"
+        );
         return None;
     }
     for dir in ["interfaces", "implementations", "templates"] {
@@ -178,12 +182,24 @@ fn a_llama_crate_with_packed_weights_continues_as_the_reference() {
 
 #[test]
 fn an_int8_crate_with_packed_weights_generates_as_the_unpacked_one_and_from_its_saved_directory() {
+    int8_packed_generates_as_the_unpacked_one(
+        "matmul_q8/avx512-vnni-packed-threads",
+        "stories260k-q8-packed",
+    );
+}
+
+#[test]
+fn an_avx2_int8_crate_with_packed_weights_generates_as_the_unpacked_one_and_from_its_saved_directory() {
+    int8_packed_generates_as_the_unpacked_one("matmul_q8/avx2-packed-threads", "stories260k-q8-avx2-packed");
+}
+
+/// Generates stories260k in int8 with the packing kernel `kernel`, checks its saved directory
+/// and its greedy tokens against the committed int8 crate's, and that a damaged scale in the
+/// saved directory is an error naming the tensor.
+fn int8_packed_generates_as_the_unpacked_one(kernel: &str, name: &str) {
     let Some(model) = model_dir("stories260k") else { return };
     let scratch = tempfile::tempdir().unwrap();
-    let kernel = "matmul_q8/avx512-vnni-packed-threads";
-    let Some(binary) =
-        packed_crate(scratch.path(), "stories260k-cpu-int8.toml", "stories260k-q8-packed", kernel)
-    else {
+    let Some(binary) = packed_crate(scratch.path(), "stories260k-cpu-int8.toml", name, kernel) else {
         return;
     };
     // Saved with the matrices packed (values and binary16 scales in one buffer each), and the

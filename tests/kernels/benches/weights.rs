@@ -93,6 +93,16 @@ fn main() {
             })
         })
         .collect();
+    // The AVX2 form of the packed int8 layout, at half the width.
+    let avx2_q8: Vec<[PackedQ8; 7]> = int8
+        .iter()
+        .map(|l| {
+            std::array::from_fn(|i| {
+                let (n, k) = SHAPES[i];
+                PackedQ8::new(kernels::matmul_q8__avx2_packed_threads::pack(&l[i].0, &l[i].1, n, k))
+            })
+        })
+        .collect();
     let params: usize = SHAPES.iter().map(|(n, k)| n * k).sum::<usize>() * layers;
     // Values and f32 scales; the packed kernel holds its scales in binary16.
     let q8_bytes = params + params / 32 * 4;
@@ -114,6 +124,9 @@ fn main() {
         ("int8 (matmul_q8/avx512-vnni-repack-threads)", q8_bytes, over(&int8, q8_repack)),
         ("int8 (matmul_q8/avx512-vnni-packed-threads)", packed_q8_bytes, over(&packed_q8, q8_packed)),
         ("int8 (matmul_q8/avx512-vnni, 1 thread)", q8_bytes, over(&int8, q8_one)),
+        // The AVX2 int8 products too, which CPUs without AVX-512 VNNI take.
+        ("int8 (matmul_q8/avx2-threads)", q8_bytes, over(&int8, q8_avx2)),
+        ("int8 (matmul_q8/avx2-packed-threads)", packed_q8_bytes, over(&avx2_q8, q8_avx2_packed)),
         // The same tiles as the threaded f32 and bf16 products, on one thread: with the quick
         // run's one layer, from L3, they show whether memory or the instructions set the pace.
         ("f32 (matmul/avx512, 1 thread)", params * 4, over(&f32, f32_one)),
@@ -127,6 +140,7 @@ fn main() {
             ("bf16 (matmul_bf16/avx2-fma-threads)", params * 2, over(&bf16, bf16_avx2)),
             ("bf16 (matmul_bf16/avx2-packed-threads)", params * 2, over(&avx2_bf16, bf16_avx2_packed)),
             ("int8 (matmul_q8/avx2-threads)", q8_bytes, over(&int8, q8_avx2)),
+            ("int8 (matmul_q8/avx2-packed-threads)", packed_q8_bytes, over(&avx2_q8, q8_avx2_packed)),
             // What the packed blocks of a prefill gain over the dot tiles, on one thread.
             ("f32 dot tiles, 1 thread (shared/avx2_team_matmul.rs)", params * 4, over(&f32, f32_avx2_dots)),
             ("f32 packed blocks, 1 thread (shared/avx2_repack.rs)", params * 4, over(&f32, f32_avx2_packs)),
@@ -261,6 +275,19 @@ fn q8_packed(n: usize, k: usize, out: &mut [f32], x: &[f32], w: &PackedQ8, rows:
     let values = unsafe { std::slice::from_raw_parts(w.lines.as_ptr().cast::<i8>(), w.len) };
     let (out, x, values) = (black_box(out), black_box(x), black_box(values));
     use kernels::matmul_q8__avx512_vnni_packed_threads::matmul_q8;
+    match (n, k) {
+        (DIM, DIM) => matmul_q8::<DIM, DIM>(out, x, values, &[], rows),
+        (HIDDEN, DIM) => matmul_q8::<HIDDEN, DIM>(out, x, values, &[], rows),
+        (DIM, HIDDEN) => matmul_q8::<DIM, HIDDEN>(out, x, values, &[], rows),
+        _ => unreachable!(),
+    }
+}
+
+fn q8_avx2_packed(n: usize, k: usize, out: &mut [f32], x: &[f32], w: &PackedQ8, rows: usize) {
+    // SAFETY: as in `q8_packed`.
+    let values = unsafe { std::slice::from_raw_parts(w.lines.as_ptr().cast::<i8>(), w.len) };
+    let (out, x, values) = (black_box(out), black_box(x), black_box(values));
+    use kernels::matmul_q8__avx2_packed_threads::matmul_q8;
     match (n, k) {
         (DIM, DIM) => matmul_q8::<DIM, DIM>(out, x, values, &[], rows),
         (HIDDEN, DIM) => matmul_q8::<HIDDEN, DIM>(out, x, values, &[], rows),

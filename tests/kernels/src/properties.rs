@@ -214,7 +214,7 @@ mod sampler {
 fn int8_packed_scales_convert_to_binary16_as_f16c_does() {
     use std::arch::x86_64::*;
 
-    use kernels::shared::avx512_q8_packed::binary16;
+    use kernels::shared::q8_packed::binary16;
     if !std::arch::is_x86_feature_detected!("f16c") {
         eprintln!("skipped: this CPU lacks F16C");
         return;
