@@ -1,15 +1,15 @@
 //! Crates whose matmul packs its weights at load, on the real models against the reference
-//! outputs. The only committed crates that get such a kernel are benchmark workloads without
-//! a model of their shapes here, so each test generates its crate from a scratch copy of the
-//! registry in which the packing kernel has the highest priority, builds it, and runs its
-//! binary:
+//! outputs. Most committed crates that get such a kernel are benchmark workloads without a
+//! model of their shapes here (the BERT int8 crate is the exception), so each test generates its
+//! crate from a scratch copy of the registry in which the packing kernel has the highest
+//! priority, builds it, and runs its binary:
 //! - `matmul/avx512-packed-threads`: stories260k (LLaMA; its classifier is tied to the
 //!   embedding rows, which stay unpacked, and its 64-wide matrices end in a partial block; it
 //!   also saves them packed and runs from the saved directory) and all-MiniLM-L6-v2 (BERT);
 //! - `matmul_q8/avx512-vnni-packed-threads`, `matmul_q8/avx2-packed-threads`,
-//!   `matmul_bf16/avx512-packed-threads` and `matmul_bf16/avx2-packed-threads`: stories260k,
-//!   against the greedy tokens of the committed int8 and bf16 crates, which read their weights
-//!   unpacked.
+//!   `matmul_q8/avxvnni-packed-threads`, `matmul_bf16/avx512-packed-threads` and
+//!   `matmul_bf16/avx2-packed-threads`: stories260k, against the greedy tokens of the committed
+//!   int8 and bf16 crates, which read their weights unpacked.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -29,16 +29,19 @@ const AVX512: &str = r#""avx512f", "avx512cd", "avx512bw", "avx512dq", "avx512vl
 /// `None` on a CPU without those features.
 fn packed_crate(scratch: &Path, workload: &str, name: &str, implementation: &str) -> Option<PathBuf> {
     let int8 = implementation.starts_with("matmul_q8/");
-    // An AVX2 kernel runs on the workload's own CPU features (AVX2 and FMA).
-    let avx512 = !implementation.contains("/avx2-");
+    // An AVX2 kernel runs on the workload's own CPU features (AVX2 and FMA), an AVX-VNNI one on
+    // those and AVX-VNNI.
+    let avxvnni = implementation.contains("/avxvnni-");
+    let avx512 = !implementation.contains("/avx2-") && !avxvnni;
     if !std::arch::is_x86_feature_detected!("avx2")
         || !std::arch::is_x86_feature_detected!("fma")
         || (avx512 && !std::arch::is_x86_feature_detected!("avx512f"))
         || (int8 && avx512 && !std::arch::is_x86_feature_detected!("avx512vnni"))
         || (int8 && !std::arch::is_x86_feature_detected!("f16c"))
+        || (avxvnni && !std::arch::is_x86_feature_detected!("avxvnni"))
     {
         eprintln!(
-            "skipped: this CPU lacks the kernel's features (AVX2 and FMA, AVX-512F, VNNI and F16C for int8)"
+            "skipped: this CPU lacks the kernel's features (AVX2 and FMA, AVX-512F, VNNI and F16C for int8, AVX-VNNI)"
         );
         return None;
     }
@@ -58,6 +61,9 @@ fn packed_crate(scratch: &Path, workload: &str, name: &str, implementation: &str
         .filter(|l| !l.starts_with("hardware = "))
         .collect::<Vec<_>>()
         .join("\n");
+    if avxvnni {
+        text = text.replace(r#""movbe"]"#, r#""movbe", "avxvnni"]"#);
+    }
     if avx512 && !text.contains("avx512f") {
         let vnni = if int8 { r#", "avx512vnni""# } else { "" };
         text = text.replace(r#""movbe"]"#, &format!(r#""movbe", {AVX512}{vnni}]"#));
@@ -191,6 +197,14 @@ fn an_int8_crate_with_packed_weights_generates_as_the_unpacked_one_and_from_its_
 #[test]
 fn an_avx2_int8_crate_with_packed_weights_generates_as_the_unpacked_one_and_from_its_saved_directory() {
     int8_packed_generates_as_the_unpacked_one("matmul_q8/avx2-packed-threads", "stories260k-q8-avx2-packed");
+}
+
+#[test]
+fn an_avxvnni_int8_crate_with_packed_weights_generates_as_the_unpacked_one_and_from_its_saved_directory() {
+    int8_packed_generates_as_the_unpacked_one(
+        "matmul_q8/avxvnni-packed-threads",
+        "stories260k-q8-avxvnni-packed",
+    );
 }
 
 /// Generates stories260k in int8 with the packing kernel `kernel`, checks its saved directory

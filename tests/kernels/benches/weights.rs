@@ -151,6 +151,12 @@ fn main() {
             ),
         ];
     }
+    // The same packed int8 layout with AVX-VNNI, where the CPU has it.
+    if monogen_kernel_tests::cpu_has!("avx2", "fma", "f16c", "avxvnni") {
+        let at = runs.iter().position(|r| r.0 == "int8 (matmul_q8/avx2-packed-threads)").unwrap() + 1;
+        let name = "int8 (matmul_q8/avxvnni-packed-threads)";
+        runs.insert(at, (name, packed_q8_bytes, over(&avx2_q8, q8_avxvnni_packed)));
+    }
     let rounded = "bf16, x rounded (matmul_bf16_bf16/avx512-threads)";
     if avx512 {
         runs.insert(9, (rounded, params * 2, over(&tiles, rounded_fma)));
@@ -288,6 +294,20 @@ fn q8_avx2_packed(n: usize, k: usize, out: &mut [f32], x: &[f32], w: &PackedQ8, 
     let values = unsafe { std::slice::from_raw_parts(w.lines.as_ptr().cast::<i8>(), w.len) };
     let (out, x, values) = (black_box(out), black_box(x), black_box(values));
     use kernels::matmul_q8__avx2_packed_threads::matmul_q8;
+    match (n, k) {
+        (DIM, DIM) => matmul_q8::<DIM, DIM>(out, x, values, &[], rows),
+        (HIDDEN, DIM) => matmul_q8::<HIDDEN, DIM>(out, x, values, &[], rows),
+        (DIM, HIDDEN) => matmul_q8::<DIM, HIDDEN>(out, x, values, &[], rows),
+        _ => unreachable!(),
+    }
+}
+
+/// The same layout as `q8_avx2_packed`'s, with AVX-VNNI.
+fn q8_avxvnni_packed(n: usize, k: usize, out: &mut [f32], x: &[f32], w: &PackedQ8, rows: usize) {
+    // SAFETY: as in `q8_packed`.
+    let values = unsafe { std::slice::from_raw_parts(w.lines.as_ptr().cast::<i8>(), w.len) };
+    let (out, x, values) = (black_box(out), black_box(x), black_box(values));
+    use kernels::matmul_q8__avxvnni_packed_threads::matmul_q8;
     match (n, k) {
         (DIM, DIM) => matmul_q8::<DIM, DIM>(out, x, values, &[], rows),
         (HIDDEN, DIM) => matmul_q8::<HIDDEN, DIM>(out, x, values, &[], rows),
