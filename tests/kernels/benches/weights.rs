@@ -276,45 +276,30 @@ impl PackedQ8 {
     }
 }
 
-fn q8_packed(n: usize, k: usize, out: &mut [f32], x: &[f32], w: &PackedQ8, rows: usize) {
-    // SAFETY: the lines hold at least `len` values, and a `Bytes` is 64 `i8` and nothing else.
-    let values = unsafe { std::slice::from_raw_parts(w.lines.as_ptr().cast::<i8>(), w.len) };
-    let (out, x, values) = (black_box(out), black_box(x), black_box(values));
-    use kernels::matmul_q8__avx512_vnni_packed_threads::matmul_q8;
-    match (n, k) {
-        (DIM, DIM) => matmul_q8::<DIM, DIM>(out, x, values, &[], rows),
-        (HIDDEN, DIM) => matmul_q8::<HIDDEN, DIM>(out, x, values, &[], rows),
-        (DIM, HIDDEN) => matmul_q8::<DIM, HIDDEN>(out, x, values, &[], rows),
-        _ => unreachable!(),
-    }
+/// `$name`: a pass of the packed int8 product of kernel module `$kernel` over weights packed on
+/// cache lines.
+macro_rules! packed_q8_pass {
+    ($name:ident, $kernel:ident) => {
+        fn $name(n: usize, k: usize, out: &mut [f32], x: &[f32], w: &PackedQ8, rows: usize) {
+            // SAFETY: the lines hold at least `len` values, and a `Bytes` is 64 `i8` and nothing
+            // else.
+            let values = unsafe { std::slice::from_raw_parts(w.lines.as_ptr().cast::<i8>(), w.len) };
+            let (out, x, values) = (black_box(out), black_box(x), black_box(values));
+            use kernels::$kernel::matmul_q8;
+            match (n, k) {
+                (DIM, DIM) => matmul_q8::<DIM, DIM>(out, x, values, &[], rows),
+                (HIDDEN, DIM) => matmul_q8::<HIDDEN, DIM>(out, x, values, &[], rows),
+                (DIM, HIDDEN) => matmul_q8::<DIM, HIDDEN>(out, x, values, &[], rows),
+                _ => unreachable!(),
+            }
+        }
+    };
 }
 
-fn q8_avx2_packed(n: usize, k: usize, out: &mut [f32], x: &[f32], w: &PackedQ8, rows: usize) {
-    // SAFETY: as in `q8_packed`.
-    let values = unsafe { std::slice::from_raw_parts(w.lines.as_ptr().cast::<i8>(), w.len) };
-    let (out, x, values) = (black_box(out), black_box(x), black_box(values));
-    use kernels::matmul_q8__avx2_packed_threads::matmul_q8;
-    match (n, k) {
-        (DIM, DIM) => matmul_q8::<DIM, DIM>(out, x, values, &[], rows),
-        (HIDDEN, DIM) => matmul_q8::<HIDDEN, DIM>(out, x, values, &[], rows),
-        (DIM, HIDDEN) => matmul_q8::<DIM, HIDDEN>(out, x, values, &[], rows),
-        _ => unreachable!(),
-    }
-}
-
-/// The same layout as `q8_avx2_packed`'s, with AVX-VNNI.
-fn q8_avxvnni_packed(n: usize, k: usize, out: &mut [f32], x: &[f32], w: &PackedQ8, rows: usize) {
-    // SAFETY: as in `q8_packed`.
-    let values = unsafe { std::slice::from_raw_parts(w.lines.as_ptr().cast::<i8>(), w.len) };
-    let (out, x, values) = (black_box(out), black_box(x), black_box(values));
-    use kernels::matmul_q8__avxvnni_packed_threads::matmul_q8;
-    match (n, k) {
-        (DIM, DIM) => matmul_q8::<DIM, DIM>(out, x, values, &[], rows),
-        (HIDDEN, DIM) => matmul_q8::<HIDDEN, DIM>(out, x, values, &[], rows),
-        (DIM, HIDDEN) => matmul_q8::<DIM, HIDDEN>(out, x, values, &[], rows),
-        _ => unreachable!(),
-    }
-}
+packed_q8_pass!(q8_packed, matmul_q8__avx512_vnni_packed_threads);
+packed_q8_pass!(q8_avx2_packed, matmul_q8__avx2_packed_threads);
+// The same layout as `q8_avx2_packed`'s, with AVX-VNNI.
+packed_q8_pass!(q8_avxvnni_packed, matmul_q8__avxvnni_packed_threads);
 
 /// Blockwise int8 with a scale per 32 values, as the int8 crates quantize at load (the scale
 /// rounded up to binary16; these weights keep it among binary16's normal values).
