@@ -11,7 +11,9 @@
 //! # The product
 //!
 //! Each row of the activations is quantized once per call, by the calling thread, as
-//! `matmul_q8` defines it (`avx2_q8::quantize_row`), and its magnitudes |qx| kept beside it.
+//! `matmul_q8` defines it (`avx2_q8::quantize_row`), and kept beside it as unsigned bytes: its
+//! magnitudes |qx|, or with AVX-VNNI `qx + 128`.
+//!
 //! Without VNNI a step takes three instructions per activation row: `vpsignb` moves the signs
 //! of 4 activations, broadcast to every lane, onto the 8 rows' 4 weights; `vpmaddubsw`
 //! multiplies the activations' magnitudes (unsigned) by those and adds pairs into 16 bits (at
@@ -64,13 +66,16 @@ const fn block_at(b: usize, blocks: usize) -> usize {
 /// GFLOP/s with AVX2 alone and from 477 to 604 with AVX-VNNI.
 pub const ROWS: usize = 6;
 
-/// Bytes ahead of the one it reads that a decode step asks for: as far as
-/// `avx2_bf16_packed.rs` asks (in the weights bench, 2048 to 10240 bytes read alike).
+/// Bytes ahead of the one it reads that a decode step asks for, as far as `avx2_bf16_packed.rs`
+/// asks. In the weights bench (stories110M's matrices, 2 threads), a decode took 1.93-2.0 ms
+/// asking 2048 bytes ahead, 1.68 ms at 4096 and 1.52-1.58 ms at 6144; further made no
+/// difference that the bench could tell.
 const AHEAD: usize = 6 << 10;
 
 thread_local! {
-    /// The quantized activations of the calling thread's current product: the values and
-    /// their magnitudes (`[rows, blocks · 32]` each) and the block scales (`[rows, blocks]`).
+    /// The quantized activations of the calling thread's current product: the values and the
+    /// same as unsigned bytes (`[rows, blocks · 32]` each; see [`Q8Packed::unsigned`]) and the
+    /// block scales (`[rows, blocks]`).
     static QUANTIZED: RefCell<(Vec<i8>, Vec<i8>, Vec<f32>)> =
         const { RefCell::new((Vec::new(), Vec::new(), Vec::new())) };
 }
@@ -109,10 +114,10 @@ pub struct Q8Packed {
     /// The same as unsigned bytes, laid out alike: their magnitudes |qx| for the AVX2 step, or
     /// `qx + 128` for AVX-VNNI's (`vnni`).
     pub unsigned: *const i8,
-    /// Whether the product runs with AVX-VNNI ([`Q8Packed::with_vnni`]).
-    pub vnni: bool,
     /// Their scales, `[rows, blocks]`.
     pub dx: *const f32,
+    /// Whether the product runs with AVX-VNNI ([`Q8Packed::with_vnni`]).
+    pub vnni: bool,
 }
 
 // SAFETY: a product is only pointers to buffers that its caller keeps alive and shares out
@@ -143,8 +148,8 @@ impl Q8Packed {
             k: K,
             qx: std::ptr::null(),
             unsigned: std::ptr::null(),
-            vnni: false,
             dx: std::ptr::null(),
+            vnni: false,
         }
     }
 
