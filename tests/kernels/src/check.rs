@@ -795,7 +795,9 @@ pub fn kv_cache<E: Cached, const MAX_SEQ: usize, const KV_DIM: usize>(
 #[macro_export]
 macro_rules! conform_kv_cache {
     ($candidate:ident, $reference:ident) => {
-        $crate::conform_kv_cache!(@shapes $candidate, $reference, (1, 1) (7, 6) (16, 8) (300, 32));
+        // The last shape's chunks of 8 positions and more are large enough for a cache that
+        // shares its stores with the team (`shared/kv_split.rs`) to share them.
+        $crate::conform_kv_cache!(@shapes $candidate, $reference, (1, 1) (7, 6) (16, 8) (300, 32) (160, 256));
     };
     (@shapes $candidate:ident, $reference:ident, $(($max:literal, $dim:literal))*) => {
         $(
