@@ -692,7 +692,9 @@ pub fn swiglu<const HIDDEN: usize>(
 #[macro_export]
 macro_rules! conform_swiglu {
     ($candidate:ident, $reference:ident) => {
-        $crate::conform_swiglu!(@shapes $candidate, $reference, 1 3 8 17 64 172);
+        // At the last width, 7 rows are enough work for a SwiGLU that shares its rows with the
+        // team (`swiglu/avx512-threads`) to share them.
+        $crate::conform_swiglu!(@shapes $candidate, $reference, 1 3 8 17 64 172 1376);
     };
     (@shapes $candidate:ident, $reference:ident, $($hidden:literal)*) => {
         $(
