@@ -13,11 +13,13 @@
 //! 16 × 16 tiles of weights (bfloat16 ones widened to f32 first), 64 shuffles per 256 weights,
 //! against the 8 multiply-adds that each vector of 16 packed weights takes per 8 rows: at 128
 //! rows they cost about 3% of the multiply-adds' issue slots. While the groups of rows pass over
-//! a block, each asks for its share of the next block's weight rows into L2, a line every few
-//! steps, so that packing does not wait for memory. On stories110M's matrices at 128 rows (`cargo
-//! bench -p monogen-kernel-tests --bench weights`, 2 threads), f32 and bf16 ran at 256 and 261
-//! GFLOP/s without these prefetches, 256 and 275 with all of them in the first group's pass,
-//! and 272 and 274 spread over every group, as fast as weights packed at load (275).
+//! a block, each asks for its share of the next block's weight rows, a line every few steps, so
+//! that packing does not wait for memory. On stories110M's matrices at 128 rows (`cargo bench -p
+//! monogen-kernel-tests --bench weights`, 2 threads), f32 and bf16 ran at 256 and 261 GFLOP/s
+//! without these prefetches, 256 and 275 with all of them in the first group's pass, and 272 and
+//! 274 spread over every group, as fast as weights packed at load (275). Those fetches went
+//! into L2 only; into L1 where the working set fits in L2 (see [`Repack::tile`]), the f32
+//! products of stories110M's 12 layers at 128 rows ran 1.01-1.19x faster (bench/RESULTS.md).
 //!
 //! # Safety
 //!
@@ -47,6 +49,11 @@ const GROUP: usize = 9;
 /// Rows from which a call packs its weights: fewer rows leave too few multiply-adds per packed
 /// weight to pay for the packing, and keep to the dot tiles.
 pub const REPACK_ROWS: usize = 32;
+
+/// The L2 cache of a core that the fetches of the next block count on: 1 MiB, the least of
+/// the server cores with AVX-512 (Skylake-SP, Zen 4 and 5; Ice Lake-SP and Sapphire Rapids
+/// have more).
+const L2_BYTES: usize = 1 << 20;
 
 /// Steps along K between a prefetch of the block buffer (from L2) and the step that reads it.
 const AHEAD: usize = 32;
@@ -80,7 +87,11 @@ impl<W: Weight> Repack<W> {
             return;
         }
         BUFFER.with_borrow_mut(|buffer| {
-            buffer.resize(BLOCK / LANES * p.k, _mm512_setzero_ps());
+            // Only ever grown: a call of a shorter K uses the front of the buffer (resizing to
+            // each call's K wrote zeros over the back at every call that grew it again).
+            if buffer.len() < BLOCK / LANES * p.k {
+                buffer.resize(BLOCK / LANES * p.k, _mm512_setzero_ps());
+            }
             let packed: *mut f32 = buffer.as_mut_ptr().cast();
             let mut j = cols.start;
             while j < cols.end {
@@ -164,9 +175,13 @@ impl<W: Weight> Repack<W> {
     }
 
     /// The `R × 16·V` block of `out` at row `r`, column `j`, from the packed block. With a
-    /// non-empty `next`, the steps also ask for the lines of weight rows `next` into L2, a line
-    /// of each row every 64 bytes of weights along K, so that all of them are on their way by
-    /// the last step.
+    /// non-empty `next`, the steps also fetch the lines of weight rows `next`, a line of each
+    /// row every 64 bytes of weights along K, so that all of them are on their way by the last
+    /// step. They are asked for into L1 (and so into L2) where the activation rows, this block
+    /// and the next fit in [`L2_BYTES`], and into L2 only where they do not. Asked for into L2
+    /// everywhere, packing waited for its weights in 17% of the product's samples (`perf
+    /// annotate` of a stories110M prefill), and in 8% asked for into L1. Where the working set
+    /// overflows L2 (the down projection's 2048 steps at 128 rows), into L1 did no better (0.95x).
     #[inline]
     #[target_feature(enable = "avx512f")]
     unsafe fn tile<const R: usize, const V: usize>(
@@ -185,6 +200,7 @@ impl<W: Weight> Repack<W> {
         // carry nothing but their own loads and multiply-adds (with the fetches' arithmetic in
         // every step, the compiled step spilled the rows' pointers to the stack).
         let per_line = 64 / size_of::<W>();
+        let near = (p.rows + BLOCK) * k * size_of::<f32>() + BLOCK * k * size_of::<W>() <= L2_BYTES;
         // SAFETY (every pointer below): rows `r..r + R` of x hold `k` values each; the buffer
         // holds `k` steps of `stride` values.
         let xs: [*const f32; R] = std::array::from_fn(|i| unsafe { p.x.add((r + i) * k) });
@@ -192,7 +208,8 @@ impl<W: Weight> Repack<W> {
         for run in (0..k).step_by(per_line) {
             for row in next.clone() {
                 // A prefetch never faults, even past the end of the weights.
-                _mm_prefetch::<_MM_HINT_T1>(p.w.wrapping_add(row * k + run).cast());
+                let line = p.w.wrapping_add(row * k + run).cast();
+                if near { _mm_prefetch::<_MM_HINT_T0>(line) } else { _mm_prefetch::<_MM_HINT_T1>(line) }
             }
             for at in run..(run + per_line).min(k) {
                 let step = unsafe { packed.add(at * stride) };
