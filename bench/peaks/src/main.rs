@@ -9,9 +9,12 @@
 //! the estimate; noise only makes rounds slower).
 //!
 //! With `--read-only`, only the read bandwidth, and only at `--threads` threads: what
-//! `bench/floor.py` measures between the runs of a crate.
+//! `bench/floor.py` measures between the runs of a crate. With `--fma-only`, only the FMA peak
+//! (AVX-512 where the CPU has it, else AVX2) at `--threads` threads: what
+//! `bench/prefill_peak.py` measures between the prefills of a crate.
 //!
-//! Usage: monogen-peaks [--threads N] [--rounds R] [--read-only] [--json] SIZE...   (SIZE like 64M, 2G)
+//! Usage: monogen-peaks [--threads N] [--rounds R] [--read-only | --fma-only] [--json] SIZE...
+//!        (SIZE like 64M, 2G)
 
 use std::arch::x86_64::*;
 use std::hint::black_box;
@@ -22,6 +25,7 @@ fn main() {
     let mut rounds = 5;
     let mut json = false;
     let mut read_only = false;
+    let mut fma_only = false;
     let mut sizes = Vec::new();
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
@@ -30,6 +34,7 @@ fn main() {
             "--rounds" => rounds = args.next().and_then(|v| v.parse().ok()).expect("--rounds R"),
             "--json" => json = true,
             "--read-only" => read_only = true,
+            "--fma-only" => fma_only = true,
             size => sizes.push(parse_size(size).unwrap_or_else(|| panic!("not a size: {size}"))),
         }
     }
@@ -37,7 +42,13 @@ fn main() {
         sizes = vec![32 << 20, 2 << 30];
     }
     let mut results = Vec::new();
-    for t in if read_only { threads..=threads } else { 1..=threads } {
+    for t in if read_only || fma_only { threads..=threads } else { 1..=threads } {
+        if fma_only {
+            let avx512 = is_x86_feature_detected!("avx512f");
+            let name = if avx512 { "fma_avx512_gflop_s" } else { "fma_avx2_gflop_s" };
+            results.push((format!("{name} {t}t"), fma_peak(t, rounds, avx512)));
+            continue;
+        }
         for &bytes in &sizes {
             let gbs = read_bandwidth(bytes, t, rounds);
             results.push((format!("read_gb_s {} {t}t", human(bytes)), gbs));
