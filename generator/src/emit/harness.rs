@@ -598,7 +598,7 @@ fn bench_fn(h: &HarnessInterface) -> TokenStream {
             quote!(passes::check_kv_cache::<#ty, #reference>())
         } else if c.packs_weights {
             let own = format_ident!("packed_{}", i.to_string());
-            quote!(pass.check_packed::<#ty, #reference>(&mut #own))
+            quote!(pass.check_packed::<#ty, #reference>(#own.as_mut().expect("packed where this machine runs it")))
         } else {
             quote!(pass.check::<#ty, #reference>())
         };
@@ -618,7 +618,8 @@ fn bench_fn(h: &HarnessInterface) -> TokenStream {
             let own = format_ident!("packed_{}", i.to_string());
             quote! {
                 if bench.live(#i) {
-                    bench.sample(#i, #pass_ty::PHASES, |decode| #own.run::<#ty>(decode));
+                    let own = #own.as_mut().expect("packed where this machine runs it");
+                    bench.sample(#i, #pass_ty::PHASES, |decode| own.run::<#ty>(decode));
                 }
             }
         } else {
@@ -638,11 +639,18 @@ fn bench_fn(h: &HarnessInterface) -> TokenStream {
         quote! { #(#caches)* }
     } else {
         // A candidate that packs its weights runs on a pass of its own: the same matrices
-        // (the same seed), as it holds them.
+        // (the same seed), as it holds them. Only where this machine runs it: its packing may
+        // use instructions that the machine lacks (an AVX-512 layout on an AVX2 CPU).
         let own_passes = h.candidates.iter().enumerate().filter(|(_, c)| c.packs_weights).map(|(i, c)| {
             let ty = type_ident(c);
             let own = format_ident!("packed_{}", i.to_string());
-            quote! { let mut #own = passes::MatmulPass::new::<#ty>(); }
+            let available = availability(c);
+            quote! {
+                let mut #own = match #available {
+                    Ok(()) => Some(passes::MatmulPass::new::<#ty>()),
+                    Err(_) => None,
+                };
+            }
         });
         quote! {
             let mut pass = #pass_new;
