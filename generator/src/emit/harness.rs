@@ -671,3 +671,36 @@ fn bench_fn(h: &HarnessInterface) -> TokenStream {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    /// A candidate that packs its weights packs them only behind the check of the machine's
+    /// CPU features: its packing may use instructions that the machine lacks (on a Zen 3, the
+    /// AVX-512 bf16 layouts' packing stopped the harness with SIGILL before any candidate was
+    /// skipped).
+    #[test]
+    fn a_packing_candidate_packs_only_where_the_machine_runs_it() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+        let project = crate::Project::load(root).unwrap();
+        let path = root.join("workloads/stories260k-cpu-bf16.toml");
+        let mut workload = project.read_workload(&path).unwrap();
+        let avx512 = ["avx512f", "avx512cd", "avx512bw", "avx512dq", "avx512vl", "avx512bf16"];
+        workload.target.cpu_features.extend(avx512.map(String::from));
+        let plan = project.plan(&workload, &path).unwrap();
+        let (output, _) = super::emit(&plan, &project.registry, &project.templates).unwrap();
+        let main = &output.files[Path::new("src/main.rs")];
+        let packing = ["avx512-packed-threads", "avx2-packed-threads"];
+        for name in packing {
+            assert!(main.contains(name), "{name} competes in the harness");
+        }
+        let passes: Vec<&str> =
+            main.lines().filter(|l| l.trim_start().starts_with("let mut packed_")).collect();
+        assert!(passes.len() >= packing.len(), "{passes:?}");
+        for line in passes {
+            assert!(line.contains("= match if "), "built before the check of the CPU: {line}");
+        }
+        assert!(main.contains("Some(passes::MatmulPass::new::<"), "{main}");
+    }
+}
