@@ -173,10 +173,22 @@ fn a_damaged_saved_file_is_an_error_naming_the_tensor() {
     // A scale that is NaN, infinite, negative, or not a binary16 value (0.1 has more than 11
     // significant bits; 1e-9 lies below binary16's smallest step; 7e4 above its largest value),
     // as a model saved before scales were binary16 values may hold.
+    // Then the values at the edges of binary16's: half its smallest step (2⁻²⁵), a step and a
+    // half, its smallest normal value less half a step, 10 bits of mantissa and one more just
+    // above it, its largest value and a step above.
     let scales = "model.layers.1.self_attn.k_proj.weight_scale";
-    for bad in [f32::NAN, f32::INFINITY, -0.5, 0.1, 1e-9, 7e4] {
+    let two = |e: i32| 2f32.powi(e);
+    let edges = [two(-25), 3.0 * two(-25), two(-14) - two(-25), two(-14) * (1.0 + two(-11)), 65520.0];
+    for bad in [f32::NAN, f32::INFINITY, -0.5, 0.1, 1e-9, 7e4].into_iter().chain(edges) {
         let e = error(&damaged(temp.path(), scales, |s| s[4..8].copy_from_slice(&bad.to_le_bytes())));
         assert!(e.contains(scales) && e.contains("binary16"), "{bad}: {e}");
+    }
+    // Binary16 values are accepted: zero, its smallest step, its largest value below the normal
+    // ones and its smallest normal one, 10 bits of mantissa, its largest value.
+    let good = [0.0, two(-24), two(-14) - two(-24), two(-14), two(-14) * (1.0 + two(-10)), 65504.0];
+    for scale in good {
+        let copy = damaged(temp.path(), scales, |s| s[4..8].copy_from_slice(&scale.to_le_bytes()));
+        assert!(int8::Model::load(copy.path()).is_ok(), "{scale} is a binary16 value");
     }
     // Every scale of the saved file is one: 2⁻²⁴ steps below the normal values, 10 bits of
     // mantissa above them.
