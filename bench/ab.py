@@ -48,6 +48,7 @@ def main() -> None:
 
     ids = ",".join(str(1 + (i * 7919) % 31000) for i in range(args.prompt_len))
     results = {b: {"decode": [], "prefill": [], "load": [], "wall": [], "ids": set()} for b in args.binaries}
+
     def command(binary: str) -> list[str]:
         return [binary, "--model", args.model, "--prompt-ids", ids, "--max-tokens", str(args.max_tokens), "--json"]
 

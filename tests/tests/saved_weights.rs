@@ -173,9 +173,9 @@ fn a_damaged_saved_file_is_an_error_naming_the_tensor() {
     // A scale that is NaN, infinite, negative, or not a binary16 value (0.1 has more than 11
     // significant bits; 1e-9 lies below binary16's smallest step; 7e4 above its largest value),
     // as a model saved before scales were binary16 values may hold.
-    // Then the values at the edges of binary16's: half its smallest step (2⁻²⁵), a step and a
-    // half, its smallest normal value less half a step, 10 bits of mantissa and one more just
-    // above it, its largest value and a step above.
+    // Then the values just outside binary16's, at its edges: half its smallest step (2⁻²⁵), a
+    // step and a half, its smallest normal value less half a step, and half a step above its
+    // smallest normal value and above its largest value (11 bits of mantissa each).
     let scales = "model.layers.1.self_attn.k_proj.weight_scale";
     let two = |e: i32| 2f32.powi(e);
     let edges = [two(-25), 3.0 * two(-25), two(-14) - two(-25), two(-14) * (1.0 + two(-11)), 65520.0];
