@@ -5,17 +5,68 @@
 //!
 //! Each implementation computes the same product from the same values (bf16 and int8 are
 //! that of the f32 weights converted), alternating round by round; the report gives the median
-//! of the rounds.
+//! of the rounds. Each round also reads the f32 weights' bytes as a plain stream (`read`), and
+//! each decode row is given as a share of that: how close the product comes to its floor.
 //!
-//! `cargo bench -p monogen-kernel-tests --bench weights`; without `--bench` (as `cargo test
-//! --benches` runs it) it does a quick smoke run over fewer layers.
+//! `cargo bench -p monogen-kernel-tests --bench weights [-- WORD...]` (only the rows whose names
+//! hold one of the words); without `--bench` (as `cargo test --benches` runs it) it does a quick
+//! smoke run over fewer layers.
 
+use std::alloc::{GlobalAlloc, Layout, System};
 use std::hint::black_box;
 use std::time::Instant;
 
 use monogen_kernel_tests::kernels;
 use monogen_kernel_tests::kernels::shared::avx2_team_matmul::Weight;
 use monogen_kernel_tests::rng::Rng;
+
+/// Every allocation of 2 MiB or more (each matrix) in transparent huge pages, as the crates map
+/// their weights (`runtime/tensor_file.rs`): aligned to 2 MiB and, on Linux, advised
+/// `MADV_HUGEPAGE` before it is first written. Under the usual `madvise` setting a `Vec` gets
+/// 4 KiB pages, whose TLB misses held this bench's decode rows at about 23 GB/s on an AMD EPYC
+/// (Zen 3, 2 threads) where a read of the same size in huge pages ran at 33-38.
+struct HugePages;
+
+const HUGE: usize = 2 << 20;
+
+impl HugePages {
+    fn layout(layout: Layout) -> Layout {
+        if layout.size() >= HUGE {
+            Layout::from_size_align(layout.size().next_multiple_of(HUGE), HUGE.max(layout.align()))
+                .expect("a huge-page layout")
+        } else {
+            layout
+        }
+    }
+}
+
+// SAFETY: every block comes from `System` with the layout that `dealloc` gives back, which
+// `HugePages::layout` derives from the caller's alone; it is at least as large and as aligned.
+unsafe impl GlobalAlloc for HugePages {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        let huge = HugePages::layout(layout);
+        // SAFETY: `huge` has a non-zero size where `layout` has (the caller's contract).
+        let ptr = unsafe { System.alloc(huge) };
+        #[cfg(target_os = "linux")]
+        if huge.size() >= HUGE && !ptr.is_null() {
+            unsafe extern "C" {
+                fn madvise(addr: *mut u8, len: usize, advice: i32) -> i32;
+            }
+            const MADV_HUGEPAGE: i32 = 14;
+            // SAFETY: the range is this allocation; advice only, whose failure changes nothing.
+            unsafe { madvise(ptr, huge.size(), MADV_HUGEPAGE) };
+        }
+        ptr
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: `ptr` came from `alloc` with this layout (the caller's contract).
+        unsafe { System.dealloc(ptr, HugePages::layout(layout)) }
+    }
+}
+
+#[global_allocator]
+static ALLOCATOR: HugePages = HugePages;
 
 const DIM: usize = 768;
 const HIDDEN: usize = 2048;
@@ -176,23 +227,54 @@ fn main() {
     } else {
         println!("(no AMX-BF16 on this CPU: the amx-threads implementations not measured)");
     }
+    // `cargo bench --bench weights -- bf16 int8` measures only the rows whose names hold one of
+    // the words.
+    let words: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with("--")).collect();
+    if !words.is_empty() {
+        runs.retain(|(name, _, _)| words.iter().any(|w| name.contains(w.as_str())));
+    }
     println!(
         "stories110M's matrices: {layers} layers, {params} weights; 2 threads; median of {rounds} rounds"
     );
+    let median = |t: &mut Vec<f64>| {
+        t.sort_by(f64::total_cmp);
+        t[t.len() / 2]
+    };
     for rows in [1usize, 128] {
         let x = rng.vec(rows * HIDDEN, 1.0);
         let mut out = vec![0f32; rows * HIDDEN];
         let mut times = vec![Vec::new(); runs.len()];
+        let mut reads = Vec::new();
         for _ in 0..rounds {
             for ((_, _, pass), t) in runs.iter().zip(&mut times) {
                 t.push(time(|| pass(&mut out, &x, rows)));
             }
-        }
-        for ((name, bytes, _), t) in runs.iter().zip(&mut times) {
-            t.sort_by(f64::total_cmp);
-            let s = t[t.len() / 2];
             if rows == 1 {
-                println!("  decode  {name:<56} {:>8.3} ms   {:>6.1} GB/s", s * 1e3, *bytes as f64 / s / 1e9);
+                reads.push(time(|| read(&f32)));
+            }
+        }
+        // A decode step's floor: the same bytes read as a plain stream in the same rounds.
+        let read_gb_s = if rows == 1 {
+            let s = median(&mut reads);
+            let gb_s = (params * 4) as f64 / s / 1e9;
+            let name = "the f32 weights' bytes summed, 2 threads";
+            println!("  read    {name:<56} {:>8.3} ms   {gb_s:>6.1} GB/s", s * 1e3);
+            gb_s
+        } else {
+            0.0
+        };
+        for ((name, bytes, _), t) in runs.iter().zip(&mut times) {
+            let s = median(t);
+            if rows == 1 {
+                let gb_s = *bytes as f64 / s / 1e9;
+                // Against the two threads' read; the rows on one thread show the instructions'
+                // pace instead.
+                let share = if name.contains("1 thread") {
+                    String::new()
+                } else {
+                    format!("  {:.2} of the read", gb_s / read_gb_s)
+                };
+                println!("  decode  {name:<56} {:>8.3} ms   {gb_s:>6.1} GB/s{share}", s * 1e3);
             } else {
                 println!(
                     "  prefill {name:<56} {:>8.3} ms   {:>6.1} GFLOP/s",
@@ -202,6 +284,53 @@ fn main() {
             }
         }
     }
+}
+
+/// Sums every matrix of `layers` as a plain stream, as `bench/peaks --read-only` does: two
+/// threads, each reading its half of each matrix in turn, with four independent AVX2 (or
+/// scalar) accumulators so that the adds do not wait on each other. A decode step cannot
+/// read its weights faster.
+fn read(layers: &[[Vec<f32>; 7]]) {
+    std::thread::scope(|s| {
+        for half in 0..2 {
+            s.spawn(move || {
+                let mut total = 0.0;
+                for m in layers.iter().flatten() {
+                    let part = m.len() / 2;
+                    total += sum(&m[half * part..(half + 1) * part]);
+                }
+                black_box(total)
+            });
+        }
+    });
+}
+
+fn sum(values: &[f32]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if monogen_kernel_tests::cpu_has!("avx2") {
+        // SAFETY: the CPU has AVX2.
+        return unsafe { sum_avx2(values) };
+    }
+    values.iter().sum()
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn sum_avx2(values: &[f32]) -> f32 {
+    use std::arch::x86_64::*;
+    let mut acc = [_mm256_setzero_ps(); 4];
+    let mut blocks = values.chunks_exact(32);
+    for block in &mut blocks {
+        for (i, a) in acc.iter_mut().enumerate() {
+            // SAFETY: `block` holds 32 values, so 8 from 8 * i are in bounds.
+            *a = _mm256_add_ps(*a, unsafe { _mm256_loadu_ps(block.as_ptr().add(8 * i)) });
+        }
+    }
+    let total = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
+    let mut lanes = [0f32; 8];
+    // SAFETY: `lanes` holds 8 writable values.
+    unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), total) };
+    lanes.iter().sum::<f32>() + blocks.remainder().iter().sum::<f32>()
 }
 
 /// One pass of an implementation over every layer's matrices: `(out, x, rows)`.
