@@ -979,9 +979,9 @@ impl<C: Cached> Decode<C> {
 /// each row at a time, which the hardware's prefetchers do not follow as a stream: each head
 /// asks for its share of the rows 24 KiB on, so that the whole of them is on its way by the
 /// time the pass reaches them. On an AMD EPYC (Zen 3, 2 threads) the stories110M int8
-/// crate's decode attention (bfloat16 cache, 1536-byte rows) took 0.76-0.87 of its time
-/// without this over 256 tokens from a 128-id prompt (three alternating runs of a timed
-/// copy); 48 KiB ahead was no faster, and 96 KiB slower. An f32 cache keeps to the hardware's
+/// crate's decode attention (bfloat16 cache, 1536-byte rows) took 0.76-0.94 of its time
+/// without this over 256 tokens from a 128-id prompt (six alternating runs of a timed copy);
+/// 48 KiB ahead was no faster, and 96 KiB slower. An f32 cache keeps to the hardware's
 /// prefetchers: the stories110M f32 crate (3 KiB rows) decoded 0.973x as fast with 48 KiB
 /// ahead and 0.952x with 24 (`bench/ab.py`, 600 tokens).
 #[inline]
