@@ -247,7 +247,7 @@ fn main() {
         let mut reads = Vec::new();
         // Each round starts one row later than the round before (the read counting as a row),
         // so that no row always runs first: on an AMD EPYC (Zen 3) the decode row that ran
-        // first, right after the read, measured 0.03-0.08 of the read below the same
+        // first, right after the read, measured 0.04-0.12 of the read below the same
         // implementation run third.
         let slots = runs.len() + usize::from(rows == 1);
         for round in 0..rounds {
