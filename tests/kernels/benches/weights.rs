@@ -1,19 +1,23 @@
 //! The matrix products of the three weight dtypes at the shapes of stories110M's layers
 //! (hidden 768, MLP 2048), on the team's two threads: how fast a decode step streams the
 //! weights (GB/s of the bytes each dtype holds, over 12 layers' matrices, far more than the
-//! caches) and how many GFLOP/s a 128-row prefill reaches.
+//! caches) and how many GFLOP/s a 128-row prefill reaches. With `--tinyllama`, the decode at
+//! TinyLlama-1.1B's shapes instead (hidden 2048, MLP 5632, k and v 256 wide, 22 layers: 3.9 GB
+//! of f32 weights, the DRAM-sized floor that issue "Fast CPU kernels" asks for; about 10 GB of
+//! memory in all), without the prefill.
 //!
 //! Each implementation computes the same product from the same values (bf16 and int8 are
 //! that of the f32 weights converted), alternating round by round; the report gives the median
 //! of the rounds. Each round also reads the f32 weights' bytes as a plain stream (`read`), and
 //! each decode row is given as a share of that: how close the product comes to its floor.
 //!
-//! `cargo bench -p monogen-kernel-tests --bench weights [-- WORD...]` (only the rows whose names
-//! hold one of the words); without `--bench` (as `cargo test --benches` runs it) it does a quick
-//! smoke run over fewer layers.
+//! `cargo bench -p monogen-kernel-tests --bench weights [-- [--tinyllama] WORD...]` (only the
+//! rows whose names hold one of the words); without `--bench` (as `cargo test --benches` runs
+//! it) it does a quick smoke run over one layer.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::hint::black_box;
+use std::sync::OnceLock;
 use std::time::Instant;
 
 use monogen_kernel_tests::kernels;
@@ -68,19 +72,58 @@ unsafe impl GlobalAlloc for HugePages {
 #[global_allocator]
 static ALLOCATOR: HugePages = HugePages;
 
-const DIM: usize = 768;
-const HIDDEN: usize = 2048;
-
 /// One layer's matrices, `[N, K]` each: q, k, v, o, gate, up, down.
-const SHAPES: [(usize, usize); 7] =
-    [(DIM, DIM), (DIM, DIM), (DIM, DIM), (DIM, DIM), (HIDDEN, DIM), (HIDDEN, DIM), (DIM, HIDDEN)];
+type Shapes = [(usize, usize); 7];
+
+/// stories110M's layer: hidden 768, MLP 2048.
+const STORIES110M: Shapes =
+    [(768, 768), (768, 768), (768, 768), (768, 768), (2048, 768), (2048, 768), (768, 2048)];
+
+/// TinyLlama-1.1B's layer: hidden 2048, MLP 5632, 4 kv heads of 64.
+const TINYLLAMA: Shapes =
+    [(2048, 2048), (256, 2048), (256, 2048), (2048, 2048), (5632, 2048), (5632, 2048), (2048, 5632)];
+
+/// The layer shape this run measures: [`STORIES110M`], or [`TINYLLAMA`] with `--tinyllama`.
+static SHAPES: OnceLock<&Shapes> = OnceLock::new();
+
+fn shapes() -> &'static Shapes {
+    SHAPES.get().expect("main sets the shapes first")
+}
+
+/// `$body` with consts `$n` and `$k` set to the `(N, K)` of `$shape`, one of a layer's
+/// matrices in [`STORIES110M`] or [`TINYLLAMA`]: the kernels take their shapes as const
+/// generics.
+macro_rules! at_shape {
+    ($shape:expr, |$n:ident, $k:ident| $body:expr) => {
+        at_shape!(@arms $shape, $n, $k, $body;
+            (768, 768), (2048, 768), (768, 2048),
+            (2048, 2048), (256, 2048), (5632, 2048), (2048, 5632))
+    };
+    (@arms $shape:expr, $n:ident, $k:ident, $body:expr; $(($rows:literal, $cols:literal)),*) => {
+        match $shape {
+            $(($rows, $cols) => {
+                const $n: usize = $rows;
+                const $k: usize = $cols;
+                $body
+            })*
+            other => unreachable!("no layer has a matrix of shape {other:?}"),
+        }
+    };
+}
 
 fn main() {
     let full = std::env::args().any(|a| a == "--bench");
-    let (layers, rounds) = if full { (12, 15) } else { (1, 2) };
+    let tinyllama = std::env::args().any(|a| a == "--tinyllama");
+    let (model, layer) = if tinyllama { ("TinyLlama", &TINYLLAMA) } else { ("stories110M", &STORIES110M) };
+    SHAPES.set(layer).expect("set once");
+    let (layers, rounds) = match (full, tinyllama) {
+        (false, _) => (1, 2),
+        (true, false) => (12, 15),
+        (true, true) => (22, 7),
+    };
     let mut rng = Rng::new(5);
     let f32_layers: Vec<[Vec<f32>; 7]> =
-        (0..layers).map(|_| SHAPES.map(|(n, k)| rng.vec(n * k, 0.05))).collect();
+        (0..layers).map(|_| shapes().map(|(n, k)| rng.vec(n * k, 0.05))).collect();
     let bf16: Vec<[Vec<u16>; 7]> = f32_layers
         .iter()
         .map(|l| l.clone().map(|m| m.iter().map(|v| (v.to_bits() >> 16) as u16).collect()))
@@ -94,7 +137,7 @@ fn main() {
         .iter()
         .map(|l| {
             std::array::from_fn(|i| {
-                kernels::matmul__avx512_packed_threads::pack(&l[i], SHAPES[i].0, SHAPES[i].1)
+                kernels::matmul__avx512_packed_threads::pack(&l[i], shapes()[i].0, shapes()[i].1)
             })
         })
         .collect();
@@ -104,7 +147,11 @@ fn main() {
         .iter()
         .map(|l| {
             std::array::from_fn(|i| {
-                Tiles::new(&kernels::matmul_bf16__avx2_packed_threads::pack(&l[i], SHAPES[i].0, SHAPES[i].1))
+                Tiles::new(&kernels::matmul_bf16__avx2_packed_threads::pack(
+                    &l[i],
+                    shapes()[i].0,
+                    shapes()[i].1,
+                ))
             })
         })
         .collect();
@@ -114,8 +161,8 @@ fn main() {
             std::array::from_fn(|i| {
                 Tiles::new(&kernels::matmul_bf16__avx512_packed_threads::pack(
                     &l[i],
-                    SHAPES[i].0,
-                    SHAPES[i].1,
+                    shapes()[i].0,
+                    shapes()[i].1,
                 ))
             })
         })
@@ -130,7 +177,11 @@ fn main() {
         .iter()
         .map(|l| {
             std::array::from_fn(|i| {
-                Tiles::new(&kernels::matmul_bf16_bf16__avx512_threads::pack(&l[i], SHAPES[i].0, SHAPES[i].1))
+                Tiles::new(&kernels::matmul_bf16_bf16__avx512_threads::pack(
+                    &l[i],
+                    shapes()[i].0,
+                    shapes()[i].1,
+                ))
             })
         })
         .collect();
@@ -139,7 +190,7 @@ fn main() {
         .iter()
         .map(|l| {
             std::array::from_fn(|i| {
-                let (n, k) = SHAPES[i];
+                let (n, k) = shapes()[i];
                 PackedQ8::new(kernels::matmul_q8__avx512_vnni_packed_threads::pack(&l[i].0, &l[i].1, n, k))
             })
         })
@@ -149,12 +200,12 @@ fn main() {
         .iter()
         .map(|l| {
             std::array::from_fn(|i| {
-                let (n, k) = SHAPES[i];
+                let (n, k) = shapes()[i];
                 PackedQ8::new(kernels::matmul_q8__avx2_packed_threads::pack(&l[i].0, &l[i].1, n, k))
             })
         })
         .collect();
-    let params: usize = SHAPES.iter().map(|(n, k)| n * k).sum::<usize>() * layers;
+    let params: usize = shapes().iter().map(|(n, k)| n * k).sum::<usize>() * layers;
     // Values and f32 scales; the packed kernel holds its scales in binary16.
     let q8_bytes = params + params / 32 * 4;
     let packed_q8_bytes = params + params / 32 * 2;
@@ -233,16 +284,18 @@ fn main() {
     if !words.is_empty() {
         runs.retain(|(name, _, _)| words.iter().any(|w| name.contains(w.as_str())));
     }
-    println!(
-        "stories110M's matrices: {layers} layers, {params} weights; 2 threads; median of {rounds} rounds"
-    );
+    println!("{model}'s matrices: {layers} layers, {params} weights; 2 threads; median of {rounds} rounds");
+    // The widest activation row any matrix takes or gives.
+    let width = shapes().iter().map(|&(n, k)| n.max(k)).max().expect("seven matrices");
     let median = |t: &mut Vec<f64>| {
         t.sort_by(f64::total_cmp);
         t[t.len() / 2]
     };
-    for rows in [1usize, 128] {
-        let x = rng.vec(rows * HIDDEN, 1.0);
-        let mut out = vec![0f32; rows * HIDDEN];
+    // At TinyLlama's shapes a 128-row pass takes seconds a candidate: the decode only.
+    let passes: &[usize] = if tinyllama { &[1] } else { &[1, 128] };
+    for &rows in passes {
+        let x = rng.vec(rows * width, 1.0);
+        let mut out = vec![0f32; rows * width];
         let mut times = vec![Vec::new(); runs.len()];
         let mut reads = Vec::new();
         // Each round starts one row later than the round before (the read counting as a row),
@@ -346,7 +399,7 @@ type Pass<'a> = Box<dyn Fn(&mut [f32], &[f32], usize) + 'a>;
 fn over<'a, M>(layers: &'a [[M; 7]], product: fn(usize, usize, &mut [f32], &[f32], &M, usize)) -> Pass<'a> {
     Box::new(move |out, x, rows| {
         for l in layers {
-            for (w, &(n, k)) in l.iter().zip(&SHAPES) {
+            for (w, &(n, k)) in l.iter().zip(shapes()) {
                 product(n, k, out, x, w, rows);
             }
         }
@@ -421,12 +474,7 @@ macro_rules! packed_q8_pass {
             let values = unsafe { std::slice::from_raw_parts(w.lines.as_ptr().cast::<i8>(), w.len) };
             let (out, x, values) = (black_box(out), black_box(x), black_box(values));
             use kernels::$kernel::matmul_q8;
-            match (n, k) {
-                (DIM, DIM) => matmul_q8::<DIM, DIM>(out, x, values, &[], rows),
-                (HIDDEN, DIM) => matmul_q8::<HIDDEN, DIM>(out, x, values, &[], rows),
-                (DIM, HIDDEN) => matmul_q8::<DIM, HIDDEN>(out, x, values, &[], rows),
-                _ => unreachable!(),
-            }
+            at_shape!((n, k), |N, K| matmul_q8::<N, K>(out, x, values, &[], rows))
         }
     };
 }
@@ -454,23 +502,13 @@ macro_rules! dispatch {
     ($name:ident, $module:ident, $kernel:ident, int8) => {
         fn $name(n: usize, k: usize, out: &mut [f32], x: &[f32], w: &(Vec<i8>, Vec<f32>), rows: usize) {
             let (out, x, (values, scales)) = (black_box(out), black_box(x), black_box(w));
-            match (n, k) {
-                (DIM, DIM) => kernels::$module::$kernel::<DIM, DIM>(out, x, values, scales, rows),
-                (HIDDEN, DIM) => kernels::$module::$kernel::<HIDDEN, DIM>(out, x, values, scales, rows),
-                (DIM, HIDDEN) => kernels::$module::$kernel::<DIM, HIDDEN>(out, x, values, scales, rows),
-                _ => unreachable!(),
-            }
+            at_shape!((n, k), |N, K| kernels::$module::$kernel::<N, K>(out, x, values, scales, rows))
         }
     };
     ($name:ident, $module:ident, $kernel:ident, $w:ty) => {
         fn $name(n: usize, k: usize, out: &mut [f32], x: &[f32], w: &$w, rows: usize) {
             let (out, x, w) = (black_box(out), black_box(x), black_box(w.as_slice()));
-            match (n, k) {
-                (DIM, DIM) => kernels::$module::$kernel::<DIM, DIM>(out, x, w, rows),
-                (HIDDEN, DIM) => kernels::$module::$kernel::<HIDDEN, DIM>(out, x, w, rows),
-                (DIM, HIDDEN) => kernels::$module::$kernel::<DIM, HIDDEN>(out, x, w, rows),
-                _ => unreachable!(),
-            }
+            at_shape!((n, k), |N, K| kernels::$module::$kernel::<N, K>(out, x, w, rows))
         }
     };
 }
@@ -537,10 +575,5 @@ fn bf16_avx2_dots(n: usize, k: usize, out: &mut [f32], x: &[f32], w: &Vec<u16>, 
 
 fn avx2_shape<W: Weight>(n: usize, k: usize, out: &mut [f32], x: &[f32], w: &[W], rows: usize, repack: bool) {
     let (out, x, w) = (black_box(out), black_box(x), black_box(w));
-    match (n, k) {
-        (DIM, DIM) => avx2_one_thread::<W, DIM, DIM>(out, x, w, rows, repack),
-        (HIDDEN, DIM) => avx2_one_thread::<W, HIDDEN, DIM>(out, x, w, rows, repack),
-        (DIM, HIDDEN) => avx2_one_thread::<W, DIM, HIDDEN>(out, x, w, rows, repack),
-        _ => unreachable!(),
-    }
+    at_shape!((n, k), |N, K| avx2_one_thread::<W, N, K>(out, x, w, rows, repack))
 }
