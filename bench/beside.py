@@ -68,19 +68,29 @@ def map_as_crates(model: str, first_run: Callable[[], object]) -> None:
 
 def alternate(
     rounds: int, binaries: list[str], limit: Callable[[], float], run: Callable[[str], float]
-) -> Iterator[tuple[float, dict[str, float]]]:
-    """`rounds` rounds, each yielded as it ends: the machine's `limit` and one `run` of every
-    binary in turn, the limit first in even rounds and last in odd ones, the binaries in
-    reverse order in odd ones."""
+) -> Iterator[tuple[tuple[float, float], dict[str, float]]]:
+    """`rounds` rounds, each yielded as it ends: the machine's `limit` measured right before and
+    right after the round, and one `run` of every binary in turn between them (in reverse order
+    in odd rounds). The limit after a round is the one before the next, so R rounds take R + 1
+    measurements of it.
+
+    A round's runs are judged against both of its limits (their geometric mean, `bracket`):
+    the machine's phase moves within seconds, and a run of several seconds (a TinyLlama decode,
+    after its load and prefill) drifts from a limit measured on one side of it only. On an AMD
+    EPYC (Zen 3, 2 threads) the read bandwidth moved from 21.7 to 30.0 GB/s between two
+    consecutive rounds (bench/RESULTS.md)."""
+    before = limit()
     for round in range(rounds):
         order = binaries if round % 2 == 0 else binaries[::-1]
-        if round % 2 == 0:
-            measured = limit()
-            speeds = {b: run(b) for b in order}
-        else:
-            speeds = {b: run(b) for b in order}
-            measured = limit()
-        yield measured, speeds
+        speeds = {b: run(b) for b in order}
+        after = limit()
+        yield (before, after), speeds
+        before = after
+
+
+def bracket(limits: tuple[float, float]) -> float:
+    """A round's limit: the geometric mean of the measurements before and after it."""
+    return (limits[0] * limits[1]) ** 0.5
 
 
 def summary(values: list[float], scale: float = 1.0, digits: int = 3) -> str:

@@ -5,9 +5,11 @@ The floor of a decode step is the weight bytes it reads (bench/weight_bytes.py) 
 bandwidth of the machine at the crate's thread count, measured over a buffer of that size
 (bench/peaks, `--read-only`). On a shared, noisy machine that bandwidth moves by a third from
 one second to the next, so a floor measured once and a decode measured later say little about
-each other. Each round here measures both, one right after the other (every other round in the
-reverse order), and prints per round floor / measured (1 is the floor itself; the goal of
-issue "Fast CPU kernels" is at least 0.9), then their median and range over the rounds.
+each other. Each round here runs the decode between two measurements of the bandwidth (the one
+after a round is the one before the next) and judges it against their geometric mean; it prints
+per round floor / measured (1 is the floor itself; the goal of issue "Fast CPU kernels" is at
+least 0.9), then their median and range over the rounds, and for comparison the same against
+the read before each round alone.
 Several binaries (two builds of a crate, say) run in turn within each round, against that
 round's bandwidth.
 
@@ -26,7 +28,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from beside import alternate, crate_run, map_as_crates, name, peaks, summary  # noqa: E402
+from beside import alternate, bracket, crate_run, map_as_crates, name, peaks, summary  # noqa: E402
 from weight_bytes import weight_bytes  # noqa: E402
 
 
@@ -54,22 +56,26 @@ def main() -> None:
     print(f"{size / 1e6:.1f} MB of weights per token, {args.threads} threads, {args.max_tokens} new tokens")
     bandwidths = []
     ratios: dict[str, list[float]] = {b: [] for b in args.binaries}
+    one_sided: dict[str, list[float]] = {b: [] for b in args.binaries}
     speeds: dict[str, list[float]] = {b: [] for b in args.binaries}
     rounds = alternate(args.rounds, args.binaries, bandwidth, decode)
-    for round, (gb_s, tok_s) in enumerate(rounds):
+    for round, (reads, tok_s) in enumerate(rounds):
+        gb_s = bracket(reads)
         floor_ms = size / (gb_s * 1e9) * 1e3
         bandwidths.append(gb_s)
-        line = f"  round {round + 1}: read {gb_s:6.2f} GB/s, floor {floor_ms:7.2f} ms"
+        line = f"  round {round + 1}: read {reads[0]:6.2f} then {reads[1]:6.2f} GB/s, floor {floor_ms:7.2f} ms"
         for b in args.binaries:
             ratio = floor_ms * tok_s[b] / 1e3
             ratios[b].append(ratio)
+            one_sided[b].append(size / (reads[0] * 1e9) * tok_s[b])
             speeds[b].append(tok_s[b])
             line += f"; {name(b)} {tok_s[b]:8.2f} tok/s, floor / measured {ratio:.3f}"
         print(line)
 
-    print(f"read GB/s {summary(bandwidths)}")
+    print(f"read GB/s (each round's two, by geometric mean) {summary(bandwidths)}")
     for b in args.binaries:
         print(f"{name(b):40s} decode tok/s {summary(speeds[b])}   floor / measured, per round: {summary(ratios[b])}")
+        print(f"{'':40s} (against the read before each round alone: {summary(one_sided[b])})")
 
 
 if __name__ == "__main__":

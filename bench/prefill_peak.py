@@ -4,9 +4,10 @@
 The goal of issue "Fast CPU kernels" for an f32 prefill is at least 60% of the FMA peak measured
 in the same run. On a shared, noisy machine that peak moves by a tenth or more from one minute
 to the next (bench/RESULTS.md): a peak measured once, before or after a series of runs, says
-little about any one of them. Each round here measures both, one right after the other (every
-other round in the reverse order): the FMA peak at the crate's thread count (bench/peaks,
-`--fma-only`: AVX-512 where the CPU has it, else AVX2) and one fresh process of each binary,
+little about any one of them. Each round here runs the crates between two measurements of the
+FMA peak at the crate's thread count (bench/peaks, `--fma-only`: AVX-512 where the CPU has it,
+else AVX2; the one after a round is the one before the next), judged against their geometric
+mean: one fresh process of each binary,
 which reads the prompt's 128 ids (the same as bench/ab.py's and bench/llama_vs_candle.sh's) and
 generates one token. It prints per round the prefill's rate (its tok/s times the operations of a
 prefill token, bench/weight_bytes.py) over that round's peak, then their median and range over
@@ -31,7 +32,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from beside import alternate, crate_run, map_as_crates, name, peaks, summary  # noqa: E402
+from beside import alternate, bracket, crate_run, map_as_crates, name, peaks, summary  # noqa: E402
 from weight_bytes import weight_bytes  # noqa: E402
 
 
@@ -61,9 +62,10 @@ def main() -> None:
     peaks_seen = []
     shares: dict[str, list[float]] = {b: [] for b in args.binaries}
     speeds: dict[str, list[float]] = {b: [] for b in args.binaries}
-    for round, (gflop_s, tok_s) in enumerate(alternate(args.rounds, args.binaries, peak, prefill)):
+    for round, (measured, tok_s) in enumerate(alternate(args.rounds, args.binaries, peak, prefill)):
+        gflop_s = bracket(measured)
         peaks_seen.append(gflop_s)
-        line = f"  round {round + 1}: FMA peak {gflop_s:7.1f} GFLOP/s"
+        line = f"  round {round + 1}: FMA peak {measured[0]:7.1f} then {measured[1]:7.1f} GFLOP/s"
         for b in args.binaries:
             rate = tok_s[b] * ops / 1e9
             shares[b].append(rate / gflop_s)
