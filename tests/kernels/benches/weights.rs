@@ -24,18 +24,23 @@ use monogen_kernel_tests::kernels;
 use monogen_kernel_tests::kernels::shared::avx2_team_matmul::Weight;
 use monogen_kernel_tests::rng::Rng;
 
-/// Every allocation of 2 MiB or more (each matrix) in transparent huge pages, as the crates map
-/// their weights (`runtime/tensor_file.rs`): aligned to 2 MiB and, on Linux, advised
-/// `MADV_HUGEPAGE` before it is first written. Under the usual `madvise` setting a `Vec` gets
-/// 4 KiB pages, whose TLB misses held this bench's decode rows at about 23 GB/s on an AMD EPYC
-/// (Zen 3, 2 threads) where a read of the same size in huge pages ran at 33-38.
+/// Every allocation of 256 KiB or more (each matrix) in transparent huge pages, as the crates
+/// map their weights (`runtime/tensor_file.rs`): rounded up to whole 2 MiB pages, aligned to
+/// them and, on Linux, advised `MADV_HUGEPAGE` before it is first written. Under the usual
+/// `madvise` setting a `Vec` gets 4 KiB pages, whose TLB misses held this bench's decode rows at
+/// about 23 GB/s on an AMD EPYC (Zen 3, 2 threads) where a read of the same size in huge pages
+/// ran at 33-38. The matrices under 2 MiB (stories110M's int8 and bf16 attention projections)
+/// had kept 4 KiB pages until the bench rounded them up too.
 struct HugePages;
 
 const HUGE: usize = 2 << 20;
 
+/// The smallest allocation put in huge pages.
+const HUGE_FROM: usize = 256 << 10;
+
 impl HugePages {
     fn layout(layout: Layout) -> Layout {
-        if layout.size() >= HUGE {
+        if layout.size() >= HUGE_FROM {
             Layout::from_size_align(layout.size().next_multiple_of(HUGE), HUGE.max(layout.align()))
                 .expect("a huge-page layout")
         } else {
