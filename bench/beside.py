@@ -3,10 +3,10 @@
 On a shared, noisy machine the limits a crate is judged against (the read bandwidth, the FMA
 peak) move by a tenth to a third from one minute to the next, so a limit measured once and a
 crate measured later say little about each other. bench/floor.py and bench/prefill_peak.py
-measure both in every round, one right after the other, with what this module gives them:
-`peaks` (bench/peaks, built), `crate_run` (one fresh process of a crate's binary on the prompt
-ids that bench/ab.py and bench/llama_vs_candle.sh use), `map_as_crates` (the model file read back
-as the crates map it) and `alternate` (the rounds).
+run the crates between two measurements of the limit in every round, with what this module
+gives them: `peaks` (bench/peaks, built), `crate_run` (one fresh process of a crate's binary on
+the prompt ids that bench/ab.py and bench/llama_vs_candle.sh use), `map_as_crates` (the model
+file read back as the crates map it), `alternate` (the rounds) and `bracket` (a round's limit).
 """
 
 import json
