@@ -67,7 +67,8 @@ def main() -> None:
         for b in args.binaries:
             ratio = floor_ms * tok_s[b] / 1e3
             ratios[b].append(ratio)
-            one_sided[b].append(size / (reads[0] * 1e9) * tok_s[b])
+            # The same against the read before the round alone.
+            one_sided[b].append(ratio * gb_s / reads[0])
             speeds[b].append(tok_s[b])
             line += f"; {name(b)} {tok_s[b]:8.2f} tok/s, floor / measured {ratio:.3f}"
         print(line)
