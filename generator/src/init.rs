@@ -273,7 +273,7 @@ pub fn workload_from_config(path: &Path, text: &str, opts: &InitOptions) -> Resu
         Some(other) => problems.push(diag(
             "model_type",
             format!(
-                "model_type `{other}` is not supported: monogen generates `llama`, `qwen2` and `bert` models"
+                "model_type `{other}` is not supported: monogen generates `llama`, `mistral`, `qwen2` and `bert` models"
             ),
         )),
         None => problems.push(
