@@ -7,12 +7,21 @@
 //! by. A share is taken in blocks of about 16 KiB of weights, over which every activation row
 //! passes while the block is in L1. Within a block the output is cut into tiles of 4
 //! activation rows × 2 weight rows, so that each loaded weight vector serves 4 fused
-//! multiply-adds; rows left over (fewer than 4, and a decode step's single row) take tiles of
-//! 1 × 8, except over bfloat16 weights of at least `ROW_DOT_K` columns, which a single row
-//! reads one weight row at a time, front to back (`row_dot`). A tile's 8 accumulators of 8
-//! lanes end in one transposed horizontal-add tree (`sum8`). K that is not a multiple of 8 ends with a masked load of the activations and a
-//! zero-padded copy of the weights' last values. A prefill's many rows take the packed blocks
-//! of `shared/avx2_repack.rs` instead, where the implementation asks for them.
+//! multiply-adds; rows left over (fewer than 4) take tiles of 1 × 8, except over bfloat16
+//! weights of at least `ROW_DOT_K` columns, which a single row reads one weight row at a time,
+//! front to back (`row_dot`). A tile's 8 accumulators of 8 lanes end in one transposed
+//! horizontal-add tree (`sum8`). K that is not a multiple of 8 ends with a masked load of the
+//! activations and a zero-padded copy of the weights' last values. A prefill's many rows take
+//! the packed blocks of `shared/avx2_repack.rs` instead, where the implementation asks for them.
+//!
+//! A decode step's single row reads its share as two streams, the share's first half and its
+//! second half side by side (`Product::decode`): tiles of 4 weight rows from each half, or over
+//! bfloat16 weights of at least `ROW_DOT_K` columns one row from each half, front to back
+//! (`row_dot2`). On an AMD EPYC (Zen 3, 2 threads, 256 MiB in huge pages, each thread reading
+//! its half) a plain read ran at 33-36 GB/s as one stream per thread, 35-44 as two and 36-46 as
+//! four, medians of 9 rounds in a program apart; a bfloat16 dot product row by row at 30-33, the
+//! same over two streams at 35-40, and over two adjacent rows at once at 20-25. Each stream is
+//! one the hardware's prefetchers follow, and two keep more of memory's lines on their way.
 //!
 //! An int8 crate includes this module only for the `Weight` and `Product` that `avx2_repack.rs`
 //! names, and calls none of its products, hence `allow(dead_code)`.
@@ -93,6 +102,11 @@ impl<W: Weight> Product<W> {
     /// writes these columns meanwhile.
     #[target_feature(enable = "avx2,fma")]
     pub unsafe fn columns(&self, cols: Range<usize>) {
+        if self.rows == 1 && (size_of::<W>() == 4 || self.k >= ROW_DOT_K) {
+            // SAFETY: the caller's contract.
+            unsafe { self.decode(cols) };
+            return;
+        }
         // A multiple of 8, which both tile widths divide: no column of a block is left to
         // the single-column tiles, whose one chain of multiply-adds waits on each in turn.
         let block = (BLOCK_BYTES / (2 * self.k)).max(1).next_multiple_of(8);
@@ -121,8 +135,177 @@ impl<W: Weight> Product<W> {
         }
     }
 
+    /// Computes the columns `cols` of a single activation row (a decode step) over f32 weights,
+    /// or bfloat16 ones of at least `ROW_DOT_K` columns, as two streams: each weight row of the
+    /// first half of `cols` together with the row as far on in the second half, f32 ones 4 and
+    /// 4 in a tile of 8 (`tile_pair`), bfloat16 ones 1 and 1 (`row_dot2`); the rows that do not
+    /// pair up (the last, or the last few for f32) as before.
+    ///
+    /// Against one stream, measured on an AMD EPYC (Zen 3, 2 threads), the decode of `cargo
+    /// bench -p monogen-kernel-tests --bench weights` as a share of the read in the same run,
+    /// one stream then two, in alternating runs:
+    /// - bfloat16, stories110M's shapes: 0.87, 0.82, 0.93, 0.81 against 0.99, 1.06, 0.94, 1.04;
+    ///   TinyLlama's (`-- --tinyllama`): 0.84, 0.89 against 0.99, 0.98;
+    /// - f32, stories110M's shapes: 0.93, 0.93, 0.99, 0.94 against 1.02, 1.02, 1.07, 0.97;
+    ///   TinyLlama's: 1.01, 0.95 against 0.94, 0.96 (eight rows at K = 2048 already stream
+    ///   well).
+    ///
+    /// `bench/ab.py --rounds 12 --max-tokens 64`, decode per round: the stories110M bf16 crate
+    /// 1.140x [0.886-1.253] as fast, the f32 crate 1.056x [0.940-1.212].
+    ///
+    /// # Safety
+    ///
+    /// As for [`Product::columns`], with one activation row.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn decode(&self, cols: Range<usize>) {
+        if size_of::<W>() == 2 {
+            let half = cols.len() / 2;
+            for n in cols.start..cols.start + half {
+                // SAFETY: the caller's contract; weight rows n and n + half lie in `cols`.
+                unsafe { self.row_dot2(n, n + half) };
+            }
+            if cols.len() % 2 == 1 {
+                // SAFETY: as above, for the last weight row of `cols`.
+                unsafe { self.row_dot(0, cols.end - 1) };
+            }
+        } else {
+            let half = cols.len() / 2 / 4 * 4;
+            for n in (cols.start..cols.start + half).step_by(4) {
+                // SAFETY: the caller's contract; weight rows n..n + 4 and n + half..n + half + 4
+                // lie in `cols`.
+                unsafe { self.tile_pair(n, n + half) };
+            }
+            // SAFETY: as above, for the rows of `cols` after both halves.
+            unsafe { self.row_block::<1, 8>(0, cols.start + 2 * half..cols.end) };
+        }
+    }
+
+    /// Writes `out[0, a..a + 4]` and `out[0, b..b + 4]`, a decode step's dot products with the
+    /// 4 weight rows from `a` and the 4 from `b`: a tile of 1 × 8 over rows of two streams.
+    ///
+    /// # Safety
+    ///
+    /// The CPU has AVX2 and FMA, `x` holds row 0 and `w` weight rows `a..a + 4` and
+    /// `b..b + 4`, and no other thread writes those columns of `out` meanwhile.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn tile_pair(&self, a: usize, b: usize) {
+        let k = self.k;
+        let mut ws = [self.w; 8];
+        for j in 0..4 {
+            // SAFETY: the caller's contract.
+            unsafe {
+                ws[j] = self.w.add((a + j) * k);
+                ws[4 + j] = self.w.add((b + j) * k);
+            }
+        }
+        let mut acc = [_mm256_setzero_ps(); 8];
+        let full = k - k % LANES;
+        let mut at = 0;
+        while at < full {
+            // SAFETY: 8 activations and 8 weights of each row at `at` < `full` ≤ k.
+            let xv = unsafe { _mm256_loadu_ps(self.x.add(at)) };
+            for (a, &row) in acc.iter_mut().zip(&ws) {
+                // SAFETY: as above.
+                *a = _mm256_fmadd_ps(xv, unsafe { W::load(row.add(at)) }, *a);
+            }
+            at += LANES;
+        }
+        if full < k {
+            let tail = k - full;
+            // SAFETY: the masked load reads only the row's last `tail` activations.
+            let xv = unsafe { _mm256_maskload_ps(self.x.add(full), lane_mask(tail)) };
+            for (a, &row) in acc.iter_mut().zip(&ws) {
+                let mut last = [W::default(); LANES];
+                // SAFETY: the row's last `tail` weights.
+                last[..tail].copy_from_slice(unsafe { std::slice::from_raw_parts(row.add(full), tail) });
+                // SAFETY: `last` is 8 readable values.
+                *a = _mm256_fmadd_ps(xv, unsafe { W::load(last.as_ptr()) }, *a);
+            }
+        }
+        let mut sums = [0.0f32; LANES];
+        // SAFETY: `sums` is 8 writable floats.
+        unsafe { _mm256_storeu_ps(sums.as_mut_ptr(), sum8(acc)) };
+        for j in 0..4 {
+            // SAFETY: `out[0, a + j]` and `out[0, b + j]` lie inside `out`, and the caller's
+            // contract.
+            unsafe {
+                *self.out.add(a + j) = sums[j];
+                *self.out.add(b + j) = sums[4 + j];
+            }
+        }
+    }
+
+    /// Writes `out[0, a]` and `out[0, b]`, the dot products of a decode step's activation row
+    /// with weight rows `a` and `b`, reading both front to back at once, each line asked for
+    /// into L1 `AHEAD` bytes before it is reached, as `row_dot` does for one row. Its sums are
+    /// `row_dot`'s, term for term.
+    ///
+    /// # Safety
+    ///
+    /// The CPU has AVX2 and FMA, `x` holds row 0 and `w` weight rows `a` and `b`, and no other
+    /// thread writes `out[0, a]` or `out[0, b]` meanwhile.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn row_dot2(&self, a: usize, b: usize) {
+        const AHEAD: usize = 1024;
+        const STEP: usize = 4 * LANES;
+        let k = self.k;
+        // SAFETY: the caller's contract.
+        let (x, wa, wb) = unsafe { (self.x, self.w.add(a * k), self.w.add(b * k)) };
+        let mut acc_a = [_mm256_setzero_ps(); 4];
+        let mut acc_b = [_mm256_setzero_ps(); 4];
+        let mut at = 0;
+        while at + STEP <= k {
+            // A prefetch never faults, even past the end of the weights.
+            _mm_prefetch::<_MM_HINT_T0>(wa.wrapping_add(at).cast::<u8>().wrapping_add(AHEAD).cast());
+            _mm_prefetch::<_MM_HINT_T0>(wb.wrapping_add(at).cast::<u8>().wrapping_add(AHEAD).cast());
+            for i in 0..4 {
+                // SAFETY: 8 activations, and 8 weights of each row, at `at + 8i` < k.
+                let (xv, va, vb) = unsafe {
+                    let d = at + i * LANES;
+                    (_mm256_loadu_ps(x.add(d)), W::load(wa.add(d)), W::load(wb.add(d)))
+                };
+                acc_a[i] = _mm256_fmadd_ps(xv, va, acc_a[i]);
+                acc_b[i] = _mm256_fmadd_ps(xv, vb, acc_b[i]);
+            }
+            at += STEP;
+        }
+        while at < k {
+            let len = LANES.min(k - at);
+            let (mut last_a, mut last_b) = ([W::default(); LANES], [W::default(); LANES]);
+            // SAFETY: each row's `len` weights from `at`.
+            unsafe {
+                last_a[..len].copy_from_slice(std::slice::from_raw_parts(wa.add(at), len));
+                last_b[..len].copy_from_slice(std::slice::from_raw_parts(wb.add(at), len));
+            }
+            // SAFETY: the masked load reads only the row's `len` activations from `at`, and
+            // `last_a` and `last_b` are 8 readable values each.
+            let (xv, va, vb) = unsafe {
+                (
+                    _mm256_maskload_ps(x.add(at), lane_mask(len)),
+                    W::load(last_a.as_ptr()),
+                    W::load(last_b.as_ptr()),
+                )
+            };
+            acc_a[0] = _mm256_fmadd_ps(xv, va, acc_a[0]);
+            acc_b[0] = _mm256_fmadd_ps(xv, vb, acc_b[0]);
+            at += len;
+        }
+        let sum = |acc: [__m256; 4]| {
+            hsum(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])))
+        };
+        // SAFETY: `out[0, a]` and `out[0, b]` lie inside `out`, and the caller's contract.
+        unsafe {
+            *self.out.add(a) = sum(acc_a);
+            *self.out.add(b) = sum(acc_b);
+        }
+    }
+
     /// Writes `out[r, n]`, the dot product of activation row `r` and weight row `n`, reading
-    /// the weights front to back (bfloat16 weights in a decode step).
+    /// the weights front to back (bfloat16 weights: a decode step's row that pairs with none,
+    /// and a few rows' leftover row).
     ///
     /// A share's weight rows lie one after the other, so its thread reads one stream from
     /// start to end; each line is asked for into L1 `AHEAD` bytes before it is reached, past
@@ -155,7 +338,8 @@ impl<W: Weight> Product<W> {
             _mm_prefetch::<_MM_HINT_T0>(w.wrapping_add(at).cast::<u8>().wrapping_add(AHEAD).cast());
             for (i, a) in acc.iter_mut().enumerate() {
                 // SAFETY: 8 activations and 8 weights at `at + 8i` < k lie inside the rows.
-                let (xv, wv) = unsafe { (_mm256_loadu_ps(x.add(at + i * LANES)), W::load(w.add(at + i * LANES))) };
+                let (xv, wv) =
+                    unsafe { (_mm256_loadu_ps(x.add(at + i * LANES)), W::load(w.add(at + i * LANES))) };
                 *a = _mm256_fmadd_ps(xv, wv, *a);
             }
             at += STEP;

@@ -266,8 +266,8 @@ impl<'o> Bench<'o> {
     }
 }
 
-/// The linear layers' product, for every weight dtype: `matmul` (f32), `matmul_bf16`,
-/// `matmul_bf16_bf16` (bfloat16 activations too) and `matmul_q8` each hold a matrix their own way.
+/// The linear layers' product, for every weight dtype: `matmul` (f32), `matmul_bf16` and
+/// `matmul_q8` each hold a matrix their own way.
 pub trait Matmul {
     /// One `[N, K]` matrix as the interface holds it.
     type Weights;

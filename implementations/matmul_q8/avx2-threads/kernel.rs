@@ -18,8 +18,9 @@
 //! 2 · 127 · 127, which cannot saturate) and `vpmaddwd` by ones adds pairs into 8 exact 32-bit
 //! sums. Those become f32 and are multiplied by the block's two scales into the tile's
 //! accumulators, lane by lane, so a dot product's blocks are added in f32 as the interface
-//! allows. Tiles are 2 activation rows × 4 weight rows; a row left over (a decode step's single
-//! row) takes one weight row at a time, front to back (`row_dot`). A row's last block, when 32
+//! allows. Tiles are 2 activation rows × 4 weight rows; a row left over takes one weight row at
+//! a time, front to back (`row_dot`), and a decode step's single row two at once, one from each
+//! half of its share (`row_dot2`), so that its thread reads two streams. A row's last block, when 32
 //! does not divide K, is zero-padded in the quantized activations and copied zero-padded from
 //! the weights.
 
@@ -199,6 +200,19 @@ impl Product {
     /// writes these columns meanwhile.
     #[target_feature(enable = "avx2,fma")]
     unsafe fn columns(&self, cols: Range<usize>) {
+        if self.rows == 1 {
+            // A decode step: the share's two halves side by side (`row_dot2`).
+            let half = cols.len() / 2;
+            for n in cols.start..cols.start + half {
+                // SAFETY: row 0 and weight rows n and n + half lie inside the operands.
+                unsafe { self.row_dot2(n, n + half) };
+            }
+            if cols.len() % 2 == 1 {
+                // SAFETY: as above, for the share's last weight row.
+                unsafe { self.row_dot(0, cols.end - 1) };
+            }
+            return;
+        }
         // A multiple of 8, which both tile widths divide: no column of a block is left to
         // the single-column tiles, whose one chain of multiply-adds waits on each in turn.
         let block = (BLOCK_BYTES / self.k).max(1).next_multiple_of(8);
@@ -287,6 +301,100 @@ impl Product {
         }
         // SAFETY: `out[r, n]` lies inside `out`, and the caller's contract.
         unsafe { *self.out.add(r * self.n + n) = hsum(_mm256_add_ps(acc[0], acc[1])) };
+    }
+
+    /// Writes `out[0, a]` and `out[0, b]`, the dot products of a decode step's activation row
+    /// with weight rows `a` and `b`, reading both front to back at once: [`Product::columns`]
+    /// pairs each row of a share's first half with the row as far on in its second half, so
+    /// that the thread reads two streams, each from start to end (as a bfloat16 decode step
+    /// does, `shared/avx2_team_matmul.rs`, whose module documentation says why). Its sums are
+    /// `row_dot`'s, term for term.
+    ///
+    /// Measured on an AMD EPYC (Zen 3, 2 threads) against one row at a time: the decode of
+    /// `cargo bench -p monogen-kernel-tests --bench weights` at TinyLlama's shapes, as a share
+    /// of the read in the same run, 0.91 and 0.96 against 1.03 and 1.03 (at stories110M's,
+    /// whose int8 matrices are under 1.2 MB, 0.93, 0.83, 0.93, 1.01 against 0.92, 0.99, 0.86,
+    /// 0.96); the stories110M int8 crate decoded 1.120x [0.964-1.283] as fast (`bench/ab.py
+    /// --rounds 12 --max-tokens 64`, from its saved weights).
+    ///
+    /// # Safety
+    ///
+    /// The CPU has AVX2 and FMA, row 0 lies inside `qx` and `dx`, weight rows `a` and `b` inside
+    /// `w` and `scales`, and no other thread writes `out[0, a]` or `out[0, b]` meanwhile.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn row_dot2(&self, a: usize, b: usize) {
+        const AHEAD: usize = 1024;
+        let (k, blocks) = (self.k, self.k.div_ceil(BLOCK));
+        let ones = _mm256_set1_epi16(1);
+        // SAFETY: the caller's contract.
+        let (wa, wb, da, db) = unsafe {
+            (self.w.add(a * k), self.w.add(b * k), self.scales.add(a * blocks), self.scales.add(b * blocks))
+        };
+        let (qx, dx) = (self.qx, self.dx);
+        // Block `at` of both rows (`wa`, `wb`: its weights) times its scales, into the two sums.
+        let block = |(sa, sb): (__m256, __m256), at: usize, wl_a: __m256i, wl_b: __m256i| {
+            // SAFETY: block `at` of the quantized row (zero-padded to whole blocks) and its
+            // scale, and both rows' scales, lie inside `qx`, `dx` and `scales`.
+            let (xv, d, d_a, d_b) = unsafe {
+                (_mm256_loadu_si256(qx.add(at * BLOCK).cast()), *dx.add(at), *da.add(at), *db.add(at))
+            };
+            let magnitudes = _mm256_sign_epi8(xv, xv);
+            let pa = _mm256_maddubs_epi16(magnitudes, _mm256_sign_epi8(wl_a, xv));
+            let pb = _mm256_maddubs_epi16(magnitudes, _mm256_sign_epi8(wl_b, xv));
+            let ta = _mm256_cvtepi32_ps(_mm256_madd_epi16(pa, ones));
+            let tb = _mm256_cvtepi32_ps(_mm256_madd_epi16(pb, ones));
+            (
+                _mm256_fmadd_ps(ta, _mm256_set1_ps(d * d_a), sa),
+                _mm256_fmadd_ps(tb, _mm256_set1_ps(d * d_b), sb),
+            )
+        };
+        let full = k / BLOCK;
+        let mut acc = [(_mm256_setzero_ps(), _mm256_setzero_ps()); 2];
+        let mut at = 0;
+        while at + 2 <= full {
+            // A prefetch never faults, even past the end of the weights.
+            _mm_prefetch::<_MM_HINT_T0>(wa.wrapping_add(at * BLOCK + AHEAD).cast());
+            _mm_prefetch::<_MM_HINT_T0>(wb.wrapping_add(at * BLOCK + AHEAD).cast());
+            for (i, sums) in acc.iter_mut().enumerate() {
+                // SAFETY: the 32 weights of block at + i < `full` lie inside both rows.
+                let (wl_a, wl_b) = unsafe {
+                    (
+                        _mm256_loadu_si256(wa.add((at + i) * BLOCK).cast()),
+                        _mm256_loadu_si256(wb.add((at + i) * BLOCK).cast()),
+                    )
+                };
+                *sums = block(*sums, at + i, wl_a, wl_b);
+            }
+            at += 2;
+        }
+        if at < full {
+            // SAFETY: as above, for block `at`.
+            let (wl_a, wl_b) = unsafe {
+                (_mm256_loadu_si256(wa.add(at * BLOCK).cast()), _mm256_loadu_si256(wb.add(at * BLOCK).cast()))
+            };
+            acc[0] = block(acc[0], at, wl_a, wl_b);
+            at += 1;
+        }
+        if at < blocks {
+            let len = k - at * BLOCK;
+            let (mut last_a, mut last_b) = ([0i8; BLOCK], [0i8; BLOCK]);
+            // SAFETY: each row's last `len` weights.
+            unsafe {
+                last_a[..len].copy_from_slice(std::slice::from_raw_parts(wa.add(at * BLOCK), len));
+                last_b[..len].copy_from_slice(std::slice::from_raw_parts(wb.add(at * BLOCK), len));
+            }
+            // SAFETY: `last_a` and `last_b` are 32 readable bytes each.
+            let (wl_a, wl_b) = unsafe {
+                (_mm256_loadu_si256(last_a.as_ptr().cast()), _mm256_loadu_si256(last_b.as_ptr().cast()))
+            };
+            acc[1] = block(acc[1], at, wl_a, wl_b);
+        }
+        // SAFETY: `out[0, a]` and `out[0, b]` lie inside `out`, and the caller's contract.
+        unsafe {
+            *self.out.add(a) = hsum(_mm256_add_ps(acc[0].0, acc[1].0));
+            *self.out.add(b) = hsum(_mm256_add_ps(acc[0].1, acc[1].1));
+        }
     }
 
     /// Columns `cols` of rows `r..r + R`: `C` columns per tile, then the rest one at a time.

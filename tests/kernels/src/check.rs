@@ -219,7 +219,7 @@ macro_rules! conform_matmul_bf16 {
     (@shapes $interface:ident, $weights:ident, $candidate:ident, $reference:ident) => {
         $crate::conform_matmul_bf16!(@each $interface, $weights, $candidate, $reference,
             (1, 1) (1, 172) (5, 3) (5, 64) (32, 17) (33, 61) (64, 172) (172, 64) (512, 64) (3, 7)
-            (384, 384) (100, 1000) (40, 1536));
+            (384, 384) (100, 1000) (40, 1536) (13, 520) (7, 513));
     };
     (@each $interface:ident, $weights:ident, $candidate:ident, $reference:ident, $(($n:literal, $k:literal))*) => {
         $(
