@@ -7,21 +7,22 @@
 //! by. A share is taken in blocks of about 16 KiB of weights, over which every activation row
 //! passes while the block is in L1. Within a block the output is cut into tiles of 4
 //! activation rows × 2 weight rows, so that each loaded weight vector serves 4 fused
-//! multiply-adds; rows left over (fewer than 4) take tiles of 1 × 8, except over bfloat16
-//! weights of at least `ROW_DOT_K` columns, which a single row reads one weight row at a time,
-//! front to back (`row_dot`). A tile's 8 accumulators of 8 lanes end in one transposed
+//! multiply-adds; rows left over (fewer than 4, and a decode step's single row) take tiles of
+//! 1 × 8, except over bfloat16 weights of at least `ROW_DOT_K` columns, which a single row
+//! reads one weight row at a time, front to back (`row_dot`), and a decode step's single row
+//! two at a time (`row_dot2`), below. A tile's 8 accumulators of 8 lanes end in one transposed
 //! horizontal-add tree (`sum8`). K that is not a multiple of 8 ends with a masked load of the
 //! activations and a zero-padded copy of the weights' last values. A prefill's many rows take
 //! the packed blocks of `shared/avx2_repack.rs` instead, where the implementation asks for them.
 //!
-//! A decode step's single row reads its share as two streams, the share's first half and its
-//! second half side by side (`Product::decode`): tiles of 4 weight rows from each half, or over
-//! bfloat16 weights of at least `ROW_DOT_K` columns one row from each half, front to back
-//! (`row_dot2`). On an AMD EPYC (Zen 3, 2 threads, 256 MiB in huge pages, each thread reading
-//! its half) a plain read ran at 33-36 GB/s as one stream per thread, 35-44 as two and 36-46 as
-//! four, medians of 9 rounds in a program apart; a bfloat16 dot product row by row at 30-33, the
-//! same over two streams at 35-40, and over two adjacent rows at once at 20-25. Each stream is
-//! one the hardware's prefetchers follow, and two keep more of memory's lines on their way.
+//! Over such bfloat16 weights a decode step's single row reads its share as two streams, the
+//! share's first half and its second half side by side (`Product::decode`), one weight row
+//! from each half at a time. On an AMD EPYC (Zen 3, 2 threads, 256 MiB in huge pages, each
+//! thread reading its half) a plain read ran at 33-36 GB/s as one stream per thread, 35-44 as
+//! two and 36-46 as four, medians of 9 rounds in a program apart; a bfloat16 dot product row by
+//! row at 30-33, the same over two streams at 35-40, and over two adjacent rows at once at
+//! 20-25. Each stream is one the hardware's prefetchers follow, and two keep more of memory's
+//! lines on their way.
 //!
 //! An int8 crate includes this module only for the `Weight` and `Product` that `avx2_repack.rs`
 //! names, and calls none of its products, hence `allow(dead_code)`.
@@ -102,7 +103,7 @@ impl<W: Weight> Product<W> {
     /// writes these columns meanwhile.
     #[target_feature(enable = "avx2,fma")]
     pub unsafe fn columns(&self, cols: Range<usize>) {
-        if self.rows == 1 && (size_of::<W>() == 4 || self.k >= ROW_DOT_K) {
+        if self.rows == 1 && size_of::<W>() == 2 && self.k >= ROW_DOT_K {
             // SAFETY: the caller's contract.
             unsafe { self.decode(cols) };
             return;
@@ -135,23 +136,22 @@ impl<W: Weight> Product<W> {
         }
     }
 
-    /// Computes the columns `cols` of a single activation row (a decode step) over f32 weights,
-    /// or bfloat16 ones of at least `ROW_DOT_K` columns, as two streams: each weight row of the
-    /// first half of `cols` together with the row as far on in the second half, f32 ones 4 and
-    /// 4 in a tile of 8 (`tile_pair`), bfloat16 ones 1 and 1 (`row_dot2`); the rows that do not
-    /// pair up (the last, or the last few for f32) as before.
+    /// Computes the columns `cols` of a single activation row (a decode step) over bfloat16
+    /// weights of at least `ROW_DOT_K` columns, as two streams: each weight row of the first
+    /// half of `cols` together with the row as far on in the second half (`row_dot2`), and the
+    /// last row alone (`row_dot`) when their number is odd.
     ///
     /// Against one stream, measured on an AMD EPYC (Zen 3, 2 threads), the decode of `cargo
     /// bench -p monogen-kernel-tests --bench weights` as a share of the read in the same run,
-    /// one stream then two, in alternating runs:
-    /// - bfloat16, stories110M's shapes: 0.87, 0.82, 0.93, 0.81 against 0.99, 1.06, 0.94, 1.04;
-    ///   TinyLlama's (`-- --tinyllama`): 0.84, 0.89 against 0.99, 0.98;
-    /// - f32, stories110M's shapes: 0.93, 0.93, 0.99, 0.94 against 1.02, 1.02, 1.07, 0.97;
-    ///   TinyLlama's: 1.01, 0.95 against 0.94, 0.96 (eight rows at K = 2048 already stream
-    ///   well).
+    /// one stream then two, in alternating runs: at stories110M's shapes 0.87, 0.82, 0.93, 0.81
+    /// against 0.99, 1.06, 0.94, 1.04; at TinyLlama's (`-- --tinyllama`) 0.84, 0.89 against
+    /// 0.99, 0.98. `bench/ab.py --rounds 12 --max-tokens 64`, decode per round: the stories110M
+    /// bf16 crate 1.140x [0.886-1.253] as fast.
     ///
-    /// `bench/ab.py --rounds 12 --max-tokens 64`, decode per round: the stories110M bf16 crate
-    /// 1.140x [0.886-1.253] as fast, the f32 crate 1.056x [0.940-1.212].
+    /// f32 weights keep the tiles of 8 weight rows, which read 8 streams already: tiles of 4
+    /// rows from each half measured 0.97-1.07 of the read against 0.93-0.99 at stories110M's
+    /// shapes, and the stories110M f32 crate decoded 1.056x as fast, but the TinyLlama f32 crate
+    /// 0.903x [0.835-1.098] (6 rounds).
     ///
     /// # Safety
     ///
@@ -159,81 +159,14 @@ impl<W: Weight> Product<W> {
     #[inline]
     #[target_feature(enable = "avx2,fma")]
     unsafe fn decode(&self, cols: Range<usize>) {
-        if size_of::<W>() == 2 {
-            let half = cols.len() / 2;
-            for n in cols.start..cols.start + half {
-                // SAFETY: the caller's contract; weight rows n and n + half lie in `cols`.
-                unsafe { self.row_dot2(n, n + half) };
-            }
-            if cols.len() % 2 == 1 {
-                // SAFETY: as above, for the last weight row of `cols`.
-                unsafe { self.row_dot(0, cols.end - 1) };
-            }
-        } else {
-            let half = cols.len() / 2 / 4 * 4;
-            for n in (cols.start..cols.start + half).step_by(4) {
-                // SAFETY: the caller's contract; weight rows n..n + 4 and n + half..n + half + 4
-                // lie in `cols`.
-                unsafe { self.tile_pair(n, n + half) };
-            }
-            // SAFETY: as above, for the rows of `cols` after both halves.
-            unsafe { self.row_block::<1, 8>(0, cols.start + 2 * half..cols.end) };
+        let half = cols.len() / 2;
+        for n in cols.start..cols.start + half {
+            // SAFETY: the caller's contract; weight rows n and n + half lie in `cols`.
+            unsafe { self.row_dot2(n, n + half) };
         }
-    }
-
-    /// Writes `out[0, a..a + 4]` and `out[0, b..b + 4]`, a decode step's dot products with the
-    /// 4 weight rows from `a` and the 4 from `b`: a tile of 1 × 8 over rows of two streams.
-    ///
-    /// # Safety
-    ///
-    /// The CPU has AVX2 and FMA, `x` holds row 0 and `w` weight rows `a..a + 4` and
-    /// `b..b + 4`, and no other thread writes those columns of `out` meanwhile.
-    #[inline]
-    #[target_feature(enable = "avx2,fma")]
-    unsafe fn tile_pair(&self, a: usize, b: usize) {
-        let k = self.k;
-        let mut ws = [self.w; 8];
-        for j in 0..4 {
-            // SAFETY: the caller's contract.
-            unsafe {
-                ws[j] = self.w.add((a + j) * k);
-                ws[4 + j] = self.w.add((b + j) * k);
-            }
-        }
-        let mut acc = [_mm256_setzero_ps(); 8];
-        let full = k - k % LANES;
-        let mut at = 0;
-        while at < full {
-            // SAFETY: 8 activations and 8 weights of each row at `at` < `full` ≤ k.
-            let xv = unsafe { _mm256_loadu_ps(self.x.add(at)) };
-            for (a, &row) in acc.iter_mut().zip(&ws) {
-                // SAFETY: as above.
-                *a = _mm256_fmadd_ps(xv, unsafe { W::load(row.add(at)) }, *a);
-            }
-            at += LANES;
-        }
-        if full < k {
-            let tail = k - full;
-            // SAFETY: the masked load reads only the row's last `tail` activations.
-            let xv = unsafe { _mm256_maskload_ps(self.x.add(full), lane_mask(tail)) };
-            for (a, &row) in acc.iter_mut().zip(&ws) {
-                let mut last = [W::default(); LANES];
-                // SAFETY: the row's last `tail` weights.
-                last[..tail].copy_from_slice(unsafe { std::slice::from_raw_parts(row.add(full), tail) });
-                // SAFETY: `last` is 8 readable values.
-                *a = _mm256_fmadd_ps(xv, unsafe { W::load(last.as_ptr()) }, *a);
-            }
-        }
-        let mut sums = [0.0f32; LANES];
-        // SAFETY: `sums` is 8 writable floats.
-        unsafe { _mm256_storeu_ps(sums.as_mut_ptr(), sum8(acc)) };
-        for j in 0..4 {
-            // SAFETY: `out[0, a + j]` and `out[0, b + j]` lie inside `out`, and the caller's
-            // contract.
-            unsafe {
-                *self.out.add(a + j) = sums[j];
-                *self.out.add(b + j) = sums[4 + j];
-            }
+        if cols.len() % 2 == 1 {
+            // SAFETY: as above, for the last weight row of `cols`.
+            unsafe { self.row_dot(0, cols.end - 1) };
         }
     }
 
