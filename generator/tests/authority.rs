@@ -281,7 +281,8 @@ fn editing_an_implementation_makes_its_records_stale_and_explain_and_check_name_
     );
 }
 
-/// Rewrites the median and 90th percentile of `implementation`'s matmul record.
+/// Rewrites the median and 90th percentile of `implementation`'s matmul record, and each of its
+/// rounds (where the record keeps them) to the median.
 fn set_record(repo: &Path, implementation: &str, median: u64, p90: u64) {
     let path = repo.join("rankings/amd-epyc-2c/matmul.toml");
     let text = std::fs::read_to_string(&path).unwrap();
@@ -297,6 +298,11 @@ fn set_record(repo: &Path, implementation: &str, median: u64, p90: u64) {
                 out.push(format!("median_ns = {median}"));
             } else if target && line.starts_with("p90_ns = ") {
                 out.push(format!("p90_ns = {p90}"));
+            } else if target && line.starts_with("rounds_ns = ") {
+                // Every round at the new median: the flip rule compares two candidates' rounds
+                // pair by pair where both records have them.
+                let rounds = line.matches(',').count() + 1;
+                out.push(format!("rounds_ns = {:?}", vec![median; rounds]));
             } else {
                 out.push(line);
             }
@@ -367,7 +373,12 @@ fn a_difference_inside_the_noise_never_flips_a_choice_and_a_2x_one_does() {
         report.contains("matmul: the choice changed from avx2-fma 1.1.1 to avx2-fma-twin 1.1.1"),
         "{report}"
     );
-    assert!(report.contains("it replaces avx2-fma (0.495x its median), beyond the noise margin"), "{report}");
+    assert!(
+        report.contains(
+            "it replaces avx2-fma (0.495x its time round by round over 21 rounds), beyond the noise margin"
+        ),
+        "{report}"
+    );
     assert!(monogen(repo.path(), &["build", WORKLOAD]).status.success());
     assert_eq!(locked_matmul(repo.path()), "avx2-fma-twin");
 }
