@@ -313,7 +313,7 @@ impl Product {
     /// Measured on an AMD EPYC (Zen 3, 2 threads) against one row at a time: the decode of
     /// `cargo bench -p monogen-kernel-tests --bench weights` at TinyLlama's shapes, as a share
     /// of the read in the same run, 0.91 and 0.96 against 1.03 and 1.03 (at stories110M's,
-    /// whose int8 matrices are under 1.2 MB, 0.93, 0.83, 0.93, 1.01 against 0.92, 0.99, 0.86,
+    /// whose int8 matrices are 0.6-1.6 MB, 0.93, 0.83, 0.93, 1.01 against 0.92, 0.99, 0.86,
     /// 0.96); the stories110M int8 crate decoded 1.120x [0.964-1.283] as fast (`bench/ab.py
     /// --rounds 12 --max-tokens 64`, from its saved weights).
     ///
