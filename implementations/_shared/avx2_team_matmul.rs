@@ -9,8 +9,8 @@
 //! activation rows × 2 weight rows, so that each loaded weight vector serves 4 fused
 //! multiply-adds; rows left over (fewer than 4, and a decode step's single row) take tiles of
 //! 1 × 8, except over bfloat16 weights of at least `ROW_DOT_K` columns, which a single row
-//! reads one weight row at a time, front to back (`row_dot`), and a decode step's single row
-//! two at a time (`row_dot2`), below. A tile's 8 accumulators of 8 lanes end in one transposed
+//! reads one weight row at a time, front to back, and a decode step's single row two at a
+//! time (`rows_dot`), below. A tile's 8 accumulators of 8 lanes end in one transposed
 //! horizontal-add tree (`sum8`). K that is not a multiple of 8 ends with a masked load of the
 //! activations and a zero-padded copy of the weights' last values. A prefill's many rows take
 //! the packed blocks of `shared/avx2_repack.rs` instead, where the implementation asks for them.
@@ -37,8 +37,8 @@ use super::avx2_math::{LANES, hsum, lane_mask, sum8};
 const BLOCK_BYTES: usize = 16 * 1024;
 
 /// From this many columns on, a decode step's single row over bfloat16 weights reads them one
-/// weight row at a time (`row_dot`); shorter rows take the tiles of 8 weight rows, whose
-/// multiply-adds run 8 chains side by side instead of `row_dot`'s 4 over a few steps.
+/// weight row at a time (`rows_dot`); shorter rows take the tiles of 8 weight rows, whose
+/// multiply-adds run 8 chains side by side instead of `rows_dot`'s 4 over a few steps.
 const ROW_DOT_K: usize = 512;
 
 /// A weight type: how 8 of them become 8 f32 lanes.
@@ -124,7 +124,7 @@ impl<W: Weight> Product<W> {
                 if size_of::<W>() == 2 && self.k >= ROW_DOT_K {
                     for n in n0..n1 {
                         // SAFETY: as above, for row r and weight row n.
-                        unsafe { self.row_dot(r, n) };
+                        unsafe { self.rows_dot(r, [n]) };
                     }
                 } else {
                     // SAFETY: as above, for row r.
@@ -138,8 +138,8 @@ impl<W: Weight> Product<W> {
 
     /// Computes the columns `cols` of a single activation row (a decode step) over bfloat16
     /// weights of at least `ROW_DOT_K` columns, as two streams: each weight row of the first
-    /// half of `cols` together with the row as far on in the second half (`row_dot2`), and the
-    /// last row alone (`row_dot`) when their number is odd.
+    /// half of `cols` together with the row as far on in the second half, and the last row
+    /// alone when their number is odd (`rows_dot`).
     ///
     /// Against one stream, measured on an AMD EPYC (Zen 3, 2 threads), the decode of `cargo
     /// bench -p monogen-kernel-tests --bench weights` as a share of the read in the same run,
@@ -162,135 +162,81 @@ impl<W: Weight> Product<W> {
         let half = cols.len() / 2;
         for n in cols.start..cols.start + half {
             // SAFETY: the caller's contract; weight rows n and n + half lie in `cols`.
-            unsafe { self.row_dot2(n, n + half) };
+            unsafe { self.rows_dot(0, [n, n + half]) };
         }
         if cols.len() % 2 == 1 {
             // SAFETY: as above, for the last weight row of `cols`.
-            unsafe { self.row_dot(0, cols.end - 1) };
+            unsafe { self.rows_dot(0, [cols.end - 1]) };
         }
     }
 
-    /// Writes `out[0, a]` and `out[0, b]`, the dot products of a decode step's activation row
-    /// with weight rows `a` and `b`, reading both front to back at once, each line asked for
-    /// into L1 `AHEAD` bytes before it is reached, as `row_dot` does for one row. Its sums are
-    /// `row_dot`'s, term for term.
+    /// Writes `out[r, n]` for each weight row `n` of `ns`: the dot products of activation row
+    /// `r` with those weight rows, read front to back side by side, each line asked for into
+    /// L1 `AHEAD` bytes before it is reached (past a row's end into the next one). A row's sums
+    /// are the same, term for term, whichever rows it is read beside. Over bfloat16 weights:
+    /// two rows for a decode step ([`Product::decode`]), one for the row of a share's odd end
+    /// and for a few rows' leftover row.
+    ///
+    /// A share's weight rows lie one after the other, so one row at a time reads it as one
+    /// stream from start to end. On an AMD EPYC (Zen 3, 2 threads) that streamed stories110M's
+    /// bf16 matrices 1.015-1.097x as fast as the tiles of 8 weight rows with the next tile
+    /// asked for into L2 (medians of paired rounds of `cargo bench -p monogen-kernel-tests
+    /// --bench weights`, 5 runs), and the stories110M bf16 crate decoded 1.144x as fast
+    /// (`bench/ab.py --rounds 10`). 512 and 1536 bytes ahead were no better than 1024, two
+    /// adjacent rows at a time was 0.7-0.9x, and f32 weights lose with it (0.85x in the bench,
+    /// 0.945x in the stories110M f32 crate), so they keep the tiles. So do rows shorter than
+    /// `ROW_DOT_K`: the stories15M bf16 crate (K = 288 but for its down projections) decoded at
+    /// 0.76-0.99x with one row at a time on every matrix (`bench/ab.py`, 10-50 rounds).
     ///
     /// # Safety
     ///
-    /// The CPU has AVX2 and FMA, `x` holds row 0 and `w` weight rows `a` and `b`, and no other
-    /// thread writes `out[0, a]` or `out[0, b]` meanwhile.
+    /// The CPU has AVX2 and FMA, row `r` lies inside `x` and the weight rows `ns` inside `w`,
+    /// and no other thread writes `out[r, n]` for them meanwhile.
     #[inline]
     #[target_feature(enable = "avx2,fma")]
-    unsafe fn row_dot2(&self, a: usize, b: usize) {
+    unsafe fn rows_dot<const S: usize>(&self, r: usize, ns: [usize; S]) {
         const AHEAD: usize = 1024;
         const STEP: usize = 4 * LANES;
         let k = self.k;
         // SAFETY: the caller's contract.
-        let (x, wa, wb) = unsafe { (self.x, self.w.add(a * k), self.w.add(b * k)) };
-        let mut acc_a = [_mm256_setzero_ps(); 4];
-        let mut acc_b = [_mm256_setzero_ps(); 4];
+        let x = unsafe { self.x.add(r * k) };
+        let ws = ns.map(|n| self.w.wrapping_add(n * k));
+        let mut acc = [[_mm256_setzero_ps(); 4]; S];
         let mut at = 0;
         while at + STEP <= k {
-            // A prefetch never faults, even past the end of the weights.
-            _mm_prefetch::<_MM_HINT_T0>(wa.wrapping_add(at).cast::<u8>().wrapping_add(AHEAD).cast());
-            _mm_prefetch::<_MM_HINT_T0>(wb.wrapping_add(at).cast::<u8>().wrapping_add(AHEAD).cast());
+            for w in ws {
+                // A prefetch never faults, even past the end of the weights.
+                _mm_prefetch::<_MM_HINT_T0>(w.wrapping_add(at).cast::<u8>().wrapping_add(AHEAD).cast());
+            }
             for i in 0..4 {
-                // SAFETY: 8 activations, and 8 weights of each row, at `at + 8i` < k.
-                let (xv, va, vb) = unsafe {
-                    let d = at + i * LANES;
-                    (_mm256_loadu_ps(x.add(d)), W::load(wa.add(d)), W::load(wb.add(d)))
-                };
-                acc_a[i] = _mm256_fmadd_ps(xv, va, acc_a[i]);
-                acc_b[i] = _mm256_fmadd_ps(xv, vb, acc_b[i]);
+                let d = at + i * LANES;
+                // SAFETY: 8 activations at `d` < k lie inside the row.
+                let xv = unsafe { _mm256_loadu_ps(x.add(d)) };
+                for (acc, w) in acc.iter_mut().zip(ws) {
+                    // SAFETY: as above, 8 weights of each weight row.
+                    acc[i] = _mm256_fmadd_ps(xv, unsafe { W::load(w.add(d)) }, acc[i]);
+                }
             }
             at += STEP;
         }
         while at < k {
             let len = LANES.min(k - at);
-            let (mut last_a, mut last_b) = ([W::default(); LANES], [W::default(); LANES]);
-            // SAFETY: each row's `len` weights from `at`.
-            unsafe {
-                last_a[..len].copy_from_slice(std::slice::from_raw_parts(wa.add(at), len));
-                last_b[..len].copy_from_slice(std::slice::from_raw_parts(wb.add(at), len));
+            // SAFETY: the masked load reads only the row's `len` activations from `at`.
+            let xv = unsafe { _mm256_maskload_ps(x.add(at), lane_mask(len)) };
+            for (acc, w) in acc.iter_mut().zip(ws) {
+                let mut last = [W::default(); LANES];
+                // SAFETY: the weight row's `len` weights from `at`.
+                last[..len].copy_from_slice(unsafe { std::slice::from_raw_parts(w.add(at), len) });
+                // SAFETY: `last` is 8 readable values.
+                acc[0] = _mm256_fmadd_ps(xv, unsafe { W::load(last.as_ptr()) }, acc[0]);
             }
-            // SAFETY: the masked load reads only the row's `len` activations from `at`, and
-            // `last_a` and `last_b` are 8 readable values each.
-            let (xv, va, vb) = unsafe {
-                (
-                    _mm256_maskload_ps(x.add(at), lane_mask(len)),
-                    W::load(last_a.as_ptr()),
-                    W::load(last_b.as_ptr()),
-                )
-            };
-            acc_a[0] = _mm256_fmadd_ps(xv, va, acc_a[0]);
-            acc_b[0] = _mm256_fmadd_ps(xv, vb, acc_b[0]);
             at += len;
         }
-        let sum = |acc: [__m256; 4]| {
-            hsum(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])))
-        };
-        // SAFETY: `out[0, a]` and `out[0, b]` lie inside `out`, and the caller's contract.
-        unsafe {
-            *self.out.add(a) = sum(acc_a);
-            *self.out.add(b) = sum(acc_b);
+        for (acc, n) in acc.iter().zip(ns) {
+            let sum = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
+            // SAFETY: `out[r, n]` lies inside `out`, and the caller's contract.
+            unsafe { *self.out.add(r * self.n + n) = hsum(sum) };
         }
-    }
-
-    /// Writes `out[r, n]`, the dot product of activation row `r` and weight row `n`, reading
-    /// the weights front to back (bfloat16 weights: a decode step's row that pairs with none,
-    /// and a few rows' leftover row).
-    ///
-    /// A share's weight rows lie one after the other, so its thread reads one stream from
-    /// start to end; each line is asked for into L1 `AHEAD` bytes before it is reached, past
-    /// the row's end into the next one. On an AMD EPYC (Zen 3, 2 threads) that streamed
-    /// stories110M's bf16 matrices 1.015-1.097x as fast as the tiles of 8 weight rows with
-    /// the next tile asked for into L2 (medians of paired rounds of `cargo bench -p
-    /// monogen-kernel-tests --bench weights`, 5 runs), and the stories110M bf16 crate decoded
-    /// 1.144x as fast (`bench/ab.py --rounds 10`). 512 and 1536 bytes ahead were no better
-    /// than 1024, two rows at a time was 0.7-0.9x, and f32 weights lose with it (0.85x in the
-    /// bench, 0.945x in the stories110M f32 crate), so they keep the tiles. So do rows shorter
-    /// than `ROW_DOT_K`: the stories15M bf16 crate (K = 288 but for its down projections)
-    /// decoded at 0.76-0.99x with `row_dot` on every matrix (`bench/ab.py`, 10-50 rounds).
-    ///
-    /// # Safety
-    ///
-    /// The CPU has AVX2 and FMA, row `r` lies inside `x` and weight row `n` inside `w`, and no
-    /// other thread writes `out[r, n]` meanwhile.
-    #[inline]
-    #[target_feature(enable = "avx2,fma")]
-    unsafe fn row_dot(&self, r: usize, n: usize) {
-        const AHEAD: usize = 1024;
-        const STEP: usize = 4 * LANES;
-        let k = self.k;
-        // SAFETY: the caller's contract.
-        let (x, w) = unsafe { (self.x.add(r * k), self.w.add(n * k)) };
-        let mut acc = [_mm256_setzero_ps(); 4];
-        let mut at = 0;
-        while at + STEP <= k {
-            // A prefetch never faults, even past the end of the weights.
-            _mm_prefetch::<_MM_HINT_T0>(w.wrapping_add(at).cast::<u8>().wrapping_add(AHEAD).cast());
-            for (i, a) in acc.iter_mut().enumerate() {
-                // SAFETY: 8 activations and 8 weights at `at + 8i` < k lie inside the rows.
-                let (xv, wv) =
-                    unsafe { (_mm256_loadu_ps(x.add(at + i * LANES)), W::load(w.add(at + i * LANES))) };
-                *a = _mm256_fmadd_ps(xv, wv, *a);
-            }
-            at += STEP;
-        }
-        while at < k {
-            let len = LANES.min(k - at);
-            let mut last = [W::default(); LANES];
-            // SAFETY: the row's `len` weights from `at`.
-            last[..len].copy_from_slice(unsafe { std::slice::from_raw_parts(w.add(at), len) });
-            // SAFETY: the masked load reads only the row's `len` activations from `at`, and
-            // `last` is 8 readable values.
-            let (xv, wv) = unsafe { (_mm256_maskload_ps(x.add(at), lane_mask(len)), W::load(last.as_ptr())) };
-            acc[0] = _mm256_fmadd_ps(xv, wv, acc[0]);
-            at += len;
-        }
-        let sum = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
-        // SAFETY: `out[r, n]` lies inside `out`, and the caller's contract.
-        unsafe { *self.out.add(r * self.n + n) = hsum(sum) };
     }
 
     /// Columns `cols` of rows `r..r + R`: `C` columns per tile, then the rest one at a time.

@@ -19,8 +19,8 @@
 //! sums. Those become f32 and are multiplied by the block's two scales into the tile's
 //! accumulators, lane by lane, so a dot product's blocks are added in f32 as the interface
 //! allows. Tiles are 2 activation rows × 4 weight rows; a row left over takes one weight row at
-//! a time, front to back (`row_dot`), and a decode step's single row two at once, one from each
-//! half of its share (`row_dot2`), so that its thread reads two streams. A row's last block, when 32
+//! a time, front to back, and a decode step's single row two at once, one from each half of its
+//! share, so that its thread reads two streams (`rows_dot`). A row's last block, when 32
 //! does not divide K, is zero-padded in the quantized activations and copied zero-padded from
 //! the weights.
 
@@ -201,15 +201,15 @@ impl Product {
     #[target_feature(enable = "avx2,fma")]
     unsafe fn columns(&self, cols: Range<usize>) {
         if self.rows == 1 {
-            // A decode step: the share's two halves side by side (`row_dot2`).
+            // A decode step: the share's two halves side by side (`rows_dot`).
             let half = cols.len() / 2;
             for n in cols.start..cols.start + half {
                 // SAFETY: row 0 and weight rows n and n + half lie inside the operands.
-                unsafe { self.row_dot2(n, n + half) };
+                unsafe { self.rows_dot(0, [n, n + half]) };
             }
             if cols.len() % 2 == 1 {
                 // SAFETY: as above, for the share's last weight row.
-                unsafe { self.row_dot(0, cols.end - 1) };
+                unsafe { self.rows_dot(0, [cols.end - 1]) };
             }
             return;
         }
@@ -228,172 +228,99 @@ impl Product {
             if r < self.rows {
                 for n in n0..n1 {
                     // SAFETY: as above, for row r and weight row n.
-                    unsafe { self.row_dot(r, n) };
+                    unsafe { self.rows_dot(r, [n]) };
                 }
             }
             n0 = n1;
         }
     }
 
-    /// Writes `out[r, n]`, the dot product of activation row `r` and weight row `n`, reading
-    /// the weights front to back (a decode step's single row).
+    /// Writes `out[r, n]` for each weight row `n` of `ns`: the dot products of activation row
+    /// `r` with those weight rows, read front to back side by side, each line asked for into
+    /// L1 `AHEAD` bytes before it is reached (past a row's end into the next one), as
+    /// `rows_dot` in `shared/avx2_team_matmul.rs` does for bfloat16 weights. A row's sums are
+    /// the same, term for term, whichever rows it is read beside: two rows for a decode step,
+    /// one from each half of its share ([`Product::columns`]), so that its thread reads two
+    /// streams; one for the row of a share's odd end and for a few rows' leftover row.
     ///
-    /// A share's weight rows lie one after the other, so its thread reads one stream from
-    /// start to end; each line is asked for into L1 `AHEAD` bytes before it is reached, past
-    /// the row's end into the next one, as `row_dot` in `shared/avx2_team_matmul.rs` does
-    /// for bfloat16 weights. On an AMD EPYC (Zen 3, 2 threads) the stories110M int8 crate
-    /// decoded 1.188x as fast as with tiles of 8 weight rows that asked for the next tile
-    /// into L2 (`bench/ab.py --rounds 10`, from the saved weights).
+    /// Measured on an AMD EPYC (Zen 3, 2 threads): one row at a time, the stories110M int8
+    /// crate decoded 1.188x as fast as with tiles of 8 weight rows that asked for the next tile
+    /// into L2 (`bench/ab.py --rounds 10`, from the saved weights). Two rows, one from each
+    /// half, against one: the decode of `cargo bench -p monogen-kernel-tests --bench weights`
+    /// at TinyLlama's shapes, as a share of the read in the same run, 1.03 and 1.03 against
+    /// 0.91 and 0.96 (at stories110M's, whose int8 matrices are 0.6-1.6 MB, 0.92, 0.99, 0.86,
+    /// 0.96 against 0.93, 0.83, 0.93, 1.01); the stories110M int8 crate decoded 1.120x
+    /// [0.964-1.283] as fast (`bench/ab.py --rounds 12 --max-tokens 64`, from its saved
+    /// weights).
     ///
     /// # Safety
     ///
-    /// The CPU has AVX2 and FMA, row `r` lies inside `qx` and `dx`, weight row `n` inside `w`
-    /// and `scales`, and no other thread writes `out[r, n]` meanwhile.
+    /// The CPU has AVX2 and FMA, row `r` lies inside `qx` and `dx`, the weight rows `ns` inside
+    /// `w` and `scales`, and no other thread writes `out[r, n]` for them meanwhile.
     #[inline]
     #[target_feature(enable = "avx2,fma")]
-    unsafe fn row_dot(&self, r: usize, n: usize) {
+    unsafe fn rows_dot<const S: usize>(&self, r: usize, ns: [usize; S]) {
         const AHEAD: usize = 1024;
         let (k, blocks) = (self.k, self.k.div_ceil(BLOCK));
         let ones = _mm256_set1_epi16(1);
         // SAFETY: the caller's contract.
-        let (w, dw, qx, dx) = unsafe {
-            (
-                self.w.add(n * k),
-                self.scales.add(n * blocks),
-                self.qx.add(r * blocks * BLOCK),
-                self.dx.add(r * blocks),
-            )
-        };
-        // The sum of block b's products times its two scales, into `acc`.
-        let block = |acc: __m256, b: usize, wl: __m256i| {
-            // SAFETY: block b of the quantized row (zero-padded to whole blocks) and its scale,
-            // and the weights' scale, lie inside `qx`, `dx` and `scales`.
-            let (xv, d) = unsafe { (_mm256_loadu_si256(qx.add(b * BLOCK).cast()), *dx.add(b) * *dw.add(b)) };
-            let pairs = _mm256_maddubs_epi16(_mm256_sign_epi8(xv, xv), _mm256_sign_epi8(wl, xv));
-            let sums = _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, ones));
-            _mm256_fmadd_ps(sums, _mm256_set1_ps(d), acc)
-        };
-        let full = k / BLOCK;
-        let mut acc = [_mm256_setzero_ps(); 2];
-        let mut b = 0;
-        while b + 2 <= full {
-            // A prefetch never faults, even past the end of the weights.
-            _mm_prefetch::<_MM_HINT_T0>(w.wrapping_add(b * BLOCK + AHEAD).cast());
-            for (i, a) in acc.iter_mut().enumerate() {
-                // SAFETY: the 32 weights of block b + i < `full` lie inside the row.
-                let wl = unsafe { _mm256_loadu_si256(w.add((b + i) * BLOCK).cast()) };
-                *a = block(*a, b + i, wl);
-            }
-            b += 2;
-        }
-        if b < full {
-            // SAFETY: as above, for block b.
-            acc[0] = block(acc[0], b, unsafe { _mm256_loadu_si256(w.add(b * BLOCK).cast()) });
-            b += 1;
-        }
-        if b < blocks {
-            let len = k - b * BLOCK;
-            let mut last = [0i8; BLOCK];
-            // SAFETY: the row's last `len` weights.
-            last[..len].copy_from_slice(unsafe { std::slice::from_raw_parts(w.add(b * BLOCK), len) });
-            // SAFETY: `last` is 32 readable bytes.
-            acc[1] = block(acc[1], b, unsafe { _mm256_loadu_si256(last.as_ptr().cast()) });
-        }
-        // SAFETY: `out[r, n]` lies inside `out`, and the caller's contract.
-        unsafe { *self.out.add(r * self.n + n) = hsum(_mm256_add_ps(acc[0], acc[1])) };
-    }
-
-    /// Writes `out[0, a]` and `out[0, b]`, the dot products of a decode step's activation row
-    /// with weight rows `a` and `b`, reading both front to back at once: [`Product::columns`]
-    /// pairs each row of a share's first half with the row as far on in its second half, so
-    /// that the thread reads two streams, each from start to end (as a bfloat16 decode step
-    /// does, `shared/avx2_team_matmul.rs`, whose module documentation says why). Its sums are
-    /// `row_dot`'s, term for term.
-    ///
-    /// Measured on an AMD EPYC (Zen 3, 2 threads) against one row at a time: the decode of
-    /// `cargo bench -p monogen-kernel-tests --bench weights` at TinyLlama's shapes, as a share
-    /// of the read in the same run, 0.91 and 0.96 against 1.03 and 1.03 (at stories110M's,
-    /// whose int8 matrices are 0.6-1.6 MB, 0.93, 0.83, 0.93, 1.01 against 0.92, 0.99, 0.86,
-    /// 0.96); the stories110M int8 crate decoded 1.120x [0.964-1.283] as fast (`bench/ab.py
-    /// --rounds 12 --max-tokens 64`, from its saved weights).
-    ///
-    /// # Safety
-    ///
-    /// The CPU has AVX2 and FMA, row 0 lies inside `qx` and `dx`, weight rows `a` and `b` inside
-    /// `w` and `scales`, and no other thread writes `out[0, a]` or `out[0, b]` meanwhile.
-    #[inline]
-    #[target_feature(enable = "avx2,fma")]
-    unsafe fn row_dot2(&self, a: usize, b: usize) {
-        const AHEAD: usize = 1024;
-        let (k, blocks) = (self.k, self.k.div_ceil(BLOCK));
-        let ones = _mm256_set1_epi16(1);
-        // SAFETY: the caller's contract.
-        let (wa, wb, da, db) = unsafe {
-            (self.w.add(a * k), self.w.add(b * k), self.scales.add(a * blocks), self.scales.add(b * blocks))
-        };
-        let (qx, dx) = (self.qx, self.dx);
-        // Block `at` of both rows (`wa`, `wb`: its weights) times its scales, into the two sums.
-        let block = |(sa, sb): (__m256, __m256), at: usize, wl_a: __m256i, wl_b: __m256i| {
+        let (qx, dx) = unsafe { (self.qx.add(r * blocks * BLOCK), self.dx.add(r * blocks)) };
+        let ws = ns.map(|n| self.w.wrapping_add(n * k));
+        let dws = ns.map(|n| self.scales.wrapping_add(n * blocks));
+        // Block `at` of every weight row (`wl`: its weights) times its two scales, into `sums`.
+        let block = |sums: &mut [__m256; S], at: usize, wl: [__m256i; S]| {
             // SAFETY: block `at` of the quantized row (zero-padded to whole blocks) and its
-            // scale, and both rows' scales, lie inside `qx`, `dx` and `scales`.
-            let (xv, d, d_a, d_b) = unsafe {
-                (_mm256_loadu_si256(qx.add(at * BLOCK).cast()), *dx.add(at), *da.add(at), *db.add(at))
-            };
+            // scale lie inside `qx` and `dx`.
+            let (xv, d) = unsafe { (_mm256_loadu_si256(qx.add(at * BLOCK).cast()), *dx.add(at)) };
             let magnitudes = _mm256_sign_epi8(xv, xv);
-            let pa = _mm256_maddubs_epi16(magnitudes, _mm256_sign_epi8(wl_a, xv));
-            let pb = _mm256_maddubs_epi16(magnitudes, _mm256_sign_epi8(wl_b, xv));
-            let ta = _mm256_cvtepi32_ps(_mm256_madd_epi16(pa, ones));
-            let tb = _mm256_cvtepi32_ps(_mm256_madd_epi16(pb, ones));
-            (
-                _mm256_fmadd_ps(ta, _mm256_set1_ps(d * d_a), sa),
-                _mm256_fmadd_ps(tb, _mm256_set1_ps(d * d_b), sb),
-            )
+            for ((sum, wl), dw) in sums.iter_mut().zip(wl).zip(dws) {
+                let pairs = _mm256_maddubs_epi16(magnitudes, _mm256_sign_epi8(wl, xv));
+                let terms = _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, ones));
+                // SAFETY: the weight row's scale of block `at` lies inside `scales`.
+                *sum = _mm256_fmadd_ps(terms, _mm256_set1_ps(d * unsafe { *dw.add(at) }), *sum);
+            }
+        };
+        // The 32 weights of block `at` of every weight row.
+        let load = |at: usize| {
+            let mut wl = [_mm256_setzero_si256(); S];
+            for (v, w) in wl.iter_mut().zip(ws) {
+                // SAFETY: block `at` < `full` lies inside the weight row.
+                *v = unsafe { _mm256_loadu_si256(w.add(at * BLOCK).cast()) };
+            }
+            wl
         };
         let full = k / BLOCK;
-        let mut acc = [(_mm256_setzero_ps(), _mm256_setzero_ps()); 2];
+        let mut acc = [[_mm256_setzero_ps(); S]; 2];
         let mut at = 0;
         while at + 2 <= full {
-            // A prefetch never faults, even past the end of the weights.
-            _mm_prefetch::<_MM_HINT_T0>(wa.wrapping_add(at * BLOCK + AHEAD).cast());
-            _mm_prefetch::<_MM_HINT_T0>(wb.wrapping_add(at * BLOCK + AHEAD).cast());
+            for w in ws {
+                // A prefetch never faults, even past the end of the weights.
+                _mm_prefetch::<_MM_HINT_T0>(w.wrapping_add(at * BLOCK + AHEAD).cast());
+            }
             for (i, sums) in acc.iter_mut().enumerate() {
-                // SAFETY: the 32 weights of block at + i < `full` lie inside both rows.
-                let (wl_a, wl_b) = unsafe {
-                    (
-                        _mm256_loadu_si256(wa.add((at + i) * BLOCK).cast()),
-                        _mm256_loadu_si256(wb.add((at + i) * BLOCK).cast()),
-                    )
-                };
-                *sums = block(*sums, at + i, wl_a, wl_b);
+                block(sums, at + i, load(at + i));
             }
             at += 2;
         }
         if at < full {
-            // SAFETY: as above, for block `at`.
-            let (wl_a, wl_b) = unsafe {
-                (_mm256_loadu_si256(wa.add(at * BLOCK).cast()), _mm256_loadu_si256(wb.add(at * BLOCK).cast()))
-            };
-            acc[0] = block(acc[0], at, wl_a, wl_b);
+            block(&mut acc[0], at, load(at));
             at += 1;
         }
         if at < blocks {
             let len = k - at * BLOCK;
-            let (mut last_a, mut last_b) = ([0i8; BLOCK], [0i8; BLOCK]);
-            // SAFETY: each row's last `len` weights.
-            unsafe {
-                last_a[..len].copy_from_slice(std::slice::from_raw_parts(wa.add(at * BLOCK), len));
-                last_b[..len].copy_from_slice(std::slice::from_raw_parts(wb.add(at * BLOCK), len));
+            let mut wl = [_mm256_setzero_si256(); S];
+            for (v, w) in wl.iter_mut().zip(ws) {
+                let mut last = [0i8; BLOCK];
+                // SAFETY: the weight row's last `len` weights.
+                last[..len].copy_from_slice(unsafe { std::slice::from_raw_parts(w.add(at * BLOCK), len) });
+                // SAFETY: `last` is 32 readable bytes.
+                *v = unsafe { _mm256_loadu_si256(last.as_ptr().cast()) };
             }
-            // SAFETY: `last_a` and `last_b` are 32 readable bytes each.
-            let (wl_a, wl_b) = unsafe {
-                (_mm256_loadu_si256(last_a.as_ptr().cast()), _mm256_loadu_si256(last_b.as_ptr().cast()))
-            };
-            acc[1] = block(acc[1], at, wl_a, wl_b);
+            block(&mut acc[1], at, wl);
         }
-        // SAFETY: `out[0, a]` and `out[0, b]` lie inside `out`, and the caller's contract.
-        unsafe {
-            *self.out.add(a) = hsum(_mm256_add_ps(acc[0].0, acc[1].0));
-            *self.out.add(b) = hsum(_mm256_add_ps(acc[0].1, acc[1].1));
+        for (s, n) in ns.into_iter().enumerate() {
+            // SAFETY: `out[r, n]` lies inside `out`, and the caller's contract.
+            unsafe { *self.out.add(r * self.n + n) = hsum(_mm256_add_ps(acc[0][s], acc[1][s])) };
         }
     }
 
