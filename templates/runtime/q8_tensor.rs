@@ -328,6 +328,8 @@ const MIN_NORMAL: f32 = 6.103_515_6e-5;
 const SMALLEST: f32 = 5.960_464_5e-8;
 
 /// Whether `v` is a binary16 value and not negative.
+// `&`, not the `&&` of `Range::contains`: no branches (see below).
+#[allow(clippy::manual_range_contains)]
 fn is_binary16(v: f32) -> bool {
     // 10 bits of mantissa among the normal values; a multiple of 2⁻²⁴ below them: a whole
     // number below 1024 once scaled by 2²⁴ (exact, a power of two), which adding and taking

@@ -230,6 +230,9 @@ fn read_implementations(
 fn kernels_module(implementations: &[Implementation], shared_modules: &BTreeMap<String, PathBuf>) -> String {
     let mut out = String::new();
     out.push_str("/// Every implementation of `implementations/`, as `<interface>__<name>`.\n");
+    // A generated crate's kernels are private to it; public here, where they are tested,
+    // clippy would ask each `#[target_feature]` function for a `# Safety` section.
+    out.push_str("#[allow(clippy::missing_safety_doc)]\n");
     out.push_str("pub mod kernels {\n");
     out.push_str("    /// The helper modules of `implementations/_shared/`.\n");
     out.push_str("    pub mod shared {\n");
