@@ -562,5 +562,9 @@ mod tests {
         assert_eq!(parse_file(&text, &path).unwrap(), r.records("c-2c", "matmul"));
         let broken = parse_file("[[record]]\nimplementation = 3\n", &path).unwrap_err();
         assert!(broken.to_string().contains("rankings/c-2c/matmul.toml cannot be read"), "{broken}");
+        // Not TOML at all (an unterminated string): located at its line and column, with the fix.
+        let syntax = parse_file("[[record]]\nimplementation = \"a\n", &path).unwrap_err().to_string();
+        assert!(syntax.starts_with("rankings/c-2c/matmul.toml:2:"), "{syntax}");
+        assert!(syntax.contains("cannot be read") && syntax.contains("run `monogen bench` again"), "{syntax}");
     }
 }
