@@ -565,6 +565,9 @@ mod tests {
         // Not TOML at all (an unterminated string): located at its line and column, with the fix.
         let syntax = parse_file("[[record]]\nimplementation = \"a\n", &path).unwrap_err().to_string();
         assert!(syntax.starts_with("rankings/c-2c/matmul.toml:2:"), "{syntax}");
-        assert!(syntax.contains("cannot be read") && syntax.contains("run `monogen bench` again"), "{syntax}");
+        assert!(
+            syntax.contains("cannot be read") && syntax.contains("run `monogen bench` again"),
+            "{syntax}"
+        );
     }
 }
