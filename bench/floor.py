@@ -18,9 +18,11 @@ the model file leaves the page cache and the first binary reads it back, once, i
 folios a crate asks for (bench/beside.py, which also runs the rounds). The bandwidth's buffer
 is in huge pages as well (bench/peaks). Keep the machine otherwise idle.
 
-Usage: bench/floor.py [--rounds R] [--threads T] [--max-tokens M] MODEL_DIR DTYPE BINARY...
+Usage: bench/floor.py [--rounds R] [--threads T] [--max-tokens M] [--dir DIR] MODEL_DIR DTYPE BINARY...
        (DTYPE as the crate holds the weights: f32, bf16, int8, or int8-packed for an int8 crate
-       whose matmul packs them with binary16 scales; T the crates' thread count)
+       whose matmul packs them with binary16 scales; T the crates' thread count; MODEL_DIR the
+       checkpoint, whose weights are counted, and DIR a directory the binaries read instead,
+       such as one a packing crate saved with `--save-model`)
 """
 
 import argparse
@@ -37,6 +39,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--dir", help="the model directory the binaries read (default: MODEL_DIR)")
     parser.add_argument("model")
     parser.add_argument("dtype", choices=["f32", "bf16", "int8", "int8-packed"])
     parser.add_argument("binaries", nargs="+")
@@ -44,14 +47,15 @@ def main() -> None:
 
     machine = peaks()
     size, _ = weight_bytes(args.model, args.dtype)
+    model = args.dir or args.model
 
     def bandwidth() -> float:
         return machine("--read-only", "--threads", str(args.threads), "--rounds", "2", str(size))
 
     def decode(binary: str) -> float:
-        return crate_run(binary, args.model, args.max_tokens)["decode_tok_s"]
+        return crate_run(binary, model, args.max_tokens)["decode_tok_s"]
 
-    map_as_crates(args.model, lambda: decode(args.binaries[0]))
+    map_as_crates(model, lambda: decode(args.binaries[0]))
 
     print(f"{size / 1e6:.1f} MB of weights per token, {args.threads} threads, {args.max_tokens} new tokens")
     bandwidths = []

@@ -11,9 +11,11 @@
 //! With `--read-only`, only the read bandwidth, and only at `--threads` threads: what
 //! `bench/floor.py` measures between the runs of a crate. With `--fma-only`, only the FMA peak
 //! (AVX-512 where the CPU has it, else AVX2) at `--threads` threads: what
-//! `bench/prefill_peak.py` measures between the prefills of a crate.
+//! `bench/prefill_peak.py` measures between the prefills of a crate. With `--amx-only`, only the
+//! AMX bf16 peak at `--threads` threads (it exits with an error where the CPU or the kernel does
+//! not grant the tiles): what `bench/prefill_peak.py --peak amx` measures.
 //!
-//! Usage: monogen-peaks [--threads N] [--rounds R] [--read-only | --fma-only] [--json] SIZE...
+//! Usage: monogen-peaks [--threads N] [--rounds R] [--read-only | --fma-only | --amx-only] [--json] SIZE...
 //!        (SIZE like 64M, 2G)
 
 use std::arch::x86_64::*;
@@ -26,6 +28,7 @@ fn main() {
     let mut json = false;
     let mut read_only = false;
     let mut fma_only = false;
+    let mut amx_only = false;
     let mut sizes = Vec::new();
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
@@ -35,14 +38,25 @@ fn main() {
             "--json" => json = true,
             "--read-only" => read_only = true,
             "--fma-only" => fma_only = true,
+            "--amx-only" => amx_only = true,
             size => sizes.push(parse_size(size).unwrap_or_else(|| panic!("not a size: {size}"))),
         }
     }
     if sizes.is_empty() {
         sizes = vec![32 << 20, 2 << 30];
     }
+    if amx_only && !amx_bf16_usable() {
+        eprintln!(
+            "monogen-peaks: --amx-only: this CPU has no AMX-BF16, or the kernel does not grant the tiles"
+        );
+        std::process::exit(1);
+    }
     let mut results = Vec::new();
-    for t in if read_only || fma_only { threads..=threads } else { 1..=threads } {
+    for t in if read_only || fma_only || amx_only { threads..=threads } else { 1..=threads } {
+        if amx_only {
+            results.push((format!("amx_bf16_gflop_s {t}t"), amx_peak(t, rounds, None)));
+            continue;
+        }
         if fma_only {
             let avx512 = is_x86_feature_detected!("avx512f");
             let name = if avx512 { "fma_avx512_gflop_s" } else { "fma_avx2_gflop_s" };
