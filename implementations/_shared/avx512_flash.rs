@@ -1,22 +1,28 @@
-//! Causal grouped-query attention for a chunk of new positions, flash-style, with AVX-512F and
-//! its shapes at run time, so that the crate's team can share a call by ranges of kv heads.
+//! Causal grouped-query attention for a chunk of new positions with AVX-512F and its shapes at
+//! run time, so that the crate's team can share a call by ranges of kv heads.
 //!
-//! It computes what `attention_prefill/avx512-flash` computes, in the same way: the keys
-//! transposed once per call (by the calling thread, into a buffer the team reads), then the
-//! query rows of each head, 4 at a time, walk their positions 16 at a time with an online
-//! softmax, each row's 16 scores one vector (even and odd dimensions in separate chains). That
-//! kernel keeps each row's output in registers, which needs HEAD_DIM as a constant; a team job
-//! cannot be generic over the kernel's constants (see `shared/team.rs`), so here the outputs
-//! live in a small array and are taken 4 vectors of 16 dimensions at a time: the 4 rows'
-//! values of those vectors stay in registers while the block's 16 positions are added in, one
-//! load of each value vector for the 4 rows. On one thread it runs 1.15x slower than
-//! `avx512-flash` (one layer of stories110M, 128 new positions: 0.49-0.51 against 0.43-0.45
-//! ms).
+//! Each thread takes its kv heads one at a time: it transposes the head's keys into a buffer of
+//! its own (`[head_dim, padded]`, 32 KiB at 128 positions of 64 dimensions, in L1 while the
+//! head's query rows read it), then runs the query heads that read that kv head, 8 rows at a
+//! time, in three passes over the rows' scores, which a second buffer of the thread holds:
+//! 1. the scores of positions 0..=the last row's own, 32 at a time: a step along the head dim
+//!    loads two vectors of 16 positions' keys and broadcasts each row's query value, for 16
+//!    multiply-adds into 16 sums in registers;
+//! 2. each row's softmax over its own positions, exact, its maximum known from the first pass;
+//! 3. the values weighted by it, 2 vectors of dimensions at a time for 8 rows (4 for 4 rows or
+//!    fewer): a value vector loaded once serves every row, and past its own position a row
+//!    takes no value.
+//!
+//! `attention_prefill/avx512-flash`, whose shapes are constants, walks the positions 16 at a
+//! time with an online softmax instead (flash-style), each row's output in registers. This
+//! module did too, until this layout measured faster: at stories110M's shapes (12 calls of 128
+//! new positions, 12 heads of 64, 2 threads) 1.98 ms against 3.40-3.46, the keys transposed
+//! whole by the calling thread before the team started taking 0.34 ms of that (bench/RESULTS.md).
 //!
 //! The cache may hold f32 (`attention_prefill/avx512-flash-threads`) or bfloat16
 //! (`attention_prefill_bf16/avx512-flash-threads`): [`Flash::prepared`] is generic over its
-//! [`KvElement`], widening the keys as it transposes them and, from bfloat16, the values into
-//! a buffer of the calling thread, so that the loops of [`Flash::kv_heads`] read f32 either way.
+//! [`KvElement`]: the keys are widened as they are transposed and, from bfloat16, the values
+//! into a buffer of the calling thread, so that the loops of [`Flash::kv_heads`] read f32 either way.
 //! Widening each value as the loop loads it instead, once per block of query rows, made the
 //! prefill of 896 positions at stories110M's shapes 13% slower than over an f32 cache.
 //!
@@ -41,28 +47,30 @@ const LANES: usize = 16;
 pub const MAX_VECTORS: usize = 16;
 
 /// Query rows that share each load of keys and values.
-const ROWS: usize = 4;
+const ROWS: usize = 8;
 
 /// Vectors of the output that a block of values updates at once, in registers.
 const CHUNK: usize = 4;
 
 thread_local! {
-    /// The transposed keys of the calling thread's current call.
+    /// The keys of the kv head that the thread is on, transposed.
     static KEYS_T: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
     /// The values of the calling thread's current call, widened to f32 when the cache holds
     /// bfloat16 (each is read once per query row block; widening each once is cheaper).
     static VALUES: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+    /// The scores, then the softmax weights, of the block of query rows that the thread is on.
+    static SCORES: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
 }
 
-/// One call's operands and shapes.
+/// One call's operands and shapes, over a cache of `E` (f32 or bfloat16).
 #[derive(Clone, Copy)]
-pub struct Flash {
+pub struct Flash<E = f32> {
     out: *mut f32,
     q: *const f32,
+    /// The cache's keys, which each thread transposes kv head by kv head.
+    keys: *const E,
     /// The values as f32: the cache's own, or their widened copy.
     values: *const f32,
-    /// The keys transposed, `[kv_dim, padded]`, once `prepared` has written them.
-    keys_t: *const f32,
     n_heads: usize,
     n_kv_heads: usize,
     head_dim: usize,
@@ -73,13 +81,12 @@ pub struct Flash {
 
 // SAFETY: a call is only pointers to buffers that its caller keeps alive and shares out by
 // disjoint ranges of kv heads until every thread is done (see the module's safety section).
-unsafe impl Send for Flash {}
-unsafe impl Sync for Flash {}
+unsafe impl<E> Send for Flash<E> {}
+unsafe impl<E> Sync for Flash<E> {}
 
-impl Flash {
-    /// Checks the slices' lengths, transposes the keys into this thread's buffer (and, from a
-    /// bfloat16 cache, widens the values into another; both alive until `f` returns) and runs
-    /// `f` on the call.
+impl<E: KvElement> Flash<E> {
+    /// Checks the slices' lengths, from a bfloat16 cache widens the values into a buffer of
+    /// this thread (alive until `f` returns), and runs `f` on the call.
     ///
     /// `q`, `out`: `[rows, n_heads · head_dim]`; `keys`, `values`: `[start + rows, n_kv_heads ·
     /// head_dim]`.
@@ -87,7 +94,7 @@ impl Flash {
     /// # Safety
     ///
     /// Only on a CPU with AVX-512F (and, over a bfloat16 cache, BW and VL).
-    pub unsafe fn prepared<E: KvElement, T>(
+    pub unsafe fn prepared<T>(
         out: &mut [f32],
         q: &[f32],
         keys: &[E],
@@ -95,7 +102,7 @@ impl Flash {
         (n_heads, n_kv_heads, head_dim): (usize, usize, usize),
         start: usize,
         rows: usize,
-        f: impl FnOnce(&Flash) -> T,
+        f: impl FnOnce(&Flash<E>) -> T,
     ) -> T {
         assert!(
             n_kv_heads > 0 && n_heads.is_multiple_of(n_kv_heads),
@@ -110,28 +117,20 @@ impl Flash {
             values.len() >= len * kv_dim,
             "attention_prefill: values hold fewer than start + rows positions"
         );
-        let padded = len.next_multiple_of(LANES);
-        KEYS_T.with_borrow_mut(|keys_t| {
-            // `transpose_keys` writes all of it (zeros past `len`): only growth is zero-filled.
-            keys_t.resize(kv_dim * padded, 0.0);
-            // SAFETY: the caller's contract; `keys` holds `len` positions and `keys_t` `kv_dim ·
-            // padded` values (checked above).
-            unsafe { transpose_keys(keys_t, &keys[..len * kv_dim], kv_dim, padded) };
-            VALUES.with_borrow_mut(|buffer| {
-                // SAFETY: the caller's contract.
-                let values = unsafe { E::as_f32(&values[..len * kv_dim], buffer) };
-                f(&Flash {
-                    out: out.as_mut_ptr(),
-                    q: q.as_ptr(),
-                    values: values.as_ptr(),
-                    keys_t: keys_t.as_ptr(),
-                    n_heads,
-                    n_kv_heads,
-                    head_dim,
-                    start,
-                    rows,
-                    padded,
-                })
+        VALUES.with_borrow_mut(|buffer| {
+            // SAFETY: the caller's contract.
+            let values = unsafe { E::as_f32(&values[..len * kv_dim], buffer) };
+            f(&Flash {
+                out: out.as_mut_ptr(),
+                q: q.as_ptr(),
+                keys: keys.as_ptr(),
+                values: values.as_ptr(),
+                n_heads,
+                n_kv_heads,
+                head_dim,
+                start,
+                rows,
+                padded: len.next_multiple_of(LANES),
             })
         })
     }
@@ -150,28 +149,72 @@ impl Flash {
     /// Every row of the query heads that read the kv heads `kv_heads`.
     #[target_feature(enable = "avx512f")]
     pub unsafe fn kv_heads(&self, kv_heads: Range<usize>) {
-        let group = self.n_heads / self.n_kv_heads;
-        for h in kv_heads.start * group..kv_heads.end * group {
-            let mut r = 0;
-            while r < self.rows {
-                // SAFETY: head `h` and the rows are in range (checked by `prepared`).
-                r += unsafe {
-                    match self.rows - r {
-                        1 => self.block::<1>(h, r),
-                        2 => self.block::<2>(h, r),
-                        3 => self.block::<3>(h, r),
-                        _ => self.block::<ROWS>(h, r),
+        let (group, head_dim, padded) = (self.n_heads / self.n_kv_heads, self.head_dim, self.padded);
+        let kv_dim = self.n_kv_heads * head_dim;
+        // SAFETY: `prepared` checked that the cache holds `start + rows` positions.
+        let keys = unsafe { std::slice::from_raw_parts(self.keys, (self.start + self.rows) * kv_dim) };
+        KEYS_T.with_borrow_mut(|keys_t| {
+            SCORES.with_borrow_mut(|scores| {
+                // Only ever grown: the transposition writes all it reads (zeros from `start +
+                // rows` to `padded`), and every block writes the scores it reads.
+                if keys_t.len() < head_dim * padded {
+                    keys_t.resize(head_dim * padded, 0.0);
+                }
+                if scores.len() < ROWS * padded {
+                    scores.resize(ROWS * padded, 0.0);
+                }
+                let scores = scores.as_mut_ptr();
+                for kv_head in kv_heads {
+                    // SAFETY: the caller's contract (the features); the channels are in range.
+                    unsafe {
+                        transpose_channels(
+                            keys_t,
+                            keys,
+                            kv_dim,
+                            kv_head * head_dim..(kv_head + 1) * head_dim,
+                            padded,
+                        )
+                    };
+                    let keys_t = keys_t.as_ptr();
+                    for h in kv_head * group..(kv_head + 1) * group {
+                        let mut r = 0;
+                        while r < self.rows {
+                            // SAFETY: head `h` and the rows are in range (checked by `prepared`),
+                            // `keys_t` holds its kv head's keys and `scores` ROWS rows of
+                            // `padded` values.
+                            r += unsafe {
+                                match self.rows - r {
+                                    1 => self.block::<1>(h, r, keys_t, scores),
+                                    2 => self.block::<2>(h, r, keys_t, scores),
+                                    3 => self.block::<3>(h, r, keys_t, scores),
+                                    4 => self.block::<4>(h, r, keys_t, scores),
+                                    5 => self.block::<5>(h, r, keys_t, scores),
+                                    6 => self.block::<6>(h, r, keys_t, scores),
+                                    7 => self.block::<7>(h, r, keys_t, scores),
+                                    _ => self.block::<ROWS>(h, r, keys_t, scores),
+                                }
+                            };
+                        }
                     }
-                };
-            }
-        }
+                }
+            })
+        });
     }
 
     /// Rows `r0..r0 + R` of query head `h` (positions `start + r0..`), each over the positions
-    /// up to its own. Returns R.
+    /// up to its own, in three passes over the block's scores, which `scores` holds (`R` rows
+    /// of `padded` values, in L1): the scores, each pair of key vectors loaded once for the R
+    /// rows; each row's softmax, exact, its maximum known; the weighted sum of the values, each
+    /// value vector loaded once for the R rows. Returns R.
     #[inline]
     #[target_feature(enable = "avx512f")]
-    unsafe fn block<const R: usize>(&self, h: usize, r0: usize) -> usize {
+    unsafe fn block<const R: usize>(
+        &self,
+        h: usize,
+        r0: usize,
+        keys_t: *const f32,
+        scores: *mut f32,
+    ) -> usize {
         let (head_dim, padded) = (self.head_dim, self.padded);
         let (q_dim, kv_dim) = (self.n_heads * head_dim, self.n_kv_heads * head_dim);
         let kv_head = h / (self.n_heads / self.n_kv_heads);
@@ -183,121 +226,115 @@ impl Flash {
         let end = lens[R - 1];
         // SAFETY (every pointer below): `prepared` checked that q holds the rows' heads, that
         // the cache holds `end` positions and wrote `padded` ≥ end positions of every channel
-        // of the transposed keys.
+        // of the transposed keys; `scores` holds R rows of `padded` values (`kv_heads`).
         let queries: [*const f32; R] =
             std::array::from_fn(|i| unsafe { self.q.add((r0 + i) * q_dim + h * head_dim) });
-        let keys_t = unsafe { self.keys_t.add(kv_head * head_dim * padded) };
+        let rows: [*mut f32; R] = std::array::from_fn(|i| unsafe { scores.add(i * padded) });
         let scale = _mm512_set1_ps(1.0 / (head_dim as f32).sqrt());
-        let mut acc = [[_mm512_setzero_ps(); MAX_VECTORS]; R];
-        // Each row's running maximum, and its running sum as 16 lanes reduced once at the end.
-        let (mut max, mut sum) = ([f32::NEG_INFINITY; R], [_mm512_setzero_ps(); R]);
-        // Whether a row met a NaN or +∞ score: its output is then NaN, as in the reference.
-        let mut not_finite: [__mmask16; R] = [0; R];
+        let minus_infinity = _mm512_set1_ps(f32::NEG_INFINITY);
+
+        // 1. The scores of positions 0..end, 32 at a time (16 for a last odd vector), times
+        //    1/√HEAD_DIM, −∞ past each row's own position; each row's running maximum by lane.
+        let mut max = [minus_infinity; R];
         let mut j0 = 0;
         while j0 < end {
-            // 1. Scores of positions j0..j0 + 16 for every row, even and odd d apart.
-            let (mut even, mut odd) = ([_mm512_setzero_ps(); R], [_mm512_setzero_ps(); R]);
-            for d in (0..head_dim - head_dim % 2).step_by(2) {
-                let (k0, k1) = unsafe {
-                    let at = keys_t.add(d * padded + j0);
-                    (_mm512_loadu_ps(at), _mm512_loadu_ps(at.add(padded)))
-                };
-                for i in 0..R {
-                    even[i] = _mm512_fmadd_ps(_mm512_set1_ps(unsafe { *queries[i].add(d) }), k0, even[i]);
-                    odd[i] = _mm512_fmadd_ps(_mm512_set1_ps(unsafe { *queries[i].add(d + 1) }), k1, odd[i]);
-                }
-            }
-            if head_dim % 2 == 1 {
-                let d = head_dim - 1;
-                let k = unsafe { _mm512_loadu_ps(keys_t.add(d * padded + j0)) };
-                for i in 0..R {
-                    even[i] = _mm512_fmadd_ps(_mm512_set1_ps(unsafe { *queries[i].add(d) }), k, even[i]);
-                }
-            }
-            // 2. The online softmax of each row: the block's weights (zero past the row's own
-            //    position), with the row's sum and output rescaled when its maximum grows.
-            let mut w = [[0.0f32; LANES]; R];
-            for i in 0..R {
-                if j0 >= lens[i] {
-                    continue;
-                }
-                let live = lanes(lens[i] - j0);
-                let dots = _mm512_add_ps(even[i], odd[i]);
-                let s =
-                    _mm512_mask_mov_ps(_mm512_set1_ps(f32::NEG_INFINITY), live, _mm512_mul_ps(dots, scale));
-                not_finite[i] |= _mm512_cmp_ps_mask::<_CMP_NLT_UQ>(s, _mm512_set1_ps(f32::INFINITY));
-                if _mm512_cmp_ps_mask::<_CMP_GT_OQ>(s, _mm512_set1_ps(max[i])) != 0 {
-                    let new_max = _mm512_reduce_max_ps(s);
-                    let c = _mm512_set1_ps((max[i] - new_max).exp());
-                    sum[i] = _mm512_mul_ps(sum[i], c);
-                    for v in 0..vectors {
-                        acc[i][v] = _mm512_mul_ps(acc[i][v], c);
-                    }
-                    max[i] = new_max;
-                }
-                let weights = _mm512_maskz_mov_ps(live, exp(_mm512_sub_ps(s, _mm512_set1_ps(max[i]))));
-                sum[i] = _mm512_add_ps(sum[i], weights);
-                // SAFETY: `w[i]` holds 16 floats.
-                unsafe { _mm512_storeu_ps(w[i].as_mut_ptr(), weights) };
-            }
-            // 3. The block's values, 4 vectors of dimensions at a time: the rows' outputs of
-            //    those vectors stay in registers over the block's positions, and each value
-            //    vector loaded serves the 4 rows.
-            let positions = (end - j0).min(LANES);
-            // Past its own position a row takes no value, not even with weight 0: 0 times an
-            // infinite or NaN value would be NaN where the reference never reads that value.
-            let all_live = j0 + positions <= lens[0];
-            for v0 in (0..vectors).step_by(CHUNK) {
-                let mut o = [[_mm512_setzero_ps(); CHUNK]; R];
-                for i in 0..R {
-                    for u in 0..CHUNK {
-                        if v0 + u < vectors {
-                            o[i][u] = acc[i][v0 + u];
-                        }
-                    }
-                }
-                for jj in 0..positions {
-                    // SAFETY: position j0 + jj < end, and the masks keep the loads inside its
-                    // kv head.
-                    let value =
-                        unsafe { self.values.add((j0 + jj) * kv_dim + kv_head * head_dim + v0 * LANES) };
-                    let mut x = [_mm512_setzero_ps(); CHUNK];
-                    for u in 0..CHUNK {
-                        if v0 + u < vectors {
-                            x[u] = unsafe { _mm512_maskz_loadu_ps(mask_of(v0 + u), value.add(u * LANES)) };
-                        }
-                    }
+            let pair = j0 + LANES < end;
+            let (mut a, mut b) = ([_mm512_setzero_ps(); R], [_mm512_setzero_ps(); R]);
+            for d in 0..head_dim {
+                let at = unsafe { keys_t.add(d * padded + j0) };
+                let k0 = unsafe { _mm512_loadu_ps(at) };
+                if pair {
+                    let k1 = unsafe { _mm512_loadu_ps(at.add(LANES)) };
                     for i in 0..R {
-                        if !all_live && j0 + jj >= lens[i] {
-                            continue;
-                        }
-                        let p = _mm512_set1_ps(w[i][jj]);
-                        for u in 0..CHUNK {
-                            if v0 + u < vectors {
-                                o[i][u] = _mm512_fmadd_ps(p, x[u], o[i][u]);
-                            }
-                        }
+                        let qv = _mm512_set1_ps(unsafe { *queries[i].add(d) });
+                        a[i] = _mm512_fmadd_ps(qv, k0, a[i]);
+                        b[i] = _mm512_fmadd_ps(qv, k1, b[i]);
+                    }
+                } else {
+                    for i in 0..R {
+                        a[i] = _mm512_fmadd_ps(_mm512_set1_ps(unsafe { *queries[i].add(d) }), k0, a[i]);
+                    }
+                }
+            }
+            for i in 0..R {
+                let live = lanes(lens[i].saturating_sub(j0));
+                let s = _mm512_mask_mul_ps(minus_infinity, live, a[i], scale);
+                max[i] = _mm512_max_ps(max[i], s);
+                unsafe { _mm512_storeu_ps(rows[i].add(j0), s) };
+                if pair {
+                    let live = lanes(lens[i].saturating_sub(j0 + LANES));
+                    let s = _mm512_mask_mul_ps(minus_infinity, live, b[i], scale);
+                    max[i] = _mm512_max_ps(max[i], s);
+                    unsafe { _mm512_storeu_ps(rows[i].add(j0 + LANES), s) };
+                }
+            }
+            j0 += if pair { 2 * LANES } else { LANES };
+        }
+
+        // 2. Each row's softmax weights over its own positions, in place, and their sum. A NaN
+        //    or +∞ score makes the row's output NaN, as in the reference.
+        let mut inverse = [_mm512_setzero_ps(); R];
+        for i in 0..R {
+            let m = _mm512_reduce_max_ps(max[i]);
+            let mv = _mm512_set1_ps(m);
+            let mut sum = _mm512_setzero_ps();
+            let mut not_finite: __mmask16 = 0;
+            for j0 in (0..lens[i]).step_by(LANES) {
+                let live = lanes(lens[i] - j0);
+                let s = unsafe { _mm512_loadu_ps(rows[i].add(j0)) };
+                not_finite |= _mm512_mask_cmp_ps_mask::<_CMP_NLT_UQ>(live, s, _mm512_set1_ps(f32::INFINITY));
+                let w = _mm512_maskz_mov_ps(live, exp(_mm512_sub_ps(s, mv)));
+                sum = _mm512_add_ps(sum, w);
+                unsafe { _mm512_storeu_ps(rows[i].add(j0), w) };
+            }
+            let nan = not_finite != 0 || m == f32::NEG_INFINITY;
+            inverse[i] = _mm512_set1_ps(if nan { f32::NAN } else { 1.0 / _mm512_reduce_add_ps(sum) });
+        }
+
+        // 3. The weighted sums of the values, 4 vectors of dimensions at a time in registers.
+        //    Past its own position a row takes no value, not even with weight 0: 0 times an
+        //    infinite or NaN value would be NaN where the reference never reads that value.
+        // More than 4 rows keep 2 vectors each in registers.
+        let chunk = if R > 4 { CHUNK / 2 } else { CHUNK };
+        for v0 in (0..vectors).step_by(chunk) {
+            let mut o = [[_mm512_setzero_ps(); CHUNK]; R];
+            for j in 0..end {
+                // SAFETY: position j < end, and the masks keep the loads inside its kv head.
+                let value = unsafe { self.values.add(j * kv_dim + kv_head * head_dim + v0 * LANES) };
+                let mut x = [_mm512_setzero_ps(); CHUNK];
+                for u in 0..CHUNK {
+                    if u < chunk && v0 + u < vectors {
+                        x[u] = unsafe { _mm512_maskz_loadu_ps(mask_of(v0 + u), value.add(u * LANES)) };
                     }
                 }
                 for i in 0..R {
+                    if j >= lens[0] && j >= lens[i] {
+                        continue;
+                    }
+                    let p = _mm512_set1_ps(unsafe { *rows[i].add(j) });
                     for u in 0..CHUNK {
-                        if v0 + u < vectors {
-                            acc[i][v0 + u] = o[i][u];
+                        if u < chunk && v0 + u < vectors {
+                            o[i][u] = _mm512_fmadd_ps(p, x[u], o[i][u]);
                         }
                     }
                 }
             }
-            j0 += LANES;
-        }
-        for i in 0..R {
-            let nan = not_finite[i] != 0 || max[i] == f32::NEG_INFINITY;
-            let inverse = _mm512_set1_ps(if nan { f32::NAN } else { 1.0 / _mm512_reduce_add_ps(sum[i]) });
-            let at = (r0 + i) * q_dim + h * head_dim;
-            for v in 0..vectors {
-                let o = _mm512_mul_ps(acc[i][v], inverse);
-                // SAFETY: the mask keeps the store inside the head's values of this row of
-                // `out`, which only this thread writes (its kv heads' query heads).
-                unsafe { _mm512_mask_storeu_ps(self.out.add(at + v * LANES), mask_of(v), o) };
+            for i in 0..R {
+                let at = (r0 + i) * q_dim + h * head_dim;
+                for u in 0..CHUNK {
+                    let v = v0 + u;
+                    if u < chunk && v < vectors {
+                        // SAFETY: the mask keeps the store inside the head's values of this row
+                        // of `out`, which only this thread writes (its kv heads' query heads).
+                        unsafe {
+                            _mm512_mask_storeu_ps(
+                                self.out.add(at + v * LANES),
+                                mask_of(v),
+                                _mm512_mul_ps(o[i][u], inverse[i]),
+                            )
+                        };
+                    }
+                }
             }
         }
         R
@@ -315,24 +352,47 @@ impl Flash {
 /// The CPU has AVX-512F (and, for bfloat16 keys, BW and VL).
 #[target_feature(enable = "avx512f")]
 pub unsafe fn transpose_keys<E: KvElement>(keys_t: &mut [f32], keys: &[E], kv_dim: usize, padded: usize) {
+    // SAFETY: the caller's contract.
+    unsafe { transpose_channels(keys_t, keys, kv_dim, 0..kv_dim, padded) }
+}
+
+/// [`transpose_keys`] for the channels `channels` of every position only (one kv head's, say):
+/// channel `c` goes to row `c − channels.start` of `keys_t` (`[channels.len(), padded]`).
+///
+/// # Safety
+///
+/// As for [`transpose_keys`].
+#[target_feature(enable = "avx512f")]
+pub unsafe fn transpose_channels<E: KvElement>(
+    keys_t: &mut [f32],
+    keys: &[E],
+    kv_dim: usize,
+    channels: Range<usize>,
+    padded: usize,
+) {
     let len = keys.len() / kv_dim;
-    assert!(keys_t.len() >= kv_dim * padded && padded >= len.next_multiple_of(LANES));
-    assert!(keys.len() == len * kv_dim);
+    assert!(keys_t.len() >= channels.len() * padded && padded >= len.next_multiple_of(LANES));
+    assert!(keys.len() == len * kv_dim && channels.end <= kv_dim);
     for p0 in (0..len).step_by(LANES) {
         let live = (len - p0).min(LANES);
-        for c0 in (0..kv_dim).step_by(LANES) {
-            let (channels, mask) = ((kv_dim - c0).min(LANES), lanes(kv_dim - c0));
+        for c0 in channels.clone().step_by(LANES) {
+            let (count, mask) = ((channels.end - c0).min(LANES), lanes(channels.end - c0));
             let mut rows = [_mm512_setzero_ps(); LANES];
             for (i, row) in rows.iter_mut().enumerate().take(live) {
                 // SAFETY: position p0 + i < len; the mask keeps the load inside its channels
-                // c0.. < kv_dim (and the caller's contract, the features).
+                // c0.. < channels.end ≤ kv_dim (and the caller's contract, the features).
                 *row = unsafe { E::maskz_load(mask, keys.as_ptr().add((p0 + i) * kv_dim + c0)) };
             }
             let columns = transpose(rows);
-            for (c, column) in columns.iter().enumerate().take(channels) {
-                // SAFETY: 16 values of row c0 + c < kv_dim, inside it as `padded` is a multiple
-                // of 16 above p0 (asserted above).
-                unsafe { _mm512_storeu_ps(keys_t.as_mut_ptr().add((c0 + c) * padded + p0), *column) };
+            for (c, column) in columns.iter().enumerate().take(count) {
+                // SAFETY: 16 values of row c0 + c − channels.start < channels.len(), inside it
+                // as `padded` is a multiple of 16 above p0 (asserted above).
+                unsafe {
+                    _mm512_storeu_ps(
+                        keys_t.as_mut_ptr().add((c0 + c - channels.start) * padded + p0),
+                        *column,
+                    )
+                };
             }
         }
     }

@@ -1,7 +1,7 @@
-//! Causal grouped-query attention for a chunk of new positions, flash-style, with AVX-512F on
-//! `THREADS` threads: the attention of `shared/avx512_flash.rs`, its kv heads (and the query
-//! heads that read them) cut into `THREADS` shares that the crate's team of `shared/team.rs`
-//! computes, the calling thread taking the first after it has transposed the keys.
+//! Causal grouped-query attention for a chunk of new positions with AVX-512F on `THREADS`
+//! threads: the attention of `shared/avx512_flash.rs`, its kv heads (and the query heads that
+//! read them) cut into `THREADS` shares that the crate's team of `shared/team.rs` computes, the
+//! calling thread taking the first; each thread transposes the keys of its own kv heads.
 
 use std::ops::Range;
 

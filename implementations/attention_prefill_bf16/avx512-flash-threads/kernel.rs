@@ -1,9 +1,9 @@
-//! Causal grouped-query attention for a chunk of new positions over a bfloat16 KV cache,
-//! flash-style, with AVX-512 on `THREADS` threads: the attention of `shared/avx512_flash.rs`
-//! (the keys widened to f32 as they are transposed, the values as they are loaded, by
-//! `shared/avx512_kv.rs`), its kv heads (and the query
-//! heads that read them) cut into `THREADS` shares that the crate's team of `shared/team.rs`
-//! computes, the calling thread taking the first after it has transposed the keys.
+//! Causal grouped-query attention for a chunk of new positions over a bfloat16 KV cache with
+//! AVX-512 on `THREADS` threads: the attention of `shared/avx512_flash.rs` (the keys widened to
+//! f32 as they are transposed, the values into a buffer of the calling thread first, by
+//! `shared/avx512_kv.rs`), its kv heads (and the query heads that read them) cut into `THREADS`
+//! shares that the crate's team of `shared/team.rs` computes, the calling thread taking the
+//! first; each thread transposes the keys of its own kv heads.
 
 use std::ops::Range;
 
@@ -39,7 +39,7 @@ pub fn attention_prefill_bf16<const N_HEADS: usize, const N_KV_HEADS: usize, con
 
 /// A call of this implementation, as the crate's team shares it: by kv heads.
 #[derive(Clone, Copy)]
-pub(crate) struct Shared(Flash);
+pub(crate) struct Shared(Flash<u16>);
 
 impl Job for Shared {
     fn n(&self) -> usize {
