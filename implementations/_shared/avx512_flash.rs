@@ -20,11 +20,12 @@
 //! whole by the calling thread before the team started taking 0.34 ms of that (bench/RESULTS.md).
 //!
 //! The cache may hold f32 (`attention_prefill/avx512-flash-threads`) or bfloat16
-//! (`attention_prefill_bf16/avx512-flash-threads`): [`Flash::prepared`] is generic over its
-//! [`KvElement`]: the keys are widened as they are transposed and, from bfloat16, the values
-//! into a buffer of the calling thread, so that the loops of [`Flash::kv_heads`] read f32 either way.
-//! Widening each value as the loop loads it instead, once per block of query rows, made the
-//! prefill of 896 positions at stories110M's shapes 13% slower than over an f32 cache.
+//! (`attention_prefill_bf16/avx512-flash-threads`): [`Flash`] is generic over its
+//! [`KvElement`]: the keys are widened as they are transposed and, from bfloat16, each thread
+//! widens its kv head's values into a buffer of its own ([`HeadValues`]), so that the loops of
+//! [`Flash::kv_heads`] read f32 either way. Widening each value as the loop loads it instead,
+//! once per block of query rows, made the prefill of 896 positions at stories110M's shapes 13%
+//! slower than over an f32 cache.
 //!
 //! # Safety
 //!
@@ -55,8 +56,9 @@ const CHUNK: usize = 4;
 thread_local! {
     /// The keys of the kv head that the thread is on, transposed.
     static KEYS_T: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
-    /// The values of the calling thread's current call, widened to f32 when the cache holds
-    /// bfloat16 (each is read once per query row block; widening each once is cheaper).
+    /// The values of the kv head that the thread is on, widened to f32 from a bfloat16 cache
+    /// (each is read once per block of query rows; widening each once is cheaper), `head_dim`
+    /// per position.
     static VALUES: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
     /// The scores, then the softmax weights, of the block of query rows that the thread is on.
     static SCORES: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
@@ -69,8 +71,8 @@ pub struct Flash<E = f32> {
     q: *const f32,
     /// The cache's keys, which each thread transposes kv head by kv head.
     keys: *const E,
-    /// The values as f32: the cache's own, or their widened copy.
-    values: *const f32,
+    /// The cache's values, which each thread reads in place (f32) or widens kv head by kv head.
+    values: *const E,
     n_heads: usize,
     n_kv_heads: usize,
     head_dim: usize,
@@ -84,9 +86,8 @@ pub struct Flash<E = f32> {
 unsafe impl<E> Send for Flash<E> {}
 unsafe impl<E> Sync for Flash<E> {}
 
-impl<E: KvElement> Flash<E> {
-    /// Checks the slices' lengths, from a bfloat16 cache widens the values into a buffer of
-    /// this thread (alive until `f` returns), and runs `f` on the call.
+impl<E: HeadValues> Flash<E> {
+    /// Checks the slices' lengths and runs `f` on the call.
     ///
     /// `q`, `out`: `[rows, n_heads · head_dim]`; `keys`, `values`: `[start + rows, n_kv_heads ·
     /// head_dim]`.
@@ -117,21 +118,17 @@ impl<E: KvElement> Flash<E> {
             values.len() >= len * kv_dim,
             "attention_prefill: values hold fewer than start + rows positions"
         );
-        VALUES.with_borrow_mut(|buffer| {
-            // SAFETY: the caller's contract.
-            let values = unsafe { E::as_f32(&values[..len * kv_dim], buffer) };
-            f(&Flash {
-                out: out.as_mut_ptr(),
-                q: q.as_ptr(),
-                keys: keys.as_ptr(),
-                values: values.as_ptr(),
-                n_heads,
-                n_kv_heads,
-                head_dim,
-                start,
-                rows,
-                padded: len.next_multiple_of(LANES),
-            })
+        f(&Flash {
+            out: out.as_mut_ptr(),
+            q: q.as_ptr(),
+            keys: keys.as_ptr(),
+            values: values.as_ptr(),
+            n_heads,
+            n_kv_heads,
+            head_dim,
+            start,
+            rows,
+            padded: len.next_multiple_of(LANES),
         })
     }
 
@@ -150,53 +147,52 @@ impl<E: KvElement> Flash<E> {
     #[target_feature(enable = "avx512f")]
     pub unsafe fn kv_heads(&self, kv_heads: Range<usize>) {
         let (group, head_dim, padded) = (self.n_heads / self.n_kv_heads, self.head_dim, self.padded);
-        let kv_dim = self.n_kv_heads * head_dim;
+        let (kv_dim, len) = (self.n_kv_heads * head_dim, self.start + self.rows);
         // SAFETY: `prepared` checked that the cache holds `start + rows` positions.
-        let keys = unsafe { std::slice::from_raw_parts(self.keys, (self.start + self.rows) * kv_dim) };
+        let keys = unsafe { std::slice::from_raw_parts(self.keys, len * kv_dim) };
         KEYS_T.with_borrow_mut(|keys_t| {
-            SCORES.with_borrow_mut(|scores| {
-                // Only ever grown: the transposition writes all it reads (zeros from `start +
-                // rows` to `padded`), and every block writes the scores it reads.
-                if keys_t.len() < head_dim * padded {
-                    keys_t.resize(head_dim * padded, 0.0);
-                }
-                if scores.len() < ROWS * padded {
-                    scores.resize(ROWS * padded, 0.0);
-                }
-                let scores = scores.as_mut_ptr();
-                for kv_head in kv_heads {
-                    // SAFETY: the caller's contract (the features); the channels are in range.
-                    unsafe {
-                        transpose_channels(
-                            keys_t,
-                            keys,
-                            kv_dim,
-                            kv_head * head_dim..(kv_head + 1) * head_dim,
-                            padded,
-                        )
-                    };
-                    let keys_t = keys_t.as_ptr();
-                    for h in kv_head * group..(kv_head + 1) * group {
-                        let mut r = 0;
-                        while r < self.rows {
-                            // SAFETY: head `h` and the rows are in range (checked by `prepared`),
-                            // `keys_t` holds its kv head's keys and `scores` ROWS rows of
-                            // `padded` values.
-                            r += unsafe {
-                                match self.rows - r {
-                                    1 => self.block::<1>(h, r, keys_t, scores),
-                                    2 => self.block::<2>(h, r, keys_t, scores),
-                                    3 => self.block::<3>(h, r, keys_t, scores),
-                                    4 => self.block::<4>(h, r, keys_t, scores),
-                                    5 => self.block::<5>(h, r, keys_t, scores),
-                                    6 => self.block::<6>(h, r, keys_t, scores),
-                                    7 => self.block::<7>(h, r, keys_t, scores),
-                                    _ => self.block::<ROWS>(h, r, keys_t, scores),
-                                }
-                            };
+            VALUES.with_borrow_mut(|buffer| {
+                SCORES.with_borrow_mut(|scores| {
+                    // Only ever grown: the transposition writes all it reads (zeros from `start +
+                    // rows` to `padded`), and every block writes the scores it reads.
+                    if keys_t.len() < head_dim * padded {
+                        keys_t.resize(head_dim * padded, 0.0);
+                    }
+                    if scores.len() < ROWS * padded {
+                        scores.resize(ROWS * padded, 0.0);
+                    }
+                    let scores = scores.as_mut_ptr();
+                    for kv_head in kv_heads {
+                        let channels = kv_head * head_dim..(kv_head + 1) * head_dim;
+                        // SAFETY: the caller's contract (the features); the channels are in
+                        // range, and the cache holds `len` positions.
+                        let (values, stride) = unsafe {
+                            transpose_channels(keys_t, keys, kv_dim, channels.clone(), padded);
+                            E::head_values(self.values, kv_dim, channels, len, buffer)
+                        };
+                        let head = Head { keys_t: keys_t.as_ptr(), values, stride };
+                        for h in kv_head * group..(kv_head + 1) * group {
+                            let mut r = 0;
+                            while r < self.rows {
+                                // SAFETY: head `h` and the rows are in range (checked by
+                                // `prepared`), `head` holds its kv head's keys and values, and
+                                // `scores` ROWS rows of `padded` values.
+                                r += unsafe {
+                                    match self.rows - r {
+                                        1 => self.block::<1>(h, r, head, scores),
+                                        2 => self.block::<2>(h, r, head, scores),
+                                        3 => self.block::<3>(h, r, head, scores),
+                                        4 => self.block::<4>(h, r, head, scores),
+                                        5 => self.block::<5>(h, r, head, scores),
+                                        6 => self.block::<6>(h, r, head, scores),
+                                        7 => self.block::<7>(h, r, head, scores),
+                                        _ => self.block::<ROWS>(h, r, head, scores),
+                                    }
+                                };
+                            }
                         }
                     }
-                }
+                })
             })
         });
     }
@@ -208,16 +204,10 @@ impl<E: KvElement> Flash<E> {
     /// value vector loaded once for the R rows. Returns R.
     #[inline]
     #[target_feature(enable = "avx512f")]
-    unsafe fn block<const R: usize>(
-        &self,
-        h: usize,
-        r0: usize,
-        keys_t: *const f32,
-        scores: *mut f32,
-    ) -> usize {
+    unsafe fn block<const R: usize>(&self, h: usize, r0: usize, head: Head, scores: *mut f32) -> usize {
         let (head_dim, padded) = (self.head_dim, self.padded);
-        let (q_dim, kv_dim) = (self.n_heads * head_dim, self.n_kv_heads * head_dim);
-        let kv_head = h / (self.n_heads / self.n_kv_heads);
+        let q_dim = self.n_heads * head_dim;
+        let Head { keys_t, values, stride } = head;
         let vectors = head_dim.div_ceil(LANES);
         let last_mask = lanes(head_dim - (vectors - 1) * LANES);
         let mask_of = |v: usize| if v + 1 == vectors { last_mask } else { u16::MAX };
@@ -291,7 +281,8 @@ impl<E: KvElement> Flash<E> {
             inverse[i] = _mm512_set1_ps(if nan { f32::NAN } else { 1.0 / _mm512_reduce_add_ps(sum) });
         }
 
-        // 3. The weighted sums of the values, 4 vectors of dimensions at a time in registers.
+        // 3. The weighted sums of the values, 2 vectors of dimensions at a time in registers (4
+        //    for 4 rows or fewer).
         //    Past its own position a row takes no value, not even with weight 0: 0 times an
         //    infinite or NaN value would be NaN where the reference never reads that value.
         // More than 4 rows keep 2 vectors each in registers.
@@ -300,7 +291,7 @@ impl<E: KvElement> Flash<E> {
             let mut o = [[_mm512_setzero_ps(); CHUNK]; R];
             for j in 0..end {
                 // SAFETY: position j < end, and the masks keep the loads inside its kv head.
-                let value = unsafe { self.values.add(j * kv_dim + kv_head * head_dim + v0 * LANES) };
+                let value = unsafe { values.add(j * stride + v0 * LANES) };
                 let mut x = [_mm512_setzero_ps(); CHUNK];
                 for u in 0..CHUNK {
                     if u < chunk && v0 + u < vectors {
@@ -395,6 +386,78 @@ pub unsafe fn transpose_channels<E: KvElement>(
                 };
             }
         }
+    }
+}
+
+/// One kv head's keys and values as a block of query rows reads them.
+#[derive(Clone, Copy)]
+struct Head {
+    /// The keys, transposed: `[head_dim, padded]`.
+    keys_t: *const f32,
+    /// The values of position 0; those of position j at `j · stride`.
+    values: *const f32,
+    stride: usize,
+}
+
+/// How a thread reads one kv head's values: in place from an f32 cache; from a bfloat16 cache,
+/// widened into a buffer of the thread first: 1.19-1.21x the attention's speed of widening the
+/// whole cache on the calling thread before the team starts, where for f32 such a copy measured
+/// 0.96-0.98x reading in place (bench/RESULTS.md).
+pub trait HeadValues: KvElement {
+    /// The values of `channels` (one kv head's) of positions `0..len` of `values` (`[len,
+    /// kv_dim]`) as f32: a pointer to position 0's and the stride between positions.
+    ///
+    /// # Safety
+    ///
+    /// As for [`KvElement::maskz_load`]; `values` holds `len · kv_dim` values and `channels`
+    /// ends at `kv_dim` or before.
+    unsafe fn head_values(
+        values: *const Self,
+        kv_dim: usize,
+        channels: Range<usize>,
+        len: usize,
+        buffer: &mut Vec<f32>,
+    ) -> (*const f32, usize);
+}
+
+impl HeadValues for f32 {
+    unsafe fn head_values(
+        values: *const f32,
+        kv_dim: usize,
+        channels: Range<usize>,
+        _: usize,
+        _: &mut Vec<f32>,
+    ) -> (*const f32, usize) {
+        (values.wrapping_add(channels.start), kv_dim)
+    }
+}
+
+impl HeadValues for u16 {
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+    unsafe fn head_values(
+        values: *const u16,
+        kv_dim: usize,
+        channels: Range<usize>,
+        len: usize,
+        buffer: &mut Vec<f32>,
+    ) -> (*const f32, usize) {
+        let head_dim = channels.len();
+        // Every value read is written below: only growth is zero-filled.
+        if buffer.len() < len * head_dim {
+            buffer.resize(len * head_dim, 0.0);
+        }
+        for p in 0..len {
+            for d in (0..head_dim).step_by(LANES) {
+                let mask = lanes(head_dim - d);
+                // SAFETY: the masked lanes are channels `channels.start + d..` of position p,
+                // before `channels.end` ≤ kv_dim, and inside the buffer's `len · head_dim`.
+                unsafe {
+                    let wide = Self::maskz_load(mask, values.add(p * kv_dim + channels.start + d));
+                    _mm512_mask_storeu_ps(buffer.as_mut_ptr().add(p * head_dim + d), mask, wide);
+                }
+            }
+        }
+        (buffer.as_ptr(), head_dim)
     }
 }
 

@@ -1,9 +1,8 @@
 //! Causal grouped-query attention for a chunk of new positions over a bfloat16 KV cache with
-//! AVX-512 on `THREADS` threads: the attention of `shared/avx512_flash.rs` (the keys widened to
-//! f32 as they are transposed, the values into a buffer of the calling thread first, by
-//! `shared/avx512_kv.rs`), its kv heads (and the query heads that read them) cut into `THREADS`
-//! shares that the crate's team of `shared/team.rs` computes, the calling thread taking the
-//! first; each thread transposes the keys of its own kv heads.
+//! AVX-512 on `THREADS` threads: the attention of `shared/avx512_flash.rs`, its kv heads (and
+//! the query heads that read them) cut into `THREADS` shares that the crate's team of
+//! `shared/team.rs` computes, the calling thread taking the first; each thread widens the keys
+//! (as it transposes them) and the values of its own kv heads to f32, by `shared/avx512_kv.rs`.
 
 use std::ops::Range;
 
