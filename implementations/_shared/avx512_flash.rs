@@ -22,7 +22,9 @@
 //! The cache may hold f32 (`attention_prefill/avx512-flash-threads`) or bfloat16
 //! (`attention_prefill_bf16/avx512-flash-threads`): [`Flash`] is generic over its
 //! [`KvElement`]: the keys are widened as they are transposed and, from bfloat16, each thread
-//! widens its kv head's values into a buffer of its own ([`HeadValues`]), so that the loops of
+//! widens its kv head's values into a buffer of its own ([`KvElement::head_values`]): 1.19-1.21x
+//! the attention's speed of widening the whole cache on the calling thread before the team
+//! starts, where for f32 such a copy measured 0.96-0.98x reading in place. So the loops of
 //! [`Flash::kv_heads`] read f32 either way. Widening each value as the loop loads it instead,
 //! once per block of query rows, made the prefill of 896 positions at stories110M's shapes 13%
 //! slower than over an f32 cache.
@@ -86,7 +88,7 @@ pub struct Flash<E = f32> {
 unsafe impl<E> Send for Flash<E> {}
 unsafe impl<E> Sync for Flash<E> {}
 
-impl<E: HeadValues> Flash<E> {
+impl<E: KvElement> Flash<E> {
     /// Checks the slices' lengths and runs `f` on the call.
     ///
     /// `q`, `out`: `[rows, n_heads · head_dim]`; `keys`, `values`: `[start + rows, n_kv_heads ·
@@ -397,68 +399,6 @@ struct Head {
     /// The values of position 0; those of position j at `j · stride`.
     values: *const f32,
     stride: usize,
-}
-
-/// How a thread reads one kv head's values: in place from an f32 cache; from a bfloat16 cache,
-/// widened into a buffer of the thread first: 1.19-1.21x the attention's speed of widening the
-/// whole cache on the calling thread before the team starts, where for f32 such a copy measured
-/// 0.96-0.98x reading in place (bench/RESULTS.md).
-pub trait HeadValues: KvElement {
-    /// The values of `channels` (one kv head's) of positions `0..len` of `values` (`[len,
-    /// kv_dim]`) as f32: a pointer to position 0's and the stride between positions.
-    ///
-    /// # Safety
-    ///
-    /// As for [`KvElement::maskz_load`]; `values` holds `len · kv_dim` values and `channels`
-    /// ends at `kv_dim` or before.
-    unsafe fn head_values(
-        values: *const Self,
-        kv_dim: usize,
-        channels: Range<usize>,
-        len: usize,
-        buffer: &mut Vec<f32>,
-    ) -> (*const f32, usize);
-}
-
-impl HeadValues for f32 {
-    unsafe fn head_values(
-        values: *const f32,
-        kv_dim: usize,
-        channels: Range<usize>,
-        _: usize,
-        _: &mut Vec<f32>,
-    ) -> (*const f32, usize) {
-        (values.wrapping_add(channels.start), kv_dim)
-    }
-}
-
-impl HeadValues for u16 {
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-    unsafe fn head_values(
-        values: *const u16,
-        kv_dim: usize,
-        channels: Range<usize>,
-        len: usize,
-        buffer: &mut Vec<f32>,
-    ) -> (*const f32, usize) {
-        let head_dim = channels.len();
-        // Every value read is written below: only growth is zero-filled.
-        if buffer.len() < len * head_dim {
-            buffer.resize(len * head_dim, 0.0);
-        }
-        for p in 0..len {
-            for d in (0..head_dim).step_by(LANES) {
-                let mask = lanes(head_dim - d);
-                // SAFETY: the masked lanes are channels `channels.start + d..` of position p,
-                // before `channels.end` ≤ kv_dim, and inside the buffer's `len · head_dim`.
-                unsafe {
-                    let wide = Self::maskz_load(mask, values.add(p * kv_dim + channels.start + d));
-                    _mm512_mask_storeu_ps(buffer.as_mut_ptr().add(p * head_dim + d), mask, wide);
-                }
-            }
-        }
-        (buffer.as_ptr(), head_dim)
-    }
 }
 
 /// A mask of the first `n` (≤ 16) lanes.

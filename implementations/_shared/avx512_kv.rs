@@ -6,6 +6,7 @@
 #![allow(dead_code)]
 
 use std::arch::x86_64::*;
+use std::ops::Range;
 
 /// A value of a KV cache: `f32`, or `u16` holding a bfloat16 (the high 16 bits of an f32).
 pub trait KvElement: Copy + Send + Sync + 'static {
@@ -24,13 +25,22 @@ pub trait KvElement: Copy + Send + Sync + 'static {
     /// readable at `p` (the others are not read).
     unsafe fn maskz_load(mask: __mmask16, p: *const Self) -> __m512;
 
-    /// `values` as f32: the slice itself, or its values widened into `buffer` (for a kernel
-    /// that reads each value many times, so that it widens each once).
+    /// The values of `channels` (one kv head's) of positions `0..len` of `values` (`[len,
+    /// kv_dim]`) as f32, for a kernel that reads each value many times: a pointer to position
+    /// 0's and the stride between positions. f32 values are read in place; bfloat16 ones are
+    /// widened into `buffer` first, `channels.len()` per position, so that each is widened once.
     ///
     /// # Safety
     ///
-    /// The CPU has AVX-512F.
-    unsafe fn as_f32<'a>(values: &'a [Self], buffer: &'a mut Vec<f32>) -> &'a [f32];
+    /// As for [`KvElement::maskz_load`]; `values` holds `len · kv_dim` values and `channels`
+    /// ends at `kv_dim` or before.
+    unsafe fn head_values(
+        values: *const Self,
+        kv_dim: usize,
+        channels: Range<usize>,
+        len: usize,
+        buffer: &mut Vec<f32>,
+    ) -> (*const f32, usize);
 }
 
 impl KvElement for f32 {
@@ -48,9 +58,14 @@ impl KvElement for f32 {
         unsafe { _mm512_maskz_loadu_ps(mask, p) }
     }
 
-    #[inline]
-    unsafe fn as_f32<'a>(values: &'a [f32], _buffer: &'a mut Vec<f32>) -> &'a [f32] {
-        values
+    unsafe fn head_values(
+        values: *const f32,
+        kv_dim: usize,
+        channels: Range<usize>,
+        _: usize,
+        _: &mut Vec<f32>,
+    ) -> (*const f32, usize) {
+        (values.wrapping_add(channels.start), kv_dim)
     }
 }
 
@@ -73,18 +88,30 @@ impl KvElement for u16 {
         _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(halves)))
     }
 
-    #[target_feature(enable = "avx512f")]
-    unsafe fn as_f32<'a>(values: &'a [u16], buffer: &'a mut Vec<f32>) -> &'a [f32] {
-        // Every value is written below: only growth is zero-filled.
-        buffer.resize(values.len(), 0.0);
-        let whole = values.len() / 16 * 16;
-        for at in (0..whole).step_by(16) {
-            // SAFETY: 16 values at `at` < whole ≤ len, in both slices.
-            unsafe { _mm512_storeu_ps(buffer.as_mut_ptr().add(at), Self::load(values.as_ptr().add(at))) };
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+    unsafe fn head_values(
+        values: *const u16,
+        kv_dim: usize,
+        channels: Range<usize>,
+        len: usize,
+        buffer: &mut Vec<f32>,
+    ) -> (*const f32, usize) {
+        let head_dim = channels.len();
+        // Every value read is written below: only growth is zero-filled.
+        if buffer.len() < len * head_dim {
+            buffer.resize(len * head_dim, 0.0);
         }
-        for (wide, &value) in buffer[whole..].iter_mut().zip(&values[whole..]) {
-            *wide = f32::from_bits(u32::from(value) << 16);
+        for p in 0..len {
+            for d in (0..head_dim).step_by(16) {
+                let mask: __mmask16 = if head_dim - d >= 16 { u16::MAX } else { (1 << (head_dim - d)) - 1 };
+                // SAFETY: the masked lanes are channels `channels.start + d..` of position p,
+                // before `channels.end` ≤ kv_dim, and inside the buffer's `len · head_dim`.
+                unsafe {
+                    let wide = Self::maskz_load(mask, values.add(p * kv_dim + channels.start + d));
+                    _mm512_mask_storeu_ps(buffer.as_mut_ptr().add(p * head_dim + d), mask, wide);
+                }
+            }
         }
-        buffer
+        (buffer.as_ptr(), head_dim)
     }
 }
