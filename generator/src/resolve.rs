@@ -986,6 +986,43 @@ mod tests {
     }
 
     #[test]
+    fn records_of_an_older_harness_count_until_one_is_measured_again() {
+        let w = measured_workload();
+        let imps = three();
+        let older = |r: rankings::Record| rankings::Record {
+            build_flags: rankings::BUILD_FLAGS.replacen("harness=", "harness=0", 1),
+            measured_at: "2026-11-28T21:00:00Z".into(),
+            ..r
+        };
+        // Every candidate measured by an older harness: still compared with each other.
+        let all_older = vec![
+            older(record(&imps[0], &w, 300, 310, true)),
+            older(record(&imps[1], &w, 100, 104, true)),
+            older(record(&imps[2], &w, 200, 204, true)),
+        ];
+        let (chosen, _, unmeasured) =
+            choose("matmul", &imps, &w, &Registry::default(), &selection(all_older.clone(), None)).unwrap();
+        assert_eq!(chosen.name, "blocked");
+        assert!(unmeasured.is_empty(), "{unmeasured:?}");
+        // One measured again by this harness: the others are stale beside it.
+        let mut mixed = all_older;
+        mixed[2] = record(&imps[2], &w, 200, 204, true);
+        let (chosen, _, unmeasured) =
+            choose("matmul", &imps, &w, &Registry::default(), &selection(mixed, None)).unwrap();
+        assert_eq!(chosen.name, imps[2].name, "the only record of the newest harness");
+        assert_eq!(unmeasured.len(), 2, "{unmeasured:?}");
+        assert!(unmeasured[0].contains("or by another version of the harness"), "{unmeasured:?}");
+        // Other compiler flags are stale whatever the harness.
+        let flags = rankings::Record {
+            build_flags: rankings::BUILD_FLAGS.replace("opt-level=3", "opt-level=2"),
+            ..record(&imps[1], &w, 100, 104, true)
+        };
+        let (_, _, unmeasured) =
+            choose("matmul", &imps, &w, &Registry::default(), &selection(vec![flags], None)).unwrap();
+        assert!(unmeasured.iter().any(|u| u.contains("other build flags")), "{unmeasured:?}");
+    }
+
+    #[test]
     fn without_a_hardware_class_priority_decides_and_nothing_is_missing() {
         let w = workload();
         let imps = three();

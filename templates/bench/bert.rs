@@ -4,7 +4,7 @@
 
 use std::hint::black_box;
 
-use crate::harness::{Matmul, Phases, Rng, TOLERANCE, compare};
+use crate::harness::{Matmul, Phases, Rng, Storage, TOLERANCE, compare};
 use crate::{
     BATCH, DIM, HEAD_DIM, HIDDEN_DIM, LAYER_NORM_EPS, MAX_POSITIONS, N_HEADS, N_LAYERS, ROWS, SEQ,
     TYPE_VOCAB_SIZE, VOCAB_SIZE,
@@ -61,6 +61,9 @@ struct Projections<W> {
 /// Every matmul of a forward pass: six projections per layer on ROWS rows, with the weights
 /// as the interface `M` of `new` holds them.
 pub struct MatmulPass<W> {
+    /// Where the matrices are: as a crate's loader places them.
+    #[allow(dead_code)]
+    storage: Storage,
     layers: Vec<Projections<W>>,
     x: Vec<f32>,
     hidden: Vec<f32>,
@@ -72,7 +75,8 @@ impl<W> MatmulPass<W> {
 
     pub fn new<M: Matmul<Weights = W>>() -> MatmulPass<W> {
         let mut rng = Rng::new(21);
-        let mut matrix = |n: usize, k: usize| M::weights(&rng.vec(n * k, 0.1), n, k);
+        let mut storage = Storage::default();
+        let mut matrix = |n: usize, k: usize| M::weights(&mut storage, &rng.vec(n * k, 0.1), n, k);
         let layers = (0..N_LAYERS)
             .map(|_| Projections {
                 query: matrix(DIM, DIM),
@@ -84,6 +88,7 @@ impl<W> MatmulPass<W> {
             })
             .collect();
         MatmulPass {
+            storage,
             layers,
             x: rng.vec(ROWS * DIM, 1.0),
             hidden: rng.vec(ROWS * HIDDEN_DIM, 1.0),

@@ -4,7 +4,7 @@
 
 use std::hint::black_box;
 
-use crate::harness::{Matmul, Phases, Rng, TOLERANCE, bf16_bits, compare};
+use crate::harness::{Matmul, Phases, Rng, Storage, TOLERANCE, bf16_bits, compare};
 use crate::{
     CONTEXT, DIM, HEAD_DIM, HIDDEN_DIM, KV_DIM, MAX_SEQ_LEN, N_HEADS, N_KV_HEADS, N_LAYERS, PROMPT, Q_DIM,
     RMS_NORM_EPS, ROPE_THETA, VOCAB_SIZE,
@@ -110,6 +110,9 @@ struct Projections<W> {
 /// Every matmul of a forward pass: seven projections per layer on `rows` rows, and the
 /// classifier on the last row, with the weights as the interface `M` of `new` holds them.
 pub struct MatmulPass<W> {
+    /// Where the matrices are: as a crate's loader places them.
+    #[allow(dead_code)]
+    storage: Storage,
     layers: Vec<Projections<W>>,
     classifier: W,
     x: Vec<f32>,
@@ -130,7 +133,8 @@ impl<W> MatmulPass<W> {
 
     pub fn new<M: Matmul<Weights = W>>() -> MatmulPass<W> {
         let mut rng = Rng::new(1);
-        let mut matrix = |n: usize, k: usize| M::weights(&rng.vec(n * k, 0.1), n, k);
+        let mut storage = Storage::default();
+        let mut matrix = |n: usize, k: usize| M::weights(&mut storage, &rng.vec(n * k, 0.1), n, k);
         let layers = (0..N_LAYERS)
             .map(|_| Projections {
                 q: matrix(Q_DIM, DIM),
@@ -144,6 +148,7 @@ impl<W> MatmulPass<W> {
             .collect();
         let classifier = matrix(VOCAB_SIZE, DIM);
         MatmulPass {
+            storage,
             layers,
             classifier,
             x: rng.vec(PROMPT * DIM, 1.0),

@@ -292,23 +292,23 @@ fn trait_impl(imp: &Implementation) -> TokenStream {
             let weights = if imp.packs_weights {
                 quote! {
                     /// Packed by the kernel, as the crate packs them at load.
-                    fn weights(w: &[f32], n: usize, k: usize) -> Vec<f32> {
-                        kernels::#m::pack(w, n, k)
+                    fn weights(storage: &mut harness::Storage, w: &[f32], n: usize, k: usize) -> harness::Placed<f32> {
+                        storage.place(&kernels::#m::pack(w, n, k))
                     }
                 }
             } else {
                 quote! {
-                    fn weights(w: &[f32], _n: usize, _k: usize) -> Vec<f32> {
-                        w.to_vec()
+                    fn weights(storage: &mut harness::Storage, w: &[f32], _n: usize, _k: usize) -> harness::Placed<f32> {
+                        storage.place(w)
                     }
                 }
             };
             quote! {
                 impl harness::Matmul for #ty {
-                    type Weights = Vec<f32>;
+                    type Weights = harness::Placed<f32>;
                     #weights
                     #[inline]
-                    fn matmul<const N: usize, const K: usize>(out: &mut [f32], x: &[f32], w: &Vec<f32>, rows: usize) {
+                    fn matmul<const N: usize, const K: usize>(out: &mut [f32], x: &[f32], w: &harness::Placed<f32>, rows: usize) {
                         kernels::#m::matmul::<N, K>(out, x, w, rows)
                     }
                 }
@@ -320,25 +320,26 @@ fn trait_impl(imp: &Implementation) -> TokenStream {
                 quote! {
                     /// Rounded to the nearest bfloat16, as the crate converts an F32 file, then
                     /// packed by the kernel, as the crate packs them at load.
-                    fn weights(w: &[f32], n: usize, k: usize) -> Vec<u16> {
+                    fn weights(storage: &mut harness::Storage, w: &[f32], n: usize, k: usize) -> harness::Placed<u16> {
                         let bits: Vec<u16> = w.iter().map(|&v| harness::bf16_bits(v)).collect();
-                        kernels::#m::pack(&bits, n, k)
+                        storage.place(&kernels::#m::pack(&bits, n, k))
                     }
                 }
             } else {
                 quote! {
                     /// Rounded to the nearest bfloat16, as the crate converts an F32 file.
-                    fn weights(w: &[f32], _n: usize, _k: usize) -> Vec<u16> {
-                        w.iter().map(|&v| harness::bf16_bits(v)).collect()
+                    fn weights(storage: &mut harness::Storage, w: &[f32], _n: usize, _k: usize) -> harness::Placed<u16> {
+                        let bits: Vec<u16> = w.iter().map(|&v| harness::bf16_bits(v)).collect();
+                        storage.place(&bits)
                     }
                 }
             };
             quote! {
             impl harness::Matmul for #ty {
-                type Weights = Vec<u16>;
+                type Weights = harness::Placed<u16>;
                 #weights
                 #[inline]
-                fn matmul<const N: usize, const K: usize>(out: &mut [f32], x: &[f32], w: &Vec<u16>, rows: usize) {
+                fn matmul<const N: usize, const K: usize>(out: &mut [f32], x: &[f32], w: &harness::Placed<u16>, rows: usize) {
                     kernels::#m::#matmul::<N, K>(out, x, w, rows)
                 }
             }
@@ -355,9 +356,14 @@ fn trait_impl(imp: &Implementation) -> TokenStream {
             impl harness::Matmul for #ty {
                 /// The values and the scale of each block of 32 of a row (for a kernel that
                 /// packs them, its packed bytes and no scales).
-                type Weights = (Vec<i8>, Vec<f32>);
+                type Weights = (harness::Placed<i8>, harness::Placed<f32>);
                 /// Quantized per block of 32 of each row, as the crate quantizes at load.
-                fn weights(w: &[f32], n: usize, k: usize) -> (Vec<i8>, Vec<f32>) {
+                fn weights(
+                    storage: &mut harness::Storage,
+                    w: &[f32],
+                    n: usize,
+                    k: usize,
+                ) -> (harness::Placed<i8>, harness::Placed<f32>) {
                     let (mut values, mut scales) = (Vec::with_capacity(n * k), Vec::new());
                     for row in w.chunks(k) {
                         for block in row.chunks(32) {
@@ -369,13 +375,13 @@ fn trait_impl(imp: &Implementation) -> TokenStream {
                         }
                     }
                     #packed
-                    (values, scales)
+                    (storage.place(&values), storage.place(&scales))
                 }
                 #[inline]
                 fn matmul<const N: usize, const K: usize>(
                     out: &mut [f32],
                     x: &[f32],
-                    w: &(Vec<i8>, Vec<f32>),
+                    w: &(harness::Placed<i8>, harness::Placed<f32>),
                     rows: usize,
                 ) {
                     kernels::#m::matmul_q8::<N, K>(out, x, &w.0, &w.1, rows)
