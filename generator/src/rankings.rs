@@ -32,18 +32,10 @@ pub const RANKINGS_DIR: &str = "rankings";
 pub const BUILD_FLAGS: &str =
     "harness=2 opt-level=3 codegen-units=1 lto=thin panic=unwind debug-assertions=off";
 
-/// `flags` without the leading `harness=N`: the compiler's part.
-fn compiler_flags(flags: &str) -> &str {
-    harness_and_compiler_flags(flags).1
-}
-
-/// The `harness=N` word of `flags` (empty if there is none) and the rest.
-fn harness_and_compiler_flags(flags: &str) -> (&str, &str) {
-    match flags.split_once(' ') {
-        Some((first, rest)) if first.starts_with("harness=") => (first, rest),
-        _ if flags.starts_with("harness=") => (flags, ""),
-        _ => ("", flags),
-    }
+/// The leading `harness=N` word of `flags` (empty if there is none) and the compiler's part.
+fn split_flags(flags: &str) -> (&str, &str) {
+    let (first, rest) = flags.split_once(' ').unwrap_or((flags, ""));
+    if first.starts_with("harness=") { (first, rest) } else { ("", flags) }
 }
 
 /// The smallest relative difference that counts as a real one, however quiet the samples.
@@ -118,7 +110,7 @@ impl Record {
 
     /// The machine, toolchain and harness part of the key.
     fn context(&self) -> (&str, usize, &[String], &str, &str) {
-        let harness = harness_and_compiler_flags(&self.build_flags).0;
+        let harness = split_flags(&self.build_flags).0;
         (&self.cpu, self.cores, &self.cpu_features, &self.rustc, harness)
     }
 }
@@ -406,7 +398,7 @@ pub fn evidence(
             if record.source_sha256 != measured_source_sha256(imp, registry) {
                 why.push("its source (kernel.rs or a shared module it uses) changed since it was measured".into());
             }
-            if compiler_flags(&record.build_flags) != compiler_flags(BUILD_FLAGS) {
+            if split_flags(&record.build_flags).1 != split_flags(BUILD_FLAGS).1 {
                 why.push(format!("it was measured with other build flags ({})", record.build_flags));
             }
             if newest.is_some_and(|n| n != record.context()) {

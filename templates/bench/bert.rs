@@ -61,9 +61,8 @@ struct Projections<W> {
 /// Every matmul of a forward pass: six projections per layer on ROWS rows, with the weights
 /// as the interface `M` of `new` holds them.
 pub struct MatmulPass<W> {
-    /// Where the matrices are: as a crate's loader places them.
-    #[allow(dead_code)]
-    storage: Storage,
+    /// Where the matrices are, as a crate's loader places them (read through `layers`).
+    _storage: Storage,
     layers: Vec<Projections<W>>,
     x: Vec<f32>,
     hidden: Vec<f32>,
@@ -88,7 +87,7 @@ impl<W> MatmulPass<W> {
             })
             .collect();
         MatmulPass {
-            storage,
+            _storage: storage,
             layers,
             x: rng.vec(ROWS * DIM, 1.0),
             hidden: rng.vec(ROWS * HIDDEN_DIM, 1.0),

@@ -155,9 +155,9 @@ pub const TOLERANCE: f32 = 1e-5;
 /// The rounds interleave the candidates, so each timing follows another candidate's, whose
 /// weights and buffers then hold the caches. In a crate, a decode step follows the step
 /// before, of the same kernels. The untimed call gives the timed ones that state: timed from a
-/// cold start instead (at most a few calls in 2 ms), the stories15M int8 decode of
-/// `matmul_q8/avx512-vnni-packed-threads` measured 1.2x the time of `avx512-vnni-threads`,
-/// where its crate decodes 1.08x as fast (bench/RESULTS.md).
+/// cold start instead (at most a few calls in 2 ms), a stories15M int8 request of
+/// `matmul_q8/avx512-vnni-packed-threads` measured 1.23x the time of `avx512-vnni-threads`,
+/// where its crate decodes 1.08x and prefills 1.3x as fast (bench/RESULTS.md).
 fn time(min_ns: u64, untimed_first: bool, mut f: impl FnMut()) -> f64 {
     if untimed_first {
         f();
@@ -302,7 +302,7 @@ pub trait Matmul {
 /// converts or packs (`TensorFile::pages_for` in its `tensor_file.rs`), one after the other in
 /// chunks of 64 MiB (or one matrix, if larger) asked for in huge pages, each matrix on a cache
 /// line. A `Vec` would start 16 bytes off a cache line in 4 KiB pages: there a stories15M int8
-/// request of `matmul_q8/avx512-vnni-packed-threads` measured 1.4x its time placed this way
+/// request of `matmul_q8/avx512-vnni-packed-threads` measured 1.4x its time on cache lines
 /// (bench/RESULTS.md), and AMX tile loads off a cache line take several times as long.
 #[derive(Default)]
 pub struct Storage {

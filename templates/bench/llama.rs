@@ -110,9 +110,8 @@ struct Projections<W> {
 /// Every matmul of a forward pass: seven projections per layer on `rows` rows, and the
 /// classifier on the last row, with the weights as the interface `M` of `new` holds them.
 pub struct MatmulPass<W> {
-    /// Where the matrices are: as a crate's loader places them.
-    #[allow(dead_code)]
-    storage: Storage,
+    /// Where the matrices are, as a crate's loader places them (read through `layers`).
+    _storage: Storage,
     layers: Vec<Projections<W>>,
     classifier: W,
     x: Vec<f32>,
@@ -148,7 +147,7 @@ impl<W> MatmulPass<W> {
             .collect();
         let classifier = matrix(VOCAB_SIZE, DIM);
         MatmulPass {
-            storage,
+            _storage: storage,
             layers,
             classifier,
             x: rng.vec(PROMPT * DIM, 1.0),
