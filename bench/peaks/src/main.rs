@@ -15,12 +15,22 @@
 //! AMX bf16 peak at `--threads` threads (it exits with an error where the CPU or the kernel does
 //! not grant the tiles): what `bench/prefill_peak.py --peak amx` measures.
 //!
+//! With `--gaps SECONDS`, none of these: instead, what the machine takes from threads that never
+//! block. `--threads` threads read the clock in a loop for that long, all at once, and each
+//! counts the gaps between two readings of more than 10 µs (an interrupt, or on a virtual
+//! machine the host running something else on the virtual CPU's core). It prints the largest
+//! share of its time that a thread lost in such gaps, then per thread that share, how many
+//! gaps of more than 100 µs it saw per second and its longest gap. A crate's team meets at
+//! every product: a gap on one thread holds up the other, so a machine that loses more is
+//! noisier for the crates' decode than its read bandwidth alone says.
+//!
 //! Usage: monogen-peaks [--threads N] [--rounds R] [--read-only | --fma-only | --amx-only] [--json] SIZE...
 //!        (SIZE like 64M, 2G)
+//!        monogen-peaks [--threads N] [--json] --gaps SECONDS
 
 use std::arch::x86_64::*;
 use std::hint::black_box;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 fn main() {
     let mut threads = 2;
@@ -29,6 +39,7 @@ fn main() {
     let mut read_only = false;
     let mut fma_only = false;
     let mut amx_only = false;
+    let mut gap_seconds = None;
     let mut sizes = Vec::new();
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
@@ -39,6 +50,11 @@ fn main() {
             "--read-only" => read_only = true,
             "--fma-only" => fma_only = true,
             "--amx-only" => amx_only = true,
+            "--gaps" => {
+                gap_seconds = Some(
+                    args.next().and_then(|v| v.parse::<f64>().ok()).filter(|&v| v > 0.0).expect("--gaps SECONDS"),
+                )
+            }
             size => sizes.push(parse_size(size).unwrap_or_else(|| panic!("not a size: {size}"))),
         }
     }
@@ -52,6 +68,18 @@ fn main() {
         std::process::exit(1);
     }
     let mut results = Vec::new();
+    if let Some(seconds) = gap_seconds {
+        let per_thread = gaps(threads, seconds);
+        let most = per_thread.iter().map(|g| g.lost_share).fold(0.0, f64::max);
+        results.push((format!("gaps_lost_pct_most {threads}t"), 100.0 * most));
+        for (i, g) in per_thread.iter().enumerate() {
+            results.push((format!("gaps_lost_pct thread{i}"), 100.0 * g.lost_share));
+            results.push((format!("gaps_over_100us_per_s thread{i}"), g.over_100us_per_s));
+            results.push((format!("gaps_longest_us thread{i}"), g.longest_us));
+        }
+        print(&results, json);
+        return;
+    }
     for t in if read_only || fma_only || amx_only { threads..=threads } else { 1..=threads } {
         if amx_only {
             results.push((format!("amx_bf16_gflop_s {t}t"), amx_peak(t, rounds, None)));
@@ -85,14 +113,70 @@ fn main() {
             results.push((format!("amx_bf16_loaded_off_line_gflop_s {t}t"), amx_peak(t, rounds, Some(16))));
         }
     }
+    print(&results, json);
+}
+
+/// The figures, one per line or (`json`) as one JSON object in their order.
+fn print(results: &[(String, f64)], json: bool) {
     if json {
         let fields: Vec<String> = results.iter().map(|(k, v)| format!("\"{k}\": {v:.2}")).collect();
         println!("{{{}}}", fields.join(", "));
     } else {
-        for (name, value) in &results {
+        for (name, value) in results {
             println!("{name:<36} {value:>10.2}");
         }
     }
+}
+
+/// What [`gaps`] saw on one thread.
+struct Gaps {
+    /// Share of the thread's time spent in gaps of more than [`GAP`].
+    lost_share: f64,
+    /// Gaps of more than 100 µs per second.
+    over_100us_per_s: f64,
+    /// The longest gap, µs.
+    longest_us: f64,
+}
+
+/// The shortest pause between two readings of the clock that [`gaps`] counts as one: far
+/// longer than a reading (tens of nanoseconds), as short as a crate's shortest product.
+const GAP: Duration = Duration::from_micros(10);
+
+/// `threads` threads at once, each reading the clock in a loop for `seconds` and timing the
+/// pauses between two readings.
+fn gaps(threads: usize, seconds: f64) -> Vec<Gaps> {
+    let span = Duration::from_secs_f64(seconds);
+    std::thread::scope(|s| {
+        let handles: Vec<_> = (0..threads)
+            .map(|_| {
+                s.spawn(move || {
+                    let start = Instant::now();
+                    let (mut last, mut lost, mut over_100us, mut longest) =
+                        (start, Duration::ZERO, 0u64, Duration::ZERO);
+                    loop {
+                        let now = Instant::now();
+                        let gap = now - last;
+                        if gap > GAP {
+                            lost += gap;
+                            over_100us += u64::from(gap > Duration::from_micros(100));
+                            longest = longest.max(gap);
+                        }
+                        last = now;
+                        if now - start >= span {
+                            break;
+                        }
+                    }
+                    let elapsed = (last - start).as_secs_f64();
+                    Gaps {
+                        lost_share: lost.as_secs_f64() / elapsed,
+                        over_100us_per_s: over_100us as f64 / elapsed,
+                        longest_us: longest.as_secs_f64() * 1e6,
+                    }
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().expect("a gap thread panicked")).collect()
+    })
 }
 
 fn parse_size(s: &str) -> Option<usize> {
