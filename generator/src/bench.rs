@@ -57,6 +57,9 @@ pub struct RawResult {
     pub prefill_ns: Vec<f64>,
     #[serde(default)]
     pub decode_ns: Vec<f64>,
+    /// A candidate that packs its weights: the time its packing of the model's matrices took.
+    #[serde(default)]
+    pub load_ns: Option<f64>,
 }
 
 /// A candidate's outcome, summarized.
@@ -81,6 +84,9 @@ pub enum Measured {
         decode_median_ns: f64,
         /// The request of each timed round, in the order of the rounds.
         rounds_ns: Vec<f64>,
+        /// What it adds to a crate's load (a candidate that packs its weights).
+        #[serde(skip_serializing_if = "Option::is_none")]
+        load_ns: Option<f64>,
     },
     Failed {
         reason: String,
@@ -110,6 +116,7 @@ pub fn summarize(raw: &RawResult, version: &str) -> Outcome {
                 prefill_median_ns: median_p90(&raw.prefill_ns).0,
                 decode_median_ns: median_p90(&raw.decode_ns).0,
                 rounds_ns: requests,
+                load_ns: raw.load_ns,
             }
         }
         "failed" => Measured::Failed { reason: raw.reason.clone().unwrap_or_default() },
@@ -153,20 +160,29 @@ pub fn records(
             samples: 0,
             prefill_median_ns: 0,
             decode_median_ns: 0,
+            load_ns: None,
             rounds_ns: Vec::new(),
+            load_counted_ns: 0,
         };
         let record = match &o.result {
-            Measured::Ok { median_ns, p90_ns, samples, prefill_median_ns, decode_median_ns, rounds_ns } => {
-                Record {
-                    median_ns: median_ns.round() as u64,
-                    p90_ns: p90_ns.round() as u64,
-                    samples: *samples,
-                    prefill_median_ns: prefill_median_ns.round() as u64,
-                    decode_median_ns: decode_median_ns.round() as u64,
-                    rounds_ns: rounds_ns.iter().map(|t| t.round() as u64).collect(),
-                    ..base
-                }
-            }
+            Measured::Ok {
+                median_ns,
+                p90_ns,
+                samples,
+                prefill_median_ns,
+                decode_median_ns,
+                rounds_ns,
+                load_ns,
+            } => Record {
+                median_ns: median_ns.round() as u64,
+                p90_ns: p90_ns.round() as u64,
+                samples: *samples,
+                prefill_median_ns: prefill_median_ns.round() as u64,
+                decode_median_ns: decode_median_ns.round() as u64,
+                rounds_ns: rounds_ns.iter().map(|t| t.round() as u64).collect(),
+                load_ns: load_ns.map(|ns| ns.round() as u64),
+                ..base
+            },
             Measured::Failed { reason } => {
                 Record { status: Status::Failed, failure: Some(reason.clone()), ..base }
             }
@@ -346,9 +362,19 @@ mod tests {
             decode_steps: 10,
             prefill_ns: vec![100.0, 300.0, 200.0],
             decode_ns: vec![1.0, 3.0, 2.0],
+            load_ns: Some(5e6),
         };
         match summarize(&raw, "1.0.0").result {
-            Measured::Ok { median_ns, p90_ns, samples, prefill_median_ns, decode_median_ns, rounds_ns } => {
+            Measured::Ok {
+                median_ns,
+                p90_ns,
+                samples,
+                prefill_median_ns,
+                decode_median_ns,
+                rounds_ns,
+                load_ns,
+            } => {
+                assert_eq!(load_ns, Some(5e6), "the packing's time passes through, not added to a request");
                 assert_eq!((median_ns, p90_ns, samples), (220.0, 330.0, 3));
                 assert_eq!((prefill_median_ns, decode_median_ns), (200.0, 2.0));
                 assert_eq!(rounds_ns, [110.0, 330.0, 220.0], "in the order of the rounds");

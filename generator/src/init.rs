@@ -460,6 +460,7 @@ pub fn workload_from_config(path: &Path, text: &str, opts: &InitOptions) -> Resu
             max_seq_len,
             typical_prompt_len,
             typical_decode_len,
+            requests_per_load: None,
         }),
     })
 }

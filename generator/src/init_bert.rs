@@ -171,6 +171,7 @@ pub fn workload(
             max_seq_len,
             typical_seq_len,
             typical_batch: 1,
+            requests_per_load: None,
         }),
     })
 }

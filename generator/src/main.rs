@@ -708,8 +708,19 @@ fn shown(path: &Path) -> String {
 /// The evidence of one candidate, for `explain`.
 fn evidence_line(evidence: &Evidence) -> Option<String> {
     let measured = |r: &monogen::rankings::Record| {
+        let load = match (r.load_ns, r.load_counted_ns) {
+            (Some(load), 0) => format!("; packing at load {}, not counted", human_ns(load as f64)),
+            (Some(load), share) => {
+                format!(
+                    "; packing at load {}, {} of it counted per request",
+                    human_ns(load as f64),
+                    human_ns(share as f64)
+                )
+            }
+            (None, _) => String::new(),
+        };
         format!(
-            "{} per request (p90 {}, {} samples; prefill pass {}, decode step {}), measured {} with {}",
+            "{} per request (p90 {}, {} samples; prefill pass {}, decode step {}{load}), measured {} with {}",
             human_ns(r.median_ns as f64),
             human_ns(r.p90_ns as f64),
             r.samples,
@@ -781,7 +792,12 @@ fn explain(plan: &Plan, path: &Path, out_dir: &Path) -> String {
             r.max_batch, r.max_seq_len, r.typical_batch, r.typical_seq_len
         ),
     };
-    s.push_str(&format!("  request: {request}\n"));
+    let load = match w.request.requests_per_load() {
+        Some(1) => "; each request loads the model (packing at load counted in full)".to_string(),
+        Some(n) => format!("; {n} requests per load of the model (packing at load counted, shared by them)"),
+        None => String::new(),
+    };
+    s.push_str(&format!("  request: {request}{load}\n"));
     for i in &plan.interfaces {
         s.push_str(&format!("\n{}: {}\n", i.interface, i.summary));
         for cand in &i.candidates {

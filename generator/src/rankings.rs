@@ -86,12 +86,28 @@ pub struct Record {
     pub prefill_median_ns: u64,
     #[serde(default)]
     pub decode_median_ns: u64,
+    /// Nanoseconds the implementation adds to a crate's load: its packing of every matrix of the
+    /// model, on one thread, as the crate packs them (absent for an implementation that uses the
+    /// weights as the loader gives them, and in records made before it was measured). Counted
+    /// only where the workload says how many requests a load serves
+    /// (`request.requests_per_load`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub load_ns: Option<u64>,
     /// Nanoseconds of one typical request in each timed round, in the order of the rounds.
     /// Every round times every candidate of the interface once, so two records of one run
     /// (the same `measured_at`) compare round by round ([`judge`]). Absent from records made
     /// before it was kept.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub rounds_ns: Vec<u64>,
+    /// The share of `load_ns` counted in `median_ns`, `p90_ns` and `rounds_ns`: `load_ns /
+    /// requests_per_load`, added by [`evidence`] where a workload counts the load
+    /// ([`Record::with_load_counted`]). Never stored in the database.
+    #[serde(default, skip_deserializing, skip_serializing_if = "is_zero")]
+    pub load_counted_ns: u64,
+}
+
+fn is_zero(v: &u64) -> bool {
+    *v == 0
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -106,6 +122,20 @@ pub enum Status {
 impl Record {
     pub fn distribution(&self) -> Distribution {
         Distribution { median_ns: self.median_ns as f64, p90_ns: self.p90_ns as f64, samples: self.samples }
+    }
+
+    /// This record with each request charged `load_ns / requests_per_load` (rounded up): the
+    /// time of a request where every process serves `requests_per_load` requests from one load
+    /// of the model from its checkpoint. An implementation that does not pack has nothing to add.
+    pub fn with_load_counted(&self, requests_per_load: u64) -> Record {
+        let share = self.load_ns.unwrap_or(0).div_ceil(requests_per_load.max(1));
+        Record {
+            median_ns: self.median_ns + share,
+            p90_ns: self.p90_ns + share,
+            rounds_ns: self.rounds_ns.iter().map(|t| t + share).collect(),
+            load_counted_ns: self.load_counted_ns + share,
+            ..self.clone()
+        }
     }
 
     /// The machine, toolchain and harness part of the key.
@@ -407,11 +437,21 @@ pub fn evidence(
                         .into(),
                 );
             }
+            let requests_per_load = w.request.requests_per_load();
+            if requests_per_load.is_some() && imp.packs_weights && record.load_ns.is_none() {
+                why.push(
+                    "it packs its weights at load, which this workload counts (request.requests_per_load), and the record has no time of its packing"
+                        .into(),
+                );
+            }
             if !why.is_empty() {
                 return Evidence::Stale { record: (*record).clone(), why };
             }
             match record.status {
-                Status::Ok => Evidence::Measured((*record).clone()),
+                Status::Ok => Evidence::Measured(match requests_per_load {
+                    Some(n) => record.with_load_counted(n),
+                    None => (*record).clone(),
+                }),
                 Status::Failed => Evidence::Failed((*record).clone()),
             }
         })
@@ -496,7 +536,9 @@ mod tests {
             samples: rounds.len(),
             prefill_median_ns: 0,
             decode_median_ns: 0,
+            load_ns: None,
             rounds_ns: rounds.to_vec(),
+            load_counted_ns: 0,
         }
     }
 
@@ -561,10 +603,16 @@ mod tests {
             samples: 31,
             prefill_median_ns: 10,
             decode_median_ns: 1,
+            load_ns: None,
             rounds_ns: vec![100, 120, 90],
+            load_counted_ns: 0,
         };
         let mut r = Rankings::default();
-        r.replace("c-2c", "matmul", "s1", vec![record("b", "s1"), record("a", "s1")]);
+        let packing = Record { load_ns: Some(31_000_000), ..record("b", "s1") };
+        r.replace("c-2c", "matmul", "s1", vec![packing, record("a", "s1")]);
+        let (path, text) = r.render("c-2c", "matmul");
+        assert!(text.contains("load_ns = 31000000") && !text.contains("load_counted"), "{text}");
+        assert_eq!(parse_file(&text, &path).unwrap(), r.records("c-2c", "matmul"));
         r.replace("c-2c", "matmul", "s0", vec![record("z", "s0")]);
         r.replace("c-2c", "matmul", "s1", vec![record("c", "s1")]);
         let names: Vec<&str> =
@@ -573,6 +621,12 @@ mod tests {
         let (path, text) = r.render("c-2c", "matmul");
         assert_eq!(path, Path::new("rankings/c-2c/matmul.toml"));
         assert_eq!(parse_file(&text, &path).unwrap(), r.records("c-2c", "matmul"));
+        // The share of a load a workload counts is the workload's, never the database's.
+        let counted = record("c", "s1").with_load_counted(4);
+        assert_eq!(counted, record("c", "s1"), "nothing packed, nothing counted");
+        let counted = Record { load_ns: Some(10), ..record("c", "s1") }.with_load_counted(4);
+        assert_eq!((counted.median_ns, counted.rounds_ns[1], counted.load_counted_ns), (103, 123, 3));
+        assert!(parse_file("[[record]]\nload_counted_ns = 3\n", &path).is_err());
         let broken = parse_file("[[record]]\nimplementation = 3\n", &path).unwrap_err();
         assert!(broken.to_string().contains("rankings/c-2c/matmul.toml cannot be read"), "{broken}");
         // Not TOML at all (an unterminated string): located at its line and column, with the fix.

@@ -434,10 +434,15 @@ fn choose(
                     ),
                     _ => String::new(),
                 };
+                let load = match w.request.requests_per_load() {
+                    Some(1) => ", packing at load counted in full".to_string(),
+                    Some(n) => format!(", packing at load counted over {n} requests"),
+                    None => String::new(),
+                };
                 (
                     Some(fastest.0),
                     format!(
-                        "fastest measured on {class}: {} per request (p90 +{:.0}%, {} samples){versus}{replaced}{failed_note}",
+                        "fastest measured on {class}: {} per request (p90 +{:.0}%, {} samples{load}){versus}{replaced}{failed_note}",
                         human_ns(fastest.1.median_ns),
                         100.0 * fastest.1.relative_spread(),
                         fastest.1.samples
@@ -811,7 +816,9 @@ mod tests {
             samples: 21,
             prefill_median_ns: median / 2,
             decode_median_ns: median / 200,
+            load_ns: None,
             rounds_ns: vec![],
+            load_counted_ns: 0,
         }
     }
 
@@ -1020,6 +1027,67 @@ mod tests {
         let (_, _, unmeasured) =
             choose("matmul", &imps, &w, &Registry::default(), &selection(vec![flags], None)).unwrap();
         assert!(unmeasured.iter().any(|u| u.contains("other build flags")), "{unmeasured:?}");
+    }
+
+    #[test]
+    fn packing_at_load_counts_only_where_the_workload_says_how_many_requests_a_load_serves() {
+        let mut imps = vec![
+            imp("packed", 20, Constraints::default(), &[]),
+            imp("plain", 10, Constraints::default(), &[]),
+        ];
+        imps[0].packs_weights = true;
+        let serving = |n: Option<u64>| {
+            let mut w = measured_workload();
+            let crate::workload::Request::Decoder(r) = &mut w.request else { unreachable!() };
+            r.requests_per_load = n;
+            w
+        };
+        let w = serving(None);
+        // The packed kernel: 100 a request, 150 of packing at load; the plain one 130. Paired
+        // rounds, the machine's pace moving.
+        let machine = [100u64, 120, 100, 110, 100];
+        let timed = |imp: &Implementation, per: u64, load: Option<u64>| rankings::Record {
+            rounds_ns: machine.iter().map(|t| t * per / 100).collect(),
+            load_ns: load,
+            ..record(imp, &w, per, per + 5, true)
+        };
+        let records = vec![timed(&imps[0], 100, Some(150)), timed(&imps[1], 130, None)];
+        let choice = |n: Option<u64>, records: &[rankings::Record]| {
+            choose("matmul", &imps, &serving(n), &Registry::default(), &selection(records.to_vec(), None))
+                .unwrap()
+        };
+        // A server that loads once: the packing is not counted.
+        let (chosen, candidates, _) = choice(None, &records);
+        assert_eq!(chosen.name, "packed");
+        let Some(Evidence::Measured(r)) = &candidates[0].evidence else { panic!("{candidates:?}") };
+        assert_eq!((r.median_ns, r.load_counted_ns), (100, 0));
+        // 10 requests a load: 15 each, still faster.
+        let (chosen, candidates, _) = choice(Some(10), &records);
+        assert_eq!(chosen.name, "packed");
+        assert!(chosen.reason.contains("packing at load counted over 10 requests"), "{}", chosen.reason);
+        let Some(Evidence::Measured(r)) = &candidates[0].evidence else { panic!("{candidates:?}") };
+        assert_eq!((r.median_ns, r.p90_ns, r.load_counted_ns), (115, 120, 15));
+        assert_eq!(r.rounds_ns, [115, 135, 115, 125, 115], "every round charged alike");
+        // A process per request: 250 against 130.
+        let (chosen, candidates, _) = choice(Some(1), &records);
+        assert_eq!(chosen.name, "plain");
+        assert!(chosen.reason.contains("packing at load counted in full"), "{}", chosen.reason);
+        assert!(chosen.reason.contains("1.92x faster than packed"), "{}", chosen.reason);
+        let Some(Evidence::Measured(r)) = &candidates[1].evidence else { panic!("{candidates:?}") };
+        assert_eq!((r.median_ns, r.load_counted_ns), (130, 0), "nothing to add where nothing is packed");
+        // A record from before the harness timed the packing: stale where the load counts.
+        let old = vec![timed(&imps[0], 100, None), timed(&imps[1], 130, None)];
+        let (chosen, _, unmeasured) = choice(Some(1), &old);
+        assert_eq!(chosen.name, "plain");
+        assert_eq!(
+            unmeasured,
+            [
+                "matmul/packed's measurements on c-2c are stale: it packs its weights at load, which this workload counts (request.requests_per_load), and the record has no time of its packing"
+            ]
+        );
+        let (chosen, _, unmeasured) = choice(None, &old);
+        assert_eq!(chosen.name, "packed");
+        assert!(unmeasured.is_empty(), "{unmeasured:?}");
     }
 
     #[test]

@@ -378,6 +378,14 @@ impl Request {
             Request::Encoder(r) => r.max_seq_len,
         }
     }
+
+    /// Requests served per load of the model, when the load counts in the rankings.
+    pub fn requests_per_load(&self) -> Option<u64> {
+        match self {
+            Request::Decoder(r) => r.requests_per_load,
+            Request::Encoder(r) => r.requests_per_load,
+        }
+    }
 }
 
 /// What a decoder (generation) serves.
@@ -392,6 +400,13 @@ pub struct DecoderRequest {
     pub typical_prompt_len: usize,
     /// Typical number of generated tokens: the benchmark's decode shape.
     pub typical_decode_len: usize,
+    /// Requests one process serves from one load of the model from its checkpoint, when the
+    /// load counts: the authority adds each candidate's work at load (a kernel that packs its
+    /// weights) divided by this to its time per request. Absent: the load is not counted (a
+    /// server that loads once, or a model saved packed with `--save-model`, which loads alike
+    /// whatever the kernel).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub requests_per_load: Option<u64>,
 }
 
 /// What an encoder (embedding, classification) serves.
@@ -406,6 +421,13 @@ pub struct EncoderRequest {
     pub typical_seq_len: usize,
     /// Typical sentences per call: the benchmark's batch.
     pub typical_batch: usize,
+    /// Requests one process serves from one load of the model from its checkpoint, when the
+    /// load counts: the authority adds each candidate's work at load (a kernel that packs its
+    /// weights) divided by this to its time per request. Absent: the load is not counted (a
+    /// server that loads once, or a model saved packed with `--save-model`, which loads alike
+    /// whatever the kernel).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub requests_per_load: Option<u64>,
 }
 
 /// The schema of a workload file for one architecture's model table.
@@ -962,6 +984,15 @@ fn check(
         Request::Decoder(r) => check_decoder_request(r, &mut out, &mk),
         Request::Encoder(r) => check_encoder_request(r, &mut out, &mk),
     }
+    if w.request.requests_per_load() == Some(0) {
+        out.push(mk(
+            &["request", "requests_per_load"],
+            "request.requests_per_load must be at least 1".into(),
+            "zero",
+            "use 1 for a process per request (a command-line run), or leave it out for a server that loads once"
+                .into(),
+        ));
+    }
     out
 }
 
@@ -1308,6 +1339,21 @@ mod tests {
         let bf16 = parse(&format!("{GOOD}\n[kv_cache]\ndtype = \"bf16\"\n")).unwrap();
         assert_eq!(bf16.kv_cache.dtype, KvDtype::Bf16);
         assert_eq!(parse(&bf16.canonical_toml()).unwrap(), bf16);
+    }
+
+    #[test]
+    fn requests_per_load_is_optional_positive_and_round_trips() {
+        let w = parse(GOOD).unwrap();
+        assert_eq!(w.request.requests_per_load(), None);
+        assert!(!w.canonical_toml().contains("requests_per_load"), "absent stays absent");
+        let counted = parse(&format!("{GOOD}requests_per_load = 1\n")).unwrap();
+        assert_eq!(counted.request.requests_per_load(), Some(1));
+        assert_eq!(parse(&counted.canonical_toml()).unwrap(), counted);
+        let e = first_error(&format!("{GOOD}requests_per_load = 0\n"));
+        assert!(e.starts_with("w.toml:34:21: request.requests_per_load must be at least 1"), "{e}");
+        assert!(e.contains("leave it out for a server that loads once"), "{e}");
+        let e = first_error(&format!("{GOOD}requests_per_load = -3\n"));
+        assert!(e.starts_with("w.toml:34:21:"), "{e}");
     }
 
     #[test]

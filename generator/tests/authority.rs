@@ -543,13 +543,29 @@ fn bench_measures_int8_and_bf16_matmuls_on_weights_as_their_crates_hold_them() {
             doc["results"].as_array().unwrap().iter().filter(|r| r["interface"] == interface).collect();
         let names: Vec<&str> = results.iter().map(|r| r["implementation"].as_str().unwrap()).collect();
         assert!(names.contains(&"scalar") && names.len() >= 3, "{interface}: {names:?}");
+        let project = monogen::Project::load(repo.path()).unwrap();
+        let mut packed = 0;
         for r in results {
             // A candidate whose CPU features this machine lacks is skipped, never failed; the
             // AVX2 one (x86-64-v3, which every machine that runs these tests has) is shadowed
             // by the AVX-512 ones.
             assert!(r["status"] == "ok" || r["status"] == "skipped", "{interface}: {r}");
             assert_ne!(r["implementation"], simd, "{interface}: {r}");
+            // A candidate that packs its weights at load has the packing's time beside its
+            // requests' (the authority counts it where a workload says how many requests a
+            // load serves); one that uses the weights as loaded has none.
+            let imp =
+                project.registry.implementation(interface, r["implementation"].as_str().unwrap()).unwrap();
+            if r["status"] == "ok" {
+                assert_eq!(
+                    r["load_ns"].as_f64().is_some_and(|ns| ns > 0.0),
+                    imp.packs_weights,
+                    "{interface}: {r}"
+                );
+                packed += usize::from(imp.packs_weights);
+            }
         }
+        assert!(packed >= 1, "{interface}: no candidate that packs its weights ran here");
     }
 }
 

@@ -62,7 +62,7 @@ struct Projections<W> {
 /// as the interface `M` of `new` holds them.
 pub struct MatmulPass<W> {
     /// Where the matrices are, as a crate's loader places them (read through `layers`).
-    _storage: Storage,
+    storage: Storage,
     layers: Vec<Projections<W>>,
     x: Vec<f32>,
     hidden: Vec<f32>,
@@ -87,12 +87,18 @@ impl<W> MatmulPass<W> {
             })
             .collect();
         MatmulPass {
-            _storage: storage,
+            storage,
             layers,
             x: rng.vec(ROWS * DIM, 1.0),
             hidden: rng.vec(ROWS * HIDDEN_DIM, 1.0),
             outputs: [0, 1, 2, 3, 4, 5].map(|i| vec![0.0; ROWS * if i == 4 { HIDDEN_DIM } else { DIM }]),
         }
+    }
+
+    /// What the interface's packing of the pass's matrices took (0 for a kernel that does not
+    /// pack): the time it adds to a crate's load.
+    pub fn packing_ns(&self) -> f64 {
+        self.storage.packing_ns()
     }
 
     pub fn run<M: Matmul<Weights = W>>(&mut self, _decode: bool) {

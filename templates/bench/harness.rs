@@ -193,6 +193,8 @@ pub struct Bench<'o> {
     decode: Vec<Vec<f64>>,
     /// Each candidate's last prefill and decode times (0 before the first).
     last: Vec<[f64; 2]>,
+    /// What each candidate that packs its weights took to pack the pass's matrices.
+    packing: Vec<Option<f64>>,
     round: usize,
     options: &'o Options,
 }
@@ -211,6 +213,7 @@ impl<'o> Bench<'o> {
             prefill: names.iter().map(|_| Vec::new()).collect(),
             decode: names.iter().map(|_| Vec::new()).collect(),
             last: names.iter().map(|_| [0.0; 2]).collect(),
+            packing: names.iter().map(|_| None).collect(),
             round: 0,
             options,
         }
@@ -236,6 +239,12 @@ impl<'o> Bench<'o> {
                 State::Failed(format!("panicked: {message}"))
             }
         };
+    }
+
+    /// Records that candidate `i` packed every matrix of a forward pass (the model's) in
+    /// `ns`: the time it adds to a crate's load.
+    pub fn packed(&mut self, i: usize, ns: f64) {
+        self.packing[i] = Some(ns);
     }
 
     pub fn rounds(&self) -> usize {
@@ -275,9 +284,10 @@ impl<'o> Bench<'o> {
             );
             let line = match &self.states[i] {
                 State::Live => format!(
-                    "{head},\"status\":\"ok\",\"decode_steps\":{DECODE_STEPS},\"prefill_ns\":{},\"decode_ns\":{}}}",
+                    "{head},\"status\":\"ok\",\"decode_steps\":{DECODE_STEPS},\"prefill_ns\":{},\"decode_ns\":{}{}}}",
                     json_numbers(&self.prefill[i]),
-                    json_numbers(&self.decode[i])
+                    json_numbers(&self.decode[i]),
+                    self.packing[i].map_or(String::new(), |ns| format!(",\"load_ns\":{ns:.1}"))
                 ),
                 State::Failed(why) => format!("{head},\"status\":\"failed\",\"reason\":{}}}", json_string(why)),
                 State::Skipped(why) => format!("{head},\"status\":\"skipped\",\"reason\":{}}}", json_string(why)),
@@ -308,6 +318,9 @@ pub trait Matmul {
 pub struct Storage {
     /// Each chunk and the bytes of it handed out.
     chunks: Vec<(Chunk, usize)>,
+    /// Nanoseconds spent in [`Storage::packing`]: what a kernel that packs its weights adds to
+    /// a crate's load.
+    packing_ns: f64,
 }
 
 /// Memory aligned to a huge page, freed on drop.
@@ -326,6 +339,20 @@ impl Drop for Chunk {
 impl Storage {
     const CHUNK: usize = 64 << 20;
     const HUGE_PAGE: usize = 2 << 20;
+
+    /// Runs `pack`, a kernel's packing of one matrix (as the crate runs it at load, on one
+    /// thread), and adds its time to [`Storage::packing_ns`].
+    pub fn packing<R>(&mut self, pack: impl FnOnce() -> R) -> R {
+        let start = Instant::now();
+        let packed = pack();
+        self.packing_ns += start.elapsed().as_nanos() as f64;
+        packed
+    }
+
+    /// The time every [`Storage::packing`] took so far.
+    pub fn packing_ns(&self) -> f64 {
+        self.packing_ns
+    }
 
     /// A copy of `values` in this storage, on a cache line.
     pub fn place<T: Copy>(&mut self, values: &[T]) -> Placed<T> {

@@ -111,7 +111,7 @@ struct Projections<W> {
 /// classifier on the last row, with the weights as the interface `M` of `new` holds them.
 pub struct MatmulPass<W> {
     /// Where the matrices are, as a crate's loader places them (read through `layers`).
-    _storage: Storage,
+    storage: Storage,
     layers: Vec<Projections<W>>,
     classifier: W,
     x: Vec<f32>,
@@ -147,7 +147,7 @@ impl<W> MatmulPass<W> {
             .collect();
         let classifier = matrix(VOCAB_SIZE, DIM);
         MatmulPass {
-            _storage: storage,
+            storage,
             layers,
             classifier,
             x: rng.vec(PROMPT * DIM, 1.0),
@@ -162,6 +162,12 @@ impl<W> MatmulPass<W> {
             down: vec![0.0; PROMPT * DIM],
             logits: vec![0.0; VOCAB_SIZE],
         }
+    }
+
+    /// What the interface's packing of the pass's matrices took (0 for a kernel that does not
+    /// pack): the time it adds to a crate's load.
+    pub fn packing_ns(&self) -> f64 {
+        self.storage.packing_ns()
     }
 
     /// One forward pass: the prompt (`decode` false) or one decode step.

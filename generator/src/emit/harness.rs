@@ -291,9 +291,10 @@ fn trait_impl(imp: &Implementation) -> TokenStream {
         "matmul" => {
             let weights = if imp.packs_weights {
                 quote! {
-                    /// Packed by the kernel, as the crate packs them at load.
+                    /// Packed by the kernel, as the crate packs them at load (timed).
                     fn weights(storage: &mut harness::Storage, w: &[f32], n: usize, k: usize) -> harness::Placed<f32> {
-                        storage.place(&kernels::#m::pack(w, n, k))
+                        let packed = storage.packing(|| kernels::#m::pack(w, n, k));
+                        storage.place(&packed)
                     }
                 }
             } else {
@@ -319,10 +320,11 @@ fn trait_impl(imp: &Implementation) -> TokenStream {
             let weights = if imp.packs_weights {
                 quote! {
                     /// Rounded to the nearest bfloat16, as the crate converts an F32 file, then
-                    /// packed by the kernel, as the crate packs them at load.
+                    /// packed by the kernel, as the crate packs them at load (timed).
                     fn weights(storage: &mut harness::Storage, w: &[f32], n: usize, k: usize) -> harness::Placed<u16> {
                         let bits: Vec<u16> = w.iter().map(|&v| harness::bf16_bits(v)).collect();
-                        storage.place(&kernels::#m::pack(&bits, n, k))
+                        let packed = storage.packing(|| kernels::#m::pack(&bits, n, k));
+                        storage.place(&packed)
                     }
                 }
             } else {
@@ -348,8 +350,10 @@ fn trait_impl(imp: &Implementation) -> TokenStream {
         "matmul_q8" => {
             let packed = imp.packs_weights.then(|| {
                 quote! {
-                    // Packed by the kernel, scales included, as the crate packs them at load.
-                    let (values, scales) = (kernels::#m::pack(&values, &scales, n, k), Vec::new());
+                    // Packed by the kernel, scales included, as the crate packs them at load
+                    // (timed).
+                    let packed = storage.packing(|| kernels::#m::pack(&values, &scales, n, k));
+                    let (values, scales) = (packed, Vec::new());
                 }
             });
             quote! {
@@ -650,12 +654,16 @@ fn bench_fn(h: &HarnessInterface) -> TokenStream {
         let own_passes = h.candidates.iter().enumerate().filter(|(_, c)| c.packs_weights).map(|(i, c)| {
             let ty = type_ident(c);
             let own = format_ident!("packed_{}", i.to_string());
+            let i = usize_lit(i);
             let available = availability(c);
             quote! {
                 let mut #own = match #available {
                     Ok(()) => Some(passes::MatmulPass::new::<#ty>()),
                     Err(_) => None,
                 };
+                if let Some(own) = &#own {
+                    bench.packed(#i, own.packing_ns());
+                }
             }
         });
         quote! {
