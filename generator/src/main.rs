@@ -620,13 +620,22 @@ fn finish_bench(
             for o in mine {
                 let mark = if o.implementation == i.chosen.name { "*" } else { " " };
                 let line = match &o.result {
-                    bench::Measured::Ok { median_ns, p90_ns, samples, .. } => {
+                    bench::Measured::Ok { median_ns, p90_ns, samples, load_ns, .. } => {
                         let ratio = reference_median
                             .filter(|r| r.is_finite() && &o.implementation != reference)
                             .map(|r| format!(", {:.2}x the reference's speed", r / median_ns))
                             .unwrap_or_default();
+                        let counted = match w.request.requests_per_load() {
+                            Some(n) => {
+                                format!(", {} a request counted", human_ns(load_ns.unwrap_or(0.0) / n as f64))
+                            }
+                            None => ", not counted".to_string(),
+                        };
+                        let load = load_ns
+                            .map(|ns| format!("; packing at load {}{counted}", human_ns(ns)))
+                            .unwrap_or_default();
                         format!(
-                            "{:>12}  p90 {:>12}  ({samples} samples{ratio})",
+                            "{:>12}  p90 {:>12}  ({samples} samples{ratio}{load})",
                             human_ns(*median_ns),
                             human_ns(*p90_ns)
                         )

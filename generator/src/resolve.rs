@@ -434,7 +434,8 @@ fn choose(
                     ),
                     _ => String::new(),
                 };
-                let load = match w.request.requests_per_load() {
+                let packing = measured.iter().any(|(i, _)| i.packs_weights);
+                let load = match w.request.requests_per_load().filter(|_| packing) {
                     Some(1) => ", packing at load counted in full".to_string(),
                     Some(n) => format!(", packing at load counted over {n} requests"),
                     None => String::new(),

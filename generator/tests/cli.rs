@@ -184,6 +184,28 @@ fn explain_shows_every_candidate_and_why() {
 }
 
 #[test]
+fn explain_shows_the_packing_at_load_a_workload_counts() {
+    // stories15M int8 is run as a process per request (`requests_per_load = 1`): its packing
+    // kernels' records carry the time of their packing at load, charged in full to a request.
+    let root = workspace_root();
+    let out = monogen(&root, &["explain", "workloads/stories15m-bench-cpu-int8.toml"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    assert!(text.contains("; each request loads the model (packing at load counted in full)"), "{text}");
+    let q8 = &text[text.find("\nmatmul_q8:").unwrap()..];
+    let q8 = &q8[..q8[1..].find("\n\n").unwrap()];
+    let packed = q8.lines().skip_while(|l| !l.starts_with("  avx512-vnni-packed-threads ")).nth(1).unwrap();
+    assert!(packed.contains("; packing at load ") && packed.contains(" of it counted per request)"), "{q8}");
+    let chosen = q8.lines().find(|l| l.contains(": CHOSEN, ")).unwrap();
+    assert!(chosen.contains(", packing at load counted in full)"), "{q8}");
+    // A workload that does not count the load charges none of it.
+    let out = monogen(&root, &["explain", "workloads/stories110m-bench-cpu-int8.toml"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    assert!(!text.contains("loads the model") && !text.contains("counted per request"), "{text}");
+}
+
+#[test]
 fn a_workload_no_implementation_fits_is_refused_with_every_reason() {
     let repo = scratch_repo();
     let path = repo.path().join(WORKLOAD);
