@@ -96,6 +96,8 @@ pub struct InitOptions {
     pub hardware: Option<String>,
     /// Encoders only: most sentences per call (default 32).
     pub max_batch: Option<usize>,
+    /// `request.requests_per_load`: when the load counts in the rankings.
+    pub requests_per_load: Option<u64>,
 }
 
 impl InitOptions {
@@ -460,7 +462,7 @@ pub fn workload_from_config(path: &Path, text: &str, opts: &InitOptions) -> Resu
             max_seq_len,
             typical_prompt_len,
             typical_decode_len,
-            requests_per_load: None,
+            requests_per_load: opts.requests_per_load,
         }),
     })
 }
@@ -538,6 +540,7 @@ mod tests {
             typical_decode_len: None,
             hardware: Some("intel-xeon-2c".into()),
             max_batch: None,
+            requests_per_load: None,
         }
     }
 

@@ -171,7 +171,7 @@ pub fn workload(
             max_seq_len,
             typical_seq_len,
             typical_batch: 1,
-            requests_per_load: None,
+            requests_per_load: opts.requests_per_load,
         }),
     })
 }
@@ -287,6 +287,7 @@ mod tests {
             typical_decode_len: None,
             hardware: None,
             max_batch: None,
+            requests_per_load: None,
         }
     }
 

@@ -72,6 +72,10 @@ enum Command {
         /// Encoders: most sentences per call (default 32).
         #[arg(long, value_name = "N")]
         max_batch: Option<usize>,
+        /// Requests a process serves per load of the model from its checkpoint, if the load
+        /// should count in the choice of kernels (1: a process per request); default: not counted.
+        #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+        requests_per_load: Option<u64>,
         /// Hardware class whose measurements (rankings/<CLASS>/) choose the kernels: `this`
         /// (this machine's), `none` (declared priority only), or a class name.
         #[arg(long, default_value = "this", value_name = "CLASS")]
@@ -224,6 +228,7 @@ fn run(cli: Cli) -> Result<ExitCode, Error> {
             prompt_len,
             decode_len,
             max_batch,
+            requests_per_load,
             hardware,
             force,
         } => {
@@ -256,6 +261,7 @@ fn run(cli: Cli) -> Result<ExitCode, Error> {
                 typical_decode_len: decode_len,
                 hardware,
                 max_batch,
+                requests_per_load,
             };
             let workload = init::workload_from_hf(&hf, &opts)?;
             let text = init::render(&workload, &templates, &hf)?;

@@ -99,6 +99,39 @@ fn init_writes_a_bf16_kv_cache_for_decoders_and_refuses_it_for_encoders() {
 }
 
 #[test]
+fn init_writes_requests_per_load_for_decoders_and_encoders() {
+    let root = workspace_root();
+    let temp = tempfile::tempdir().unwrap();
+    let llama_config = r#"{"model_type": "llama", "hidden_size": 64, "intermediate_size": 172,
+        "num_hidden_layers": 2, "num_attention_heads": 8, "num_key_value_heads": 4, "vocab_size": 512,
+        "max_position_embeddings": 512, "bos_token_id": 1, "eos_token_id": 2, "tie_word_embeddings": true}"#;
+    let bert_config = r#"{"model_type": "bert", "hidden_size": 64, "intermediate_size": 128,
+        "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 512, "max_position_embeddings": 64,
+        "type_vocab_size": 2, "layer_norm_eps": 1e-12, "hidden_act": "gelu"}"#;
+    for (model, config) in [("llama", llama_config), ("bert", bert_config)] {
+        let dir = temp.path().join(model);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("config.json"), config).unwrap();
+        let init = |extra: &[&str]| {
+            let mut args = vec!["init", "--hf", dir.to_str().unwrap(), "--name", "m", "--hardware", "none"];
+            args.extend_from_slice(extra);
+            monogen(&root, &args)
+        };
+        let out = init(&["--requests-per-load", "1"]);
+        assert!(out.status.success(), "{model}: {}", stderr(&out));
+        let text = stdout(&out);
+        assert!(text.contains("\nrequests_per_load = 1\n"), "{model}: {text}");
+        let w = monogen::workload::WorkloadSource::from_text("m.toml", &text).parse().unwrap();
+        assert_eq!(w.request.requests_per_load(), Some(1), "{model}");
+        let out = init(&[]);
+        assert!(!stdout(&out).contains("requests_per_load"), "{model}: absent by default");
+        let out = init(&["--requests-per-load", "0"]);
+        assert!(!out.status.success(), "{model}");
+        assert!(stderr(&out).contains("--requests-per-load"), "{model}: {}", stderr(&out));
+    }
+}
+
+#[test]
 fn init_writes_bf16_activations_for_bf16_weights_only() {
     let root = workspace_root();
     let temp = tempfile::tempdir().unwrap();
