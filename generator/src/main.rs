@@ -620,7 +620,14 @@ fn finish_bench(
                 bench::Measured::Ok { median_ns, .. } => median_ns,
                 _ => f64::INFINITY,
             };
-            mine.sort_by(|a, b| median(a).total_cmp(&median(b)));
+            // In the order `build` ranks them: with their share of the load where it counts.
+            let charged = |o: &bench::Outcome| match (&o.result, w.request.requests_per_load()) {
+                (bench::Measured::Ok { median_ns, load_ns: Some(load), .. }, Some(n)) => {
+                    median_ns + load / n as f64
+                }
+                _ => median(o),
+            };
+            mine.sort_by(|a, b| charged(a).total_cmp(&charged(b)));
             let reference = &project.registry.interfaces[&i.interface].reference;
             let reference_median = mine.iter().find(|o| &o.implementation == reference).map(|o| median(o));
             for o in mine {

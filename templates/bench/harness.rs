@@ -318,8 +318,8 @@ pub trait Matmul {
 pub struct Storage {
     /// Each chunk and the bytes of it handed out.
     chunks: Vec<(Chunk, usize)>,
-    /// Nanoseconds spent in [`Storage::packing`]: what a kernel that packs its weights adds to
-    /// a crate's load.
+    /// Nanoseconds spent in [`Storage::place_packed`]: what a kernel that packs its weights adds
+    /// to a crate's load.
     packing_ns: f64,
 }
 
@@ -340,16 +340,25 @@ impl Storage {
     const CHUNK: usize = 64 << 20;
     const HUGE_PAGE: usize = 2 << 20;
 
-    /// Runs `pack`, a kernel's packing of one matrix (as the crate runs it at load, on one
-    /// thread), and adds its time to [`Storage::packing_ns`].
-    pub fn packing<R>(&mut self, pack: impl FnOnce() -> R) -> R {
-        let start = Instant::now();
-        let packed = pack();
-        self.packing_ns += start.elapsed().as_nanos() as f64;
-        packed
+    /// A matrix packed by `pack`, a kernel's packing (as the crate runs it at load, on one
+    /// thread), placed here. Adds the packing's time to [`Storage::packing_ns`]: the median of
+    /// three runs (a single run of a few ms moves by 2x with a pause of the machine). The copy
+    /// into this storage is not counted: every candidate's matrices are placed alike.
+    pub fn place_packed<T: Copy>(&mut self, pack: impl Fn() -> Vec<T>) -> Placed<T> {
+        let mut times = [0.0f64; 3];
+        let mut packed = Vec::new();
+        for time in &mut times {
+            drop(std::mem::take(&mut packed));
+            let start = Instant::now();
+            packed = pack();
+            *time = start.elapsed().as_nanos() as f64;
+        }
+        times.sort_by(f64::total_cmp);
+        self.packing_ns += times[1];
+        self.place(&packed)
     }
 
-    /// The time every [`Storage::packing`] took so far.
+    /// The time every [`Storage::place_packed`] took so far.
     pub fn packing_ns(&self) -> f64 {
         self.packing_ns
     }

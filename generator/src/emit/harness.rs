@@ -293,8 +293,7 @@ fn trait_impl(imp: &Implementation) -> TokenStream {
                 quote! {
                     /// Packed by the kernel, as the crate packs them at load (timed).
                     fn weights(storage: &mut harness::Storage, w: &[f32], n: usize, k: usize) -> harness::Placed<f32> {
-                        let packed = storage.packing(|| kernels::#m::pack(w, n, k));
-                        storage.place(&packed)
+                        storage.place_packed(|| kernels::#m::pack(w, n, k))
                     }
                 }
             } else {
@@ -323,8 +322,7 @@ fn trait_impl(imp: &Implementation) -> TokenStream {
                     /// packed by the kernel, as the crate packs them at load (timed).
                     fn weights(storage: &mut harness::Storage, w: &[f32], n: usize, k: usize) -> harness::Placed<u16> {
                         let bits: Vec<u16> = w.iter().map(|&v| harness::bf16_bits(v)).collect();
-                        let packed = storage.packing(|| kernels::#m::pack(&bits, n, k));
-                        storage.place(&packed)
+                        storage.place_packed(|| kernels::#m::pack(&bits, n, k))
                     }
                 }
             } else {
@@ -348,14 +346,15 @@ fn trait_impl(imp: &Implementation) -> TokenStream {
             }
         }
         "matmul_q8" => {
-            let packed = imp.packs_weights.then(|| {
+            let place = if imp.packs_weights {
                 quote! {
                     // Packed by the kernel, scales included, as the crate packs them at load
-                    // (timed).
-                    let packed = storage.packing(|| kernels::#m::pack(&values, &scales, n, k));
-                    let (values, scales) = (packed, Vec::new());
+                    // (timed), and no scales apart.
+                    (storage.place_packed(|| kernels::#m::pack(&values, &scales, n, k)), storage.place(&[]))
                 }
-            });
+            } else {
+                quote! { (storage.place(&values), storage.place(&scales)) }
+            };
             quote! {
             impl harness::Matmul for #ty {
                 /// The values and the scale of each block of 32 of a row (for a kernel that
@@ -378,8 +377,7 @@ fn trait_impl(imp: &Implementation) -> TokenStream {
                             values.extend(block.iter().map(|v| (v * inverse).round_ties_even() as i8));
                         }
                     }
-                    #packed
-                    (storage.place(&values), storage.place(&scales))
+                    #place
                 }
                 #[inline]
                 fn matmul<const N: usize, const K: usize>(
