@@ -438,7 +438,11 @@ pub fn evidence(
                 );
             }
             let requests_per_load = w.request.requests_per_load();
-            if requests_per_load.is_some() && imp.packs_weights && record.load_ns.is_none() {
+            if requests_per_load.is_some()
+                && imp.packs_weights
+                && record.status == Status::Ok
+                && record.load_ns.is_none()
+            {
                 why.push(
                     "it packs its weights at load, which this workload counts (request.requests_per_load), and the record has no time of its packing"
                         .into(),
