@@ -620,7 +620,7 @@ fn finish_bench(
                 bench::Measured::Ok { median_ns, .. } => median_ns,
                 _ => f64::INFINITY,
             };
-            // In the order `build` ranks them: with their share of the load where it counts.
+            // By time per request, with the share of the load where the workload counts it.
             let charged = |o: &bench::Outcome| match (&o.result, w.request.requests_per_load()) {
                 (bench::Measured::Ok { median_ns, load_ns: Some(load), .. }, Some(n)) => {
                     median_ns + load / n as f64
@@ -731,7 +731,8 @@ fn shown(path: &Path) -> String {
 fn evidence_line(evidence: &Evidence) -> Option<String> {
     let measured = |r: &monogen::rankings::Record| {
         let load = match (r.load_ns, r.load_counted_ns) {
-            (Some(load), 0) => format!("; packing at load {}, not counted", human_ns(load as f64)),
+            // Counted or not, the workload's `request:` line says; a stale record is never counted.
+            (Some(load), 0) => format!("; packing at load {}", human_ns(load as f64)),
             (Some(load), share) => {
                 format!(
                     "; packing at load {}, {} of it counted per request",

@@ -453,8 +453,8 @@ pub fn evidence(
             }
             match record.status {
                 Status::Ok => Evidence::Measured(match requests_per_load {
-                    Some(n) => record.with_load_counted(n),
-                    None => (*record).clone(),
+                    Some(n) if imp.packs_weights => record.with_load_counted(n),
+                    _ => (*record).clone(),
                 }),
                 Status::Failed => Evidence::Failed((*record).clone()),
             }
@@ -614,9 +614,12 @@ mod tests {
         let mut r = Rankings::default();
         let packing = Record { load_ns: Some(31_000_000), ..record("b", "s1") };
         r.replace("c-2c", "matmul", "s1", vec![packing, record("a", "s1")]);
-        let (path, text) = r.render("c-2c", "matmul");
-        assert!(text.contains("load_ns = 31000000") && !text.contains("load_counted"), "{text}");
-        assert_eq!(parse_file(&text, &path).unwrap(), r.records("c-2c", "matmul"));
+        let (path, packed_text) = r.render("c-2c", "matmul");
+        assert!(
+            packed_text.contains("load_ns = 31000000") && !packed_text.contains("load_counted"),
+            "{packed_text}"
+        );
+        assert_eq!(parse_file(&packed_text, &path).unwrap(), r.records("c-2c", "matmul"));
         r.replace("c-2c", "matmul", "s0", vec![record("z", "s0")]);
         r.replace("c-2c", "matmul", "s1", vec![record("c", "s1")]);
         let names: Vec<&str> =
@@ -630,7 +633,10 @@ mod tests {
         assert_eq!(counted, record("c", "s1"), "nothing packed, nothing counted");
         let counted = Record { load_ns: Some(10), ..record("c", "s1") }.with_load_counted(4);
         assert_eq!((counted.median_ns, counted.rounds_ns[1], counted.load_counted_ns), (103, 123, 3));
-        assert!(parse_file("[[record]]\nload_counted_ns = 3\n", &path).is_err());
+        let counted_in_file =
+            packed_text.replacen("load_ns = 31000000\n", "load_ns = 31000000\nload_counted_ns = 3\n", 1);
+        let refused = parse_file(&counted_in_file, &path).unwrap_err().to_string();
+        assert!(refused.contains("load_counted_ns"), "{refused}");
         let broken = parse_file("[[record]]\nimplementation = 3\n", &path).unwrap_err();
         assert!(broken.to_string().contains("rankings/c-2c/matmul.toml cannot be read"), "{broken}");
         // Not TOML at all (an unterminated string): located at its line and column, with the fix.

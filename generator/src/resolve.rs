@@ -315,6 +315,15 @@ fn choose(
         .iter()
         .filter_map(|i| evidence[i.name.as_str()].fresh_distribution().map(|d| (*i, d)))
         .collect();
+    // Where the workload counts the load and a measured candidate packs at load, the times
+    // compared include each request's share of it.
+    let packing = measured.iter().any(|(i, _)| i.packs_weights);
+    let counted = match w.request.requests_per_load().filter(|_| packing) {
+        Some(1) => Some("packing at load counted in full".to_string()),
+        Some(n) => Some(format!("packing at load counted over {n} requests")),
+        None => None,
+    };
+    let in_parentheses = counted.as_ref().map(|c| format!(" ({c})")).unwrap_or_default();
     let class = w.target.hardware.as_deref();
     let failed = ranked.len() - valid.len();
     let failed_note =
@@ -403,7 +412,7 @@ fn choose(
             (Some(inc), Some(v)) if inc.0.name != fastest.0.name && !v.beats => (
                 Some(inc.0),
                 format!(
-                    "measured {} per request on {class}; {} measured {} ({}), a difference inside the noise margin ({:.0}%), so the previous choice stays",
+                    "measured {} per request on {class}{in_parentheses}; {} measured {} ({}), a difference inside the noise margin ({:.0}%), so the previous choice stays",
                     human_ns(inc.1.median_ns),
                     fastest.0.name,
                     human_ns(fastest.1.median_ns),
@@ -434,12 +443,7 @@ fn choose(
                     ),
                     _ => String::new(),
                 };
-                let packing = measured.iter().any(|(i, _)| i.packs_weights);
-                let load = match w.request.requests_per_load().filter(|_| packing) {
-                    Some(1) => ", packing at load counted in full".to_string(),
-                    Some(n) => format!(", packing at load counted over {n} requests"),
-                    None => String::new(),
-                };
+                let load = counted.as_ref().map(|c| format!(", {c}")).unwrap_or_default();
                 (
                     Some(fastest.0),
                     format!(
@@ -479,7 +483,7 @@ fn choose(
                 };
                 let why = match (mine, theirs, &ev) {
                     (Some(m), Some(t), _) => format!(
-                        "measured {} per request, {:.2}x {}'s {}",
+                        "measured {} per request, {:.2}x {}'s {}{in_parentheses}",
                         human_ns(m.median_ns),
                         m.median_ns / t.median_ns,
                         win.name,
@@ -1076,6 +1080,27 @@ mod tests {
         assert!(chosen.reason.contains("1.92x faster than packed"), "{}", chosen.reason);
         let Some(Evidence::Measured(r)) = &candidates[1].evidence else { panic!("{candidates:?}") };
         assert_eq!((r.median_ns, r.load_counted_ns), (130, 0), "nothing to add where nothing is packed");
+        assert!(
+            matches!(&candidates[0].verdict, Verdict::Outranked { reason, .. }
+                if reason == "measured 250 ns per request, 1.92x plain's 130 ns (packing at load counted in full)"),
+            "{:?}",
+            candidates[0].verdict
+        );
+        // A load time in the record of a kernel that does not pack (its manifest changed) is
+        // never charged.
+        let mut unpacking = imps.clone();
+        unpacking[0].packs_weights = false;
+        let (chosen, candidates, _) = choose(
+            "matmul",
+            &unpacking,
+            &serving(Some(1)),
+            &Registry::default(),
+            &selection(records.clone(), None),
+        )
+        .unwrap();
+        assert_eq!(chosen.name, "packed");
+        let Some(Evidence::Measured(r)) = &candidates[0].evidence else { panic!("{candidates:?}") };
+        assert_eq!((r.median_ns, r.load_counted_ns), (100, 0));
         // A record from before the harness timed the packing: stale where the load counts.
         let old = vec![timed(&imps[0], 100, None), timed(&imps[1], 130, None)];
         let (chosen, _, unmeasured) = choice(Some(1), &old);
@@ -1089,6 +1114,15 @@ mod tests {
         let (chosen, _, unmeasured) = choice(None, &old);
         assert_eq!(chosen.name, "packed");
         assert!(unmeasured.is_empty(), "{unmeasured:?}");
+        // A packing kernel that failed against the reference is out, with or without a load time.
+        let failed = vec![
+            rankings::Record { load_ns: None, ..record(&imps[0], &w, 100, 105, false) },
+            records[1].clone(),
+        ];
+        let (chosen, candidates, unmeasured) = choice(Some(1), &failed);
+        assert_eq!(chosen.name, "plain");
+        assert!(unmeasured.is_empty(), "{unmeasured:?}");
+        assert!(matches!(&candidates[0].verdict, Verdict::Failed { .. }), "{:?}", candidates[0].verdict);
     }
 
     #[test]

@@ -403,8 +403,8 @@ pub struct DecoderRequest {
     /// Requests one process serves from one load of the model from its checkpoint, when the
     /// load counts: the authority adds each candidate's work at load (a kernel that packs its
     /// weights) divided by this to its time per request. Absent: the load is not counted (a
-    /// server that loads once, or a model saved packed with `--save-model`, which loads alike
-    /// whatever the kernel).
+    /// server that loads once, or a model saved packed with `--save-model`, whose load does no
+    /// packing).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub requests_per_load: Option<u64>,
 }
@@ -424,8 +424,8 @@ pub struct EncoderRequest {
     /// Requests one process serves from one load of the model from its checkpoint, when the
     /// load counts: the authority adds each candidate's work at load (a kernel that packs its
     /// weights) divided by this to its time per request. Absent: the load is not counted (a
-    /// server that loads once, or a model saved packed with `--save-model`, which loads alike
-    /// whatever the kernel).
+    /// server that loads once, or a model saved packed with `--save-model`, whose load does no
+    /// packing).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub requests_per_load: Option<u64>,
 }

@@ -566,6 +566,22 @@ fn bench_measures_int8_and_bf16_matmuls_on_weights_as_their_crates_hold_them() {
             }
         }
         assert!(packed >= 1, "{interface}: no candidate that packs its weights ran here");
+        if interface == "matmul_q8" {
+            // Run as a process per request, the table shows each packing and its charge, and
+            // lists the candidates by their time with it.
+            let text = std::fs::read_to_string(repo.path().join(&path)).unwrap();
+            std::fs::write(repo.path().join(&path), format!("{text}requests_per_load = 1\n")).unwrap();
+            let mut args = vec!["bench", path.as_str(), "--dry-run", "--interface", "matmul_q8"];
+            args.extend_from_slice(QUICK);
+            let out = monogen(repo.path(), &args);
+            assert!(out.status.success(), "{}", stderr(&out));
+            let table = stdout(&out);
+            let packing: Vec<&str> = table.lines().filter(|l| l.contains("; packing at load ")).collect();
+            assert!(
+                !packing.is_empty() && packing.iter().all(|l| l.contains(" a request counted)")),
+                "{table}"
+            );
+        }
     }
 }
 
