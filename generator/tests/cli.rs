@@ -64,6 +64,16 @@ fn init_reproduces_the_committed_workloads() {
     }
 }
 
+/// A small LLaMA's config.json, for `init`.
+const LLAMA_CONFIG: &str = r#"{"model_type": "llama", "hidden_size": 64, "intermediate_size": 172,
+    "num_hidden_layers": 2, "num_attention_heads": 8, "num_key_value_heads": 4, "vocab_size": 512,
+    "max_position_embeddings": 512, "bos_token_id": 1, "eos_token_id": 2, "tie_word_embeddings": true}"#;
+
+/// A small BERT's config.json, for `init`.
+const BERT_CONFIG: &str = r#"{"model_type": "bert", "hidden_size": 64, "intermediate_size": 128,
+    "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 512, "max_position_embeddings": 64,
+    "type_vocab_size": 2, "layer_norm_eps": 1e-12, "hidden_act": "gelu"}"#;
+
 #[test]
 fn init_writes_a_bf16_kv_cache_for_decoders_and_refuses_it_for_encoders() {
     let root = workspace_root();
@@ -72,10 +82,7 @@ fn init_writes_a_bf16_kv_cache_for_decoders_and_refuses_it_for_encoders() {
     for dir in [&llama, &bert] {
         std::fs::create_dir_all(dir).unwrap();
     }
-    let llama_config = r#"{"model_type": "llama", "hidden_size": 64, "intermediate_size": 172,
-        "num_hidden_layers": 2, "num_attention_heads": 8, "num_key_value_heads": 4, "vocab_size": 512,
-        "max_position_embeddings": 512, "bos_token_id": 1, "eos_token_id": 2, "tie_word_embeddings": true}"#;
-    std::fs::write(llama.join("config.json"), llama_config).unwrap();
+    std::fs::write(llama.join("config.json"), LLAMA_CONFIG).unwrap();
     let args = |dir: &std::path::Path| {
         ["init", "--hf", dir.to_str().unwrap(), "--name", "m", "--kv-cache", "bf16", "--hardware", "none"]
             .map(String::from)
@@ -87,10 +94,7 @@ fn init_writes_a_bf16_kv_cache_for_decoders_and_refuses_it_for_encoders() {
     let w = monogen::workload::WorkloadSource::from_text("m.toml", &text).parse().unwrap();
     assert_eq!(w.kv_cache.dtype, monogen::workload::KvDtype::Bf16);
 
-    let bert_config = r#"{"model_type": "bert", "hidden_size": 64, "intermediate_size": 128,
-        "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 512, "max_position_embeddings": 64,
-        "type_vocab_size": 2, "layer_norm_eps": 1e-12, "hidden_act": "gelu"}"#;
-    std::fs::write(bert.join("config.json"), bert_config).unwrap();
+    std::fs::write(bert.join("config.json"), BERT_CONFIG).unwrap();
     let out = monogen(&root, &args(&bert).each_ref().map(String::as_str));
     assert!(!out.status.success());
     assert!(stderr(&out).contains("keeps no KV cache"), "{}", stderr(&out));
@@ -102,13 +106,7 @@ fn init_writes_a_bf16_kv_cache_for_decoders_and_refuses_it_for_encoders() {
 fn init_writes_requests_per_load_for_decoders_and_encoders() {
     let root = workspace_root();
     let temp = tempfile::tempdir().unwrap();
-    let llama_config = r#"{"model_type": "llama", "hidden_size": 64, "intermediate_size": 172,
-        "num_hidden_layers": 2, "num_attention_heads": 8, "num_key_value_heads": 4, "vocab_size": 512,
-        "max_position_embeddings": 512, "bos_token_id": 1, "eos_token_id": 2, "tie_word_embeddings": true}"#;
-    let bert_config = r#"{"model_type": "bert", "hidden_size": 64, "intermediate_size": 128,
-        "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 512, "max_position_embeddings": 64,
-        "type_vocab_size": 2, "layer_norm_eps": 1e-12, "hidden_act": "gelu"}"#;
-    for (model, config) in [("llama", llama_config), ("bert", bert_config)] {
+    for (model, config) in [("llama", LLAMA_CONFIG), ("bert", BERT_CONFIG)] {
         let dir = temp.path().join(model);
         std::fs::create_dir_all(&dir).unwrap();
         std::fs::write(dir.join("config.json"), config).unwrap();
@@ -135,13 +133,7 @@ fn init_writes_requests_per_load_for_decoders_and_encoders() {
 fn init_writes_bf16_activations_for_bf16_weights_only() {
     let root = workspace_root();
     let temp = tempfile::tempdir().unwrap();
-    let llama_config = r#"{"model_type": "llama", "hidden_size": 64, "intermediate_size": 172,
-        "num_hidden_layers": 2, "num_attention_heads": 8, "num_key_value_heads": 4, "vocab_size": 512,
-        "max_position_embeddings": 512, "bos_token_id": 1, "eos_token_id": 2, "tie_word_embeddings": true}"#;
-    let bert_config = r#"{"model_type": "bert", "hidden_size": 64, "intermediate_size": 128,
-        "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 512, "max_position_embeddings": 64,
-        "type_vocab_size": 2, "layer_norm_eps": 1e-12, "hidden_act": "gelu"}"#;
-    for (model, config) in [("llama", llama_config), ("bert", bert_config)] {
+    for (model, config) in [("llama", LLAMA_CONFIG), ("bert", BERT_CONFIG)] {
         let dir = temp.path().join(model);
         std::fs::create_dir_all(&dir).unwrap();
         std::fs::write(dir.join("config.json"), config).unwrap();
