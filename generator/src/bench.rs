@@ -57,9 +57,12 @@ pub struct RawResult {
     pub prefill_ns: Vec<f64>,
     #[serde(default)]
     pub decode_ns: Vec<f64>,
-    /// A candidate that packs its weights: the time its packing of the model's matrices took.
+    /// A candidate that packs its weights: the time its packing of the model's matrices took
+    /// (the sum of each matrix's median of three packings), and the sum of each one's slowest.
     #[serde(default)]
     pub load_ns: Option<f64>,
+    #[serde(default)]
+    pub load_max_ns: Option<f64>,
 }
 
 /// A candidate's outcome, summarized.
@@ -84,9 +87,12 @@ pub enum Measured {
         decode_median_ns: f64,
         /// The request of each timed round, in the order of the rounds.
         rounds_ns: Vec<f64>,
-        /// What it adds to a crate's load (a candidate that packs its weights).
+        /// What it adds to a crate's load (a candidate that packs its weights), and the same
+        /// with each matrix's slowest packing.
         #[serde(skip_serializing_if = "Option::is_none")]
         load_ns: Option<f64>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        load_max_ns: Option<f64>,
     },
     Failed {
         reason: String,
@@ -117,6 +123,7 @@ pub fn summarize(raw: &RawResult, version: &str) -> Outcome {
                 decode_median_ns: median_p90(&raw.decode_ns).0,
                 rounds_ns: requests,
                 load_ns: raw.load_ns,
+                load_max_ns: raw.load_max_ns,
             }
         }
         "failed" => Measured::Failed { reason: raw.reason.clone().unwrap_or_default() },
@@ -161,8 +168,10 @@ pub fn records(
             prefill_median_ns: 0,
             decode_median_ns: 0,
             load_ns: None,
+            load_max_ns: None,
             rounds_ns: Vec::new(),
             load_counted_ns: 0,
+            load_counted_max_ns: 0,
         };
         let record = match &o.result {
             Measured::Ok {
@@ -173,6 +182,7 @@ pub fn records(
                 decode_median_ns,
                 rounds_ns,
                 load_ns,
+                load_max_ns,
             } => Record {
                 median_ns: median_ns.round() as u64,
                 p90_ns: p90_ns.round() as u64,
@@ -181,6 +191,7 @@ pub fn records(
                 decode_median_ns: decode_median_ns.round() as u64,
                 rounds_ns: rounds_ns.iter().map(|t| t.round() as u64).collect(),
                 load_ns: load_ns.map(|ns| ns.round() as u64),
+                load_max_ns: load_max_ns.map(|ns| ns.round() as u64),
                 ..base
             },
             Measured::Failed { reason } => {
@@ -363,6 +374,7 @@ mod tests {
             prefill_ns: vec![100.0, 300.0, 200.0],
             decode_ns: vec![1.0, 3.0, 2.0],
             load_ns: Some(5e6),
+            load_max_ns: Some(6e6),
         };
         match summarize(&raw, "1.0.0").result {
             Measured::Ok {
@@ -373,8 +385,10 @@ mod tests {
                 decode_median_ns,
                 rounds_ns,
                 load_ns,
+                load_max_ns,
             } => {
                 assert_eq!(load_ns, Some(5e6), "the packing's time passes through, not added to a request");
+                assert_eq!(load_max_ns, Some(6e6), "and its slowest");
                 assert_eq!((median_ns, p90_ns, samples), (220.0, 330.0, 3));
                 assert_eq!((prefill_median_ns, decode_median_ns), (200.0, 2.0));
                 assert_eq!(rounds_ns, [110.0, 330.0, 220.0], "in the order of the rounds");

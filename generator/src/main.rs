@@ -633,7 +633,7 @@ fn finish_bench(
             for o in mine {
                 let mark = if o.implementation == i.chosen.name { "*" } else { " " };
                 let line = match &o.result {
-                    bench::Measured::Ok { median_ns, p90_ns, samples, load_ns, .. } => {
+                    bench::Measured::Ok { median_ns, p90_ns, samples, load_ns, load_max_ns, .. } => {
                         let ratio = reference_median
                             .filter(|r| r.is_finite() && &o.implementation != reference)
                             .map(|r| format!(", {:.2}x the reference's speed", r / median_ns))
@@ -645,7 +645,13 @@ fn finish_bench(
                             None => ", not counted".to_string(),
                         };
                         let load = load_ns
-                            .map(|ns| format!("; packing at load {}{counted}", human_ns(ns)))
+                            .map(|ns| {
+                                format!(
+                                    "; packing at load {}{}{counted}",
+                                    human_ns(ns),
+                                    slowest(*load_max_ns)
+                                )
+                            })
                             .unwrap_or_default();
                         format!(
                             "{:>12}  p90 {:>12}  ({samples} samples{ratio}{load})",
@@ -727,15 +733,22 @@ fn shown(path: &Path) -> String {
     }
 }
 
+/// ` (slowest X)`: a packing's time with each matrix's slowest of its three packings, where the
+/// record has it.
+fn slowest(load_max_ns: Option<f64>) -> String {
+    load_max_ns.map(|ns| format!(" (slowest {})", human_ns(ns))).unwrap_or_default()
+}
+
 /// The evidence of one candidate, for `explain`.
 fn evidence_line(evidence: &Evidence) -> Option<String> {
     let measured = |r: &monogen::rankings::Record| {
+        let slowest = slowest(r.load_max_ns.map(|ns| ns as f64));
         let load = match (r.load_ns, r.load_counted_ns) {
             // Counted or not, the workload's `request:` line says; a stale record is never counted.
-            (Some(load), 0) => format!("; packing at load {}", human_ns(load as f64)),
+            (Some(load), 0) => format!("; packing at load {}{slowest}", human_ns(load as f64)),
             (Some(load), share) => {
                 format!(
-                    "; packing at load {}, {} of it counted per request",
+                    "; packing at load {}{slowest}, {} of it counted per request",
                     human_ns(load as f64),
                     human_ns(share as f64)
                 )

@@ -93,6 +93,11 @@ pub struct Record {
     /// (`request.requests_per_load`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub load_ns: Option<u64>,
+    /// `load_ns` with each matrix's slowest of its three packings in place of its median: how
+    /// far a pause of the machine may have moved the packing's time. Absent from records made
+    /// before it was kept, where `load_ns` is taken as exact.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub load_max_ns: Option<u64>,
     /// Nanoseconds of one typical request in each timed round, in the order of the rounds.
     /// Every round times every candidate of the interface once, so two records of one run
     /// (the same `measured_at`) compare round by round ([`judge`]). Absent from records made
@@ -104,6 +109,10 @@ pub struct Record {
     /// ([`Record::with_load_counted`]). Never stored in the database.
     #[serde(default, skip_deserializing, skip_serializing_if = "is_zero")]
     pub load_counted_ns: u64,
+    /// The share of `load_max_ns` counted in `p90_ns` in place of `load_counted_ns` (at least
+    /// that). Never stored in the database.
+    #[serde(default, skip_deserializing, skip_serializing_if = "is_zero")]
+    pub load_counted_max_ns: u64,
 }
 
 fn is_zero(v: &u64) -> bool {
@@ -127,15 +136,29 @@ impl Record {
     /// This record with each request charged `load_ns / requests_per_load` (rounded up): the
     /// time of a request where every process serves `requests_per_load` requests from one load
     /// of the model from its checkpoint. An implementation that does not pack has nothing to add.
+    /// The median and every round take that share; the 90th percentile takes the share of
+    /// `load_max_ns`, so that the packing's own noise widens the spread that the flip rule asks
+    /// a challenger to clear.
     pub fn with_load_counted(&self, requests_per_load: u64) -> Record {
-        let share = self.load_ns.unwrap_or(0).div_ceil(requests_per_load.max(1));
+        let n = requests_per_load.max(1);
+        let load = self.load_ns.unwrap_or(0);
+        let share = load.div_ceil(n);
+        let share_max = self.load_max_ns.unwrap_or(load).max(load).div_ceil(n);
         Record {
             median_ns: self.median_ns + share,
-            p90_ns: self.p90_ns + share,
+            p90_ns: self.p90_ns + share_max,
             rounds_ns: self.rounds_ns.iter().map(|t| t + share).collect(),
             load_counted_ns: self.load_counted_ns + share,
+            load_counted_max_ns: self.load_counted_max_ns.max(self.load_counted_ns) + share_max,
             ..self.clone()
         }
+    }
+
+    /// How far the slowest packings could move this record's charged median, relative to it:
+    /// `(load_counted_max_ns − load_counted_ns) / median_ns` (0 where no load is counted).
+    pub fn load_spread(&self) -> f64 {
+        let extra = self.load_counted_max_ns.saturating_sub(self.load_counted_ns);
+        if self.median_ns == 0 { 0.0 } else { extra as f64 / self.median_ns as f64 }
     }
 
     /// The machine, toolchain and harness part of the key.
@@ -205,11 +228,16 @@ pub fn round_ratios(challenger: &Record, incumbent: &Record) -> Option<Vec<f64>>
 /// `median(r) · (1 + margin) < 1`, the margin being the ratios' own spread, `(p90(r) −
 /// median(r)) / median(r)`, between [`MIN_MARGIN`] and [`MAX_MARGIN`]: the rule of [`beats`],
 /// applied to the ratio instead of to each median.
+///
+/// Every round of a record charged with its packing at load carries the same share of one
+/// measurement of that packing, which the rounds' ratios cannot show the noise of: each side's
+/// [`Record::load_spread`] is added to the margin (before the cap at [`MAX_MARGIN`]).
 pub fn judge(challenger: &Record, incumbent: &Record) -> Verdict {
     if let Some(ratios) = round_ratios(challenger, incumbent) {
         let (median, p90) = median_p90(&ratios);
         let spread = if median > 0.0 { ((p90 - median) / median).max(0.0) } else { 0.0 };
-        let margin = MIN_MARGIN.max(spread).min(MAX_MARGIN);
+        let margin =
+            (MIN_MARGIN.max(spread) + challenger.load_spread() + incumbent.load_spread()).min(MAX_MARGIN);
         return Verdict {
             beats: median * (1.0 + margin) < 1.0,
             ratio: median,
@@ -541,8 +569,10 @@ mod tests {
             prefill_median_ns: 0,
             decode_median_ns: 0,
             load_ns: None,
+            load_max_ns: None,
             rounds_ns: rounds.to_vec(),
             load_counted_ns: 0,
+            load_counted_max_ns: 0,
         }
     }
 
@@ -561,6 +591,38 @@ mod tests {
         // 2% faster in every round is inside the 3% floor.
         let close = timed("t", &machine.map(|t| t * 98 / 100));
         assert!(!judge(&close, &incumbent).beats);
+    }
+
+    #[test]
+    fn the_packings_spread_widens_the_margin() {
+        // A challenger that packs at load: 90 per request plus a packing of 40 over 4 requests,
+        // 10 a request, against 105 in every round: 0.952x round by round.
+        let incumbent = timed("t", &[105; 10]);
+        let packing = |max| Record { load_ns: Some(40), load_max_ns: max, ..timed("t", &[90; 10]) };
+        // A record without the slowest packings takes the packing as exact: the 3% floor.
+        let exact = packing(None).with_load_counted(4);
+        assert_eq!((exact.median_ns, exact.p90_ns, exact.load_spread()), (100, 100, 0.0));
+        let v = judge(&exact, &incumbent);
+        assert!(v.beats && v.margin == MIN_MARGIN, "{v:?}");
+        // Its slowest packings took 60: the 90th percentile takes 15 a request, and the 5 above
+        // the share counted is 5% of the charged median, added to the margin.
+        let noisy = packing(Some(60)).with_load_counted(4);
+        assert_eq!((noisy.median_ns, noisy.p90_ns, noisy.rounds_ns[0]), (100, 105, 100));
+        assert_eq!((noisy.load_counted_ns, noisy.load_counted_max_ns), (10, 15));
+        assert!((noisy.load_spread() - 0.05).abs() < 1e-12);
+        let v = judge(&noisy, &incumbent);
+        assert!(!v.beats && (v.margin - 0.08).abs() < 1e-12, "{v:?}");
+        assert!(!judge(&incumbent, &noisy).beats, "never both ways");
+        // The same on the incumbent's side: a packing incumbent holds by its own spread too.
+        let v = judge(&timed("t", &[95; 10]), &noisy);
+        assert!(!v.beats && (v.margin - 0.08).abs() < 1e-12, "{v:?}");
+        // Compared by medians (records of two runs), the 90th percentile carries it.
+        let other_run = Record { measured_at: "u".into(), ..incumbent.clone() };
+        assert_eq!(judge(&noisy, &other_run).paired_rounds, 0);
+        assert!((noisy.distribution().relative_spread() - 0.05).abs() < 1e-12);
+        // A slowest below the median (not from this harness) counts as the median.
+        let odd = packing(Some(20)).with_load_counted(4);
+        assert_eq!((odd.p90_ns, odd.load_spread()), (100, 0.0));
     }
 
     #[test]
@@ -608,15 +670,19 @@ mod tests {
             prefill_median_ns: 10,
             decode_median_ns: 1,
             load_ns: None,
+            load_max_ns: None,
             rounds_ns: vec![100, 120, 90],
             load_counted_ns: 0,
+            load_counted_max_ns: 0,
         };
         let mut r = Rankings::default();
-        let packing = Record { load_ns: Some(31_000_000), ..record("b", "s1") };
+        let packing =
+            Record { load_ns: Some(31_000_000), load_max_ns: Some(33_000_000), ..record("b", "s1") };
         r.replace("c-2c", "matmul", "s1", vec![packing, record("a", "s1")]);
         let (path, packed_text) = r.render("c-2c", "matmul");
         assert!(
-            packed_text.contains("load_ns = 31000000") && !packed_text.contains("load_counted"),
+            packed_text.contains("load_ns = 31000000\nload_max_ns = 33000000\n")
+                && !packed_text.contains("load_counted"),
             "{packed_text}"
         );
         assert_eq!(parse_file(&packed_text, &path).unwrap(), r.records("c-2c", "matmul"));
@@ -633,10 +699,15 @@ mod tests {
         assert_eq!(counted, record("c", "s1"), "nothing packed, nothing counted");
         let counted = Record { load_ns: Some(10), ..record("c", "s1") }.with_load_counted(4);
         assert_eq!((counted.median_ns, counted.rounds_ns[1], counted.load_counted_ns), (103, 123, 3));
-        let counted_in_file =
-            packed_text.replacen("load_ns = 31000000\n", "load_ns = 31000000\nload_counted_ns = 3\n", 1);
-        let refused = parse_file(&counted_in_file, &path).unwrap_err().to_string();
-        assert!(refused.contains("load_counted_ns"), "{refused}");
+        for field in ["load_counted_ns", "load_counted_max_ns"] {
+            let counted_in_file = packed_text.replacen(
+                "load_ns = 31000000\n",
+                &format!("load_ns = 31000000\n{field} = 3\n"),
+                1,
+            );
+            let refused = parse_file(&counted_in_file, &path).unwrap_err().to_string();
+            assert!(refused.contains(field), "{refused}");
+        }
         let broken = parse_file("[[record]]\nimplementation = 3\n", &path).unwrap_err();
         assert!(broken.to_string().contains("rankings/c-2c/matmul.toml cannot be read"), "{broken}");
         // Not TOML at all (an unterminated string): located at its line and column, with the fix.

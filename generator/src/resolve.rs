@@ -822,8 +822,10 @@ mod tests {
             prefill_median_ns: median / 2,
             decode_median_ns: median / 200,
             load_ns: None,
+            load_max_ns: None,
             rounds_ns: vec![],
             load_counted_ns: 0,
+            load_counted_max_ns: 0,
         }
     }
 

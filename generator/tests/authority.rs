@@ -562,6 +562,14 @@ fn bench_measures_int8_and_bf16_matmuls_on_weights_as_their_crates_hold_them() {
                     imp.packs_weights,
                     "{interface}: {r}"
                 );
+                // With the slowest of each matrix's three packings, never below the medians.
+                assert_eq!(
+                    r["load_max_ns"]
+                        .as_f64()
+                        .is_some_and(|max| max >= r["load_ns"].as_f64().unwrap_or(f64::NAN)),
+                    imp.packs_weights,
+                    "{interface}: {r}"
+                );
                 packed += usize::from(imp.packs_weights);
             }
         }
@@ -578,7 +586,8 @@ fn bench_measures_int8_and_bf16_matmuls_on_weights_as_their_crates_hold_them() {
             let table = stdout(&out);
             let packing: Vec<&str> = table.lines().filter(|l| l.contains("; packing at load ")).collect();
             assert!(
-                !packing.is_empty() && packing.iter().all(|l| l.contains(" a request counted)")),
+                !packing.is_empty()
+                    && packing.iter().all(|l| l.contains(" a request counted)") && l.contains(" (slowest ")),
                 "{table}"
             );
         }

@@ -4,7 +4,7 @@
 
 use std::hint::black_box;
 
-use crate::harness::{Matmul, Phases, Rng, Storage, TOLERANCE, compare};
+use crate::harness::{Matmul, Packing, Phases, Rng, Storage, TOLERANCE, compare};
 use crate::{
     BATCH, DIM, HEAD_DIM, HIDDEN_DIM, LAYER_NORM_EPS, MAX_POSITIONS, N_HEADS, N_LAYERS, ROWS, SEQ,
     TYPE_VOCAB_SIZE, VOCAB_SIZE,
@@ -97,8 +97,8 @@ impl<W> MatmulPass<W> {
 
     /// What the interface's packing of the pass's matrices took (0 for a kernel that does not
     /// pack): the time it adds to a crate's load.
-    pub fn packing_ns(&self) -> f64 {
-        self.storage.packing_ns()
+    pub fn packing(&self) -> Packing {
+        self.storage.packing()
     }
 
     pub fn run<M: Matmul<Weights = W>>(&mut self, _decode: bool) {

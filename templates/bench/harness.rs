@@ -194,7 +194,7 @@ pub struct Bench<'o> {
     /// Each candidate's last prefill and decode times (0 before the first).
     last: Vec<[f64; 2]>,
     /// What each candidate that packs its weights took to pack the pass's matrices.
-    packing: Vec<Option<f64>>,
+    packing: Vec<Option<Packing>>,
     round: usize,
     options: &'o Options,
 }
@@ -241,10 +241,10 @@ impl<'o> Bench<'o> {
         };
     }
 
-    /// Records that candidate `i` packed every matrix of a forward pass (the model's) in
-    /// `ns`: the time it adds to a crate's load.
-    pub fn packed(&mut self, i: usize, ns: f64) {
-        self.packing[i] = Some(ns);
+    /// Records what candidate `i` took to pack every matrix of a forward pass (the model's):
+    /// the time it adds to a crate's load.
+    pub fn packed(&mut self, i: usize, packing: Packing) {
+        self.packing[i] = Some(packing);
     }
 
     pub fn rounds(&self) -> usize {
@@ -287,7 +287,10 @@ impl<'o> Bench<'o> {
                     "{head},\"status\":\"ok\",\"decode_steps\":{DECODE_STEPS},\"prefill_ns\":{},\"decode_ns\":{}{}}}",
                     json_numbers(&self.prefill[i]),
                     json_numbers(&self.decode[i]),
-                    self.packing[i].map_or(String::new(), |ns| format!(",\"load_ns\":{ns:.1}"))
+                    self.packing[i].map_or(String::new(), |p| format!(
+                        ",\"load_ns\":{:.1},\"load_max_ns\":{:.1}",
+                        p.median_ns, p.slowest_ns
+                    ))
                 ),
                 State::Failed(why) => format!("{head},\"status\":\"failed\",\"reason\":{}}}", json_string(why)),
                 State::Skipped(why) => format!("{head},\"status\":\"skipped\",\"reason\":{}}}", json_string(why)),
@@ -318,9 +321,18 @@ pub trait Matmul {
 pub struct Storage {
     /// Each chunk and the bytes of it handed out.
     chunks: Vec<(Chunk, usize)>,
-    /// Nanoseconds spent in [`Storage::place_packed`]: what a kernel that packs its weights adds
+    /// The time spent in [`Storage::place_packed`]: what a kernel that packs its weights adds
     /// to a crate's load.
-    packing_ns: f64,
+    packing: Packing,
+}
+
+/// What packing a pass's matrices took, in nanoseconds: the sum of each matrix's median of
+/// three packings, and the sum of each one's slowest (how far a pause of the machine may have
+/// moved the first).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Packing {
+    pub median_ns: f64,
+    pub slowest_ns: f64,
 }
 
 /// Memory aligned to a huge page, freed on drop.
@@ -341,9 +353,10 @@ impl Storage {
     const HUGE_PAGE: usize = 2 << 20;
 
     /// A matrix packed by `pack`, a kernel's packing (as the crate runs it at load, on one
-    /// thread), placed here. Adds the packing's time to [`Storage::packing_ns`]: the median of
-    /// three runs (a single run of a few ms moves by 2x with a pause of the machine). The copy
-    /// into this storage is not counted: every candidate's matrices are placed alike.
+    /// thread), placed here. Adds the packing's time to [`Storage::packing`]: the median of
+    /// three runs (a single run of a few ms moves by 2x with a pause of the machine), and the
+    /// slowest of them. The copy into this storage is not counted: every candidate's matrices
+    /// are placed alike.
     pub fn place_packed<T: Copy>(&mut self, pack: impl Fn() -> Vec<T>) -> Placed<T> {
         let mut times = [0.0f64; 3];
         let mut packed = Vec::new();
@@ -354,13 +367,14 @@ impl Storage {
             *time = start.elapsed().as_nanos() as f64;
         }
         times.sort_by(f64::total_cmp);
-        self.packing_ns += times[1];
+        self.packing.median_ns += times[1];
+        self.packing.slowest_ns += times[2];
         self.place(&packed)
     }
 
     /// The time every [`Storage::place_packed`] took so far.
-    pub fn packing_ns(&self) -> f64 {
-        self.packing_ns
+    pub fn packing(&self) -> Packing {
+        self.packing
     }
 
     /// A copy of `values` in this storage, on a cache line.

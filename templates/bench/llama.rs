@@ -4,7 +4,7 @@
 
 use std::hint::black_box;
 
-use crate::harness::{Matmul, Phases, Rng, Storage, TOLERANCE, bf16_bits, compare};
+use crate::harness::{Matmul, Packing, Phases, Rng, Storage, TOLERANCE, bf16_bits, compare};
 use crate::{
     CONTEXT, DIM, HEAD_DIM, HIDDEN_DIM, KV_DIM, MAX_SEQ_LEN, N_HEADS, N_KV_HEADS, N_LAYERS, PROMPT, Q_DIM,
     RMS_NORM_EPS, ROPE_THETA, VOCAB_SIZE,
@@ -166,8 +166,8 @@ impl<W> MatmulPass<W> {
 
     /// What the interface's packing of the pass's matrices took (0 for a kernel that does not
     /// pack): the time it adds to a crate's load.
-    pub fn packing_ns(&self) -> f64 {
-        self.storage.packing_ns()
+    pub fn packing(&self) -> Packing {
+        self.storage.packing()
     }
 
     /// One forward pass: the prompt (`decode` false) or one decode step.

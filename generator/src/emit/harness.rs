@@ -660,7 +660,7 @@ fn bench_fn(h: &HarnessInterface) -> TokenStream {
                     Err(_) => None,
                 };
                 if let Some(own) = &#own {
-                    bench.packed(#i, own.packing_ns());
+                    bench.packed(#i, own.packing());
                 }
             }
         });
