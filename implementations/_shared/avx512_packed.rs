@@ -50,6 +50,14 @@ const WIDE: usize = 13;
 /// 1.84-1.91, 64 steps 1.85-1.88.
 const AHEAD: usize = 32;
 
+/// The L2 cache of a core that the fetches of the next block count on, as in
+/// `shared/avx512_repack.rs`: 1 MiB, the least of the server cores with AVX-512.
+const L2_BYTES: usize = 1 << 20;
+
+/// Steps along K in one run: each run of a group's pass over a block starts with its share of
+/// the fetches of the next block, so that the steps carry only their own loads.
+const RUN: usize = 16;
+
 /// Values the packed form of `[n, k]` weights holds: `n` rounded up to a multiple of 16, by
 /// `k`.
 pub fn packed_len(n: usize, k: usize) -> usize {
@@ -129,22 +137,42 @@ impl Packed {
     pub unsafe fn columns(&self, cols: Range<usize>) {
         debug_assert!(cols.is_empty() || cols.start.is_multiple_of(BLOCK), "a share starts at a block");
         for j in (cols.start..cols.end).step_by(BLOCK) {
+            // The next block of these columns, which the groups of rows fetch while they pass
+            // over this one: `j + 48` up to the share's end, rounded up to whole vectors as
+            // `pack` stores it.
+            let next = j + BLOCK..(j + 2 * BLOCK).min(cols.end).max(j + BLOCK);
+            let next = self.block_values(next);
             // SAFETY: block `j` is in range (the caller's contract).
             match (cols.end - j).min(BLOCK).div_ceil(LANES) {
-                3 => unsafe { self.block::<3>(j) },
-                2 => unsafe { self.block::<2>(j) },
-                _ => unsafe { self.block::<1>(j) },
+                3 => unsafe { self.block::<3>(j, next) },
+                2 => unsafe { self.block::<2>(j, next) },
+                _ => unsafe { self.block::<1>(j, next) },
             }
         }
+    }
+
+    /// Where the packed values of weight rows `rows` (whole blocks but the last) lie, as a
+    /// range of offsets into the packed weights: `pack` rounds the rows up to whole vectors.
+    fn block_values(&self, rows: Range<usize>) -> Range<usize> {
+        let end = rows.end.next_multiple_of(LANES).min(self.n.next_multiple_of(LANES));
+        rows.start * self.k..end.max(rows.start) * self.k
     }
 
     /// Columns `j..j + 16·V` (those below `n`) of every row. Up to [`GROUP`] rows take one
     /// pass over the block; up to [`WIDE`] rows take its first 2 vectors, then its third,
     /// still reading each line of the block once; more rows go in groups of at most [`GROUP`]
     /// of equal sizes, the first group prefetching the block for the others.
+    ///
+    /// With several groups, each also fetches its share of the packed values `next` (the
+    /// next block of the thread's columns), a few lines at the start of each [`RUN`] of
+    /// steps, so that the next block's first group finds them in the caches. The first group's
+    /// own prefetches, [`AHEAD`] steps ahead, come too late for a block from memory: on
+    /// stories110M's 12 layers at 128 rows, 2 threads (`cargo bench -p monogen-kernel-tests
+    /// --bench weights`), the product ran at 246-249 GFLOP/s without these fetches and 268-272
+    /// with them, alternating (1.09x), the decode as fast (bench/RESULTS.md).
     #[inline]
     #[target_feature(enable = "avx512f")]
-    unsafe fn block<const V: usize>(&self, j: usize) {
+    unsafe fn block<const V: usize>(&self, j: usize, next: Range<usize>) {
         let width = V * LANES;
         if V == 3 && self.rows > GROUP && self.rows <= WIDE {
             // SAFETY: the block and the rows are in range.
@@ -155,11 +183,21 @@ impl Packed {
             return;
         }
         let groups = self.rows.div_ceil(GROUP);
+        // Into L1 (and so L2) where the activation rows, this block and the next fit in
+        // [`L2_BYTES`], else into L2 only, as `shared/avx512_repack.rs` decides.
+        let near = (self.rows + 2 * BLOCK) * self.k * size_of::<f32>() <= L2_BYTES;
+        let lines = if groups > 1 { next.len() * size_of::<f32>() / 64 } else { 0 };
         let mut r = 0;
         for g in 0..groups {
             let rows = (self.rows - r).div_ceil(groups - g);
+            // Only ever prefetched, never read: past the weights after the last block.
+            let fetch = Fetch {
+                first: self.w.wrapping_add(next.start),
+                lines: lines * g / groups..lines * (g + 1) / groups,
+                near,
+            };
             // SAFETY: the block and the rows are in range.
-            unsafe { self.rows_of::<V>(r, rows, j, width, g == 0) };
+            unsafe { self.rows_of::<V>(r, rows, j, width, g == 0, fetch) };
             r += rows;
         }
     }
@@ -167,18 +205,18 @@ impl Packed {
     /// `rows` rows from `r` (at most [`GROUP`]) of the block's columns.
     #[inline]
     #[target_feature(enable = "avx512f")]
-    unsafe fn rows_of<const V: usize>(&self, r: usize, rows: usize, j: usize, width: usize, prefetch: bool) {
+    unsafe fn rows_of<const V: usize>(&self, r: usize, rows: usize, j: usize, width: usize, prefetch: bool, fetch: Fetch) {
         // SAFETY (every arm): the caller's contract.
         match rows {
-            9 => unsafe { self.tile::<9, V>(r, j, width, 0, prefetch) },
-            8 => unsafe { self.tile::<8, V>(r, j, width, 0, prefetch) },
-            7 => unsafe { self.tile::<7, V>(r, j, width, 0, prefetch) },
-            6 => unsafe { self.tile::<6, V>(r, j, width, 0, prefetch) },
-            5 => unsafe { self.tile::<5, V>(r, j, width, 0, prefetch) },
-            4 => unsafe { self.tile::<4, V>(r, j, width, 0, prefetch) },
-            3 => unsafe { self.tile::<3, V>(r, j, width, 0, prefetch) },
-            2 => unsafe { self.tile::<2, V>(r, j, width, 0, prefetch) },
-            1 => unsafe { self.tile::<1, V>(r, j, width, 0, prefetch) },
+            9 => unsafe { self.tile::<9, V>(r, j, width, 0, prefetch, fetch) },
+            8 => unsafe { self.tile::<8, V>(r, j, width, 0, prefetch, fetch) },
+            7 => unsafe { self.tile::<7, V>(r, j, width, 0, prefetch, fetch) },
+            6 => unsafe { self.tile::<6, V>(r, j, width, 0, prefetch, fetch) },
+            5 => unsafe { self.tile::<5, V>(r, j, width, 0, prefetch, fetch) },
+            4 => unsafe { self.tile::<4, V>(r, j, width, 0, prefetch, fetch) },
+            3 => unsafe { self.tile::<3, V>(r, j, width, 0, prefetch, fetch) },
+            2 => unsafe { self.tile::<2, V>(r, j, width, 0, prefetch, fetch) },
+            1 => unsafe { self.tile::<1, V>(r, j, width, 0, prefetch, fetch) },
             _ => {}
         }
     }
@@ -188,18 +226,20 @@ impl Packed {
     #[target_feature(enable = "avx512f")]
     unsafe fn wide<const U: usize>(&self, j: usize, width: usize, first: usize) {
         // SAFETY (every arm): the caller's contract.
+        let none = Fetch::NONE;
         match self.rows {
-            13 => unsafe { self.tile::<13, U>(0, j, width, first, true) },
-            12 => unsafe { self.tile::<12, U>(0, j, width, first, true) },
-            11 => unsafe { self.tile::<11, U>(0, j, width, first, true) },
-            10 => unsafe { self.tile::<10, U>(0, j, width, first, true) },
+            13 => unsafe { self.tile::<13, U>(0, j, width, first, true, none) },
+            12 => unsafe { self.tile::<12, U>(0, j, width, first, true, none) },
+            11 => unsafe { self.tile::<11, U>(0, j, width, first, true, none) },
+            10 => unsafe { self.tile::<10, U>(0, j, width, first, true, none) },
             _ => {}
         }
     }
 
     /// The `R × 16·U` block of `out` at row `r`, column `j + 16 · first`: vectors `first..first
     /// + U` of the block at `j`, whose steps along K are `width` values each. With
-    /// `prefetch`, every step also asks for its lines of the step [`AHEAD`] further on.
+    /// `prefetch`, every step also asks for its lines of the step [`AHEAD`] further on; at the
+    /// start of each [`RUN`] of steps, the tile asks for its share of `fetch`'s lines.
     #[inline]
     #[target_feature(enable = "avx512f")]
     unsafe fn tile<const R: usize, const U: usize>(
@@ -209,6 +249,7 @@ impl Packed {
         width: usize,
         first: usize,
         prefetch: bool,
+        fetch: Fetch,
     ) {
         let k = self.k;
         // SAFETY (every pointer below): the blocks before `j` are whole, so block `j` starts
@@ -218,22 +259,32 @@ impl Packed {
         let block = unsafe { self.w.add(j * k + first * LANES) };
         let xs: [*const f32; R] = std::array::from_fn(|i| unsafe { self.x.add((r + i) * k) });
         let mut acc = [[_mm512_setzero_ps(); U]; R];
-        for at in 0..k {
-            let step = unsafe { block.add(at * width) };
-            if prefetch {
-                for v in 0..U {
-                    // A prefetch never faults, even past the end of the weights.
-                    _mm_prefetch::<_MM_HINT_T0>(step.wrapping_add(AHEAD * width + v * LANES).cast());
+        // The fetch's lines, spread evenly over the runs: `per_run` at the start of each.
+        let per_run = fetch.lines.len().div_ceil(k.div_ceil(RUN));
+        let mut line = fetch.lines.start;
+        for run in (0..k).step_by(RUN) {
+            for _ in 0..per_run.min(fetch.lines.end - line) {
+                // A prefetch never faults, even past the end of the weights.
+                let at = fetch.first.wrapping_add(line * 16).cast();
+                if fetch.near { _mm_prefetch::<_MM_HINT_T0>(at) } else { _mm_prefetch::<_MM_HINT_T1>(at) }
+                line += 1;
+            }
+            for at in run..(run + RUN).min(k) {
+                let step = unsafe { block.add(at * width) };
+                if prefetch {
+                    for v in 0..U {
+                        _mm_prefetch::<_MM_HINT_T0>(step.wrapping_add(AHEAD * width + v * LANES).cast());
+                    }
                 }
-            }
-            let mut wv = [_mm512_setzero_ps(); U];
-            for v in 0..U {
-                wv[v] = unsafe { _mm512_loadu_ps(step.add(v * LANES)) };
-            }
-            for i in 0..R {
-                let xv = _mm512_set1_ps(unsafe { *xs[i].add(at) });
+                let mut wv = [_mm512_setzero_ps(); U];
                 for v in 0..U {
-                    acc[i][v] = _mm512_fmadd_ps(xv, wv[v], acc[i][v]);
+                    wv[v] = unsafe { _mm512_loadu_ps(step.add(v * LANES)) };
+                }
+                for i in 0..R {
+                    let xv = _mm512_set1_ps(unsafe { *xs[i].add(at) });
+                    for v in 0..U {
+                        acc[i][v] = _mm512_fmadd_ps(xv, wv[v], acc[i][v]);
+                    }
                 }
             }
         }
@@ -248,4 +299,17 @@ impl Packed {
             }
         }
     }
+}
+
+/// Lines of packed weights that a tile asks for while it runs: lines `lines` (of 64 bytes) from
+/// `first`, into L1 where `near`, else into L2.
+struct Fetch {
+    first: *const f32,
+    lines: Range<usize>,
+    near: bool,
+}
+
+impl Fetch {
+    /// Nothing to ask for.
+    const NONE: Fetch = Fetch { first: std::ptr::null(), lines: 0..0, near: false };
 }
