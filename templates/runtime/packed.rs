@@ -12,20 +12,22 @@ use crate::tensor_file::{Tensor, TensorFile};
 
 impl TensorFile {
     /// The `[rows, cols]` matrix `name`, checked as [`TensorFile::f32`] checks it, packed for
-    /// the matmul kernel; or, from a saved model that holds it packed in this kernel's layout,
-    /// a slice of the file (see [`TensorFile::packed_entry`]).
+    /// the matmul kernel into the huge pages that every packed matrix of the file shares (see
+    /// [`TensorFile::pages_for`]), on a cache line, as the bf16 and int8 copies are; or, from a
+    /// saved model that holds it packed in this kernel's layout, a slice of the file (see
+    /// [`TensorFile::packed_entry`]).
     pub fn packed(&mut self, name: &str, shape: &[usize]) -> Result<Tensor, Error> {
         let [rows, cols] = shape else {
             unreachable!("a matrix has two dimensions, as the generated loader asks for")
         };
         let len = packed_len(*rows, *cols);
         if let Some(range) = self.packed_entry(name, Dtype::F32, "F32", len)? {
-            return Ok(self.slice_f32(range));
+            return self.slice_f32(range);
         }
         let matrix = self.read_f32(name, shape)?;
         let packed = pack(&matrix, *rows, *cols);
         assert_eq!(packed.len(), len, "`packed_len` and `pack` disagree");
         self.save_packed(name, Dtype::F32, len, || packed.iter().flat_map(|v| v.to_le_bytes()).collect());
-        Ok(self.keep(packed.into_boxed_slice()))
+        self.in_pages(&packed)
     }
 }

@@ -201,13 +201,23 @@ impl TensorFile {
 
     /// The f32 values of `range` (in `map`): a slice of the mapping when it starts on a cache
     /// line, as a saved model places its packed matrices, else an aligned copy.
-    pub(crate) fn slice_f32(&mut self, range: Range<usize>) -> Tensor {
+    pub(crate) fn slice_f32(&mut self, range: Range<usize>) -> Result<Tensor, Error> {
         let bytes = &self.map[range];
         if bytes.as_ptr().align_offset(64) == 0 {
-            return Tensor { ptr: bytes.as_ptr().cast(), len: bytes.len() / 4 };
+            return Ok(Tensor { ptr: bytes.as_ptr().cast(), len: bytes.len() / 4 });
         }
-        let copy: Box<[f32]> = bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
-        self.keep(copy)
+        let copy: Vec<f32> = bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
+        self.in_pages(&copy)
+    }
+
+    /// A copy of `values` in the huge pages of [`TensorFile::pages_for`], on a cache line (a
+    /// `Vec` of that size starts 16 bytes into a 4 KiB page).
+    pub(crate) fn in_pages(&mut self, values: &[f32]) -> Result<Tensor, Error> {
+        let at = self.pages_for(size_of_val(values))?.cast::<f32>();
+        // SAFETY: `pages_for` handed out room for `values`, on a cache line, that nothing else
+        // points to.
+        unsafe { std::ptr::copy_nonoverlapping(values.as_ptr(), at, values.len()) };
+        Ok(Tensor { ptr: at, len: values.len() })
     }
 
     /// A tensor of `copy`, which the storage keeps from now on.
