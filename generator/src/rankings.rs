@@ -29,8 +29,11 @@ pub const RANKINGS_DIR: &str = "rankings";
 ///
 /// Version 2: every timing starts after one untimed run of the same candidate's pass, and a
 /// matmul pass holds its weights as a crate's loader places them (huge pages, cache lines).
+/// Version 3: that untimed run precedes every pass of less than a second, not only those of
+/// less than 50 ms, so that a prefill pass too is timed with the caches as the candidate's own
+/// pass left them, not as the candidate before it did.
 pub const BUILD_FLAGS: &str =
-    "harness=2 opt-level=3 codegen-units=1 lto=thin panic=unwind debug-assertions=off";
+    "harness=3 opt-level=3 codegen-units=1 lto=thin panic=unwind debug-assertions=off";
 
 /// The leading `harness=N` word of `flags` (empty if there is none) and the compiler's part.
 fn split_flags(flags: &str) -> (&str, &str) {
