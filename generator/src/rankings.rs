@@ -97,8 +97,9 @@ pub struct Record {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub load_ns: Option<u64>,
     /// `load_ns` with each matrix's slowest of its three packings in place of its median: how
-    /// far a pause of the machine may have moved the packing's time. Absent from records made
-    /// before it was kept, where `load_ns` is taken as exact.
+    /// far a pause of the machine, or the first packing's first touches of fresh memory, may
+    /// have moved the packing's time. Absent from records made before it was kept, where
+    /// `load_ns` is taken as exact.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub load_max_ns: Option<u64>,
     /// Nanoseconds of one typical request in each timed round, in the order of the rounds.
