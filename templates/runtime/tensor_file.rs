@@ -30,12 +30,10 @@ pub struct TensorFile {
     pub(crate) entries: BTreeMap<String, Entry>,
     /// Names handed out so far.
     used: BTreeSet<String>,
-    /// Tensors that were not 4-byte aligned in the file, or not f32, copied as f32 (and packed
-    /// matrices).
-    copies: Vec<Box<[f32]>>,
     /// Anonymous memory asked for in huge pages, each with the bytes handed out of it so far:
-    /// the packed matrices of a crate whose matmul packs bfloat16 weights (bf16_tensor.rs), the
-    /// quantized matrices of an int8 crate (q8_tensor.rs).
+    /// every copy the crate makes of a tensor (f32 ones widened from BF16 or F16, or not 4-byte
+    /// aligned in the file; packed matrices, bf16_tensor.rs's packed bfloat16 ones, an int8
+    /// crate's quantized ones in q8_tensor.rs).
     pub(crate) pages: Vec<(MmapMut, usize)>,
     /// When the weights are being saved ([`TensorFile::saving`]): each tensor handed out so far,
     /// as the model holds it.
@@ -102,7 +100,6 @@ impl Deref for Tensor {
 /// Keeps the memory behind every [`Tensor`] of a file alive.
 pub struct Storage {
     _map: Mmap,
-    _copies: Vec<Box<[f32]>>,
     _pages: Vec<(MmapMut, usize)>,
     saved: Vec<Saved>,
 }
@@ -147,7 +144,6 @@ impl TensorFile {
             map,
             entries,
             used: BTreeSet::new(),
-            copies: Vec::new(),
             pages: Vec::new(),
             saved: None,
         })
@@ -181,33 +177,46 @@ impl TensorFile {
     /// [`TensorFile::f32`], without keeping a copy when saving.
     pub(crate) fn read_f32(&mut self, name: &str, shape: &[usize]) -> Result<Tensor, Error> {
         let (dtype, range) = self.checked(name, shape)?;
+        let bytes = &self.map[range.clone()];
+        if dtype == Dtype::F32 && bytes.as_ptr().align_offset(std::mem::align_of::<f32>()) == 0 {
+            return Ok(Tensor { ptr: bytes.as_ptr().cast(), len: bytes.len() / 4 });
+        }
+        // BF16 and F16 (as Hugging Face checkpoints often are) widen to f32 once, here; an F32
+        // tensor that the file placed at an offset that is not a multiple of 4 is copied.
+        self.copy_f32(dtype, range)
+    }
+
+    /// The tensor at `range` of the file, which holds it as `dtype` (F32, BF16 or F16), as f32
+    /// values in the huge pages of [`TensorFile::pages_for`], on a cache line. A decode step
+    /// streams such a copy as it streams the mapping; a `Box<[f32]>` would start 16 bytes into
+    /// a 4 KiB page (bench/RESULTS.md: packed matrices in such copies decoded 1.26x slower).
+    pub(crate) fn copy_f32(&mut self, dtype: Dtype, range: Range<usize>) -> Result<Tensor, Error> {
+        let len = range.len() / if dtype == Dtype::F32 { 4 } else { 2 };
+        let at = self.pages_for(len * size_of::<f32>())?.cast::<f32>();
+        // SAFETY: `pages_for` handed out room for `len` values, on a cache line, that nothing
+        // else points to.
+        let copy = unsafe { std::slice::from_raw_parts_mut(at, len) };
         let bytes = &self.map[range];
-        // BF16 and F16 (as Hugging Face checkpoints often are) widen to f32 once, here.
-        if dtype != Dtype::F32 {
-            let copy: Box<[f32]> = widened(dtype, bytes).collect();
-            return Ok(self.keep(copy));
+        if dtype == Dtype::F32 {
+            for (value, b) in copy.iter_mut().zip(bytes.chunks_exact(4)) {
+                *value = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+            }
+        } else {
+            for (value, widened) in copy.iter_mut().zip(widened(dtype, bytes)) {
+                *value = widened;
+            }
         }
-        let len = bytes.len() / 4;
-        if bytes.as_ptr().align_offset(std::mem::align_of::<f32>()) == 0 {
-            return Ok(Tensor { ptr: bytes.as_ptr().cast(), len });
-        }
-        // The file placed this tensor at an offset that is not a multiple of 4: copy it.
-        let copy: Box<[f32]> = bytes
-            .chunks_exact(4)
-            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-            .collect();
-        Ok(self.keep(copy))
+        Ok(Tensor { ptr: at, len })
     }
 
     /// The f32 values of `range` (in `map`): a slice of the mapping when it starts on a cache
     /// line, as a saved model places its packed matrices, else an aligned copy.
     pub(crate) fn slice_f32(&mut self, range: Range<usize>) -> Result<Tensor, Error> {
-        let bytes = &self.map[range];
+        let bytes = &self.map[range.clone()];
         if bytes.as_ptr().align_offset(64) == 0 {
             return Ok(Tensor { ptr: bytes.as_ptr().cast(), len: bytes.len() / 4 });
         }
-        let copy: Vec<f32> = bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
-        self.in_pages(&copy)
+        self.copy_f32(Dtype::F32, range)
     }
 
     /// A copy of `values` in the huge pages of [`TensorFile::pages_for`], on a cache line (a
@@ -218,13 +227,6 @@ impl TensorFile {
         // points to.
         unsafe { std::ptr::copy_nonoverlapping(values.as_ptr(), at, values.len()) };
         Ok(Tensor { ptr: at, len: values.len() })
-    }
-
-    /// A tensor of `copy`, which the storage keeps from now on.
-    pub(crate) fn keep(&mut self, copy: Box<[f32]>) -> Tensor {
-        let tensor = Tensor { ptr: copy.as_ptr(), len: copy.len() };
-        self.copies.push(copy);
-        tensor
     }
 
     /// The dtype and byte range (in `map`) of tensor `name` once it is known
@@ -363,7 +365,7 @@ impl TensorFile {
             .map(|name| format!("tensor `{name}` in {} is not used by this model", self.path.display()))
             .collect();
         let saved = self.saved.unwrap_or_default();
-        (Storage { _map: self.map, _copies: self.copies, _pages: self.pages, saved }, warnings)
+        (Storage { _map: self.map, _pages: self.pages, saved }, warnings)
     }
 }
 

@@ -71,17 +71,15 @@ impl Matrices {
         }
     }
 
-    /// The methods of tensor_file.rs that this crate never calls: `pages_for` (huge pages for
-    /// copies of the matrices) serves only packed copies and int8 matrices, `packed_entry` and
-    /// `save_packed` (a saved model's packed matrices) only packed matrices, `on_cache_line`
-    /// only bf16 and int8 ones, `slice_f32` and `in_pages` only packed f32 ones.
+    /// The methods of tensor_file.rs that this crate never calls: `packed_entry` and
+    /// `save_packed` (a saved model's packed matrices) serve only packed matrices,
+    /// `on_cache_line` only bf16 and int8 ones, `slice_f32` and `in_pages` only packed f32 ones.
     pub fn unused_tensor_file_methods(self) -> &'static [&'static str] {
         match self {
             Matrices::Bf16Packed | Matrices::Q8Packed => &["slice_f32", "in_pages"],
-            Matrices::Q8 => &["packed_entry", "save_packed", "slice_f32", "in_pages", "on_cache_line"],
             Matrices::Packed => &["on_cache_line"],
-            Matrices::F32 | Matrices::Bf16 => {
-                &["pages_for", "packed_entry", "save_packed", "slice_f32", "in_pages", "on_cache_line"]
+            Matrices::F32 | Matrices::Bf16 | Matrices::Q8 => {
+                &["packed_entry", "save_packed", "slice_f32", "in_pages", "on_cache_line"]
             }
         }
     }
