@@ -3,8 +3,9 @@
 //! the reference at the workload's shapes, then times them.
 //!
 //! Like the crates `build` writes, it is monomorphized: the shapes are consts, every
-//! candidate is a unit struct implementing its interface's trait of `templates/bench/
-//! harness.rs`, and `main` calls each one by name. `monogen bench` builds it with the
+//! candidate is a unit struct implementing its interface's trait (`Matmul` of
+//! `templates/bench/harness.rs`, the others of the architecture's `templates/bench/llama.rs`
+//! or `bert.rs`), and `main` calls each one by name. `monogen bench` builds it with the
 //! profile [`crate::rankings::BUILD_FLAGS`] describes and reads its JSON lines.
 
 use std::collections::{BTreeMap, BTreeSet};

@@ -1,5 +1,6 @@
-//! Times the implementations of every interface that has more than one, at the shapes of the
-//! default workload, stories260k: hidden 64, intermediate 172, 8 query heads and 4 kv heads
+//! Times the implementations of the f32 LLaMA interfaces that have more than one (matmul, the
+//! attentions and KV caches over f32 and bfloat16, rmsnorm, rope, swiglu, sampler; the bf16
+//! and int8 products are timed by `benches/weights.rs`), at the shapes of the default workload, stories260k: hidden 64, intermediate 172, 8 query heads and 4 kv heads
 //! of 8, vocabulary 512, 5 layers, a 128-token prompt (prefill, rows = 128) and decode steps
 //! (rows = 1) at context 192.
 //!
