@@ -72,7 +72,8 @@ pub(crate) struct Entry {
     bytes: Range<usize>,
 }
 
-/// An f32 tensor: a slice of the mapped file (or of an aligned copy).
+/// An f32 tensor: a slice of the mapped file, or of a copy in the file's huge pages
+/// ([`TensorFile::copy_f32`], [`TensorFile::in_pages`]).
 ///
 /// It dereferences to `[f32]`. The memory belongs to the [`Storage`] that
 /// [`TensorFile::finish`] returns; whoever holds tensors holds that storage too.
@@ -82,7 +83,8 @@ pub struct Tensor {
 }
 
 // SAFETY: a Tensor points into memory that is never written after loading (a read-only
-// mapping or a boxed copy), owned by a Storage that lives as long as the tensor's owner.
+// mapping, or a copy in the huge pages), owned by a Storage that lives as long as the tensor's
+// owner.
 unsafe impl Send for Tensor {}
 // SAFETY: as above; shared reads of immutable memory.
 unsafe impl Sync for Tensor {}

@@ -73,7 +73,7 @@ impl Matrices {
 
     /// The methods of tensor_file.rs that this crate never calls: `packed_entry` and
     /// `save_packed` (a saved model's packed matrices) serve only packed matrices,
-    /// `on_cache_line` only bf16 and int8 ones, `slice_f32` and `in_pages` only packed f32 ones.
+    /// `on_cache_line` only packed bf16 and int8 ones, `slice_f32` and `in_pages` only packed f32 ones.
     pub fn unused_tensor_file_methods(self) -> &'static [&'static str] {
         match self {
             Matrices::Bf16Packed | Matrices::Q8Packed => &["slice_f32", "in_pages"],
