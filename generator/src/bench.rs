@@ -145,7 +145,7 @@ pub fn records(
     host: &Host,
     measured_at: &str,
 ) -> BTreeMap<String, Vec<Record>> {
-    let shapes = rankings::shapes_signature(&plan.workload);
+    let shapes = plan.shapes.clone();
     let mut out: BTreeMap<String, Vec<Record>> = BTreeMap::new();
     for o in outcomes {
         let Some(imp) = registry.implementation(&o.interface, &o.implementation) else { continue };
@@ -221,40 +221,10 @@ pub fn bench_target_dir(project: &Project) -> PathBuf {
 /// left alone, so cargo rebuilds only what it must); returns its folder and crate name.
 pub fn write_harness(project: &Project, plan: &Plan, dir: &Path) -> Result<(PathBuf, String), Error> {
     let (output, name) = harness::emit(plan, &project.registry, &project.templates)?;
-    let crate_dir = dir.join(&plan.workload.name);
-    let src = crate_dir.join("src");
-    if src.exists() {
-        // Kernels of candidates that no longer compete must not linger.
-        for entry in walk(&src)? {
-            let rel = entry.strip_prefix(&crate_dir).unwrap_or(&entry).to_path_buf();
-            if !output.files.contains_key(&rel) {
-                std::fs::remove_file(&entry).map_err(|e| Error::io(&entry, e))?;
-            }
-        }
-    }
-    for (rel, text) in &output.files {
-        let path = crate_dir.join(rel);
-        if std::fs::read_to_string(&path).is_ok_and(|old| &old == text) {
-            continue;
-        }
-        if let Some(parent) = path.parent() {
-            std::fs::create_dir_all(parent).map_err(|e| Error::io(parent, e))?;
-        }
-        std::fs::write(&path, text).map_err(|e| Error::io(&path, e))?;
-    }
+    let crate_dir = dir.join(&plan.name);
+    // Kernels of candidates that no longer compete must not linger under src/.
+    crate::write::sync_folder(&crate_dir, &output.files, Path::new("src"))?;
     Ok((crate_dir, name))
-}
-
-fn walk(dir: &Path) -> Result<Vec<PathBuf>, Error> {
-    let mut out = Vec::new();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        for entry in std::fs::read_dir(&d).map_err(|e| Error::io(&d, e))?.flatten() {
-            let path = entry.path();
-            if path.is_dir() { stack.push(path) } else { out.push(path) }
-        }
-    }
-    Ok(out)
 }
 
 /// Compiles the harness in `crate_dir` (release) with its target folder at `target_dir`;
@@ -342,6 +312,303 @@ pub fn rfc3339(secs: u64) -> String {
     let month = if mp < 10 { mp + 3 } else { mp - 9 };
     let year = yoe + era * 400 + i64::from(month <= 2);
     format!("{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z", rest / 3600, rest / 60 % 60, rest % 60)
+}
+
+/// What `monogen bench` is asked to do for each workload.
+#[derive(Debug, Clone, Default)]
+pub struct Options {
+    pub timing: Timing,
+    /// Measure only these interfaces (all when empty).
+    pub only: Vec<String>,
+    /// Measure and report, but leave rankings/ as it is.
+    pub dry_run: bool,
+}
+
+/// Where a run of the harness is, for a progress bar.
+#[derive(Debug, Clone, Copy)]
+pub enum Progress<'a> {
+    Compiling,
+    Validating,
+    /// The harness will time this many rounds.
+    Rounds(usize),
+    /// One round of this interface is done.
+    Round(&'a str),
+}
+
+/// A choice that the new measurements change.
+#[derive(Debug, Clone, Serialize)]
+pub struct Change {
+    pub interface: String,
+    pub from: String,
+    pub to: String,
+    pub reason: String,
+}
+
+/// One interface's candidates as measured, and what `build` now chooses.
+#[derive(Debug, Clone, Serialize)]
+pub struct Measurement {
+    pub interface: String,
+    /// The implementation the others are compared with.
+    pub reference: String,
+    pub chosen: String,
+    pub outcomes: Vec<Outcome>,
+}
+
+/// What `monogen bench` did for one workload.
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    pub workload: String,
+    #[serde(skip)]
+    pub path: PathBuf,
+    pub hardware: Host,
+    /// The hardware class the workload names (`target.hardware`), when it is not this machine's.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub workload_hardware: Option<String>,
+    pub shapes: String,
+    pub build_flags: &'static str,
+    pub measured_at: String,
+    /// `(typical prompt, decode steps)` of a decoder, `(sentences, tokens)` of an encoder.
+    #[serde(skip)]
+    request: crate::workload::Request,
+    pub results: Vec<Outcome>,
+    #[serde(skip)]
+    pub measurements: Vec<Measurement>,
+    pub rankings_written: Vec<String>,
+    pub choices_changed: Vec<Change>,
+    pub dry_run: bool,
+}
+
+/// Measures every competing implementation of the workload at `path` on this machine, records
+/// the results under rankings/<this machine's class>/ (unless `dry_run`), and reports what
+/// `build` now chooses. A workload that names another hardware class (or none) is measured
+/// all the same: the report says which class the records went to and how the workload uses them.
+pub fn bench(
+    project: &mut Project,
+    path: &Path,
+    options: &Options,
+    mut progress: impl FnMut(Progress),
+) -> Result<Report, Error> {
+    let w = project.read_workload(path)?;
+    let required = crate::resolve::required_interfaces(&w);
+    if let Some(unknown) = options.only.iter().find(|name| !required.contains(&name.as_str())) {
+        return Err(Error::Refused(format!(
+            "`{unknown}` is not an interface of {}: it calls {}",
+            crate::shown(path),
+            required.join(", ")
+        )));
+    }
+    let host = Host::detect().map_err(Error::Refused)?;
+    let class = host.class.clone();
+    // The workload as this machine's: the class whose records choose its kernels here.
+    let mut here = w.clone();
+    here.target.hardware = Some(class.clone());
+    let workload_hardware = w.target.hardware.clone().filter(|c| *c != class);
+    let workload_hardware =
+        if w.target.hardware.is_none() { Some("none".to_string()) } else { workload_hardware };
+
+    // The interfaces to measure, and the harness that measures them (and no others).
+    let measured: Vec<&str> = required
+        .iter()
+        .copied()
+        .filter(|i| options.only.is_empty() || options.only.iter().any(|o| o == i))
+        .collect();
+    let mut plan = project.plan(&here, path)?;
+    plan.interfaces.retain(|i| measured.contains(&i.interface.as_str()));
+    progress(Progress::Compiling);
+    let dir = bench_dir(project);
+    let (crate_dir, crate_name) = write_harness(project, &plan, &dir)?;
+    let exe = build_harness(&crate_dir, &bench_target_dir(project), &crate_name)?;
+    progress(Progress::Validating);
+    let raw = run_harness(&exe, &options.timing, |event| match event {
+        Event::Begin { rounds, .. } => progress(Progress::Rounds(*rounds)),
+        Event::Round { interface } => progress(Progress::Round(interface)),
+        Event::Result(_) => {}
+    })?;
+
+    let outcomes: Vec<Outcome> = raw
+        .iter()
+        .map(|r| {
+            let version = project
+                .registry
+                .implementation(&r.interface, &r.implementation)
+                .map_or_else(String::new, |i| i.version.clone());
+            summarize(r, &version)
+        })
+        .collect();
+    let measured_at = now_utc();
+    let records = records(&outcomes, &plan, &project.registry, &host, &measured_at);
+    let shapes = rankings::shapes_signature(&w);
+    let mut updated = project.rankings.clone();
+    for &interface in &measured {
+        updated.replace(&class, interface, &shapes, records.get(interface).cloned().unwrap_or_default());
+    }
+    let mut written = Vec::new();
+    if !options.dry_run {
+        for &interface in &measured {
+            let (rel, text) = updated.render(&class, interface);
+            if crate::write::write_file(&project.root.join(&rel), text.as_bytes())? {
+                written.push(rel.display().to_string());
+            }
+        }
+    }
+    // What `build` will choose now (on this machine), against what the crate holds.
+    let new_plan = if options.dry_run {
+        Project { rankings: updated, ..project.clone() }.plan(&here, path)?
+    } else {
+        project.rankings = updated;
+        project.plan(&here, path)?
+    };
+    // A crate built for another class is not chosen from these records.
+    let locked = match workload_hardware {
+        None => crate::lock::locked_choices(&project.default_out_dir(&w.name)),
+        Some(_) => Default::default(),
+    };
+    let choices_changed = new_plan
+        .interfaces
+        .iter()
+        .filter_map(|i| {
+            let old = locked.get(&i.interface)?;
+            (old != &i.chosen.name).then(|| Change {
+                interface: i.interface.clone(),
+                from: old.clone(),
+                to: i.chosen.name.clone(),
+                reason: i.chosen.reason.clone(),
+            })
+        })
+        .collect();
+    let measurements = new_plan
+        .interfaces
+        .iter()
+        .filter(|i| outcomes.iter().any(|o| o.interface == i.interface))
+        .map(|i| Measurement {
+            interface: i.interface.clone(),
+            reference: project.registry.interfaces[&i.interface].reference.clone(),
+            chosen: i.chosen.name.clone(),
+            outcomes: outcomes.iter().filter(|o| o.interface == i.interface).cloned().collect(),
+        })
+        .collect();
+    Ok(Report {
+        workload: w.name.clone(),
+        path: path.to_path_buf(),
+        hardware: host,
+        workload_hardware,
+        shapes,
+        build_flags: BUILD_FLAGS,
+        measured_at,
+        request: w.request.clone(),
+        results: outcomes,
+        measurements,
+        rankings_written: written,
+        choices_changed,
+        dry_run: options.dry_run,
+    })
+}
+
+impl Report {
+    /// The text `monogen bench` prints.
+    pub fn render(&self) -> String {
+        use crate::explain::slowest;
+        use crate::plan::human_ns;
+        use crate::workload::Request;
+        let h = &self.hardware;
+        let mut s = format!("{} on {} ({}, {} cores, {})\n", self.workload, h.class, h.cpu, h.cores, h.rustc);
+        match &self.request {
+            Request::Decoder(r) => s.push_str(&format!(
+                "  time per typical request: one prefill of {} tokens and {} decode steps\n",
+                r.typical_prompt_len.min(r.max_seq_len),
+                r.typical_decode_len
+            )),
+            Request::Encoder(r) => s.push_str(&format!(
+                "  time per typical request: one call on {} sentence(s) of {} tokens\n",
+                r.typical_batch, r.typical_seq_len
+            )),
+        }
+        let per_load = self.request.requests_per_load();
+        for m in &self.measurements {
+            s.push_str(&format!("\n{}\n", m.interface));
+            let median = |o: &Outcome| match o.result {
+                Measured::Ok { median_ns, .. } => median_ns,
+                _ => f64::INFINITY,
+            };
+            // By time per request, with the share of the load where the workload counts it.
+            let charged = |o: &Outcome| match (&o.result, per_load) {
+                (Measured::Ok { median_ns, load_ns: Some(load), .. }, Some(n)) => median_ns + load / n as f64,
+                _ => median(o),
+            };
+            let mut mine: Vec<&Outcome> = m.outcomes.iter().collect();
+            mine.sort_by(|a, b| charged(a).total_cmp(&charged(b)));
+            let reference_median = mine.iter().find(|o| o.implementation == m.reference).map(|o| median(o));
+            for o in mine {
+                let mark = if o.implementation == m.chosen { "*" } else { " " };
+                let line = match &o.result {
+                    Measured::Ok { median_ns, p90_ns, samples, load_ns, load_max_ns, .. } => {
+                        let ratio = reference_median
+                            .filter(|r| r.is_finite() && o.implementation != m.reference)
+                            .map(|r| format!(", {:.2}x the reference's speed", r / median_ns))
+                            .unwrap_or_default();
+                        let counted = match per_load {
+                            Some(n) => {
+                                format!(", {} a request counted", human_ns(load_ns.unwrap_or(0.0) / n as f64))
+                            }
+                            None => ", not counted".to_string(),
+                        };
+                        let load = load_ns
+                            .map(|ns| {
+                                format!(
+                                    "; packing at load {}{}{counted}",
+                                    human_ns(ns),
+                                    slowest(*load_max_ns)
+                                )
+                            })
+                            .unwrap_or_default();
+                        format!(
+                            "{:>12}  p90 {:>12}  ({samples} samples{ratio}{load})",
+                            human_ns(*median_ns),
+                            human_ns(*p90_ns)
+                        )
+                    }
+                    Measured::Failed { reason } => format!("FAILED against the reference: {reason}"),
+                    Measured::Skipped { reason } => format!("skipped: {reason}"),
+                };
+                s.push_str(&format!(" {mark} {:<20} {line}\n", o.implementation));
+            }
+        }
+        s.push('\n');
+        let class = &h.class;
+        if self.dry_run {
+            s.push_str("dry run: rankings/ left unchanged\n");
+        } else if self.rankings_written.is_empty() {
+            s.push_str(&format!("rankings/{class}/ unchanged\n"));
+        } else {
+            s.push_str(&format!("wrote {}\n", self.rankings_written.join(", ")));
+            s.push_str(
+                "  rankings/ is now modified in the working tree: commit it with the crates it regenerates, or `git checkout rankings/` to drop these measurements\n",
+            );
+        }
+        let shown = crate::shown(&self.path);
+        if let Some(other) = &self.workload_hardware {
+            let named = if other == "none" {
+                "names no hardware class (its kernels are chosen by declared priority)".to_string()
+            } else {
+                format!(
+                    "is tuned for hardware class `{other}`, so `build` chooses its kernels from rankings/{other}/"
+                )
+            };
+            s.push_str(&format!(
+                "{shown} {named}; these measurements are this machine's (`{class}`). A workload with `hardware = \"{class}\"` in its [target] (`monogen init --hardware this`) uses them; * marks what it would choose\n"
+            ));
+            return s;
+        }
+        if self.choices_changed.is_empty() {
+            s.push_str(&format!("no choice of {} changes (* marks the choices)\n", self.workload));
+        } else {
+            for c in &self.choices_changed {
+                s.push_str(&format!("{}: {} → {} ({})\n", c.interface, c.from, c.to, c.reason));
+            }
+            s.push_str(&format!("run `monogen build {shown}` to regenerate the crate\n"));
+        }
+        s
+    }
 }
 
 #[cfg(test)]

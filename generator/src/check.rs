@@ -4,48 +4,15 @@
 //! hash and every choice with its source hash; comparing it with a fresh plan names the
 //! cause of a difference. When none of those changed, the generator or the templates did.
 
-use serde::Deserialize;
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
 
 use crate::emit::MONOGEN_VERSION;
+use crate::lock::LOCK_FILE;
+use crate::lock::Lock;
+pub use crate::lock::locked_choices;
 use crate::plan::Plan;
-
-#[derive(Debug, Deserialize)]
-struct Lock {
-    #[serde(default)]
-    monogen: String,
-    #[serde(default)]
-    workload_sha256: String,
-    #[serde(default)]
-    choice: Vec<LockChoice>,
-    #[serde(default)]
-    shared: Vec<LockShared>,
-}
-
-#[derive(Debug, Deserialize)]
-struct LockChoice {
-    interface: String,
-    implementation: String,
-    version: String,
-    source_sha256: String,
-}
-
-#[derive(Debug, Deserialize)]
-struct LockShared {
-    module: String,
-    source_sha256: String,
-}
-
-/// The choices recorded in `dir`'s monogen.lock (interface → implementation); empty when
-/// there is none or it cannot be read.
-pub fn locked_choices(dir: &std::path::Path) -> std::collections::BTreeMap<String, String> {
-    let Ok(text) = std::fs::read_to_string(dir.join(crate::emit::LOCK_FILE)) else {
-        return Default::default();
-    };
-    let body = text.split_once('\n').map_or("", |(_, b)| b);
-    toml::from_str::<Lock>(body)
-        .map(|lock| lock.choice.into_iter().map(|c| (c.interface, c.implementation)).collect())
-        .unwrap_or_default()
-}
+use crate::{Error, Project, shown};
 
 /// The causes of a difference, given the old lock file's text (header included).
 pub fn reasons(
@@ -57,8 +24,7 @@ pub fn reasons(
     let Some(text) = old_lock else {
         return vec!["the crate has not been generated yet (no monogen.lock)".into()];
     };
-    let body = text.split_once('\n').map_or("", |(_, b)| b);
-    let Ok(lock) = toml::from_str::<Lock>(body) else {
+    let Ok(lock) = Lock::parse(text) else {
         return vec!["monogen.lock cannot be read".into()];
     };
     let mut out = Vec::new();
@@ -112,4 +78,163 @@ pub fn reasons(
         );
     }
     out
+}
+
+/// What `monogen check` found for one crate.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+#[serde(tag = "status", rename_all = "snake_case")]
+pub enum Finding {
+    /// The crate is what `build` would write now, and every competing kernel is measured.
+    Ok { dir: PathBuf, workload: PathBuf },
+    /// The crate differs from what `build` would write, or kernels lack measurements.
+    Stale {
+        dir: PathBuf,
+        workload: PathBuf,
+        /// Why, one cause a line.
+        because: Vec<String>,
+        /// `(what, file, edited by hand)`: `missing`, `differs` or `stale`.
+        files: Vec<(String, PathBuf, bool)>,
+        /// The command that fixes it.
+        fix: String,
+    },
+    /// A crate under generated/ that no workload under workloads/ generates.
+    Orphan { dir: PathBuf, name: String },
+}
+
+/// What `monogen check` found, crate by crate.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
+pub struct Report {
+    pub findings: Vec<Finding>,
+}
+
+impl Report {
+    /// Whether every crate is fresh.
+    pub fn is_clean(&self) -> bool {
+        self.findings.iter().all(|f| matches!(f, Finding::Ok { .. }))
+    }
+
+    /// The text `monogen check` prints.
+    pub fn render(&self) -> String {
+        let mut s = String::new();
+        for f in &self.findings {
+            match f {
+                Finding::Ok { dir, workload } => {
+                    s.push_str(&format!("ok      {} ({})\n", shown(dir), shown(workload)));
+                }
+                Finding::Stale { dir, workload, because, files, fix } => {
+                    s.push_str(&format!("STALE   {} ({})\n", shown(dir), shown(workload)));
+                    for reason in because {
+                        s.push_str(&format!("        because {reason}\n"));
+                    }
+                    for (what, file, edited) in files {
+                        let edited = if *edited { " (edited by hand)" } else { "" };
+                        s.push_str(&format!("        {what}: {}{edited}\n", file.display()));
+                    }
+                    s.push_str(&format!("        fix: {fix}\n"));
+                }
+                Finding::Orphan { dir, name } => {
+                    s.push_str(&format!("ORPHAN  {} has no workload in workloads/\n", shown(dir)));
+                    s.push_str(&format!("        fix: delete it, or add workloads/{name}.toml\n"));
+                }
+            }
+        }
+        s
+    }
+}
+
+/// What to check: the named workloads, every workload under workloads/ (`all`), and where
+/// their crates are (`out`, for one workload; generated/<name>/ otherwise).
+#[derive(Debug, Clone, Default)]
+pub struct Request {
+    pub workloads: Vec<PathBuf>,
+    pub all: bool,
+    pub out: Option<PathBuf>,
+}
+
+/// Compares each workload's crate with what `build` would write now.
+pub fn check(project: &Project, request: &Request) -> Result<Report, Error> {
+    let mut paths = request.workloads.clone();
+    if request.all {
+        paths.extend(project.workloads()?);
+    }
+    if paths.is_empty() {
+        return Err(Error::Refused("name the workloads to check, or pass --all".into()));
+    }
+    let mut seen = BTreeSet::new();
+    paths.retain(|p| seen.insert(std::fs::canonicalize(p).unwrap_or_else(|_| p.clone())));
+    if request.out.is_some() && paths.len() > 1 {
+        return Err(Error::Refused("--out takes one workload; check the others separately".into()));
+    }
+    let mut report = Report::default();
+    let mut names: Vec<String> = Vec::new();
+    for path in &paths {
+        let (plan, output) = project.generate_into(path, request.out.as_deref())?;
+        let dir = request.out.clone().unwrap_or_else(|| project.default_out_dir(&plan.name));
+        if names.contains(&plan.name) {
+            return Err(Error::Refused(format!(
+                "two workloads are named `{}` (the second is {}); each crate needs its own name",
+                plan.name,
+                shown(path)
+            )));
+        }
+        names.push(plan.name.clone());
+        report.findings.push(finding(project, path, &dir, &plan, &output)?);
+    }
+    if request.all {
+        let generated = project.root.join("generated");
+        if let Ok(entries) = std::fs::read_dir(&generated) {
+            let mut orphans: Vec<String> = entries
+                .flatten()
+                .filter(|e| e.path().join(LOCK_FILE).exists())
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| !names.contains(n))
+                .collect();
+            orphans.sort();
+            for name in orphans {
+                report.findings.push(Finding::Orphan { dir: generated.join(&name), name });
+            }
+        }
+    }
+    Ok(report)
+}
+
+fn finding(
+    project: &Project,
+    path: &Path,
+    dir: &Path,
+    plan: &Plan,
+    output: &crate::emit::Output,
+) -> Result<Finding, Error> {
+    let diff = crate::write::diff(dir, output)?;
+    let unmeasured: Vec<&String> = plan.interfaces.iter().flat_map(|i| &i.unmeasured).collect();
+    if diff.is_clean() && unmeasured.is_empty() {
+        return Ok(Finding::Ok { dir: dir.to_path_buf(), workload: path.to_path_buf() });
+    }
+    let mut because = Vec::new();
+    if !diff.is_clean() {
+        let old_lock = std::fs::read_to_string(dir.join(LOCK_FILE)).ok();
+        because.extend(reasons(old_lock.as_deref(), plan, &project.registry, &diff));
+    }
+    because.extend(unmeasured.iter().map(|n| n.to_string()));
+    let mut files = Vec::new();
+    for (what, list) in [("missing", &diff.missing), ("differs", &diff.modified), ("stale", &diff.stale)] {
+        for f in list {
+            files.push((what.to_string(), f.clone(), diff.hand_edited.contains(f)));
+        }
+    }
+    let out = if *dir == project.default_out_dir(&plan.name) {
+        String::new()
+    } else {
+        format!(" --out {}", shown(dir))
+    };
+    let fix = if unmeasured.is_empty() {
+        format!("monogen build {}{out}", shown(path))
+    } else {
+        format!(
+            "monogen bench {0} (on hardware class {1}), then monogen build {0}{out}",
+            shown(path),
+            plan.target.hardware.as_deref().unwrap_or_default()
+        )
+    };
+    Ok(Finding::Stale { dir: dir.to_path_buf(), workload: path.to_path_buf(), because, files, fix })
 }

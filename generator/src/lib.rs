@@ -18,9 +18,10 @@ pub mod check;
 pub mod cpu;
 pub mod diagnostics;
 pub mod emit;
+pub mod explain;
 pub mod host;
 pub mod init;
-mod init_bert;
+pub mod lock;
 pub mod plan;
 pub mod rankings;
 pub mod registry;
@@ -122,7 +123,7 @@ impl Project {
     /// Resolves a workload against the registry and the rankings, with the crate in its
     /// default output directory as the previous generation.
     pub fn plan(&self, workload: &Workload, path: &Path) -> Result<Plan, Error> {
-        self.plan_for(workload, path, &self.default_out_dir(workload))
+        self.plan_for(workload, path, &self.default_out_dir(&workload.name))
     }
 
     /// Resolves a workload whose crate lives in `out_dir`: the choices recorded in its
@@ -148,15 +149,15 @@ impl Project {
     /// [`Project::generate`] for a crate in `out_dir` (default: generated/<name>/).
     pub fn generate_into(&self, path: &Path, out_dir: Option<&Path>) -> Result<(Plan, Output), Error> {
         let workload = self.read_workload(path)?;
-        let dir = out_dir.map_or_else(|| self.default_out_dir(&workload), Path::to_path_buf);
+        let dir = out_dir.map_or_else(|| self.default_out_dir(&workload.name), Path::to_path_buf);
         let plan = self.plan_for(&workload, path, &dir)?;
         let output = self.emit(&plan)?;
         Ok((plan, output))
     }
 
-    /// Where a workload's crate goes unless `--out` says otherwise.
-    pub fn default_out_dir(&self, workload: &Workload) -> PathBuf {
-        self.root.join("generated").join(&workload.name)
+    /// Where the crate of the workload named `name` goes unless `--out` says otherwise.
+    pub fn default_out_dir(&self, name: &str) -> PathBuf {
+        self.root.join("generated").join(name)
     }
 
     /// Every workload under `workloads/`, sorted.
@@ -175,4 +176,14 @@ impl Project {
 
 fn is_root(dir: &Path) -> bool {
     ["interfaces", "implementations", "templates"].iter().all(|d| dir.join(d).is_dir())
+}
+
+/// `path` relative to the current directory when it is below it (shorter messages).
+pub fn shown(path: &Path) -> String {
+    let cwd = std::env::current_dir().ok().and_then(|d| std::fs::canonicalize(d).ok());
+    let full = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
+    match cwd.as_deref().and_then(|cwd| full.strip_prefix(cwd).ok()) {
+        Some(relative) if !relative.as_os_str().is_empty() => relative.display().to_string(),
+        _ => path.display().to_string(),
+    }
 }

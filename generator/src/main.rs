@@ -9,12 +9,11 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
-use monogen::emit::LOCK_FILE;
+use monogen::bench::Progress;
 use monogen::init::{CpuFeatures, InitOptions};
-use monogen::plan::{Consts, Plan, Verdict, human_bytes, human_ns};
-use monogen::rankings::Evidence;
-use monogen::workload::{Activations, Dtype, KvDtype, Request};
-use monogen::{Error, Project, check, init, write};
+use monogen::plan::human_bytes;
+use monogen::workload::{Activations, Dtype, KvDtype};
+use monogen::{Error, Project, check, init, shown, write};
 
 #[derive(Parser)]
 #[command(
@@ -86,14 +85,20 @@ enum Command {
     },
     /// Show, per interface, every candidate and why it was chosen or rejected, and the memory footprint.
     Explain {
+        /// The workload file (TOML).
         workload: PathBuf,
+        /// Where the crate is (default: generated/<name>/): its monogen.lock holds the
+        /// incumbent choices.
+        #[arg(long, value_name = "DIR")]
+        out: Option<PathBuf>,
         /// Print the plan as JSON.
         #[arg(long)]
         json: bool,
     },
     /// Generate the crate for each workload (default: generated/<name>/).
     Build {
-        #[arg(required = true)]
+        /// The workload files (TOML) to generate crates for.
+        #[arg(required = true, value_name = "WORKLOAD")]
         workloads: Vec<PathBuf>,
         /// Output directory (only with one workload).
         #[arg(long, value_name = "DIR")]
@@ -103,9 +108,10 @@ enum Command {
         force: bool,
     },
     /// Measure every competing implementation of each workload on this machine and record the
-    /// results in rankings/<hardware class>/.
+    /// results in rankings/<this machine's hardware class>/.
     Bench {
-        #[arg(required = true)]
+        /// The workload files (TOML) whose kernels to measure.
+        #[arg(required = true, value_name = "WORKLOAD")]
         workloads: Vec<PathBuf>,
         /// Print the results as one JSON document.
         #[arg(long)]
@@ -131,6 +137,7 @@ enum Command {
     /// Write a model directory (config.json, random model.safetensors, tokenizer.json) with a
     /// workload's shapes, for benchmarks.
     SynthWeights {
+        /// The workload file (TOML) whose shapes the model takes.
         workload: PathBuf,
         /// The directory to write (created if missing).
         #[arg(long, value_name = "DIR")]
@@ -150,10 +157,14 @@ enum Command {
     },
     /// Exit 0 if every committed crate is what `build` would write now, 1 if not (saying why), 2 on errors.
     Check {
+        /// The workload files (TOML) whose crates to check.
         workloads: Vec<PathBuf>,
         /// Check every workload in workloads/ and look for crates without one.
         #[arg(long)]
         all: bool,
+        /// Where the crate is, when it was built with `build --out` (only with one workload).
+        #[arg(long, value_name = "DIR")]
+        out: Option<PathBuf>,
     },
 }
 
@@ -232,72 +243,41 @@ fn run(cli: Cli) -> Result<ExitCode, Error> {
             hardware,
             force,
         } => {
-            let hardware = match hardware.as_str() {
-                "this" => Some(monogen::host::this_class()),
-                "none" => None,
-                class if monogen::workload::is_hardware_class(class) => Some(class.to_string()),
-                class => {
-                    return Err(Error::Refused(format!(
-                        "--hardware `{class}` cannot name a hardware class: use lowercase letters, digits and `-`"
-                    )));
-                }
-            };
             let templates = monogen::emit::Templates::load(&find_root(cli.root)?)?;
-            if !monogen::workload::is_crate_name(&name) {
-                return Err(Error::Refused(format!(
-                    "--name `{name}` cannot name a crate: use lowercase letters, digits, `-` and `_`, starting with a letter"
-                )));
-            }
-            let cpu_features = CpuFeatures::parse(&cpu_features).map_err(Error::Refused)?;
             let opts = InitOptions {
                 name,
                 dtype,
                 activations,
                 kv_cache,
                 threads,
-                cpu_features,
+                cpu_features: CpuFeatures::parse(&cpu_features).map_err(Error::Refused)?,
                 max_seq_len,
                 typical_prompt_len: prompt_len,
                 typical_decode_len: decode_len,
-                hardware,
+                hardware: init::parse_hardware(&hardware)?,
                 max_batch,
                 requests_per_load,
             };
-            let workload = init::workload_from_hf(&hf, &opts)?;
-            let text = init::render(&workload, &templates, &hf)?;
             let label = output.clone().unwrap_or_else(|| PathBuf::from("<standard output>"));
-            monogen::workload::WorkloadSource::from_text(&label, &text).parse().map_err(|mut ds| {
-                for d in &mut ds {
-                    d.notes.push(format!("the workload was written from {}/config.json", hf.display()));
-                }
-                Error::Diagnostics(ds)
-            })?;
+            let text = init::workload_file(&hf, &opts, &templates, &label)?;
             match output {
                 None => print!("{text}"),
                 Some(path) => {
-                    if path.exists() && !force {
-                        return Err(Error::Refused(format!(
-                            "{} exists; pass --force to overwrite it",
-                            path.display()
-                        )));
-                    }
-                    if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
-                        std::fs::create_dir_all(parent).map_err(|e| Error::io(parent, e))?;
-                    }
-                    std::fs::write(&path, &text).map_err(|e| Error::io(&path, e))?;
-                    eprintln!("wrote {}", path.display());
+                    init::write_workload_file(&path, &text, force)?;
+                    eprintln!("wrote {}", shown(&path));
                 }
             }
             Ok(ExitCode::SUCCESS)
         }
-        Command::Explain { workload, json } => {
+        Command::Explain { workload, out, json } => {
             let project = project(cli.root)?;
             let w = project.read_workload(&workload)?;
-            let plan = project.plan(&w, &workload)?;
+            let dir = out.unwrap_or_else(|| project.default_out_dir(&w.name));
+            let plan = project.plan_for(&w, &workload, &dir)?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&plan).expect("a plan always serializes"));
             } else {
-                print!("{}", explain(&plan, &workload, &project.default_out_dir(&w)));
+                print!("{}", monogen::explain::render(&plan, &workload, &dir));
             }
             Ok(ExitCode::SUCCESS)
         }
@@ -308,7 +288,7 @@ fn run(cli: Cli) -> Result<ExitCode, Error> {
             let project = project(cli.root)?;
             for path in &workloads {
                 let (plan, output) = project.generate_into(path, out.as_deref())?;
-                let dir = out.clone().unwrap_or_else(|| project.default_out_dir(&plan.workload));
+                let dir = out.clone().unwrap_or_else(|| project.default_out_dir(&plan.name));
                 let report = write::write(&dir, &output, force)?;
                 if report.changed() {
                     eprintln!(
@@ -327,14 +307,37 @@ fn run(cli: Cli) -> Result<ExitCode, Error> {
         }
         Command::Bench { workloads, json, samples, warm_up, min_sample_us, dry_run, interfaces } => {
             let mut project = project(cli.root)?;
-            let timing = monogen::bench::Timing {
-                samples: samples as usize,
-                warm_up: warm_up as usize,
-                min_sample_us,
+            let options = monogen::bench::Options {
+                timing: monogen::bench::Timing {
+                    samples: samples as usize,
+                    warm_up: warm_up as usize,
+                    min_sample_us,
+                },
+                only: interfaces,
+                dry_run,
             };
             let mut reports = Vec::new();
             for path in &workloads {
-                reports.push(bench_one(&mut project, path, &timing, &interfaces, json, dry_run)?);
+                let bar = progress_bar(json);
+                let report = monogen::bench::bench(&mut project, path, &options, |p| match p {
+                    Progress::Compiling => {
+                        bar.set_message(format!("{}: compiling the benchmark harness", shown(path)))
+                    }
+                    Progress::Validating => bar.set_message(format!("{}: validating", shown(path))),
+                    Progress::Rounds(n) => {
+                        bar.set_length(n as u64);
+                        bar.set_position(0);
+                    }
+                    Progress::Round(interface) => {
+                        bar.set_message(format!("{}: {interface}", shown(path)));
+                        bar.inc(1);
+                    }
+                })?;
+                bar.finish_and_clear();
+                if !json {
+                    print!("{}", report.render());
+                }
+                reports.push(serde_json::to_value(&report).expect("reports serialize"));
             }
             if json {
                 let doc = if reports.len() == 1 {
@@ -373,331 +376,13 @@ fn run(cli: Cli) -> Result<ExitCode, Error> {
             }
             Ok(ExitCode::SUCCESS)
         }
-        Command::Check { workloads, all } => {
+        Command::Check { workloads, all, out } => {
             let project = project(cli.root)?;
-            let mut paths = workloads;
-            if all {
-                paths.extend(project.workloads()?);
-            }
-            if paths.is_empty() {
-                return Err(Error::Refused("name the workloads to check, or pass --all".into()));
-            }
-            let mut seen = std::collections::BTreeSet::new();
-            paths.retain(|p| seen.insert(std::fs::canonicalize(p).unwrap_or_else(|_| p.clone())));
-            let mut stale = 0;
-            let mut names: Vec<String> = Vec::new();
-            for path in &paths {
-                let (plan, output) = project.generate(path)?;
-                let dir = project.default_out_dir(&plan.workload);
-                if names.contains(&plan.workload.name) {
-                    return Err(Error::Refused(format!(
-                        "two workloads are named `{}` (the second is {}); each crate needs its own name",
-                        plan.workload.name,
-                        shown(path)
-                    )));
-                }
-                names.push(plan.workload.name.clone());
-                let diff = write::diff(&dir, &output)?;
-                let unmeasured: Vec<&String> = plan.interfaces.iter().flat_map(|i| &i.unmeasured).collect();
-                if diff.is_clean() && unmeasured.is_empty() {
-                    println!("ok      {} ({})", shown(&dir), shown(path));
-                    continue;
-                }
-                stale += 1;
-                println!("STALE   {} ({})", shown(&dir), shown(path));
-                if !diff.is_clean() {
-                    let old_lock = std::fs::read_to_string(dir.join(LOCK_FILE)).ok();
-                    for reason in check::reasons(old_lock.as_deref(), &plan, &project.registry, &diff) {
-                        println!("        because {reason}");
-                    }
-                }
-                for note in &unmeasured {
-                    println!("        because {note}");
-                }
-                for (what, files) in
-                    [("missing", &diff.missing), ("differs", &diff.modified), ("stale", &diff.stale)]
-                {
-                    for f in files {
-                        let edited = if diff.hand_edited.contains(f) { " (edited by hand)" } else { "" };
-                        println!("        {what}: {}{edited}", f.display());
-                    }
-                }
-                if unmeasured.is_empty() {
-                    println!("        fix: monogen build {}", shown(path));
-                } else {
-                    println!(
-                        "        fix: monogen bench {0} (on hardware class {1}), then monogen build {0}",
-                        shown(path),
-                        plan.workload.target.hardware.as_deref().unwrap_or_default()
-                    );
-                }
-            }
-            if all {
-                let generated = project.root.join("generated");
-                if let Ok(entries) = std::fs::read_dir(&generated) {
-                    let mut orphans: Vec<String> = entries
-                        .flatten()
-                        .filter(|e| e.path().join(LOCK_FILE).exists())
-                        .map(|e| e.file_name().to_string_lossy().into_owned())
-                        .filter(|n| !names.contains(n))
-                        .collect();
-                    orphans.sort();
-                    for orphan in orphans {
-                        stale += 1;
-                        println!("ORPHAN  {} has no workload in workloads/", shown(&generated.join(&orphan)));
-                        println!("        fix: delete it, or add workloads/{orphan}.toml");
-                    }
-                }
-            }
-            Ok(if stale == 0 { ExitCode::SUCCESS } else { ExitCode::from(1) })
+            let report = check::check(&project, &check::Request { workloads, all, out })?;
+            print!("{}", report.render());
+            Ok(if report.is_clean() { ExitCode::SUCCESS } else { ExitCode::from(1) })
         }
     }
-}
-
-/// `monogen bench` for one workload: returns its JSON report (printed by the caller with
-/// --json) and prints the human one otherwise.
-fn bench_one(
-    project: &mut Project,
-    path: &Path,
-    timing: &monogen::bench::Timing,
-    only: &[String],
-    json: bool,
-    dry_run: bool,
-) -> Result<serde_json::Value, Error> {
-    use monogen::bench;
-    use monogen::rankings;
-
-    let w = project.read_workload(path)?;
-    let mut plan = project.plan(&w, path)?;
-    let required = monogen::resolve::required_interfaces(&w);
-    if let Some(unknown) = only.iter().find(|name| !required.contains(&name.as_str())) {
-        return Err(Error::Refused(format!(
-            "`{unknown}` is not an interface of {}: it calls {}",
-            shown(path),
-            required.join(", ")
-        )));
-    }
-    // The interfaces to measure, and the harness that measures them (and no others).
-    let measured: Vec<&str> =
-        required.iter().copied().filter(|i| only.is_empty() || only.iter().any(|o| o == i)).collect();
-    plan.interfaces.retain(|i| measured.contains(&i.interface.as_str()));
-    let host = monogen::host::Host::detect().map_err(Error::Refused)?;
-    let Some(class) = w.target.hardware.clone() else {
-        return Err(Error::Refused(format!(
-            "{} names no hardware class, so its measurements would choose nothing; add `hardware = \"{}\"` (this machine) to its [target]",
-            shown(path),
-            host.class
-        )));
-    };
-    if class != host.class {
-        return Err(Error::Refused(format!(
-            "{} is tuned for hardware class `{class}`, but this machine is `{}`: run `monogen bench` on a `{class}` machine, or set target.hardware = \"{}\"",
-            shown(path),
-            host.class,
-            host.class
-        )));
-    }
-    let dir = bench::bench_dir(project);
-    let bar = progress_bar(json);
-    bar.set_message(format!("{}: compiling the benchmark harness", w.name));
-    let (crate_dir, crate_name) = bench::write_harness(&*project, &plan, &dir)?;
-    let exe = bench::build_harness(&crate_dir, &bench::bench_target_dir(project), &crate_name)?;
-    bar.set_message(format!("{}: validating", w.name));
-    let raw = bench::run_harness(&exe, timing, |event| match event {
-        bench::Event::Begin { rounds, .. } => {
-            bar.set_length(*rounds as u64);
-            bar.set_position(0);
-        }
-        bench::Event::Round { interface } => {
-            bar.set_message(format!("{}: {interface}", w.name));
-            bar.inc(1);
-        }
-        bench::Event::Result(_) => {}
-    })?;
-    bar.finish_and_clear();
-
-    let outcomes: Vec<bench::Outcome> = raw
-        .iter()
-        .map(|r| {
-            let version = project
-                .registry
-                .implementation(&r.interface, &r.implementation)
-                .map_or_else(String::new, |i| i.version.clone());
-            bench::summarize(r, &version)
-        })
-        .collect();
-    let measured_at = bench::now_utc();
-    let records = bench::records(&outcomes, &plan, &project.registry, &host, &measured_at);
-    let shapes = rankings::shapes_signature(&w);
-    let mut updated = project.rankings.clone();
-    for &interface in &measured {
-        updated.replace(&class, interface, &shapes, records.get(interface).cloned().unwrap_or_default());
-    }
-    let mut written = Vec::new();
-    if !dry_run {
-        for &interface in &measured {
-            let (rel, text) = updated.render(&class, interface);
-            let file = project.root.join(&rel);
-            if std::fs::read_to_string(&file).is_ok_and(|old| old == text) {
-                continue;
-            }
-            write_atomically(&file, &text)?;
-            written.push(rel.display().to_string());
-        }
-    }
-    // What `build` will choose now, against what the crate holds.
-    let new_plan = if dry_run {
-        Project { rankings: updated, ..project.clone() }.plan(&w, path)?
-    } else {
-        project.rankings = updated;
-        project.plan(&w, path)?
-    };
-    finish_bench(
-        project,
-        path,
-        &w,
-        &host,
-        &class,
-        &shapes,
-        &measured_at,
-        outcomes,
-        written,
-        new_plan,
-        json,
-        dry_run,
-    )
-}
-
-/// The report of one `bench` run: what was measured and what `build` will now choose.
-#[allow(clippy::too_many_arguments)]
-fn finish_bench(
-    project: &Project,
-    path: &Path,
-    w: &monogen::workload::Workload,
-    host: &monogen::host::Host,
-    class: &str,
-    shapes: &str,
-    measured_at: &str,
-    outcomes: Vec<monogen::bench::Outcome>,
-    written: Vec<String>,
-    new_plan: Plan,
-    json: bool,
-    dry_run: bool,
-) -> Result<serde_json::Value, Error> {
-    use monogen::bench;
-    use monogen::rankings;
-    let locked = monogen::check::locked_choices(&project.default_out_dir(w));
-    let changes: Vec<serde_json::Value> = new_plan
-        .interfaces
-        .iter()
-        .filter_map(|i| {
-            let old = locked.get(&i.interface)?;
-            (old != &i.chosen.name).then(|| {
-                serde_json::json!({ "interface": i.interface, "from": old, "to": i.chosen.name, "reason": i.chosen.reason })
-            })
-        })
-        .collect();
-
-    if !json {
-        println!("{} on {} ({}, {} cores, {})", w.name, class, host.cpu, host.cores, host.rustc);
-        match &w.request {
-            Request::Decoder(r) => println!(
-                "  time per typical request: one prefill of {} tokens and {} decode steps",
-                r.typical_prompt_len.min(r.max_seq_len),
-                r.typical_decode_len
-            ),
-            Request::Encoder(r) => println!(
-                "  time per typical request: one call on {} sentence(s) of {} tokens",
-                r.typical_batch, r.typical_seq_len
-            ),
-        }
-        // The interfaces measured (all of them, unless `--interface` named some).
-        for i in new_plan.interfaces.iter().filter(|i| outcomes.iter().any(|o| o.interface == i.interface)) {
-            println!("\n{}", i.interface);
-            let mut mine: Vec<&bench::Outcome> =
-                outcomes.iter().filter(|o| o.interface == i.interface).collect();
-            let median = |o: &bench::Outcome| match o.result {
-                bench::Measured::Ok { median_ns, .. } => median_ns,
-                _ => f64::INFINITY,
-            };
-            // By time per request, with the share of the load where the workload counts it.
-            let charged = |o: &bench::Outcome| match (&o.result, w.request.requests_per_load()) {
-                (bench::Measured::Ok { median_ns, load_ns: Some(load), .. }, Some(n)) => {
-                    median_ns + load / n as f64
-                }
-                _ => median(o),
-            };
-            mine.sort_by(|a, b| charged(a).total_cmp(&charged(b)));
-            let reference = &project.registry.interfaces[&i.interface].reference;
-            let reference_median = mine.iter().find(|o| &o.implementation == reference).map(|o| median(o));
-            for o in mine {
-                let mark = if o.implementation == i.chosen.name { "*" } else { " " };
-                let line = match &o.result {
-                    bench::Measured::Ok { median_ns, p90_ns, samples, load_ns, load_max_ns, .. } => {
-                        let ratio = reference_median
-                            .filter(|r| r.is_finite() && &o.implementation != reference)
-                            .map(|r| format!(", {:.2}x the reference's speed", r / median_ns))
-                            .unwrap_or_default();
-                        let counted = match w.request.requests_per_load() {
-                            Some(n) => {
-                                format!(", {} a request counted", human_ns(load_ns.unwrap_or(0.0) / n as f64))
-                            }
-                            None => ", not counted".to_string(),
-                        };
-                        let load = load_ns
-                            .map(|ns| {
-                                format!(
-                                    "; packing at load {}{}{counted}",
-                                    human_ns(ns),
-                                    slowest(*load_max_ns)
-                                )
-                            })
-                            .unwrap_or_default();
-                        format!(
-                            "{:>12}  p90 {:>12}  ({samples} samples{ratio}{load})",
-                            human_ns(*median_ns),
-                            human_ns(*p90_ns)
-                        )
-                    }
-                    bench::Measured::Failed { reason } => format!("FAILED against the reference: {reason}"),
-                    bench::Measured::Skipped { reason } => format!("skipped: {reason}"),
-                };
-                println!(" {mark} {:<20} {line}", o.implementation);
-            }
-        }
-        println!();
-        if dry_run {
-            println!("dry run: rankings/ left unchanged");
-        } else if written.is_empty() {
-            println!("rankings/{class}/ unchanged");
-        } else {
-            println!("wrote {}", written.join(", "));
-        }
-        if changes.is_empty() {
-            println!("no choice of {} changes (* marks the choices)", w.name);
-        } else {
-            for c in &changes {
-                println!(
-                    "{}: {} → {} ({})",
-                    c["interface"].as_str().unwrap_or_default(),
-                    c["from"].as_str().unwrap_or_default(),
-                    c["to"].as_str().unwrap_or_default(),
-                    c["reason"].as_str().unwrap_or_default()
-                );
-            }
-            println!("run `monogen build {}` to regenerate the crate", shown(path));
-        }
-    }
-    Ok(serde_json::json!({
-        "workload": w.name,
-        "hardware": host,
-        "shapes": shapes,
-        "build_flags": rankings::BUILD_FLAGS,
-        "measured_at": measured_at,
-        "results": outcomes,
-        "rankings_written": written,
-        "choices_changed": changes,
-    }))
 }
 
 fn progress_bar(hidden: bool) -> indicatif::ProgressBar {
@@ -712,181 +397,4 @@ fn progress_bar(hidden: bool) -> indicatif::ProgressBar {
     );
     bar.enable_steady_tick(std::time::Duration::from_millis(120));
     bar
-}
-
-fn write_atomically(path: &Path, text: &str) -> Result<(), Error> {
-    if let Some(parent) = path.parent() {
-        std::fs::create_dir_all(parent).map_err(|e| Error::io(parent, e))?;
-    }
-    let tmp = path.with_extension("toml.tmp");
-    std::fs::write(&tmp, text).map_err(|e| Error::io(&tmp, e))?;
-    std::fs::rename(&tmp, path).map_err(|e| Error::io(path, e))
-}
-
-/// `path` relative to the current directory when it is below it (shorter messages).
-fn shown(path: &Path) -> String {
-    let cwd = std::env::current_dir().ok().and_then(|d| std::fs::canonicalize(d).ok());
-    let full = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
-    match cwd.as_deref().and_then(|cwd| full.strip_prefix(cwd).ok()) {
-        Some(relative) if !relative.as_os_str().is_empty() => relative.display().to_string(),
-        _ => path.display().to_string(),
-    }
-}
-
-/// ` (slowest X)`: a packing's time with each matrix's slowest of its three packings, where the
-/// record has it.
-fn slowest(load_max_ns: Option<f64>) -> String {
-    load_max_ns.map(|ns| format!(" (slowest {})", human_ns(ns))).unwrap_or_default()
-}
-
-/// The evidence of one candidate, for `explain`.
-fn evidence_line(evidence: &Evidence) -> Option<String> {
-    let measured = |r: &monogen::rankings::Record| {
-        let slowest = slowest(r.load_max_ns.map(|ns| ns as f64));
-        let load = match (r.load_ns, r.load_counted_ns) {
-            // Counted or not, the workload's `request:` line says; a stale record is never counted.
-            (Some(load), 0) => format!("; packing at load {}{slowest}", human_ns(load as f64)),
-            (Some(load), share) => {
-                format!(
-                    "; packing at load {}{slowest}, {} of it counted per request",
-                    human_ns(load as f64),
-                    human_ns(share as f64)
-                )
-            }
-            (None, _) => String::new(),
-        };
-        format!(
-            "{} per request (p90 {}, {} samples; prefill pass {}, decode step {}{load}), measured {} with {}",
-            human_ns(r.median_ns as f64),
-            human_ns(r.p90_ns as f64),
-            r.samples,
-            human_ns(r.prefill_median_ns as f64),
-            human_ns(r.decode_median_ns as f64),
-            r.measured_at,
-            r.rustc
-        )
-    };
-    match evidence {
-        Evidence::NoHardwareClass => None,
-        Evidence::Measured(r) => Some(format!("evidence: {}", measured(r))),
-        Evidence::Failed(r) => Some(format!("evidence: failed validation, measured {}", r.measured_at)),
-        Evidence::Stale { record, why } => {
-            Some(format!("evidence: STALE ({}); was {}", why.join("; "), measured(record)))
-        }
-        Evidence::Missing => None,
-    }
-}
-
-/// The text form of `monogen explain`.
-fn explain(plan: &Plan, path: &Path, out_dir: &Path) -> String {
-    let w = &plan.workload;
-    let mut s = String::new();
-    s.push_str(&format!("workload {} ({})\n", w.name, path.display()));
-    let model = match &plan.consts {
-        Consts::Llama(c) => format!(
-            "llama with {} layers, hidden {}, mlp {}, {} heads / {} kv heads of {}, vocab {}, {} embeddings",
-            c.n_layers,
-            c.dim,
-            c.hidden_dim,
-            c.n_heads,
-            c.n_kv_heads,
-            c.head_dim,
-            c.vocab_size,
-            if c.tie_word_embeddings { "tied" } else { "untied" }
-        ),
-        Consts::Bert(c) => format!(
-            "bert with {} layers, hidden {}, mlp {}, {} heads of {}, vocab {}, {} positions, {} pooling{}",
-            c.n_layers,
-            c.dim,
-            c.hidden_dim,
-            c.n_heads,
-            c.head_dim,
-            c.vocab_size,
-            c.max_positions,
-            c.pooling.as_str(),
-            if c.normalize { ", L2-normalized" } else { "" }
-        ),
-    };
-    s.push_str(&format!("  model:   {model}\n"));
-    s.push_str(&format!(
-        "  target:  {} {} [{}], {} thread{}, {} weights, hardware class {}\n",
-        w.target.device.as_str(),
-        w.target.arch,
-        w.target.cpu_features.join(", "),
-        w.target.threads,
-        if w.target.threads == 1 { "" } else { "s" },
-        w.weights.dtype.as_str(),
-        w.target.hardware.as_deref().unwrap_or("none (kernels chosen by declared priority)")
-    ));
-    let request = match &w.request {
-        Request::Decoder(r) => format!(
-            "batch {}, up to {} positions (typical prompt {}, decode {})",
-            r.max_batch, r.max_seq_len, r.typical_prompt_len, r.typical_decode_len
-        ),
-        Request::Encoder(r) => format!(
-            "up to {} sentences of up to {} tokens (typical {} of {})",
-            r.max_batch, r.max_seq_len, r.typical_batch, r.typical_seq_len
-        ),
-    };
-    let load = match w.request.requests_per_load() {
-        Some(1) => "; each request loads the model (packing at load counted in full)".to_string(),
-        Some(n) => format!("; {n} requests per load of the model (packing at load counted, shared by them)"),
-        None => String::new(),
-    };
-    s.push_str(&format!("  request: {request}{load}\n"));
-    for i in &plan.interfaces {
-        s.push_str(&format!("\n{}: {}\n", i.interface, i.summary));
-        for cand in &i.candidates {
-            let head = format!("  {} {} (priority {})", cand.name, cand.version, cand.priority);
-            let line = match &cand.verdict {
-                Verdict::Chosen { reason } => format!("{head}: CHOSEN, {reason}"),
-                Verdict::Outranked { reason, .. } => format!("{head}: compatible, not chosen: {reason}"),
-                Verdict::Shadowed { by } => {
-                    format!("{head}: compatible, replaced by {by} (which shadows it)")
-                }
-                Verdict::Failed { failure } => {
-                    format!("{head}: FAILED against the reference when measured, never chosen: {failure}")
-                }
-                Verdict::Rejected { reasons } => format!("{head}: rejected: {}", reasons.join("; ")),
-            };
-            s.push_str(&line);
-            s.push('\n');
-            if let Some(evidence) = &cand.evidence
-                && let Some(text) = evidence_line(evidence)
-            {
-                s.push_str(&format!("      {text}\n"));
-            }
-        }
-        for note in &i.unmeasured {
-            s.push_str(&format!("  ! {note}\n"));
-        }
-    }
-    let f = &plan.footprint;
-    s.push_str(&format!(
-        "\nstart-up check: {}\n",
-        if plan.cpu_features.is_empty() {
-            "none (no kernel needs a CPU feature)".to_string()
-        } else {
-            plan.cpu_features.join(", ")
-        }
-    ));
-    let per_run = match &plan.consts {
-        Consts::Llama(_) => format!(
-            "per session: KV cache {} ({}), activations {}",
-            human_bytes(f.kv_cache_bytes),
-            w.kv_cache.dtype.as_str(),
-            human_bytes(f.scratch_bytes)
-        ),
-        Consts::Bert(_) => {
-            format!("per encoder: activations {} (a full batch)", human_bytes(f.scratch_bytes))
-        }
-    };
-    s.push_str(&format!(
-        "memory: weights {} ({} parameters, {}, memory-mapped); {per_run}\n",
-        human_bytes(f.weight_bytes),
-        f.parameters,
-        w.weights.dtype.as_str(),
-    ));
-    s.push_str(&format!("output: {}\n", shown(out_dir)));
-    s
 }

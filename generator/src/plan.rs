@@ -1,21 +1,43 @@
 //! The resolved plan: plain data saying what will be generated and why.
 //!
 //! A [`Plan`] is what `monogen explain` prints (as text or JSON) and the only input of the
-//! emitters besides the registry's sources and the templates. It holds no `Option`s that
-//! emitters have to interpret: every choice is already made.
+//! emitters besides the registry's sources and the templates. It holds no workload and no
+//! `Option`s that emitters have to interpret: every choice is already made, and every quantity
+//! the crate needs is here under the name it has from the workload schema to the generated
+//! constant's comment.
+
+use std::collections::BTreeMap;
 
 use serde::Serialize;
 
 use crate::rankings::Evidence;
-use crate::workload::Workload;
+use crate::workload::{Architecture, DecoderRequest, EncoderRequest, Target, Weights};
 
 #[derive(Debug, Clone, Serialize)]
 pub struct Plan {
-    pub workload: Workload,
+    /// The crate's package and binary name: the workload's `name`.
+    pub name: String,
+    /// The crate's one-line description: the workload's, or one made from its model.
+    pub description: String,
+    /// The element types of the weights and of the products' activations.
+    pub weights: Weights,
+    /// Where the crate runs: device, arch, CPU features, threads, hardware class.
+    pub target: Target,
+    /// The workload as its canonical TOML table, which monogen.lock records.
+    #[serde(skip)]
+    pub workload_table: toml::Table,
+    /// Float constants as the workload writes them (an f32 prints badly), for the README:
+    /// `rope_theta` and `rms_norm_eps` of a LLaMA model, `layer_norm_eps` of a BERT model.
+    pub float_literals: BTreeMap<String, String>,
     /// sha256 of the workload's canonical TOML.
     pub workload_sha256: String,
+    /// The shapes the ranking database keys this workload's measurements by.
+    pub shapes: String,
     /// The derived constants the generated crate bakes in.
     pub consts: Consts,
+    /// The interface of the linear layers' products, which the weights' and activations'
+    /// element types pick (`matmul`, `matmul_bf16`, `matmul_bf16_bf16`, `matmul_q8`).
+    pub matmul: String,
     /// One entry per interface the architecture needs, in the order the forward pass uses them.
     pub interfaces: Vec<InterfacePlan>,
     /// CPU features the chosen kernels enable, in canonical order: the start-up check.
@@ -31,6 +53,23 @@ pub struct Plan {
 pub enum Consts {
     Llama(LlamaConsts),
     Bert(BertConsts),
+}
+
+impl Consts {
+    pub fn architecture(&self) -> Architecture {
+        match self {
+            Consts::Llama(_) => Architecture::Llama,
+            Consts::Bert(_) => Architecture::Bert,
+        }
+    }
+
+    /// Requests a process serves per load of the model, where the workload counts the load.
+    pub fn requests_per_load(&self) -> Option<u64> {
+        match self {
+            Consts::Llama(c) => c.request.requests_per_load,
+            Consts::Bert(c) => c.request.requests_per_load,
+        }
+    }
 }
 
 /// Shapes and constants of a BERT crate, all resolved.
@@ -53,6 +92,8 @@ pub struct BertConsts {
     pub pooling: crate::workload::Pooling,
     pub normalize: bool,
     pub threads: usize,
+    /// The request pattern: batch and sequence bounds, the typical call.
+    pub request: EncoderRequest,
 }
 
 /// Shapes and constants of a LLaMA crate, all resolved.
@@ -85,6 +126,22 @@ pub struct LlamaConsts {
     /// `resolve::RESIDENT_WEIGHT_BYTES`) rather than read through the file mapping, where the
     /// kernel maps the file in small pages (`runtime/resident.rs`).
     pub resident_weights: bool,
+    /// The KV cache's element type and the interfaces that store into it and read it.
+    pub kv: KvLayout,
+    /// The request pattern: longest sequence, typical prompt and decode lengths.
+    pub request: DecoderRequest,
+}
+
+/// How a LLaMA crate keeps past keys and values, and the interfaces that work on them.
+#[derive(Debug, Clone, Serialize)]
+pub struct KvLayout {
+    pub dtype: crate::workload::KvDtype,
+    /// Stores new keys and values (`kv_cache`, or `kv_cache_bf16`).
+    pub cache: String,
+    /// Attention of one new row over the cache (`attention_decode`, `attention_decode_bf16`).
+    pub decode: String,
+    /// Causal attention of a chunk of rows (`attention_prefill`, `attention_prefill_bf16`).
+    pub prefill: String,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -93,6 +150,9 @@ pub struct InterfacePlan {
     pub summary: String,
     pub chosen: Chosen,
     pub candidates: Vec<Candidate>,
+    /// The implementations that compete for the workload (compatible and not shadowed), in
+    /// declared-priority order: what `bench` measures.
+    pub competitors: Vec<String>,
     /// Competing candidates without fresh measurements on the workload's hardware class, each
     /// with the reason; empty when the choice needs none. `monogen check` reports them.
     pub unmeasured: Vec<String>,
@@ -191,27 +251,9 @@ pub struct Footprint {
 }
 
 impl Plan {
-    /// The constants of a LLaMA plan.
-    pub fn llama(&self) -> &LlamaConsts {
-        match &self.consts {
-            Consts::Llama(c) => c,
-            Consts::Bert(_) => panic!("a BERT plan has no LLaMA constants"),
-        }
-    }
-
-    /// The constants of a BERT plan.
-    pub fn bert(&self) -> &BertConsts {
-        match &self.consts {
-            Consts::Bert(c) => c,
-            Consts::Llama(_) => panic!("a LLaMA plan has no BERT constants"),
-        }
-    }
-
-    pub fn interface(&self, name: &str) -> &InterfacePlan {
-        self.interfaces
-            .iter()
-            .find(|i| i.interface == name)
-            .unwrap_or_else(|| panic!("the plan has no interface `{name}`"))
+    /// The plan of interface `name`, if the forward pass calls it.
+    pub fn interface(&self, name: &str) -> Option<&InterfacePlan> {
+        self.interfaces.iter().find(|i| i.interface == name)
     }
 }
 

@@ -7,7 +7,7 @@
 //! memory, and a tokenizer.json that works: a word-level vocabulary of `vocab_size` entries
 //! (`<unk>`, `<s>`, `</s>`, then `w3`, `w4`, ...) split on whitespace.
 
-use std::io::{BufWriter, Write};
+use std::io::Write;
 use std::path::Path;
 
 use serde_json::{Value, json};
@@ -126,11 +126,9 @@ pub fn write_model_dir(w: &Workload, dir: &Path, seed: u64) -> Result<u64, Error
             w.model.architecture().as_str()
         )));
     };
-    std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
     let write_json = |name: &str, value: &Value| {
-        let path = dir.join(name);
-        std::fs::write(&path, serde_json::to_string_pretty(value).expect("JSON serializes") + "\n")
-            .map_err(|e| Error::io(&path, e))
+        let text = serde_json::to_string_pretty(value).expect("JSON serializes") + "\n";
+        crate::write::write_file(&dir.join(name), text.as_bytes())
     };
     write_json("config.json", &llama_config(w))?;
     write_json("tokenizer.json", &tokenizer(m.vocab_size))?;
@@ -155,38 +153,36 @@ pub fn write_model_dir(w: &Workload, dir: &Path, seed: u64) -> Result<u64, Error
     while !header.len().is_multiple_of(8) {
         header.push(b' ');
     }
-    let path = dir.join("model.safetensors");
-    let file = std::fs::File::create(&path).map_err(|e| Error::io(&path, e))?;
-    let mut out = BufWriter::with_capacity(1 << 20, file);
-    let io = |e| Error::io(&path, e);
-    out.write_all(&(header.len() as u64).to_le_bytes()).map_err(io)?;
-    out.write_all(&header).map_err(io)?;
     // Uniform in ±√3·σ has standard deviation σ.
     let amplitude = WEIGHT_STD * 3f32.sqrt();
     let mut state = seed ^ 0x9e37_79b9_7f4a_7c15;
     let mut parameters = 0u64;
-    for s in &specs {
-        let n = s.shape.iter().product::<usize>();
-        parameters += n as u64;
-        for _ in 0..n {
-            let value = if s.ones {
-                1.0f32
-            } else {
-                state ^= state << 13;
-                state ^= state >> 7;
-                state ^= state << 17;
-                let unit = (state >> 40) as f32 / (1u64 << 24) as f32;
-                (2.0 * unit - 1.0) * amplitude
-            };
-            if bf16 {
-                // Truncation: the values are random anyway, and exactly representable after.
-                out.write_all(&((value.to_bits() >> 16) as u16).to_le_bytes()).map_err(io)?;
-            } else {
-                out.write_all(&value.to_le_bytes()).map_err(io)?;
+    crate::write::write_file_with(&dir.join("model.safetensors"), |out| {
+        out.write_all(&(header.len() as u64).to_le_bytes())?;
+        out.write_all(&header)?;
+        for s in &specs {
+            let n = s.shape.iter().product::<usize>();
+            parameters += n as u64;
+            for _ in 0..n {
+                let value = if s.ones {
+                    1.0f32
+                } else {
+                    state ^= state << 13;
+                    state ^= state >> 7;
+                    state ^= state << 17;
+                    let unit = (state >> 40) as f32 / (1u64 << 24) as f32;
+                    (2.0 * unit - 1.0) * amplitude
+                };
+                if bf16 {
+                    // Truncation: the values are random anyway, and exactly representable after.
+                    out.write_all(&((value.to_bits() >> 16) as u16).to_le_bytes())?;
+                } else {
+                    out.write_all(&value.to_le_bytes())?;
+                }
             }
         }
-    }
-    out.flush().map_err(io)?;
+        Ok(())
+    })?;
     Ok(parameters)
 }
 

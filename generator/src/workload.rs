@@ -172,7 +172,8 @@ pub struct Bert {
     pub hidden_act: Activation,
     /// How token states become one vector per sentence.
     pub pooling: Pooling,
-    /// Whether the crate can L2-normalize the pooled vectors (`--normalize`).
+    /// Whether the pooled vectors are L2-normalized (sentence-transformers' Normalize): the
+    /// crate exports `normalize`, and its binary applies it unless `--no-normalize`.
     pub normalize: bool,
 }
 

@@ -12,16 +12,19 @@
 //! (the next run discards the staging directory); one interrupted after it is completed by
 //! the next run of `build` or `check`. Files that monogen did not write (`Cargo.lock`,
 //! `target/`, anything else) are never touched.
+//!
+//! Every other file monogen writes (rankings, workloads from `init`, model folders from
+//! `synth-weights`, the benchmark harness) goes through [`write_file`], [`write_file_with`]
+//! or [`sync_folder`]: written beside its target and renamed over it, and only if it changed.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 
-use serde::Deserialize;
-
 use crate::Error;
-use crate::emit::{HeaderStatus, LOCK_FILE, Output, check_header};
+use crate::emit::{HeaderStatus, Output, check_header};
+use crate::lock::{LOCK_FILE, Lock};
 
 /// Name of the staging directory inside an output directory.
 pub const STAGING_DIR: &str = ".monogen-staging";
@@ -61,30 +64,6 @@ impl Diff {
     }
 }
 
-#[derive(Deserialize)]
-struct LockFiles {
-    #[serde(default)]
-    file: Vec<LockFileEntry>,
-    #[serde(default)]
-    workload: Option<LockWorkload>,
-}
-
-#[derive(Deserialize)]
-struct LockWorkload {
-    name: String,
-}
-
-/// The workload name a lock file's text (header included) records.
-fn lock_workload_name(text: &str) -> Option<String> {
-    let body = text.split_once('\n').map_or("", |(_, b)| b);
-    toml::from_str::<LockFiles>(body).ok()?.workload.map(|w| w.name)
-}
-
-#[derive(Deserialize)]
-struct LockFileEntry {
-    path: String,
-}
-
 /// The files the generation in `dir` wrote, from its monogen.lock; `None` without a lock.
 pub fn previous_files(dir: &Path) -> Result<Option<BTreeSet<PathBuf>>, Error> {
     let lock_path = dir.join(LOCK_FILE);
@@ -93,25 +72,13 @@ pub fn previous_files(dir: &Path) -> Result<Option<BTreeSet<PathBuf>>, Error> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(Error::io(&lock_path, e)),
     };
-    let body = text.split_once('\n').map_or("", |(_, b)| b);
-    let lock: LockFiles = toml::from_str(body).map_err(|e| {
+    let lock = Lock::parse(&text).map_err(|e| {
         Error::Refused(format!(
-            "{} cannot be read ({}); it is how monogen knows which files it wrote. Restore it, or pass --force to write the crate anyway",
+            "{} cannot be read ({e}); it is how monogen knows which files it wrote. Restore it, or pass --force to write the crate anyway",
             lock_path.display(),
-            e.message()
         ))
     })?;
-    let mut files: BTreeSet<PathBuf> = lock.file.into_iter().map(|f| PathBuf::from(f.path)).collect();
-    files.insert(PathBuf::from(LOCK_FILE));
-    for f in &files {
-        if f.is_absolute() || f.components().any(|c| matches!(c, std::path::Component::ParentDir)) {
-            return Err(Error::Refused(format!(
-                "{} lists a path outside the crate: {}",
-                lock_path.display(),
-                f.display()
-            )));
-        }
-    }
+    let files: BTreeSet<PathBuf> = lock.files(&lock_path)?.into_iter().collect();
     Ok(Some(files))
 }
 
@@ -186,8 +153,9 @@ pub fn write(dir: &Path, output: &Output, force: bool) -> Result<WriteReport, Er
         )));
     }
     if let (Some(_), false) = (&previous, force) {
-        let old = fs::read_to_string(dir.join(LOCK_FILE)).ok().as_deref().and_then(lock_workload_name);
-        let new = output.files.get(Path::new(LOCK_FILE)).and_then(|t| lock_workload_name(t));
+        let name = |text: &str| Lock::parse(text).ok().and_then(|l| l.workload_name().map(String::from));
+        let old = fs::read_to_string(dir.join(LOCK_FILE)).ok().as_deref().and_then(name);
+        let new = output.files.get(Path::new(LOCK_FILE)).and_then(|t| name(t));
         if let (Some(old), Some(new)) = (old, new)
             && old != new
         {
@@ -249,6 +217,66 @@ pub fn write(dir: &Path, output: &Output, force: bool) -> Result<WriteReport, Er
     }
     commit(dir, &writes, &report.removed)?;
     Ok(report)
+}
+
+/// Writes one file (a ranking, a workload, a model file) whole or not at all: into a
+/// temporary file beside it, then renamed over it. Leaves an unchanged file alone; returns
+/// whether it wrote.
+pub fn write_file(path: &Path, contents: &[u8]) -> Result<bool, Error> {
+    if fs::read(path).is_ok_and(|old| old == contents) {
+        return Ok(false);
+    }
+    write_file_with(path, |w| w.write_all(contents))?;
+    Ok(true)
+}
+
+/// [`write_file`] for a file written piece by piece (a large model file): `fill` writes the
+/// contents, which replace `path` only if it succeeds.
+pub fn write_file_with(
+    path: &Path,
+    fill: impl FnOnce(&mut std::io::BufWriter<fs::File>) -> std::io::Result<()>,
+) -> Result<(), Error> {
+    if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+        fs::create_dir_all(parent).map_err(|e| Error::io(parent, e))?;
+    }
+    let mut tmp_name = path.file_name().unwrap_or_default().to_os_string();
+    tmp_name.push(format!(".{}.monogen-tmp", std::process::id()));
+    let tmp = path.with_file_name(tmp_name);
+    let result = (|| {
+        let file = fs::File::create(&tmp)?;
+        let mut out = std::io::BufWriter::with_capacity(1 << 20, file);
+        fill(&mut out)?;
+        out.into_inner().map_err(|e| e.into_error())?.sync_all()
+    })();
+    if let Err(e) = result {
+        let _ = fs::remove_file(&tmp);
+        return Err(Error::io(path, e));
+    }
+    fs::rename(&tmp, path).map_err(|e| Error::io(path, e))
+}
+
+/// Makes the folder `dir` hold exactly `files` (relative path → contents) below `prune`
+/// (a subfolder of `dir`), writing only the files that changed: for scratch crates that cargo
+/// rebuilds incrementally, such as the benchmark harness.
+pub fn sync_folder(dir: &Path, files: &BTreeMap<PathBuf, String>, prune: &Path) -> Result<(), Error> {
+    let below = dir.join(prune);
+    if below.exists() {
+        let mut stack = vec![below];
+        while let Some(d) = stack.pop() {
+            for entry in fs::read_dir(&d).map_err(|e| Error::io(&d, e))?.flatten() {
+                let path = entry.path();
+                if path.is_dir() {
+                    stack.push(path);
+                } else if !files.contains_key(path.strip_prefix(dir).unwrap_or(&path)) {
+                    fs::remove_file(&path).map_err(|e| Error::io(&path, e))?;
+                }
+            }
+        }
+    }
+    for (rel, text) in files {
+        write_file(&dir.join(rel), text.as_bytes())?;
+    }
+    Ok(())
 }
 
 fn dir_has_entries(dir: &Path) -> Result<bool, Error> {
@@ -380,7 +408,7 @@ mod tests {
         let mut listed = String::new();
         for (path, body) in files {
             out.files.insert(PathBuf::from(path), with_header(Path::new(path), body, "w"));
-            listed.push_str(&format!("[[file]]\npath = \"{path}\"\n"));
+            listed.push_str(&format!("[[file]]\npath = \"{path}\"\nsha256 = \"\"\n"));
         }
         out.files.insert(PathBuf::from(LOCK_FILE), with_header(Path::new(LOCK_FILE), &listed, "w"));
         out
@@ -434,7 +462,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let with_name = |name: &str| {
             let mut out = Output::default();
-            let lock = format!("[[file]]\npath = \"src/a.rs\"\n\n[workload]\nname = \"{name}\"\n");
+            let lock =
+                format!("[[file]]\npath = \"src/a.rs\"\nsha256 = \"\"\n\n[workload]\nname = \"{name}\"\n");
             out.files.insert(PathBuf::from("src/a.rs"), with_header(Path::new("src/a.rs"), name, name));
             out.files.insert(PathBuf::from(LOCK_FILE), with_header(Path::new(LOCK_FILE), &lock, name));
             out

@@ -384,8 +384,8 @@ fn a_difference_inside_the_noise_never_flips_a_choice_and_a_2x_one_does() {
 }
 
 #[test]
-fn bench_refuses_workloads_for_other_hardware() {
-    let repo = measured_repo();
+fn bench_on_another_machine_measures_for_this_one_and_says_so() {
+    let repo = mechanism_repo();
     let path = repo.path().join(WORKLOAD);
     let text = std::fs::read_to_string(&path).unwrap();
     let text: Vec<String> = text
@@ -399,13 +399,26 @@ fn bench_refuses_workloads_for_other_hardware() {
         })
         .collect();
     std::fs::write(&path, text.join("\n") + "\n").unwrap();
-    let out = bench(repo.path(), &[]);
-    assert_eq!(out.status.code(), Some(2));
-    let err = stderr(&out);
+    assert!(monogen(repo.path(), &["build", WORKLOAD]).status.success());
+    let before = locked_matmul(repo.path());
+    let out = bench(repo.path(), &["--interface", "matmul"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let report = stdout(&out);
+    let class = monogen::host::this_class();
     assert!(
-        err.contains("is tuned for hardware class `some-other-machine-64c`, but this machine is"),
-        "{err}"
+        report.contains("is tuned for hardware class `some-other-machine-64c`, so `build` chooses its kernels from rankings/some-other-machine-64c/"),
+        "{report}"
     );
+    assert!(report.contains(&format!("these measurements are this machine's (`{class}`)")), "{report}");
+    assert!(report.contains(&format!("wrote rankings/{class}/matmul.toml")), "{report}");
+    assert!(report.contains("rankings/ is now modified in the working tree"), "{report}");
+    // The records went to this machine's class; the workload's own class is untouched.
+    let records =
+        std::fs::read_to_string(repo.path().join("rankings").join(&class).join("matmul.toml")).unwrap();
+    assert!(records.contains("implementation = \"avx2-fma\""), "{records}");
+    assert!(!repo.path().join("rankings/some-other-machine-64c").exists());
+    assert!(monogen(repo.path(), &["build", WORKLOAD]).status.success());
+    assert_eq!(locked_matmul(repo.path()), before);
     let out = monogen(repo.path(), &["bench", "workloads/missing.toml"]);
     assert_eq!(out.status.code(), Some(2));
 }

@@ -154,7 +154,10 @@ fn init_writes_bf16_activations_for_bf16_weights_only() {
         let out = monogen(&root, &args);
         assert!(out.status.success(), "{model}: {}", stderr(&out));
         let text = stdout(&out);
-        assert!(text.contains("dtype = \"bf16\"\n# The linear layers' products round"), "{model}: {text}");
+        assert!(
+            text.contains("dtype = \"bf16\"\n# Optional: the linear layers' products round"),
+            "{model}: {text}"
+        );
         let w = monogen::workload::WorkloadSource::from_text("m.toml", &text).parse().unwrap();
         assert_eq!(w.weights.activations, monogen::workload::Activations::Bf16, "{model}");
         let out = monogen(&root, &["init", "--hf", dir, "--name", "m", "--activations", "bf16"]);
@@ -261,7 +264,7 @@ fn bad_workloads_are_located_and_explained() {
     assert_eq!(out.status.code(), Some(2));
     let err = stderr(&out);
     assert!(err.contains("error: model.num_heads (8) is not a multiple of model.num_kv_heads (3)"), "{err}");
-    assert!(err.contains("workloads/stories260k-cpu-f32.toml:16:16"), "{err}");
+    assert!(err.contains("workloads/stories260k-cpu-f32.toml:18:16"), "{err}");
     assert!(err.contains("help: grouped-query attention needs num_heads divisible by num_kv_heads"), "{err}");
     assert!(!repo.path().join("generated").exists(), "nothing is written for a bad workload");
 }
@@ -603,4 +606,53 @@ fn packed_weights_are_not_also_copied_into_memory() {
     assert_eq!(plan["consts"]["resident_weights"], false, "{}", plan["consts"]);
     let matmul = plan["interfaces"].as_array().unwrap().iter().find(|i| i["interface"] == "matmul").unwrap();
     assert_eq!(matmul["chosen"]["packs_weights"], true, "{}", matmul["chosen"]);
+}
+
+#[test]
+fn check_and_explain_read_a_crate_built_with_out() {
+    let repo = scratch_repo();
+    let elsewhere = tempfile::tempdir().unwrap();
+    let dir = elsewhere.path().join("my-crate");
+    let dir_arg = dir.to_str().unwrap();
+    assert!(monogen(repo.path(), &["build", WORKLOAD, "--out", dir_arg]).status.success());
+    // The default folder has no crate; the one built with --out is fresh.
+    assert_eq!(monogen(repo.path(), &["check", WORKLOAD]).status.code(), Some(1));
+    let check = monogen(repo.path(), &["check", WORKLOAD, "--out", dir_arg]);
+    assert_eq!(check.status.code(), Some(0), "{}", stdout(&check));
+    assert!(stdout(&check).starts_with("ok "), "{}", stdout(&check));
+    let explain = monogen(repo.path(), &["explain", WORKLOAD, "--out", dir_arg]);
+    assert!(explain.status.success(), "{}", stderr(&explain));
+    assert!(stdout(&explain).contains(&format!("output: {dir_arg}")), "{}", stdout(&explain));
+    // A stale crate there is fixed by a build into the same folder.
+    let lib = dir.join("src/lib.rs");
+    std::fs::remove_file(&lib).unwrap();
+    let check = monogen(repo.path(), &["check", WORKLOAD, "--out", dir_arg]);
+    assert_eq!(check.status.code(), Some(1));
+    assert!(
+        stdout(&check).contains(&format!("fix: monogen build {WORKLOAD} --out {dir_arg}")),
+        "{}",
+        stdout(&check)
+    );
+    let two =
+        monogen(repo.path(), &["check", WORKLOAD, "workloads/stories260k-cpu-bf16.toml", "--out", dir_arg]);
+    assert_eq!(two.status.code(), Some(2));
+}
+
+#[test]
+fn help_describes_every_argument() {
+    let root = workspace_root();
+    for command in ["build", "bench", "check", "explain", "synth-weights"] {
+        let out = monogen(&root, &[command, "--help"]);
+        assert!(out.status.success());
+        let help = stdout(&out);
+        // Every positional argument and option line carries a description.
+        for line in help.lines().filter(|l| l.starts_with("  ") && !l.trim().is_empty()) {
+            let trimmed = line.trim_start();
+            if !(trimmed.starts_with('-') || trimmed.starts_with('<') || trimmed.starts_with('[')) {
+                continue;
+            }
+            let described = trimmed.split("  ").filter(|p| !p.trim().is_empty()).count() > 1;
+            assert!(described, "`monogen {command} --help`: `{trimmed}` has no description:\n{help}");
+        }
+    }
 }

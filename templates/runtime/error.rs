@@ -24,6 +24,12 @@ pub enum Error {
     /// A tensor the model needs is not in the weights file.
     #[error("tensor `{name}` is missing from {}", path.display())]
     MissingTensor { path: PathBuf, name: String },
+    /// The weights are a model of another architecture than the one this crate runs.
+    #[error(
+        "{} holds {found}, but this crate runs {expected}: point it at a model of its workload, or generate a crate for this one with `monogen init --hf DIR`",
+        path.display()
+    )]
+    WrongArchitecture { path: PathBuf, expected: &'static str, found: &'static str },
     /// A tensor has another shape than the one this crate was generated for.
     #[error("tensor `{name}` has shape {found:?}, but this crate was generated for {expected:?}")]
     WrongShape { name: String, expected: Vec<usize>, found: Vec<usize> },
@@ -69,6 +75,7 @@ impl Error {
             Error::Io { .. }
             | Error::InvalidWeights { .. }
             | Error::MissingTensor { .. }
+            | Error::WrongArchitecture { .. }
             | Error::WrongShape { .. }
             | Error::WrongDtype { .. }
             | Error::WrongLayout { .. }

@@ -256,6 +256,13 @@ impl TensorFile {
                     found: self.packed_layout(),
                 });
             }
+            // A checkpoint of another architecture lacks every tensor: say that, not which.
+            let found = self.entries.keys().find_map(|k| architecture_of(k));
+            if let (Some(expected), Some(found)) = (architecture_of(name), found)
+                && expected != found
+            {
+                return Err(Error::WrongArchitecture { path: self.path.clone(), expected, found });
+            }
             return Err(Error::MissingTensor { path: self.path.clone(), name: name.to_string() });
         };
         if !dtypes.contains(&entry.dtype) {
@@ -481,5 +488,18 @@ fn f16_to_f32(bits: u16) -> f32 {
         sign * f32::INFINITY
     } else {
         f32::NAN
+    }
+}
+
+/// The kind of model a Hugging Face tensor name belongs to, where the name tells.
+fn architecture_of(name: &str) -> Option<&'static str> {
+    let name = name.strip_prefix("bert.").unwrap_or(name);
+    if name.starts_with("model.layers.") || name.starts_with("model.embed_tokens.") || name.starts_with("lm_head.")
+    {
+        Some("a LLaMA-style decoder")
+    } else if name.starts_with("encoder.layer.") || name.starts_with("embeddings.word_embeddings.") {
+        Some("a BERT encoder")
+    } else {
+        None
     }
 }

@@ -154,3 +154,21 @@ fn a_tokenizer_larger_than_the_vocabulary_or_broken_is_refused() {
     let e = Tokenizer::load(dir.path()).err().unwrap();
     assert!(matches!(e, Error::Tokenizer { .. }) && e.to_string().contains("tokenizer.json"), "{e}");
 }
+
+#[test]
+fn a_model_of_another_architecture_is_named_as_such() {
+    // The LLaMA crate pointed at a BERT encoder, and the BERT crate at a LLaMA decoder.
+    let (Some(llama), Some(bert)) = (model_dir("stories260k"), model_dir("all-minilm-l6-v2")) else {
+        return;
+    };
+    let e = Model::load(&bert).err().unwrap();
+    assert!(matches!(e, Error::WrongArchitecture { .. }), "{e}");
+    let text = e.to_string();
+    assert!(text.contains("holds a BERT encoder, but this crate runs a LLaMA-style decoder"), "{text}");
+    assert!(text.contains("monogen init --hf"), "{text}");
+    assert_eq!(e.exit_code(), 3);
+
+    let e = all_minilm_l6_v2_cpu_f32::Model::load(&llama).err().unwrap();
+    let text = e.to_string();
+    assert!(text.contains("holds a LLaMA-style decoder, but this crate runs a BERT encoder"), "{text}");
+}

@@ -175,7 +175,7 @@ fn the_binary_embeds_texts_and_files_as_json_or_lines() {
     std::fs::write(input.path(), format!("{}\n{}\n", texts[1], texts[2])).unwrap();
     let out = Command::new(binary())
         .args(["--model", model, "--text", &texts[0], "--input", input.path().to_str().unwrap()])
-        .args(["--normalize", "--json"])
+        .args(["--json"])
         .output()
         .unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
@@ -192,9 +192,18 @@ fn the_binary_embeds_texts_and_files_as_json_or_lines() {
         assert!(diff <= TOLERANCE, "sentence {i}: {diff}");
     }
 
-    // Plain output: one line of DIM values per sentence; an empty text is a sentence.
-    let out =
-        Command::new(binary()).args(["--model", model, "--text", &texts[0], "--text", ""]).output().unwrap();
+    // Plain output: one line of DIM values per sentence; an empty text is a sentence. The
+    // workload normalizes; --no-normalize prints the pooled vectors as they are.
+    let out = Command::new(binary()).args(["--model", model, "--text", &texts[0]]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let line: Vec<f32> =
+        String::from_utf8(out.stdout).unwrap().trim().split(' ').map(|v| v.parse().unwrap()).collect();
+    let (diff, _) = max_abs_diff(&line, &want[0]);
+    assert!(diff <= TOLERANCE, "the default line is not the normalized vector: {diff}");
+    let out = Command::new(binary())
+        .args(["--model", model, "--text", &texts[0], "--text", "", "--no-normalize"])
+        .output()
+        .unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let text = String::from_utf8(out.stdout).unwrap();
     let lines: Vec<&str> = text.lines().collect();

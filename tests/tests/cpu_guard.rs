@@ -64,7 +64,7 @@ fn a_crate_for_a_missing_cpu_feature_says_which_and_exits_4() {
     let project = monogen::Project::load(root).unwrap();
     let out = root.join(name);
     let (plan, output) = project.generate_into(&path, Some(&out)).unwrap();
-    assert_eq!(plan.interface("matmul").chosen.name, "needs-feature");
+    assert_eq!(plan.interface("matmul").expect("the plan calls matmul").chosen.name, "needs-feature");
     assert!(plan.cpu_features.iter().any(|f| f == feature), "{:?}", plan.cpu_features);
     monogen::write::write(&out, &output, false).unwrap();
 

@@ -19,8 +19,8 @@ fn committed_crates_are_fresh() {
     let mut names = Vec::new();
     for path in &workloads {
         let (plan, output) = project.generate(path).unwrap_or_else(|e| panic!("{}", e.render(false)));
-        let dir = project.default_out_dir(&plan.workload);
-        names.push(plan.workload.name.clone());
+        let dir = project.default_out_dir(&plan.name);
+        names.push(plan.name.clone());
         let diff = monogen::write::diff(&dir, &output).unwrap();
         if !diff.is_clean() {
             let relative = path.strip_prefix(&project.root).unwrap_or(path);

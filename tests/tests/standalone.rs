@@ -147,3 +147,26 @@ fn a_closed_pipe_ends_output_quietly() {
     assert!(out.status.success(), "{stderr}");
     assert!(!stderr.contains("panicked"), "{stderr}");
 }
+
+#[test]
+fn a_library_user_does_not_build_the_command_line() {
+    // Building the copy resolved its dependencies; `cargo tree` then needs no network.
+    binary();
+    let manifest =
+        monogen_tests::workspace_root().join("target/generated-copies").join(CRATE).join("Cargo.toml");
+    let tree = |extra: &[&str]| {
+        let out = Command::new(env!("CARGO"))
+            .args(["tree", "--offline", "-e", "normal", "--prefix", "none", "--manifest-path"])
+            .arg(&manifest)
+            .args(extra)
+            .output()
+            .expect("cargo runs");
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let has_clap = |tree: &str| tree.lines().any(|l| l.starts_with("clap "));
+    assert!(has_clap(&tree(&[])), "the binary's default feature brings clap");
+    let library = tree(&["--no-default-features"]);
+    assert!(!has_clap(&library), "a library user builds clap:\n{library}");
+    assert!(library.lines().any(|l| l.starts_with("tokenizers ")), "{library}");
+}

@@ -3,7 +3,7 @@
 //! `templates/runtime/bert/` (the tokenizer).
 //!
 //! What the workload leaves out is not generated: without pooling there is no `embed`,
-//! without normalization no `normalize` and no `--normalize`.
+//! without normalization no `normalize` and no `--no-normalize`.
 
 use proc_macro2::{Literal, TokenStream};
 use quote::{format_ident, quote};
@@ -23,15 +23,16 @@ pub const DEPENDENCIES: &[&str] =
 /// Every `.rs` file of the crate: (relative path, formatted body without header).
 pub fn rust_files(
     plan: &Plan,
+    c: &BertConsts,
     registry: &Registry,
     templates: &Templates,
 ) -> Result<Vec<(String, String)>, Error> {
-    let krate = crate_ident(&plan.workload.name);
+    let krate = crate_ident(&plan.name);
     let mut files = vec![
-        ("src/lib.rs".to_string(), rust_source::print_tokens(lib_rs(plan))),
-        ("src/model.rs".to_string(), rust_source::print_tokens(model_rs(plan))),
+        ("src/lib.rs".to_string(), rust_source::print_tokens(lib_rs(plan, c))),
+        ("src/model.rs".to_string(), rust_source::print_tokens(model_rs(plan, c))),
         ("src/weights.rs".to_string(), rust_source::print_tokens(weights_rs(plan))),
-        ("src/main.rs".to_string(), rust_source::print_tokens(main_rs(plan))),
+        ("src/main.rs".to_string(), rust_source::print_tokens(main_rs(plan, c))),
         ("src/cpu.rs".to_string(), rust_source::print_tokens(common::cpu_rs(plan))),
         ("src/kernels/mod.rs".to_string(), rust_source::print_tokens(common::kernels_mod_rs(plan))),
     ];
@@ -49,8 +50,7 @@ pub fn rust_files(
     ));
     if let Some(file) = matrices.runtime_file() {
         // The word embeddings stay f32: no embedding row is ever dequantized.
-        let matmul = crate::resolve::matmul_interface(&plan.workload.weights);
-        let mut source = templates.runtime_with(file, &[("__crate", &krate), ("__matmul", matmul)])?;
+        let mut source = templates.runtime_with(file, &[("__crate", &krate), ("__matmul", &plan.matmul)])?;
         rust_source::remove_methods(&mut source, &["dequantize_row"]);
         rust_source::remove_methods(&mut source, matrices.unused_methods());
         // Every matrix of an encoder is packed where the kernel packs: none is read unpacked.
@@ -65,9 +65,8 @@ pub fn rust_files(
     Ok(files)
 }
 
-fn lib_rs(plan: &Plan) -> TokenStream {
-    let c = plan.bert();
-    let w = &plan.workload;
+fn lib_rs(plan: &Plan, c: &BertConsts) -> TokenStream {
+    let w = plan;
     let name = &w.name;
     let features = plan.cpu_features.join(", ");
     let pooled = match c.pooling {
@@ -181,9 +180,8 @@ fn lib_rs(plan: &Plan) -> TokenStream {
     }
 }
 
-fn model_rs(plan: &Plan) -> TokenStream {
-    let c = plan.bert();
-    let name = &plan.workload.name;
+fn model_rs(plan: &Plan, c: &BertConsts) -> TokenStream {
+    let name = &plan.name;
     let module_doc = [
         format!(
             " The forward pass of `{name}`: a BERT encoder of {} layers, written out with every shape",
@@ -511,7 +509,7 @@ fn embed_fn(c: &BertConsts) -> Option<TokenStream> {
 }
 
 fn weights_rs(plan: &Plan) -> TokenStream {
-    let name = &plan.workload.name;
+    let name = &plan.name;
     let matrices = Matrices::of(plan);
     let copies = match matrices {
         Matrices::F32 => " (copied only if the file misaligns it).",
@@ -683,14 +681,16 @@ fn weights_rs(plan: &Plan) -> TokenStream {
     }
 }
 
-fn main_rs(plan: &Plan) -> TokenStream {
-    let c = plan.bert();
-    let krate = format_ident!("{}", crate_ident(&plan.workload.name));
+fn main_rs(plan: &Plan, c: &BertConsts) -> TokenStream {
+    let krate = format_ident!("{}", crate_ident(&plan.name));
+    // The workload asks for normalized vectors (sentence-transformers' Normalize module):
+    // they are what the binary prints unless told otherwise.
     let normalize_arg = c.normalize.then(|| {
         quote! {
-            /// Scale each vector to unit length (cosine similarity becomes a dot product).
+            /// Print the pooled vectors as they are, without scaling each to unit length (which
+            /// this model's workload asks for, so that cosine similarity is a dot product).
             #[arg(long)]
-            normalize: bool,
+            no_normalize: bool,
         }
     });
     let (about, output_name) = match c.pooling {
@@ -703,7 +703,7 @@ fn main_rs(plan: &Plan) -> TokenStream {
         _ => {
             let normalize = c.normalize.then(|| {
                 quote! {
-                    if args.normalize {
+                    if !args.no_normalize {
                         #krate::normalize(&mut outputs);
                     }
                 }

@@ -33,7 +33,7 @@ pub enum Matrices {
 
 impl Matrices {
     pub fn of(plan: &Plan) -> Matrices {
-        match plan.workload.weights.dtype {
+        match plan.weights.dtype {
             Dtype::Bf16 if crate::plan::matmul_packs_weights(&plan.interfaces) => Matrices::Bf16Packed,
             Dtype::Bf16 => Matrices::Bf16,
             Dtype::Int8 if crate::plan::matmul_packs_weights(&plan.interfaces) => Matrices::Q8Packed,
@@ -172,15 +172,15 @@ impl Matrices {
 
 /// The function (and kernel module) of the crate's matmul: its interface's name.
 pub fn matmul_ident(plan: &Plan) -> proc_macro2::Ident {
-    format_ident!("{}", crate::resolve::matmul_interface(&plan.workload.weights))
+    format_ident!("{}", plan.matmul)
 }
 
 /// The compile-time guards of a crate's lib.rs: the target arch its kernels were compiled for
 /// (when they use CPU features) and a little-endian target (the weights are read in place).
 pub fn target_guards(plan: &Plan) -> TokenStream {
-    let name = &plan.workload.name;
+    let name = &plan.name;
     let arch_guard = (!plan.cpu_features.is_empty()).then(|| {
-        let arch = &plan.workload.target.arch;
+        let arch = &plan.target.arch;
         let message = format!("{name} was generated for {arch} CPUs (target.arch of its workload)");
         quote! {
             #[cfg(not(target_arch = #arch))]
@@ -352,7 +352,7 @@ pub fn amx_fn() -> TokenStream {
 }
 
 pub fn kernels_mod_rs(plan: &Plan) -> TokenStream {
-    let name = &plan.workload.name;
+    let name = &plan.name;
     let module_doc = [
         format!(" The kernels chosen for `{name}`, one module per interface, each the source of the"),
         " implementation that resolution picked (README.md says which and why).".to_string(),

@@ -7,7 +7,7 @@ use quote::{format_ident, quote};
 use super::common::{Matrices, doc, f32_lit, usize_lit};
 use super::{Templates, common, crate_ident};
 use crate::Error;
-use crate::plan::Plan;
+use crate::plan::{LlamaConsts, Plan};
 use crate::registry::Registry;
 use crate::rust_source::{self, comment};
 use crate::workload::{KvDtype, RopeScaling};
@@ -31,14 +31,15 @@ const RUNTIME_FILES: &[&str] = &[
 /// Every `.rs` file of the crate: (relative path, formatted body without header).
 pub fn rust_files(
     plan: &Plan,
+    c: &LlamaConsts,
     registry: &Registry,
     templates: &Templates,
 ) -> Result<Vec<(String, String)>, Error> {
-    let krate = crate_ident(&plan.workload.name);
+    let krate = crate_ident(&plan.name);
     let mut files = vec![
-        ("src/lib.rs".to_string(), rust_source::print_tokens(lib_rs(plan))),
-        ("src/model.rs".to_string(), rust_source::print_tokens(model_rs(plan))),
-        ("src/weights.rs".to_string(), rust_source::print_tokens(weights_rs(plan))),
+        ("src/lib.rs".to_string(), rust_source::print_tokens(lib_rs(plan, c))),
+        ("src/model.rs".to_string(), rust_source::print_tokens(model_rs(plan, c))),
+        ("src/weights.rs".to_string(), rust_source::print_tokens(weights_rs(plan, c))),
         ("src/cpu.rs".to_string(), rust_source::print_tokens(common::cpu_rs(plan))),
         ("src/kernels/mod.rs".to_string(), rust_source::print_tokens(common::kernels_mod_rs(plan))),
     ];
@@ -49,16 +50,14 @@ pub fn rust_files(
             rust_source::remove_methods(&mut source, matrices.unused_tensor_file_methods());
         }
         // Only an f32 KV cache is copied into from the scratch (see `model_rs`).
-        if *file == "scratch.rs" && plan.workload.kv_cache.dtype == KvDtype::Bf16 {
+        if *file == "scratch.rs" && c.kv.dtype == KvDtype::Bf16 {
             rust_source::remove_methods(&mut source, &["like"]);
         }
         files.push((format!("src/{file}"), rust_source::print(&source)));
     }
-    let c = plan.llama();
     let resident: &[&str] = if c.resident_weights { &["huge_pages.rs", "resident.rs"] } else { &[] };
-    let matmul = crate::resolve::matmul_interface(&plan.workload.weights);
     for file in matrices.runtime_file().into_iter().chain(resident.iter().copied()) {
-        let mut source = templates.runtime_with(file, &[("__crate", &krate), ("__matmul", matmul)])?;
+        let mut source = templates.runtime_with(file, &[("__crate", &krate), ("__matmul", &plan.matmul)])?;
         rust_source::remove_methods(&mut source, matrices.unused_methods());
         files.push((format!("src/{file}"), rust_source::print(&source)));
     }
@@ -66,9 +65,8 @@ pub fn rust_files(
     Ok(files)
 }
 
-fn lib_rs(plan: &Plan) -> TokenStream {
-    let c = plan.llama();
-    let w = &plan.workload;
+fn lib_rs(plan: &Plan, c: &LlamaConsts) -> TokenStream {
+    let w = plan;
     let name = &w.name;
     let features = plan.cpu_features.join(", ");
     let inner_doc: Vec<String> = [
@@ -81,7 +79,7 @@ fn lib_rs(plan: &Plan) -> TokenStream {
         format!(
             "{} weights{}, up to {} positions, on {} {}{}. Every shape is a constant below; the",
             w.weights.dtype.as_str(),
-            match w.kv_cache.dtype {
+            match c.kv.dtype {
                 KvDtype::F32 => "",
                 KvDtype::Bf16 => " and a bfloat16 KV cache",
             },
@@ -201,8 +199,7 @@ fn lib_rs(plan: &Plan) -> TokenStream {
     }
 }
 
-fn model_rs(plan: &Plan) -> TokenStream {
-    let c = plan.llama();
+fn model_rs(plan: &Plan, c: &LlamaConsts) -> TokenStream {
     let matrices = Matrices::of(plan);
     // The linear layers run the matmul of the crate's matrices, and the embedding rows widen
     // (bfloat16) or dequantize (int8) into the residual stream.
@@ -238,7 +235,7 @@ fn model_rs(plan: &Plan) -> TokenStream {
     let mm_gate = mm(["HIDDEN_DIM", "DIM"], quote!(gate), quote!(xb), quote!(layer.gate_proj));
     let mm_up = mm(["HIDDEN_DIM", "DIM"], quote!(up), quote!(xb), quote!(layer.up_proj));
     let mm_down = mm(["DIM", "HIDDEN_DIM"], quote!(xb), quote!(gate), quote!(layer.down_proj));
-    let name = &plan.workload.name;
+    let name = &plan.name;
     let module_doc = [
         format!(
             " The forward pass of `{name}`: a LLaMA decoder of {} layers, written out with every",
@@ -292,15 +289,14 @@ fn model_rs(plan: &Plan) -> TokenStream {
         )
     });
     // A bfloat16 KV cache has interfaces of its own, whose functions carry the suffix.
-    let (kv_cache, decode, prefill) = match plan.workload.kv_cache.dtype {
-        KvDtype::F32 => ("kv_cache", "attention_decode", "attention_prefill"),
-        KvDtype::Bf16 => ("kv_cache_bf16", "attention_decode_bf16", "attention_prefill_bf16"),
-    };
-    let (kv_cache, decode, prefill) =
-        (format_ident!("{kv_cache}"), format_ident!("{decode}"), format_ident!("{prefill}"));
+    let (kv_cache, decode, prefill) = (
+        format_ident!("{}", c.kv.cache),
+        format_ident!("{}", c.kv.decode),
+        format_ident!("{}", c.kv.prefill),
+    );
     // An f32 cache copies the new keys and values in (`memcpy`): they start where its storage
     // does within a page (runtime/scratch.rs says why). A bfloat16 cache converts them.
-    let (new_keys, new_values) = match plan.workload.kv_cache.dtype {
+    let (new_keys, new_values) = match c.kv.dtype {
         KvDtype::F32 => (
             quote!(Room::like(PREFILL_CHUNK * KV_DIM, kv[0].keys(0))),
             quote!(Room::like(PREFILL_CHUNK * KV_DIM, kv[0].values(0))),
@@ -360,7 +356,7 @@ fn model_rs(plan: &Plan) -> TokenStream {
         (quote!(), quote!(), quote!(), quote!())
     };
     let c_rope = comment("rotate q and k by their positions start..start + T");
-    let c_store = match plan.workload.kv_cache.dtype {
+    let c_store = match c.kv.dtype {
         KvDtype::F32 => comment("append k and v to this layer's cache: it now holds positions 0..start + T"),
         KvDtype::Bf16 => comment(
             "append k and v, rounded to bfloat16, to this layer's cache: it now holds positions 0..start + T",
@@ -650,8 +646,7 @@ fn model_rs(plan: &Plan) -> TokenStream {
     }
 }
 
-fn weights_rs(plan: &Plan) -> TokenStream {
-    let c = plan.llama();
+fn weights_rs(plan: &Plan, c: &LlamaConsts) -> TokenStream {
     // The matrices' type and loader: f32 slices, or bfloat16 ones for a bf16 workload (the
     // norms and biases stay f32).
     let matrices = Matrices::of(plan);
@@ -676,7 +671,7 @@ fn weights_rs(plan: &Plan) -> TokenStream {
         Matrices::Q8Packed => (matrix.clone(), format_ident!("q8")),
         _ => (matrix.clone(), load_matrix.clone()),
     };
-    let name = &plan.workload.name;
+    let name = &plan.name;
     let source = if c.resident_weights {
         " is a slice of model.safetensors, which is copied into memory at load if it holds the matrices as this crate keeps them (resident.rs),"
     } else {

@@ -21,10 +21,11 @@ use serde::Serialize;
 pub use header::{HeaderStatus, check_header, with_header};
 
 use crate::Error;
-use crate::plan::{Plan, human_bytes};
+pub use crate::lock::LOCK_FILE;
+use crate::lock::Lock;
+use crate::plan::{Consts, Plan, human_bytes};
 use crate::registry::{Registry, sha256_hex};
 use crate::rust_source;
-use crate::workload::{Architecture, Model};
 
 /// The version written into every header and lock file.
 pub const MONOGEN_VERSION: &str = env!("CARGO_PKG_VERSION");
@@ -128,16 +129,15 @@ pub fn crate_ident(name: &str) -> String {
 
 /// Generates every file of the crate for `plan`.
 pub fn emit(plan: &Plan, registry: &Registry, templates: &Templates) -> Result<Output, Error> {
-    let name = &plan.workload.name;
+    let name = &plan.name;
     let mut files: BTreeMap<PathBuf, String> = BTreeMap::new();
     let mut add = |path: &str, body: String| {
         files.insert(PathBuf::from(path), with_header(Path::new(path), &body, name));
     };
 
-    let architecture = plan.workload.model.architecture();
-    let (rust_files, readme) = match architecture {
-        Architecture::Llama => (llama::rust_files(plan, registry, templates)?, "README.md.j2"),
-        Architecture::Bert => (bert::rust_files(plan, registry, templates)?, "bert/README.md.j2"),
+    let (rust_files, readme) = match &plan.consts {
+        Consts::Llama(c) => (llama::rust_files(plan, c, registry, templates)?, "README.md.j2"),
+        Consts::Bert(c) => (bert::rust_files(plan, c, registry, templates)?, "bert/README.md.j2"),
     };
     for (path, body) in rust_files {
         add(&path, body);
@@ -148,48 +148,39 @@ pub fn emit(plan: &Plan, registry: &Registry, templates: &Templates) -> Result<O
     add("README.md", templates.render(readme, &context)?);
     add(".gitignore", templates.render("gitignore.j2", &context)?);
 
-    let lock = LockContext {
-        monogen_version: MONOGEN_VERSION,
-        workload_sha256: &plan.workload_sha256,
-        interfaces: &plan.interfaces,
-        shared: plan.shared_modules.iter().map(|m| &registry.shared[m]).collect(),
-        files: files
+    let lock = Lock {
+        format: crate::lock::FORMAT,
+        monogen: MONOGEN_VERSION.to_string(),
+        workload_sha256: plan.workload_sha256.clone(),
+        choice: plan
+            .interfaces
             .iter()
-            .map(|(p, c)| LockFile {
+            .map(|i| crate::lock::Choice {
+                interface: i.interface.clone(),
+                implementation: i.chosen.name.clone(),
+                version: i.chosen.version.clone(),
+                source_sha256: i.chosen.source_sha256.clone(),
+            })
+            .collect(),
+        shared: plan
+            .shared_modules
+            .iter()
+            .map(|m| crate::lock::Shared {
+                module: registry.shared[m].name.clone(),
+                source_sha256: registry.shared[m].source_sha256.clone(),
+            })
+            .collect(),
+        file: files
+            .iter()
+            .map(|(p, c)| crate::lock::File {
                 path: p.to_string_lossy().replace('\\', "/"),
                 sha256: sha256_hex(c.as_bytes()),
             })
             .collect(),
-        workload_toml: toml::to_string(&WorkloadTable { workload: &plan.workload })
-            .expect("a workload always serializes"),
+        workload: &plan.workload_table,
     };
-    let lock_body = templates.render("monogen.lock.j2", &lock)?;
-    files.insert(PathBuf::from(LOCK_FILE), with_header(Path::new(LOCK_FILE), &lock_body, name));
+    files.insert(PathBuf::from(LOCK_FILE), with_header(Path::new(LOCK_FILE), &lock.render(), name));
     Ok(Output { files })
-}
-
-/// The lock file's name inside a generated crate.
-pub const LOCK_FILE: &str = "monogen.lock";
-
-#[derive(Serialize)]
-struct WorkloadTable<'a> {
-    workload: &'a crate::workload::Workload,
-}
-
-#[derive(Serialize)]
-struct LockContext<'a> {
-    monogen_version: &'a str,
-    workload_sha256: &'a str,
-    interfaces: &'a [crate::plan::InterfacePlan],
-    shared: Vec<&'a crate::registry::SharedModule>,
-    files: Vec<LockFile>,
-    workload_toml: String,
-}
-
-#[derive(Serialize)]
-struct LockFile {
-    path: String,
-    sha256: String,
 }
 
 /// What the Cargo.toml and README templates see.
@@ -209,7 +200,7 @@ struct ReadmeContext<'a> {
     consts: &'a crate::plan::Consts,
     /// Float constants as the workload writes them (f32 prints badly): `rope_theta` and
     /// `rms_norm_eps` of a LLaMA model, `layer_norm_eps` of a BERT model.
-    floats: BTreeMap<&'static str, String>,
+    floats: &'a BTreeMap<String, String>,
     interfaces: &'a [crate::plan::InterfacePlan],
     cpu_features: &'a [String],
     footprint: BTreeMap<&'static str, String>,
@@ -226,34 +217,22 @@ pub(crate) struct Dependency {
 
 impl<'a> ReadmeContext<'a> {
     fn new(plan: &'a Plan, templates: &Templates) -> Result<ReadmeContext<'a>, Error> {
-        let w = &plan.workload;
+        let w = plan;
         let f = &plan.footprint;
-        let description = w.description.clone().unwrap_or_else(|| {
-            format!(
-                "{} inference for workload {}, generated by monogen",
-                w.model.architecture().as_str(),
-                w.name
-            )
-        });
+        let architecture = plan.consts.architecture();
         Ok(ReadmeContext {
             name: &w.name,
             crate_ident: crate_ident(&w.name),
-            description,
+            description: w.description.clone(),
             monogen_version: MONOGEN_VERSION,
-            architecture: w.model.architecture().as_str(),
-            architecture_title: w.model.architecture().title(),
+            architecture: architecture.as_str(),
+            architecture_title: architecture.title(),
             dtype: w.weights.dtype.as_str(),
             device: w.target.device.as_str(),
             arch: &w.target.arch,
             threads: w.target.threads,
             consts: &plan.consts,
-            floats: match &w.model {
-                Model::Llama(m) => BTreeMap::from([
-                    ("rope_theta", format!("{:?}", m.rope_theta)),
-                    ("rms_norm_eps", format!("{:?}", m.rms_norm_eps)),
-                ]),
-                Model::Bert(m) => BTreeMap::from([("layer_norm_eps", format!("{:?}", m.layer_norm_eps))]),
-            },
+            floats: &plan.float_literals,
             interfaces: &plan.interfaces,
             cpu_features: &plan.cpu_features,
             footprint: BTreeMap::from([
@@ -265,9 +244,9 @@ impl<'a> ReadmeContext<'a> {
             packed: crate::plan::matmul_packs_weights(&plan.interfaces),
             dependencies: {
                 // The runtime's crates, and those of the chosen kernels.
-                let mut names: Vec<&str> = match w.model {
-                    Model::Llama(_) => llama::DEPENDENCIES,
-                    Model::Bert(_) => bert::DEPENDENCIES,
+                let mut names: Vec<&str> = match plan.consts {
+                    Consts::Llama(_) => llama::DEPENDENCIES,
+                    Consts::Bert(_) => bert::DEPENDENCIES,
                 }
                 .to_vec();
                 for i in &plan.interfaces {
@@ -275,14 +254,23 @@ impl<'a> ReadmeContext<'a> {
                 }
                 names.sort_unstable();
                 names.dedup();
-                dependencies(&names, templates)?
+                dependencies(&names, CLI_DEPENDENCIES, templates)?
             },
         })
     }
 }
 
-/// The dependency lines of Cargo.toml for `names`, from `templates/dependencies.toml`.
-pub(crate) fn dependencies(names: &[&str], templates: &Templates) -> Result<Vec<Dependency>, Error> {
+/// Crates that only the command-line program uses: optional, behind the default `cli` feature,
+/// so that a library user of the crate does not build them.
+const CLI_DEPENDENCIES: &[&str] = &["clap"];
+
+/// The dependency lines of Cargo.toml for `names`, from `templates/dependencies.toml`; those
+/// in `optional` are marked so.
+pub(crate) fn dependencies(
+    names: &[&str],
+    optional: &[&str],
+    templates: &Templates,
+) -> Result<Vec<Dependency>, Error> {
     let table: toml::Table = toml::from_str(templates.get("dependencies.toml")?)
         .map_err(|e| Error::Template { name: "dependencies.toml".into(), message: e.to_string() })?;
     let mut names: Vec<&str> = names.to_vec();
@@ -294,13 +282,15 @@ pub(crate) fn dependencies(names: &[&str], templates: &Templates) -> Result<Vec<
                 name: "dependencies.toml".into(),
                 message: format!("no entry for crate `{name}`"),
             })?;
-            let spec = match spec {
-                toml::Value::Table(t) => {
-                    let parts: Vec<String> = t.iter().map(|(k, v)| format!("{k} = {v}")).collect();
-                    format!("{{ {} }}", parts.join(", "))
-                }
-                other => other.to_string(),
+            let mut spec = match spec {
+                toml::Value::Table(t) => t.clone(),
+                other => toml::Table::from_iter([("version".to_string(), other.clone())]),
             };
+            if optional.contains(&name) {
+                spec.insert("optional".into(), true.into());
+            }
+            let parts: Vec<String> = spec.iter().map(|(k, v)| format!("{k} = {v}")).collect();
+            let spec = format!("{{ {} }}", parts.join(", "));
             Ok(Dependency { name: name.to_string(), spec })
         })
         .collect()

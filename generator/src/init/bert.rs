@@ -8,9 +8,9 @@ use std::sync::Arc;
 use serde::Serialize;
 use serde_json::{Map, Value};
 
+use super::options::{BOOKKEEPING, InitOptions, usize_field};
 use crate::diagnostics::Diagnostic;
 use crate::emit::Templates;
-use crate::init::{BOOKKEEPING, InitOptions, usize_field};
 use crate::workload::{
     Activation, ArchitectureTag, Bert, Device, EncoderRequest, KvCache, KvDtype, Model, Pooling, Request,
     Target, Workload,

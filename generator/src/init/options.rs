@@ -1,0 +1,149 @@
+//! What `monogen init` is asked for, and what reading a config.json needs for any architecture.
+
+use std::path::Path;
+
+use serde_json::{Map, Value};
+
+use crate::diagnostics::Diagnostic;
+use crate::workload::{Activations, Dtype, KvDtype, Weights};
+use crate::{Error, cpu};
+
+/// Which CPU features a new workload may use.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CpuFeatures {
+    /// This machine's.
+    Native,
+    /// An x86-64 level (`x86-64-v3`, ...) or an explicit list.
+    List(Vec<String>),
+}
+
+impl CpuFeatures {
+    /// Parses `native`, a level name, `none`, or a comma-separated list.
+    pub fn parse(text: &str) -> Result<CpuFeatures, String> {
+        let text = text.trim();
+        if text == "native" {
+            return Ok(CpuFeatures::Native);
+        }
+        if text == "none" || text.is_empty() {
+            return Ok(CpuFeatures::List(Vec::new()));
+        }
+        if let Some(level) = cpu::x86_64_level(text) {
+            return Ok(CpuFeatures::List(level.into_iter().map(String::from).collect()));
+        }
+        let list: Vec<String> =
+            text.split(',').map(|f| f.trim().to_string()).filter(|f| !f.is_empty()).collect();
+        for f in &list {
+            if !cpu::X86_64_FEATURES.contains(&f.as_str()) {
+                let near = crate::diagnostics::nearest(f, cpu::X86_64_FEATURES.iter().copied())
+                    .map(|n| format!(" (did you mean `{n}`?)"))
+                    .unwrap_or_default();
+                return Err(format!(
+                    "unknown CPU feature `{f}`{near}; use native, none, one of {}, or a list of: {}",
+                    cpu::X86_64_LEVELS.join(", "),
+                    cpu::X86_64_FEATURES.join(", ")
+                ));
+            }
+        }
+        Ok(CpuFeatures::List(list))
+    }
+}
+
+impl CpuFeatures {
+    /// The feature names, in canonical order.
+    pub fn resolve(&self) -> Vec<String> {
+        match self {
+            CpuFeatures::Native => cpu::host_features().into_iter().map(String::from).collect(),
+            CpuFeatures::List(list) => cpu::X86_64_FEATURES
+                .iter()
+                .filter(|f| list.iter().any(|l| l == *f))
+                .map(|f| f.to_string())
+                .collect(),
+        }
+    }
+}
+
+/// What `init` needs besides config.json.
+#[derive(Debug, Clone)]
+pub struct InitOptions {
+    pub name: String,
+    pub dtype: Dtype,
+    /// What the linear layers' products read their activations as (`bf16` needs bf16 weights).
+    pub activations: Activations,
+    /// The KV cache's element type (decoders only).
+    pub kv_cache: KvDtype,
+    /// Default: this machine's available parallelism.
+    pub threads: Option<usize>,
+    pub cpu_features: CpuFeatures,
+    /// Default: min(max_position_embeddings, 4096).
+    pub max_seq_len: Option<usize>,
+    /// Default: min(128, max_seq_len / 2).
+    pub typical_prompt_len: Option<usize>,
+    /// Default: min(128, max_seq_len - typical_prompt_len).
+    pub typical_decode_len: Option<usize>,
+    /// The hardware class whose measurements choose the kernels (`target.hardware`).
+    pub hardware: Option<String>,
+    /// Encoders only: most sentences per call (default 32).
+    pub max_batch: Option<usize>,
+    /// `request.requests_per_load`: when the load counts in the rankings.
+    pub requests_per_load: Option<u64>,
+}
+
+impl InitOptions {
+    /// The `[weights]` table these options ask for, refused when `--activations bf16` comes
+    /// without `--dtype bf16`.
+    pub(crate) fn weights(&self) -> Result<Weights, Error> {
+        if self.activations == Activations::Bf16 && self.dtype != Dtype::Bf16 {
+            return Err(Error::Refused(format!(
+                "--activations bf16 rounds the activations of bf16 weights' products, and --dtype is {}; add --dtype bf16",
+                self.dtype.as_str()
+            )));
+        }
+        Ok(Weights { dtype: self.dtype, activations: self.activations })
+    }
+}
+
+/// config.json keys that do not change what inference computes.
+pub(crate) const BOOKKEEPING: &[&str] = &[
+    "_name_or_path",
+    "architectures",
+    "attention_dropout",
+    "bad_words_ids",
+    "dtype",
+    "initializer_range",
+    "model_type",
+    "output_attentions",
+    "output_hidden_states",
+    "pad_token_id",
+    "return_dict",
+    "torch_dtype",
+    "torchscript",
+    "transformers_version",
+    "use_cache",
+];
+
+/// The non-negative integer `key` of config.json, or `default`; a problem (and 0) when it is
+/// missing without a default or is not such an integer.
+pub(crate) fn usize_field(
+    config: &Map<String, Value>,
+    key: &str,
+    default: Option<usize>,
+    path: &Path,
+    diag: &dyn Fn(&str, String) -> Diagnostic,
+    problems: &mut Vec<Diagnostic>,
+) -> usize {
+    match config.get(key) {
+        Some(v) => v.as_u64().map(|n| n as usize).unwrap_or_else(|| {
+            problems
+                .push(diag(key, format!("config.json field `{key}` = {v} is not a non-negative integer")));
+            0
+        }),
+        None => default.unwrap_or_else(|| {
+            problems.push(
+                Diagnostic::new(format!("config.json has no `{key}`"))
+                    .at_path(path)
+                    .hint("monogen does not guess shapes; add the field"),
+            );
+            0
+        }),
+    }
+}
