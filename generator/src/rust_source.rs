@@ -11,6 +11,8 @@
 //! expression, between match arms or struct fields, block comments) are rejected with
 //! their line number instead of being dropped silently.
 
+use std::collections::{BTreeMap, BTreeSet};
+
 use proc_macro2::TokenStream;
 use quote::quote;
 
@@ -564,5 +566,183 @@ mod tests {
         let body = comment("x: [T, DIM]");
         let out = print_tokens(quote! { fn f() { let a = 1; #body let b = a; } });
         assert!(out.contains("    let a = 1;\n\n    // x: [T, DIM]\n    let b = a;"), "{out}");
+    }
+}
+
+/// The placeholder macro of a template file's slots.
+pub const SLOT: &str = "__slot";
+
+/// Fills the `__slot!(name)` placeholders of a template file (`templates/llama/model.rs`): a
+/// slot that stands as an item or a statement becomes the items or statements of
+/// `slots[name]` (none for empty tokens), one that stands as an expression its expression.
+/// Every slot of the file must be given and every slot given must be used; the error names
+/// the slot.
+pub fn fill_slots(file: &mut syn::File, slots: &BTreeMap<&str, TokenStream>) -> Result<(), String> {
+    use syn::visit_mut::VisitMut;
+    struct Filler<'a> {
+        slots: &'a BTreeMap<&'a str, TokenStream>,
+        used: BTreeSet<String>,
+        error: Option<String>,
+    }
+    impl Filler<'_> {
+        /// The tokens of slot `mac`, if it is one.
+        fn tokens(&mut self, mac: &syn::Macro) -> Option<TokenStream> {
+            if !mac.path.is_ident(SLOT) {
+                return None;
+            }
+            let name = mac.tokens.to_string();
+            match self.slots.get(name.as_str()) {
+                Some(tokens) => {
+                    self.used.insert(name);
+                    Some(tokens.clone())
+                }
+                None => {
+                    self.error.get_or_insert(format!(
+                        "the template has slot `{name}`, which the emitter does not fill"
+                    ));
+                    Some(TokenStream::new())
+                }
+            }
+        }
+        fn fail(&mut self, name: &str, what: &str, e: syn::Error) {
+            self.error.get_or_insert(format!("slot `{name}` is not {what}: {e}"));
+        }
+        fn items(&mut self, items: &mut Vec<syn::Item>) {
+            for item in std::mem::take(items) {
+                if let syn::Item::Macro(m) = &item
+                    && let Some(tokens) = self.tokens(&m.mac)
+                {
+                    match syn::parse2::<syn::File>(tokens) {
+                        Ok(file) => items.extend(file.items),
+                        Err(e) => self.fail(&m.mac.tokens.to_string(), "items", e),
+                    }
+                    continue;
+                }
+                let mut item = item;
+                self.visit_item_mut(&mut item);
+                items.push(item);
+            }
+        }
+    }
+    impl VisitMut for Filler<'_> {
+        fn visit_file_mut(&mut self, file: &mut syn::File) {
+            self.items(&mut file.items);
+        }
+        fn visit_item_mod_mut(&mut self, module: &mut syn::ItemMod) {
+            if let Some((_, items)) = &mut module.content {
+                self.items(items);
+            }
+        }
+        fn visit_item_impl_mut(&mut self, imp: &mut syn::ItemImpl) {
+            for item in std::mem::take(&mut imp.items) {
+                if let syn::ImplItem::Macro(m) = &item
+                    && let Some(tokens) = self.tokens(&m.mac)
+                {
+                    match syn::parse2::<syn::ItemImpl>(quote::quote!(impl X { #tokens })) {
+                        Ok(filled) => imp.items.extend(filled.items),
+                        Err(e) => self.fail(&m.mac.tokens.to_string(), "associated items", e),
+                    }
+                    continue;
+                }
+                let mut item = item;
+                self.visit_impl_item_mut(&mut item);
+                imp.items.push(item);
+            }
+        }
+        fn visit_block_mut(&mut self, block: &mut syn::Block) {
+            for stmt in std::mem::take(&mut block.stmts) {
+                if let syn::Stmt::Macro(m) = &stmt
+                    && let Some(tokens) = self.tokens(&m.mac)
+                {
+                    match syn::parse2::<syn::Block>(quote::quote!({ #tokens })) {
+                        Ok(filled) => block.stmts.extend(filled.stmts),
+                        Err(e) => self.fail(&m.mac.tokens.to_string(), "statements", e),
+                    }
+                    continue;
+                }
+                let mut stmt = stmt;
+                self.visit_stmt_mut(&mut stmt);
+                block.stmts.push(stmt);
+            }
+        }
+        fn visit_expr_mut(&mut self, expr: &mut syn::Expr) {
+            if let syn::Expr::Macro(m) = expr
+                && let Some(tokens) = self.tokens(&m.mac)
+            {
+                match syn::parse2::<syn::Expr>(tokens) {
+                    Ok(filled) => *expr = filled,
+                    Err(e) => self.fail(&m.mac.tokens.to_string(), "an expression", e),
+                }
+                return;
+            }
+            syn::visit_mut::visit_expr_mut(self, expr);
+        }
+    }
+    let mut filler = Filler { slots, used: BTreeSet::new(), error: None };
+    filler.visit_file_mut(file);
+    if let Some(e) = filler.error {
+        return Err(e);
+    }
+    match slots.keys().find(|name| !filler.used.contains(**name)) {
+        Some(unused) => Err(format!("the emitter fills slot `{unused}`, which the template does not have")),
+        None => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod slot_tests {
+    use super::*;
+
+    fn filled(source: &str, slots: &[(&'static str, TokenStream)]) -> Result<String, String> {
+        let mut file = parse_with_comments(source).map_err(|e| e.message)?;
+        fill_slots(&mut file, &slots.iter().cloned().collect())?;
+        Ok(print(&file))
+    }
+
+    #[test]
+    fn slots_become_items_statements_and_expressions() {
+        let source = "fn f(x: &mut [f32]) {\n    // scale x\n    __slot!(scale);\n    let n = __slot!(len);\n}\n\n__slot!(helpers);\n";
+        let done = comment("done");
+        let out = filled(
+            source,
+            &[
+                ("scale", quote!(for v in x.iter_mut() { *v *= 2.0; } #done)),
+                ("len", quote!(x.len())),
+                (
+                    "helpers",
+                    quote!(
+                        fn g() {}
+                        fn h() {}
+                    ),
+                ),
+            ],
+        )
+        .unwrap();
+        assert!(out.contains("    // scale x\n    for v in x.iter_mut() {"), "{out}");
+        assert!(out.contains("let n = x.len();"), "{out}");
+        assert!(out.contains("fn g() {}") && out.contains("fn h() {}"), "{out}");
+        // An empty slot leaves nothing behind.
+        let out = filled(source, &[("scale", quote!()), ("len", quote!(0)), ("helpers", quote!())]).unwrap();
+        assert!(!out.contains("__slot") && !out.contains("fn g"), "{out}");
+    }
+
+    #[test]
+    fn a_slot_missing_or_left_over_is_named() {
+        let source = "fn f() {\n    __slot!(a);\n}\n";
+        let e = filled(source, &[]).unwrap_err();
+        assert!(e.contains("slot `a`, which the emitter does not fill"), "{e}");
+        let e = filled(source, &[("a", quote!()), ("b", quote!())]).unwrap_err();
+        assert!(e.contains("fills slot `b`, which the template does not have"), "{e}");
+        let e = filled(
+            "fn f() {\n    let x = __slot!(a);\n}\n",
+            &[(
+                "a",
+                quote!(
+                    fn g() {}
+                ),
+            )],
+        )
+        .unwrap_err();
+        assert!(e.contains("slot `a` is not an expression"), "{e}");
     }
 }

@@ -5,6 +5,8 @@
 //! What the workload leaves out is not generated: without pooling there is no `embed`,
 //! without normalization no `normalize` and no `--no-normalize`.
 
+use std::collections::BTreeMap;
+
 use proc_macro2::{Literal, TokenStream};
 use quote::{format_ident, quote};
 
@@ -30,7 +32,7 @@ pub fn rust_files(
     let krate = crate_ident(&plan.name);
     let mut files = vec![
         ("src/lib.rs".to_string(), rust_source::print_tokens(lib_rs(plan, c))),
-        ("src/model.rs".to_string(), rust_source::print_tokens(model_rs(plan, c))),
+        ("src/model.rs".to_string(), model_rs(plan, c, templates)?),
         ("src/weights.rs".to_string(), rust_source::print_tokens(weights_rs(plan))),
         ("src/main.rs".to_string(), rust_source::print_tokens(main_rs(plan, c))),
         ("src/cpu.rs".to_string(), rust_source::print_tokens(common::cpu_rs(plan))),
@@ -180,20 +182,8 @@ fn lib_rs(plan: &Plan, c: &BertConsts) -> TokenStream {
     }
 }
 
-fn model_rs(plan: &Plan, c: &BertConsts) -> TokenStream {
-    let name = &plan.name;
-    let module_doc = [
-        format!(
-            " The forward pass of `{name}`: a BERT encoder of {} layers, written out with every shape",
-            c.n_layers
-        ),
-        " a constant and every kernel chosen.".to_string(),
-        String::new(),
-        " A batch of B sentences is padded to its longest, L tokens: the matrix products run over"
-            .to_string(),
-        " all B · L rows at once, and attention runs sentence by sentence over each one's own".to_string(),
-        " tokens, so padding is never attended to and never pooled.".to_string(),
-    ];
+/// src/model.rs: `templates/bert/model.rs` with its slots filled from the plan.
+fn model_rs(plan: &Plan, c: &BertConsts, templates: &Templates) -> Result<String, Error> {
     let pooling_use = match c.pooling {
         Pooling::Mean => quote!(
             use crate::kernels::mean_pooling::mean_pool;
@@ -230,243 +220,22 @@ fn model_rs(plan: &Plan, c: &BertConsts) -> TokenStream {
         }
     });
 
-    let c_embed = comment(
-        "xb[s] = word_embeddings[ids] + token_type_embeddings[0] + position_embeddings[0..len]: [L, DIM] per sentence, padding rows zero",
-    );
-    let c_embed_norm = comment("x = layernorm(xb) · embeddings.LayerNorm: [B·L, DIM]");
-    let c_qkv = comment("q, k, v = x · {query, key, value}ᵀ + bias: [B·L, DIM]");
-    let c_att = comment(
-        "att[s] = softmax(q[s] · k[s]ᵀ / √HEAD_DIM) · v[s], over sentence s's own len tokens: [len, DIM]",
-    );
-    let c_out = comment("xb = att · attention.output.denseᵀ + bias: [B·L, DIM]");
-    let c_norm1 = comment("x = layernorm(x + xb) · attention.output.LayerNorm: [B·L, DIM]");
-    let c_mlp = comment("mlp = gelu(x · intermediate.denseᵀ + bias): [B·L, HIDDEN_DIM]");
-    let c_down = comment("xb = mlp · output.denseᵀ + bias: [B·L, DIM]");
-    let c_norm2 = comment("x = layernorm(x + xb) · output.LayerNorm: [B·L, DIM]");
-
-    quote! {
-        #(#![doc = #module_doc])*
-
-        use std::path::Path;
-
-        use crate::kernels::attention_encoder::attention_encoder;
-        use crate::kernels::embedding::embed;
-        use crate::kernels::gelu::gelu;
-        #normalize_use
-        use crate::kernels::layernorm::layernorm;
-        #matmul_use
-        #pooling_use
-        use crate::weights::Weights;
-        use crate::{
-            Error, DIM, HEAD_DIM, HIDDEN_DIM, LAYER_NORM_EPS, MAX_BATCH, MAX_SEQ_LEN, N_HEADS, VOCAB_SIZE,
-        };
-
-        /// Token types of a single-sentence input: all 0.
-        const SEGMENT_A: [u32; MAX_SEQ_LEN] = [0; MAX_SEQ_LEN];
-
-        /// A loaded model. It never changes after loading, so share it between threads and
-        /// give each thread its own [`Encoder`].
-        pub struct Model {
-            weights: Weights,
-        }
-
-        impl Model {
-            /// Checks the CPU, then maps `dir/model.safetensors` and checks every tensor's
-            /// name, dtype and shape.
-            pub fn load(dir: impl AsRef<Path>) -> Result<Model, Error> {
-                crate::cpu::check()?;
-                let weights = Weights::load(&dir.as_ref().join("model.safetensors"))?;
-                Ok(Model { weights })
-            }
-
-            /// Writes `out`, a model directory for this crate made from `dir`: its
-            /// model.safetensors holds every tensor the model reads as it holds them in memory
-            /// (the linear layers' matrices in the workload's dtype: an int8 crate's quantized,
-            /// with their scales), so that loading `out` maps them rather than converting them
-            /// again; the JSON files of `dir` (config, tokenizer) are copied. Returns the
-            /// warnings of reading `dir`.
-            pub fn save_model(dir: impl AsRef<Path>, out: impl AsRef<Path>) -> Result<Vec<String>, Error> {
-                crate::cpu::check()?;
-                crate::tensor_file::save_model(dir.as_ref(), out.as_ref(), |from, to| {
-                    Ok(Weights::save(from, to)?.warnings().to_vec())
-                })
-            }
-
-            pub fn weights(&self) -> &Weights {
-                &self.weights
-            }
-
-            /// What loading noticed but did not refuse (e.g. tensors this model does not use).
-            pub fn warnings(&self) -> &[String] {
-                self.weights.warnings()
-            }
-
-            /// Activation buffers for batches of up to MAX_BATCH sentences.
-            pub fn encoder(&self) -> Encoder<'_> {
-                Encoder::new(self)
-            }
-        }
-
-        /// The activation buffers of one batch: up to MAX_BATCH sentences of MAX_SEQ_LEN tokens.
-        pub struct Encoder<'m> {
-            model: &'m Model,
-            /// The hidden states: [MAX_BATCH · MAX_SEQ_LEN, DIM]
-            x: Vec<f32>,
-            /// A sublayer's output before the residual: [MAX_BATCH · MAX_SEQ_LEN, DIM]
-            xb: Vec<f32>,
-            /// Queries, keys, values and attention output: [MAX_BATCH · MAX_SEQ_LEN, DIM] each
-            q: Vec<f32>,
-            k: Vec<f32>,
-            v: Vec<f32>,
-            att: Vec<f32>,
-            /// The MLP's intermediate layer: [MAX_BATCH · MAX_SEQ_LEN, HIDDEN_DIM]
-            mlp: Vec<f32>,
-            /// Attention scores of one query: [MAX_SEQ_LEN]
-            scores: Vec<f32>,
-        }
-
-        impl<'m> Encoder<'m> {
-            fn new(model: &'m Model) -> Encoder<'m> {
-                let rows = MAX_BATCH * MAX_SEQ_LEN;
-                Encoder {
-                    model,
-                    x: vec![0.0; rows * DIM],
-                    xb: vec![0.0; rows * DIM],
-                    q: vec![0.0; rows * DIM],
-                    k: vec![0.0; rows * DIM],
-                    v: vec![0.0; rows * DIM],
-                    att: vec![0.0; rows * DIM],
-                    mlp: vec![0.0; rows * HIDDEN_DIM],
-                    scores: vec![0.0; MAX_SEQ_LEN],
-                }
-            }
-
-            /// The last layer's state of every token of every sentence: [len, DIM] each, flat.
-            pub fn hidden_states<S: AsRef<[u32]>>(&mut self, batch: &[S]) -> Result<Vec<Vec<f32>>, Error> {
-                let batch: Vec<&[u32]> = batch.iter().map(AsRef::as_ref).collect();
-                check(&batch)?;
-                let mut states = Vec::with_capacity(batch.len());
-                for part in batch.chunks(MAX_BATCH) {
-                    let longest = self.forward(part);
-                    for (s, ids) in part.iter().enumerate() {
-                        states.push(self.x[s * longest * DIM..(s * longest + ids.len()) * DIM].to_vec());
-                    }
-                }
-                Ok(states)
-            }
-
-            #embed_fn
-
-            /// Runs the layers over up to MAX_BATCH checked sentences, padded to the longest;
-            /// returns its length L. Sentence s's states are rows s·L..s·L + len of `x`.
-            fn forward(&mut self, batch: &[&[u32]]) -> usize {
-                let Encoder { model, x, xb, q, k, v, att, mlp, scores } = self;
-                let w = &model.weights;
-                let longest = batch.iter().map(|ids| ids.len()).max().unwrap_or(0);
-                let rows = batch.len() * longest;
-                let x = &mut x[..rows * DIM];
-                let xb = &mut xb[..rows * DIM];
-                let q = &mut q[..rows * DIM];
-                let k = &mut k[..rows * DIM];
-                let v = &mut v[..rows * DIM];
-                let att = &mut att[..rows * DIM];
-                let mlp = &mut mlp[..rows * HIDDEN_DIM];
-                let sentence = |s: usize| s * longest * DIM..(s + 1) * longest * DIM;
-
-                #c_embed
-                xb.fill(0.0);
-                for (s, ids) in batch.iter().enumerate() {
-                    embed::<DIM>(
-                        &mut xb[sentence(s)],
-                        ids,
-                        &SEGMENT_A[..ids.len()],
-                        &w.word_embeddings,
-                        &w.position_embeddings,
-                        &w.token_type_embeddings,
-                    );
-                }
-                #c_embed_norm
-                layernorm::<DIM>(x, xb, &w.embeddings_norm.weight, &w.embeddings_norm.bias, LAYER_NORM_EPS, rows);
-
-                for layer in &w.layers {
-                    #c_qkv
-                    #mm_q
-                    add_bias(q, &layer.query.bias);
-                    #mm_k
-                    add_bias(k, &layer.key.bias);
-                    #mm_v
-                    add_bias(v, &layer.value.bias);
-                    #c_att
-                    att.fill(0.0);
-                    for (s, ids) in batch.iter().enumerate() {
-                        let at = sentence(s);
-                        attention_encoder::<N_HEADS, HEAD_DIM>(
-                            &mut att[at.clone()],
-                            &q[at.clone()],
-                            &k[at.clone()],
-                            &v[at],
-                            scores,
-                            ids.len(),
-                        );
-                    }
-                    #c_out
-                    #mm_o
-                    add_bias(xb, &layer.attention_output.bias);
-                    #c_norm1
-                    add_assign(xb, x);
-                    layernorm::<DIM>(x, xb, &layer.attention_norm.weight, &layer.attention_norm.bias, LAYER_NORM_EPS, rows);
-                    #c_mlp
-                    #mm_mlp
-                    add_bias(mlp, &layer.intermediate.bias);
-                    gelu::<HIDDEN_DIM>(mlp, rows);
-                    #c_down
-                    #mm_down
-                    add_bias(xb, &layer.output.bias);
-                    #c_norm2
-                    add_assign(xb, x);
-                    layernorm::<DIM>(x, xb, &layer.output_norm.weight, &layer.output_norm.bias, LAYER_NORM_EPS, rows);
-                }
-                longest
-            }
-        }
-
-        #normalize_fn
-
-        /// Every sentence must have tokens, fit MAX_SEQ_LEN and use ids of the vocabulary.
-        fn check(batch: &[&[u32]]) -> Result<(), Error> {
-            for (s, ids) in batch.iter().enumerate() {
-                if ids.is_empty() {
-                    return Err(Error::InvalidParameter {
-                        name: "input",
-                        reason: format!("sentence {s} has no tokens (a tokenizer gives at least [CLS] and [SEP])"),
-                    });
-                }
-                if ids.len() > MAX_SEQ_LEN {
-                    return Err(Error::SequenceTooLong { len: ids.len(), max: MAX_SEQ_LEN });
-                }
-                if let Some(&id) = ids.iter().find(|&&id| id as usize >= VOCAB_SIZE) {
-                    return Err(Error::TokenOutOfRange { id, vocab_size: VOCAB_SIZE });
-                }
-            }
-            Ok(())
-        }
-
-        /// Adds `bias` to every row of `x`.
-        fn add_bias(x: &mut [f32], bias: &[f32]) {
-            for row in x.chunks_exact_mut(bias.len()) {
-                for (a, b) in row.iter_mut().zip(bias) {
-                    *a += *b;
-                }
-            }
-        }
-
-        /// x += y, element by element.
-        fn add_assign(x: &mut [f32], y: &[f32]) {
-            for (a, b) in x.iter_mut().zip(y) {
-                *a += *b;
-            }
-        }
-    }
+    let n_layers = c.n_layers.to_string();
+    let replacements = [("__workload_name", plan.name.as_str()), ("__n_layers", n_layers.as_str())];
+    let slots = BTreeMap::from([
+        ("normalize_use", normalize_use.unwrap_or_default()),
+        ("matmul_use", matmul_use),
+        ("pooling_use", pooling_use),
+        ("embed_fn", embed_fn.unwrap_or_default()),
+        ("mm_q", mm_q),
+        ("mm_k", mm_k),
+        ("mm_v", mm_v),
+        ("mm_o", mm_o),
+        ("mm_mlp", mm_mlp),
+        ("mm_down", mm_down),
+        ("normalize_fn", normalize_fn.unwrap_or_default()),
+    ]);
+    templates.fill("bert/model.rs", &replacements, &slots)
 }
 
 /// `Encoder::embed`, for a workload with pooling.

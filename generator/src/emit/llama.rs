@@ -1,6 +1,8 @@
 //! The Rust files of a LLaMA crate: constants, weights, the forward pass, the start-up
 //! check and the kernels, plus the fixed runtime of `templates/runtime/`.
 
+use std::collections::BTreeMap;
+
 use proc_macro2::{Literal, TokenStream};
 use quote::{format_ident, quote};
 
@@ -38,7 +40,7 @@ pub fn rust_files(
     let krate = crate_ident(&plan.name);
     let mut files = vec![
         ("src/lib.rs".to_string(), rust_source::print_tokens(lib_rs(plan, c))),
-        ("src/model.rs".to_string(), rust_source::print_tokens(model_rs(plan, c))),
+        ("src/model.rs".to_string(), model_rs(plan, c, templates)?),
         ("src/weights.rs".to_string(), rust_source::print_tokens(weights_rs(plan, c))),
         ("src/cpu.rs".to_string(), rust_source::print_tokens(common::cpu_rs(plan))),
         ("src/kernels/mod.rs".to_string(), rust_source::print_tokens(common::kernels_mod_rs(plan))),
@@ -199,7 +201,8 @@ fn lib_rs(plan: &Plan, c: &LlamaConsts) -> TokenStream {
     }
 }
 
-fn model_rs(plan: &Plan, c: &LlamaConsts) -> TokenStream {
+/// src/model.rs: `templates/llama/model.rs` with its slots filled from the plan.
+fn model_rs(plan: &Plan, c: &LlamaConsts, templates: &Templates) -> Result<String, Error> {
     let matrices = Matrices::of(plan);
     // The linear layers run the matmul of the crate's matrices, and the embedding rows widen
     // (bfloat16) or dequantize (int8) into the residual stream.
@@ -235,17 +238,6 @@ fn model_rs(plan: &Plan, c: &LlamaConsts) -> TokenStream {
     let mm_gate = mm(["HIDDEN_DIM", "DIM"], quote!(gate), quote!(xb), quote!(layer.gate_proj));
     let mm_up = mm(["HIDDEN_DIM", "DIM"], quote!(up), quote!(xb), quote!(layer.up_proj));
     let mm_down = mm(["DIM", "HIDDEN_DIM"], quote!(xb), quote!(gate), quote!(layer.down_proj));
-    let name = &plan.name;
-    let module_doc = [
-        format!(
-            " The forward pass of `{name}`: a LLaMA decoder of {} layers, written out with every",
-            c.n_layers
-        ),
-        " shape a constant and every kernel chosen.".to_string(),
-        String::new(),
-        " In the shape comments, T is the number of positions run at once: 1 for a decode step,".to_string(),
-        " up to PREFILL_CHUNK for prefill.".to_string(),
-    ];
     let (classifier, classifier_comment) = if c.tie_word_embeddings && matrices.packed() {
         (
             quote!(w.classifier),
@@ -272,8 +264,6 @@ fn model_rs(plan: &Plan, c: &LlamaConsts) -> TokenStream {
         quote!(1),
     );
 
-    let c_embed = comment("x = embed_tokens[tokens]: [T, DIM]");
-    let c_norm1 = comment("xb = rmsnorm(x) · input_layernorm: [T, DIM]");
     let (c_q, c_kv) = if c.qkv_bias {
         (
             comment("q = xb · q_projᵀ + q_proj.bias: [T, Q_DIM]"),
@@ -289,11 +279,7 @@ fn model_rs(plan: &Plan, c: &LlamaConsts) -> TokenStream {
         )
     });
     // A bfloat16 KV cache has interfaces of its own, whose functions carry the suffix.
-    let (kv_cache, decode, prefill) = (
-        format_ident!("{}", c.kv.cache),
-        format_ident!("{}", c.kv.decode),
-        format_ident!("{}", c.kv.prefill),
-    );
+    let (decode, prefill) = (format_ident!("{}", c.kv.decode), format_ident!("{}", c.kv.prefill));
     // An f32 cache copies the new keys and values in (`memcpy`): they start where its storage
     // does within a page (runtime/scratch.rs says why). A bfloat16 cache converts them.
     let (new_keys, new_values) = match c.kv.dtype {
@@ -355,295 +341,52 @@ fn model_rs(plan: &Plan, c: &LlamaConsts) -> TokenStream {
     } else {
         (quote!(), quote!(), quote!(), quote!())
     };
-    let c_rope = comment("rotate q and k by their positions start..start + T");
     let c_store = match c.kv.dtype {
         KvDtype::F32 => comment("append k and v to this layer's cache: it now holds positions 0..start + T"),
         KvDtype::Bf16 => comment(
             "append k and v, rounded to bfloat16, to this layer's cache: it now holds positions 0..start + T",
         ),
     };
-    let c_o = comment("xb = att · o_projᵀ: [T, DIM]");
-    let c_res1 = comment("x = x + xb (residual)");
-    let c_norm2 = comment("xb = rmsnorm(x) · post_attention_layernorm: [T, DIM]");
-    let c_gate = comment("gate = xb · gate_projᵀ, up = xb · up_projᵀ: [T, HIDDEN_DIM]");
-    let c_swiglu = comment("gate = silu(gate) · up: [T, HIDDEN_DIM]");
-    let c_down = comment("xb = gate · down_projᵀ: [T, DIM]");
-    let c_res2 = comment("x = x + xb (residual)");
-    let c_final = comment("xb = rmsnorm(x[row]) · norm: [1, DIM]");
-    let c_chunks =
-        comment("the layers run PREFILL_CHUNK positions at a time; only the last position needs logits");
 
-    quote! {
-        #(#![doc = #module_doc])*
-
-        use std::path::Path;
-
-        use crate::kernels::#decode::#decode;
-        #prefill_use
-        use crate::kernels::#kv_cache::KvCache;
-        #matmul_use
-        use crate::kernels::rmsnorm::rmsnorm;
-        #rope_use
-        use crate::kernels::swiglu::swiglu;
-        use crate::scratch::{Buffer, Room, Scratch};
-        use crate::weights::Weights;
-        use crate::{
-            Error, DIM, HEAD_DIM, HIDDEN_DIM, KV_DIM, MAX_SEQ_LEN, N_HEADS, N_KV_HEADS, N_LAYERS,
-            PREFILL_CHUNK, Q_DIM, RMS_NORM_EPS, ROPE_THETA, VOCAB_SIZE,
-        };
-        #window_use
-
-        /// A loaded model: the weights and the rotary tables. It never changes after loading,
-        /// so share it between threads and give each sequence its own [`Session`].
-        pub struct Model {
-            weights: Weights,
-            /// cos of the rotary angles: [MAX_SEQ_LEN, HEAD_DIM / 2]
-            rope_cos: Vec<f32>,
-            /// sin of the rotary angles: [MAX_SEQ_LEN, HEAD_DIM / 2]
-            rope_sin: Vec<f32>,
-        }
-
-        impl Model {
-            /// Checks the CPU, then maps `dir/model.safetensors` and checks every tensor's
-            /// name, dtype and shape.
-            pub fn load(dir: impl AsRef<Path>) -> Result<Model, Error> {
-                crate::cpu::check()?;
-                let weights = Weights::load(&dir.as_ref().join("model.safetensors"))?;
-                #rope_tables
-                Ok(Model { weights, rope_cos, rope_sin })
-            }
-
-            /// Writes `out`, a model directory for this crate made from `dir`: its
-            /// model.safetensors holds every tensor the model reads as it holds them in memory
-            /// (matrices in the workload's dtype: an int8 crate's quantized, with their scales),
-            /// so that loading `out` maps them rather than converting them again; the JSON
-            /// files of `dir` (config, tokenizer) are copied. Returns the warnings of reading
-            /// `dir`.
-            pub fn save_model(dir: impl AsRef<Path>, out: impl AsRef<Path>) -> Result<Vec<String>, Error> {
-                crate::cpu::check()?;
-                crate::tensor_file::save_model(dir.as_ref(), out.as_ref(), |from, to| {
-                    Ok(Weights::save(from, to)?.warnings().to_vec())
-                })
-            }
-
-            pub fn weights(&self) -> &Weights {
-                &self.weights
-            }
-
-            /// What loading noticed but did not refuse (e.g. tensors this model does not use).
-            pub fn warnings(&self) -> &[String] {
-                self.weights.warnings()
-            }
-
-            /// A new sequence, with an empty KV cache.
-            pub fn session(&self) -> Session<'_> {
-                Session::new(self)
-            }
-        }
-
-        /// One sequence: its KV cache, its position and the activation buffers.
-        pub struct Session<'m> {
-            model: &'m Model,
-            /// Positions already in the KV cache.
-            pos: usize,
-            /// One cache per layer.
-            kv: Vec<KvCache<MAX_SEQ_LEN, KV_DIM>>,
-            /// The residual stream: [PREFILL_CHUNK, DIM]
-            x: Buffer,
-            /// A sublayer's normalised input, then its output: [PREFILL_CHUNK, DIM]
-            xb: Buffer,
-            /// Queries: [PREFILL_CHUNK, Q_DIM]
-            q: Buffer,
-            /// New keys: [PREFILL_CHUNK, KV_DIM]
-            k: Buffer,
-            /// New values: [PREFILL_CHUNK, KV_DIM]
-            v: Buffer,
-            /// Attention output: [PREFILL_CHUNK, Q_DIM]
-            att: Buffer,
-            /// MLP gate projection: [PREFILL_CHUNK, HIDDEN_DIM]
-            gate: Buffer,
-            /// MLP up projection: [PREFILL_CHUNK, HIDDEN_DIM]
-            up: Buffer,
-            /// Attention scores of one query: [MAX_SEQ_LEN]
-            scores: Buffer,
-            /// Logits of one position: [VOCAB_SIZE]
-            logits: Buffer,
-            /// The memory of the buffers above, in huge pages where the kernel grants them.
-            _scratch: Scratch,
-        }
-
-        impl<'m> Session<'m> {
-            fn new(model: &'m Model) -> Session<'m> {
-                let kv: Vec<KvCache<MAX_SEQ_LEN, KV_DIM>> = (0..N_LAYERS).map(|_| KvCache::new()).collect();
-                let (scratch, [x, xb, q, k, v, att, gate, up, scores, logits]) = Scratch::buffers([
-                    Room::new(PREFILL_CHUNK * DIM),
-                    Room::new(PREFILL_CHUNK * DIM),
-                    Room::new(PREFILL_CHUNK * Q_DIM),
-                    #new_keys,
-                    #new_values,
-                    Room::new(PREFILL_CHUNK * Q_DIM),
-                    Room::new(PREFILL_CHUNK * HIDDEN_DIM),
-                    Room::new(PREFILL_CHUNK * HIDDEN_DIM),
-                    Room::new(MAX_SEQ_LEN),
-                    Room::new(VOCAB_SIZE),
-                ]);
-                Session {
-                    model,
-                    pos: 0,
-                    kv,
-                    x,
-                    xb,
-                    q,
-                    k,
-                    v,
-                    att,
-                    gate,
-                    up,
-                    scores,
-                    logits,
-                    _scratch: scratch,
-                }
-            }
-
-            /// Positions the session holds.
-            pub fn position(&self) -> usize {
-                self.pos
-            }
-
-            /// Forgets the sequence, keeping the buffers, to start a new one.
-            pub fn reset(&mut self) {
-                self.pos = 0;
-            }
-
-            /// Runs `tokens` at the next positions and returns the logits of the last one:
-            /// [VOCAB_SIZE].
-            pub fn prefill(&mut self, tokens: &[u32]) -> Result<&[f32], Error> {
-                self.check(tokens)?;
-                #c_chunks
-                for chunk in tokens.chunks(PREFILL_CHUNK) {
-                    self.forward(chunk);
-                }
-                self.classify((tokens.len() - 1) % PREFILL_CHUNK);
-                Ok(&self.logits)
-            }
-
-            /// Runs one token at the next position and returns its logits: [VOCAB_SIZE].
-            pub fn decode(&mut self, token: u32) -> Result<&[f32], Error> {
-                self.prefill(std::slice::from_ref(&token))
-            }
-
-            /// Runs `tokens` at the next positions and returns the logits of every one of
-            /// them: [tokens.len(), VOCAB_SIZE].
-            pub fn logits_all(&mut self, tokens: &[u32]) -> Result<Vec<f32>, Error> {
-                self.check(tokens)?;
-                let mut all = Vec::with_capacity(tokens.len() * VOCAB_SIZE);
-                for chunk in tokens.chunks(PREFILL_CHUNK) {
-                    self.forward(chunk);
-                    for row in 0..chunk.len() {
-                        self.classify(row);
-                        all.extend_from_slice(&self.logits);
-                    }
-                }
-                Ok(all)
-            }
-
-            /// Whether `tokens` can run at the next positions: not empty, every id in the
-            /// vocabulary, and room for all of them in the KV cache.
-            pub fn check(&self, tokens: &[u32]) -> Result<(), Error> {
-                if tokens.is_empty() {
-                    return Err(Error::EmptyPrompt);
-                }
-                if let Some(&id) = tokens.iter().find(|&&id| id as usize >= VOCAB_SIZE) {
-                    return Err(Error::TokenOutOfRange { id, vocab_size: VOCAB_SIZE });
-                }
-                let len = self.pos + tokens.len();
-                if len > MAX_SEQ_LEN {
-                    return Err(Error::SequenceTooLong { len, max: MAX_SEQ_LEN });
-                }
-                Ok(())
-            }
-
-            /// The decoder layers over `tokens` (T ≤ PREFILL_CHUNK) at positions
-            /// start..start + T. Leaves the last layer's residual stream in `x`.
-            fn forward(&mut self, tokens: &[u32]) {
-                let Session { model, pos, kv, x, xb, q, k, v, att, gate, up, scores, .. } = self;
-                let w = &model.weights;
-                let (t, start) = (tokens.len(), *pos);
-                let x = &mut x[..t * DIM];
-                let xb = &mut xb[..t * DIM];
-                let q = &mut q[..t * Q_DIM];
-                let k = &mut k[..t * KV_DIM];
-                let v = &mut v[..t * KV_DIM];
-                let att = &mut att[..t * Q_DIM];
-                let gate = &mut gate[..t * HIDDEN_DIM];
-                let up = &mut up[..t * HIDDEN_DIM];
-
-                #c_embed
-                for (row, &token) in tokens.iter().enumerate() {
-                    let token = token as usize;
-                    #embed_row
-                }
-
-                for (layer, cache) in w.layers.iter().zip(kv.iter_mut()) {
-                    #c_norm1
-                    rmsnorm::<DIM>(xb, x, &layer.input_layernorm, RMS_NORM_EPS, t);
-                    #c_q
-                    #mm_q
-                    #q_bias
-                    #c_kv
-                    #mm_k
-                    #k_bias
-                    #mm_v
-                    #v_bias
-                    #c_rope
-                    rope::<N_HEADS, HEAD_DIM>(q, &model.rope_cos, &model.rope_sin, start, t);
-                    rope::<N_KV_HEADS, HEAD_DIM>(k, &model.rope_cos, &model.rope_sin, start, t);
-                    #c_store
-                    cache.store(start, k, v);
-                    #c_att
-                    #attention
-                    #c_o
-                    #mm_o
-                    #c_res1
-                    add_assign(x, xb);
-                    #c_norm2
-                    rmsnorm::<DIM>(xb, x, &layer.post_attention_layernorm, RMS_NORM_EPS, t);
-                    #c_gate
-                    #mm_gate
-                    #mm_up
-                    #c_swiglu
-                    swiglu::<HIDDEN_DIM>(gate, up, t);
-                    #c_down
-                    #mm_down
-                    #c_res2
-                    add_assign(x, xb);
-                }
-                *pos += t;
-            }
-
-            /// The final norm and the classifier for row `row` of the last chunk: fills `logits`.
-            fn classify(&mut self, row: usize) {
-                let Session { model, x, xb, logits, .. } = self;
-                let w = &model.weights;
-                let xb = &mut xb[..DIM];
-                #c_final
-                rmsnorm::<DIM>(xb, &x[row * DIM..(row + 1) * DIM], &w.norm, RMS_NORM_EPS, 1);
-                #classifier_comment
-                #mm_classifier
-            }
-        }
-
-        /// x += y, element by element.
-        fn add_assign(x: &mut [f32], y: &[f32]) {
-            for (a, b) in x.iter_mut().zip(y) {
-                *a += *b;
-            }
-        }
-
-        #add_bias_fn
-        #inv_freq_fn
-        #widen_fn
-    }
+    let n_layers = c.n_layers.to_string();
+    let replacements = [
+        ("__workload_name", plan.name.as_str()),
+        ("__n_layers", n_layers.as_str()),
+        ("__kv_cache", c.kv.cache.as_str()),
+        ("__decode", c.kv.decode.as_str()),
+        ("__prefill", c.kv.prefill.as_str()),
+    ];
+    let slots = BTreeMap::from([
+        ("prefill_use", prefill_use),
+        ("matmul_use", matmul_use),
+        ("rope_use", rope_use),
+        ("window_use", window_use.unwrap_or_default()),
+        ("rope_tables", rope_tables),
+        ("new_keys", new_keys),
+        ("new_values", new_values),
+        ("embed_row", embed_row),
+        ("c_q", c_q),
+        ("mm_q", mm_q),
+        ("q_bias", q_bias),
+        ("c_kv", c_kv),
+        ("mm_k", mm_k),
+        ("k_bias", k_bias),
+        ("mm_v", mm_v),
+        ("v_bias", v_bias),
+        ("c_store", c_store),
+        ("c_att", c_att),
+        ("attention", attention),
+        ("mm_o", mm_o),
+        ("mm_gate", mm_gate),
+        ("mm_up", mm_up),
+        ("mm_down", mm_down),
+        ("c_classifier", classifier_comment),
+        ("mm_classifier", mm_classifier),
+        ("add_bias_fn", add_bias_fn),
+        ("inv_freq_fn", inv_freq_fn),
+        ("widen_fn", widen_fn),
+    ]);
+    templates.fill("llama/model.rs", &replacements, &slots)
 }
 
 fn weights_rs(plan: &Plan, c: &LlamaConsts) -> TokenStream {

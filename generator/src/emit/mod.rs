@@ -99,13 +99,40 @@ impl Templates {
 
     /// A runtime file with each placeholder ident (`__crate`, `__matmul`, ...) replaced.
     pub fn runtime_with(&self, file: &str, replacements: &[(&str, &str)]) -> Result<syn::File, Error> {
-        let name = format!("runtime/{file}");
-        let mut source = self.get(&name)?.to_string();
+        self.rust(&format!("runtime/{file}"), replacements)
+    }
+
+    /// A Rust template of `templates/` (`name`, e.g. `llama/model.rs`) with each placeholder
+    /// replaced, its lines starting with `//~` (notes on the template itself) left out.
+    fn rust(&self, name: &str, replacements: &[(&str, &str)]) -> Result<syn::File, Error> {
+        let mut source: String = self
+            .get(name)?
+            .lines()
+            .filter(|l| !l.trim_start().starts_with("//~"))
+            .map(|l| format!("{l}\n"))
+            .collect();
         for (placeholder, value) in replacements {
             source = source.replace(placeholder, value);
         }
-        rust_source::parse_with_comments(&source)
-            .map_err(|e| Error::Template { name, message: format!("line {}: {}", e.line, e.message) })
+        rust_source::parse_with_comments(&source).map_err(|e| Error::Template {
+            name: name.into(),
+            message: format!("line {}: {}", e.line, e.message),
+        })
+    }
+
+    /// A Rust template with its placeholders replaced and its `__slot!(name)`s filled
+    /// ([`rust_source::fill_slots`]), printed.
+    pub fn fill(
+        &self,
+        name: &str,
+        replacements: &[(&str, &str)],
+        slots: &BTreeMap<&str, proc_macro2::TokenStream>,
+    ) -> Result<String, Error> {
+        let mut file = self.rust(name, replacements)?;
+        rust_source::fill_slots(&mut file, slots)
+            .map_err(|message| Error::Template { name: name.into(), message })?;
+        // Slots that stood last and came out empty leave their blank line behind.
+        Ok(format!("{}\n", rust_source::print(&file).trim_end()))
     }
 }
 

@@ -1,0 +1,259 @@
+//! The forward pass of `__workload_name`: a LLaMA decoder of __n_layers layers, written out with every
+//! shape a constant and every kernel chosen.
+//!
+//! In the shape comments, T is the number of positions run at once: 1 for a decode step,
+//! up to PREFILL_CHUNK for prefill.
+
+//~ The emitter fills this file for each LLaMA crate (emit/llama.rs, `model_slots`): `__decode`,
+//~ `__prefill` and `__kv_cache` name the interfaces of the KV cache's element type, and each
+//~ `__slot!(name)` is what the plan's choices make of one step. Everything else is the generated
+//~ model.rs as it is. Lines starting with `//~`, like these, are not generated.
+use std::path::Path;
+use crate::kernels::__decode::__decode;
+__slot!(prefill_use);
+use crate::kernels::__kv_cache::KvCache;
+__slot!(matmul_use);
+use crate::kernels::rmsnorm::rmsnorm;
+__slot!(rope_use);
+use crate::kernels::swiglu::swiglu;
+use crate::scratch::{Buffer, Room, Scratch};
+use crate::weights::Weights;
+use crate::{
+    Error, DIM, HEAD_DIM, HIDDEN_DIM, KV_DIM, MAX_SEQ_LEN, N_HEADS, N_KV_HEADS, N_LAYERS, PREFILL_CHUNK, Q_DIM,
+    RMS_NORM_EPS, ROPE_THETA, VOCAB_SIZE,
+};
+__slot!(window_use);
+
+/// A loaded model: the weights and the rotary tables. It never changes after loading,
+/// so share it between threads and give each sequence its own [`Session`].
+pub struct Model {
+    weights: Weights,
+    /// cos of the rotary angles: [MAX_SEQ_LEN, HEAD_DIM / 2]
+    rope_cos: Vec<f32>,
+    /// sin of the rotary angles: [MAX_SEQ_LEN, HEAD_DIM / 2]
+    rope_sin: Vec<f32>,
+}
+
+impl Model {
+    /// Checks the CPU, then maps `dir/model.safetensors` and checks every tensor's
+    /// name, dtype and shape.
+    pub fn load(dir: impl AsRef<Path>) -> Result<Model, Error> {
+        crate::cpu::check()?;
+        let weights = Weights::load(&dir.as_ref().join("model.safetensors"))?;
+        __slot!(rope_tables);
+        Ok(Model { weights, rope_cos, rope_sin })
+    }
+
+    /// Writes `out`, a model directory for this crate made from `dir`: its
+    /// model.safetensors holds every tensor the model reads as it holds them in memory
+    /// (matrices in the workload's dtype: an int8 crate's quantized, with their scales),
+    /// so that loading `out` maps them rather than converting them again; the JSON
+    /// files of `dir` (config, tokenizer) are copied. Returns the warnings of reading
+    /// `dir`.
+    pub fn save_model(dir: impl AsRef<Path>, out: impl AsRef<Path>) -> Result<Vec<String>, Error> {
+        crate::cpu::check()?;
+        crate::tensor_file::save_model(dir.as_ref(), out.as_ref(), |from, to| {
+            Ok(Weights::save(from, to)?.warnings().to_vec())
+        })
+    }
+
+    pub fn weights(&self) -> &Weights {
+        &self.weights
+    }
+
+    /// What loading noticed but did not refuse (e.g. tensors this model does not use).
+    pub fn warnings(&self) -> &[String] {
+        self.weights.warnings()
+    }
+
+    /// A new sequence, with an empty KV cache.
+    pub fn session(&self) -> Session<'_> {
+        Session::new(self)
+    }
+}
+
+/// One sequence: its KV cache, its position and the activation buffers.
+pub struct Session<'m> {
+    model: &'m Model,
+    /// Positions already in the KV cache.
+    pos: usize,
+    /// One cache per layer.
+    kv: Vec<KvCache<MAX_SEQ_LEN, KV_DIM>>,
+    /// The residual stream: [PREFILL_CHUNK, DIM]
+    x: Buffer,
+    /// A sublayer's normalised input, then its output: [PREFILL_CHUNK, DIM]
+    xb: Buffer,
+    /// Queries: [PREFILL_CHUNK, Q_DIM]
+    q: Buffer,
+    /// New keys: [PREFILL_CHUNK, KV_DIM]
+    k: Buffer,
+    /// New values: [PREFILL_CHUNK, KV_DIM]
+    v: Buffer,
+    /// Attention output: [PREFILL_CHUNK, Q_DIM]
+    att: Buffer,
+    /// MLP gate projection: [PREFILL_CHUNK, HIDDEN_DIM]
+    gate: Buffer,
+    /// MLP up projection: [PREFILL_CHUNK, HIDDEN_DIM]
+    up: Buffer,
+    /// Attention scores of one query: [MAX_SEQ_LEN]
+    scores: Buffer,
+    /// Logits of one position: [VOCAB_SIZE]
+    logits: Buffer,
+    /// The memory of the buffers above, in huge pages where the kernel grants them.
+    _scratch: Scratch,
+}
+
+impl<'m> Session<'m> {
+    fn new(model: &'m Model) -> Session<'m> {
+        let kv: Vec<KvCache<MAX_SEQ_LEN, KV_DIM>> = (0..N_LAYERS).map(|_| KvCache::new()).collect();
+        let (scratch, [x, xb, q, k, v, att, gate, up, scores, logits]) = Scratch::buffers([
+            Room::new(PREFILL_CHUNK * DIM),
+            Room::new(PREFILL_CHUNK * DIM),
+            Room::new(PREFILL_CHUNK * Q_DIM),
+            __slot!(new_keys),
+            __slot!(new_values),
+            Room::new(PREFILL_CHUNK * Q_DIM),
+            Room::new(PREFILL_CHUNK * HIDDEN_DIM),
+            Room::new(PREFILL_CHUNK * HIDDEN_DIM),
+            Room::new(MAX_SEQ_LEN),
+            Room::new(VOCAB_SIZE),
+        ]);
+        Session { model, pos: 0, kv, x, xb, q, k, v, att, gate, up, scores, logits, _scratch: scratch }
+    }
+
+    /// Positions the session holds.
+    pub fn position(&self) -> usize {
+        self.pos
+    }
+
+    /// Forgets the sequence, keeping the buffers, to start a new one.
+    pub fn reset(&mut self) {
+        self.pos = 0;
+    }
+
+    /// Runs `tokens` at the next positions and returns the logits of the last one:
+    /// [VOCAB_SIZE].
+    pub fn prefill(&mut self, tokens: &[u32]) -> Result<&[f32], Error> {
+        self.check(tokens)?;
+        // the layers run PREFILL_CHUNK positions at a time; only the last position needs logits
+        for chunk in tokens.chunks(PREFILL_CHUNK) {
+            self.forward(chunk);
+        }
+        self.classify((tokens.len() - 1) % PREFILL_CHUNK);
+        Ok(&self.logits)
+    }
+
+    /// Runs one token at the next position and returns its logits: [VOCAB_SIZE].
+    pub fn decode(&mut self, token: u32) -> Result<&[f32], Error> {
+        self.prefill(std::slice::from_ref(&token))
+    }
+
+    /// Runs `tokens` at the next positions and returns the logits of every one of
+    /// them: [tokens.len(), VOCAB_SIZE].
+    pub fn logits_all(&mut self, tokens: &[u32]) -> Result<Vec<f32>, Error> {
+        self.check(tokens)?;
+        let mut all = Vec::with_capacity(tokens.len() * VOCAB_SIZE);
+        for chunk in tokens.chunks(PREFILL_CHUNK) {
+            self.forward(chunk);
+            for row in 0..chunk.len() {
+                self.classify(row);
+                all.extend_from_slice(&self.logits);
+            }
+        }
+        Ok(all)
+    }
+
+    /// Whether `tokens` can run at the next positions: not empty, every id in the
+    /// vocabulary, and room for all of them in the KV cache.
+    pub fn check(&self, tokens: &[u32]) -> Result<(), Error> {
+        if tokens.is_empty() {
+            return Err(Error::EmptyPrompt);
+        }
+        if let Some(&id) = tokens.iter().find(|&&id| id as usize >= VOCAB_SIZE) {
+            return Err(Error::TokenOutOfRange { id, vocab_size: VOCAB_SIZE });
+        }
+        let len = self.pos + tokens.len();
+        if len > MAX_SEQ_LEN {
+            return Err(Error::SequenceTooLong { len, max: MAX_SEQ_LEN });
+        }
+        Ok(())
+    }
+
+    /// The decoder layers over `tokens` (T ≤ PREFILL_CHUNK) at positions
+    /// start..start + T. Leaves the last layer's residual stream in `x`.
+    fn forward(&mut self, tokens: &[u32]) {
+        let Session { model, pos, kv, x, xb, q, k, v, att, gate, up, scores, .. } = self;
+        let w = &model.weights;
+        let (t, start) = (tokens.len(), *pos);
+        let x = &mut x[..t * DIM];
+        let xb = &mut xb[..t * DIM];
+        let q = &mut q[..t * Q_DIM];
+        let k = &mut k[..t * KV_DIM];
+        let v = &mut v[..t * KV_DIM];
+        let att = &mut att[..t * Q_DIM];
+        let gate = &mut gate[..t * HIDDEN_DIM];
+        let up = &mut up[..t * HIDDEN_DIM];
+        // x = embed_tokens[tokens]: [T, DIM]
+        for (row, &token) in tokens.iter().enumerate() {
+            let token = token as usize;
+            __slot!(embed_row);
+        }
+        for (layer, cache) in w.layers.iter().zip(kv.iter_mut()) {
+            // xb = rmsnorm(x) · input_layernorm: [T, DIM]
+            rmsnorm::<DIM>(xb, x, &layer.input_layernorm, RMS_NORM_EPS, t);
+            __slot!(c_q);
+            __slot!(mm_q);
+            __slot!(q_bias);
+            __slot!(c_kv);
+            __slot!(mm_k);
+            __slot!(k_bias);
+            __slot!(mm_v);
+            __slot!(v_bias);
+            // rotate q and k by their positions start..start + T
+            rope::<N_HEADS, HEAD_DIM>(q, &model.rope_cos, &model.rope_sin, start, t);
+            rope::<N_KV_HEADS, HEAD_DIM>(k, &model.rope_cos, &model.rope_sin, start, t);
+            __slot!(c_store);
+            cache.store(start, k, v);
+            __slot!(c_att);
+            __slot!(attention);
+            // xb = att · o_projᵀ: [T, DIM]
+            __slot!(mm_o);
+            // x = x + xb (residual)
+            add_assign(x, xb);
+            // xb = rmsnorm(x) · post_attention_layernorm: [T, DIM]
+            rmsnorm::<DIM>(xb, x, &layer.post_attention_layernorm, RMS_NORM_EPS, t);
+            // gate = xb · gate_projᵀ, up = xb · up_projᵀ: [T, HIDDEN_DIM]
+            __slot!(mm_gate);
+            __slot!(mm_up);
+            // gate = silu(gate) · up: [T, HIDDEN_DIM]
+            swiglu::<HIDDEN_DIM>(gate, up, t);
+            // xb = gate · down_projᵀ: [T, DIM]
+            __slot!(mm_down);
+            // x = x + xb (residual)
+            add_assign(x, xb);
+        }
+        *pos += t;
+    }
+
+    /// The final norm and the classifier for row `row` of the last chunk: fills `logits`.
+    fn classify(&mut self, row: usize) {
+        let Session { model, x, xb, logits, .. } = self;
+        let w = &model.weights;
+        let xb = &mut xb[..DIM];
+        // xb = rmsnorm(x[row]) · norm: [1, DIM]
+        rmsnorm::<DIM>(xb, &x[row * DIM..(row + 1) * DIM], &w.norm, RMS_NORM_EPS, 1);
+        __slot!(c_classifier);
+        __slot!(mm_classifier);
+    }
+}
+
+/// x += y, element by element.
+fn add_assign(x: &mut [f32], y: &[f32]) {
+    for (a, b) in x.iter_mut().zip(y) {
+        *a += *b;
+    }
+}
+
+__slot!(add_bias_fn);
+__slot!(inv_freq_fn);
+__slot!(widen_fn);
