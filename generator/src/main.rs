@@ -33,56 +33,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Write a workload signature from a Hugging Face model directory's config.json.
-    Init {
-        /// Hugging Face model directory (config.json is enough).
-        #[arg(long, value_name = "DIR")]
-        hf: PathBuf,
-        /// Name of the workload and of the crate it generates.
-        #[arg(long)]
-        name: String,
-        /// Where to write the workload; standard output when omitted.
-        #[arg(short, long, value_name = "FILE")]
-        output: Option<PathBuf>,
-        /// Weight dtype: f32, bf16, or int8 (blockwise, quantized at load); f16 is planned.
-        #[arg(long, default_value = "f32", value_parser = parse_dtype)]
-        dtype: Dtype,
-        /// What the linear layers' products read their activations as: f32, or bf16 (rounded; needs --dtype bf16), one term per activation on AMX tiles.
-        #[arg(long, default_value = "f32", value_parser = parse_activations, value_name = "DTYPE")]
-        activations: Activations,
-        /// KV cache element type (decoders): f32, or bf16, which halves what attention reads per step.
-        #[arg(long, default_value = "f32", value_parser = parse_kv_dtype, value_name = "DTYPE")]
-        kv_cache: KvDtype,
-        /// Worker threads (default: this machine's cores).
-        #[arg(long)]
-        threads: Option<usize>,
-        /// CPU features the code may use: native (this machine's), none, x86-64-v2/v3/v4, or a comma-separated list.
-        #[arg(long, default_value = "native", value_name = "SPEC")]
-        cpu_features: String,
-        /// Longest sequence (default: the model's max positions, at most 4096).
-        #[arg(long, value_name = "N")]
-        max_seq_len: Option<usize>,
-        /// Typical prompt length (default: min(128, max_seq_len / 2)); for encoders, the typical
-        /// sentence length in tokens (default 12).
-        #[arg(long, value_name = "N")]
-        prompt_len: Option<usize>,
-        /// Typical number of generated tokens (default: min(128, the rest of max_seq_len)).
-        #[arg(long, value_name = "N")]
-        decode_len: Option<usize>,
-        /// Encoders: most sentences per call (default 32).
-        #[arg(long, value_name = "N")]
-        max_batch: Option<usize>,
-        /// Requests a process serves per load of the model from its checkpoint, if the load
-        /// should count in the choice of kernels (1: a process per request); default: not counted.
-        #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
-        requests_per_load: Option<u64>,
-        /// Hardware class whose measurements (rankings/<CLASS>/) choose the kernels: `this`
-        /// (this machine's), `none` (declared priority only), or a class name.
-        #[arg(long, default_value = "this", value_name = "CLASS")]
-        hardware: String,
-        /// Overwrite FILE if it exists.
-        #[arg(long)]
-        force: bool,
-    },
+    Init(InitArgs),
     /// Show, per interface, every candidate and why it was chosen or rejected, and the memory footprint.
     Explain {
         /// The workload file (TOML).
@@ -168,6 +119,59 @@ enum Command {
     },
 }
 
+/// The arguments of `monogen init`.
+#[derive(clap::Args)]
+struct InitArgs {
+    /// Hugging Face model directory (config.json is enough).
+    #[arg(long, value_name = "DIR")]
+    hf: PathBuf,
+    /// Name of the workload and of the crate it generates.
+    #[arg(long)]
+    name: String,
+    /// Where to write the workload; standard output when omitted.
+    #[arg(short, long, value_name = "FILE")]
+    output: Option<PathBuf>,
+    /// Weight dtype: f32, bf16, or int8 (blockwise, quantized at load); f16 is planned.
+    #[arg(long, default_value = "f32", value_parser = parse_dtype)]
+    dtype: Dtype,
+    /// What the linear layers' products read their activations as: f32, or bf16 (rounded; needs --dtype bf16), one term per activation on AMX tiles.
+    #[arg(long, default_value = "f32", value_parser = parse_activations, value_name = "DTYPE")]
+    activations: Activations,
+    /// KV cache element type (decoders): f32, or bf16, which halves what attention reads per step.
+    #[arg(long, default_value = "f32", value_parser = parse_kv_dtype, value_name = "DTYPE")]
+    kv_cache: KvDtype,
+    /// Worker threads (default: this machine's cores).
+    #[arg(long)]
+    threads: Option<usize>,
+    /// CPU features the code may use: native (this machine's), none, x86-64-v2/v3/v4, or a comma-separated list.
+    #[arg(long, default_value = "native", value_name = "SPEC")]
+    cpu_features: String,
+    /// Longest sequence (default: the model's max positions, at most 4096).
+    #[arg(long, value_name = "N")]
+    max_seq_len: Option<usize>,
+    /// Typical prompt length (default: min(128, max_seq_len / 2)); for encoders, the typical
+    /// sentence length in tokens (default 12).
+    #[arg(long, value_name = "N")]
+    prompt_len: Option<usize>,
+    /// Typical number of generated tokens (default: min(128, the rest of max_seq_len)).
+    #[arg(long, value_name = "N")]
+    decode_len: Option<usize>,
+    /// Encoders: most sentences per call (default 32).
+    #[arg(long, value_name = "N")]
+    max_batch: Option<usize>,
+    /// Requests a process serves per load of the model from its checkpoint, if the load
+    /// should count in the choice of kernels (1: a process per request); default: not counted.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    requests_per_load: Option<u64>,
+    /// Hardware class whose measurements (rankings/<CLASS>/) choose the kernels: `this`
+    /// (this machine's), `none` (declared priority only), or a class name.
+    #[arg(long, default_value = "this", value_name = "CLASS")]
+    hardware: String,
+    /// Overwrite FILE if it exists.
+    #[arg(long)]
+    force: bool,
+}
+
 fn parse_dtype(s: &str) -> Result<Dtype, String> {
     match s {
         "f32" => Ok(Dtype::F32),
@@ -226,49 +230,7 @@ fn find_root(root: Option<PathBuf>) -> Result<PathBuf, Error> {
 
 fn run(cli: Cli) -> Result<ExitCode, Error> {
     match cli.command {
-        Command::Init {
-            hf,
-            name,
-            output,
-            dtype,
-            activations,
-            kv_cache,
-            threads,
-            cpu_features,
-            max_seq_len,
-            prompt_len,
-            decode_len,
-            max_batch,
-            requests_per_load,
-            hardware,
-            force,
-        } => {
-            let templates = monogen::emit::Templates::load(&find_root(cli.root)?)?;
-            let opts = InitOptions {
-                name,
-                dtype,
-                activations,
-                kv_cache,
-                threads,
-                cpu_features: CpuFeatures::parse(&cpu_features).map_err(Error::Refused)?,
-                max_seq_len,
-                typical_prompt_len: prompt_len,
-                typical_decode_len: decode_len,
-                hardware: init::parse_hardware(&hardware)?,
-                max_batch,
-                requests_per_load,
-            };
-            let label = output.clone().unwrap_or_else(|| PathBuf::from("<standard output>"));
-            let text = init::workload_file(&hf, &opts, &templates, &label)?;
-            match output {
-                None => print!("{text}"),
-                Some(path) => {
-                    init::write_workload_file(&path, &text, force)?;
-                    eprintln!("wrote {}", shown(&path));
-                }
-            }
-            Ok(ExitCode::SUCCESS)
-        }
+        Command::Init(args) => init(cli.root, args),
         Command::Explain { workload, out, json } => {
             let project = project(cli.root)?;
             let w = project.read_workload(&workload)?;
@@ -306,7 +268,6 @@ fn run(cli: Cli) -> Result<ExitCode, Error> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Bench { workloads, json, samples, warm_up, min_sample_us, dry_run, interfaces } => {
-            let mut project = project(cli.root)?;
             let options = monogen::bench::Options {
                 timing: monogen::bench::Timing {
                     samples: samples as usize,
@@ -316,38 +277,7 @@ fn run(cli: Cli) -> Result<ExitCode, Error> {
                 only: interfaces,
                 dry_run,
             };
-            let mut reports = Vec::new();
-            for path in &workloads {
-                let bar = progress_bar(json);
-                let report = monogen::bench::bench(&mut project, path, &options, |p| match p {
-                    Progress::Compiling => {
-                        bar.set_message(format!("{}: compiling the benchmark harness", shown(path)))
-                    }
-                    Progress::Validating => bar.set_message(format!("{}: validating", shown(path))),
-                    Progress::Rounds(n) => {
-                        bar.set_length(n as u64);
-                        bar.set_position(0);
-                    }
-                    Progress::Round(interface) => {
-                        bar.set_message(format!("{}: {interface}", shown(path)));
-                        bar.inc(1);
-                    }
-                })?;
-                bar.finish_and_clear();
-                if !json {
-                    print!("{}", report.render());
-                }
-                reports.push(serde_json::to_value(&report).expect("reports serialize"));
-            }
-            if json {
-                let doc = if reports.len() == 1 {
-                    reports.pop().expect("one report")
-                } else {
-                    serde_json::Value::Array(reports)
-                };
-                println!("{}", serde_json::to_string_pretty(&doc).expect("reports serialize"));
-            }
-            Ok(ExitCode::SUCCESS)
+            bench(project(cli.root)?, &workloads, &options, json)
         }
         Command::SynthWeights { workload, out, seed } => {
             let project = project(cli.root)?;
@@ -397,4 +327,91 @@ fn progress_bar(hidden: bool) -> indicatif::ProgressBar {
     );
     bar.enable_steady_tick(std::time::Duration::from_millis(120));
     bar
+}
+
+/// `monogen init`.
+fn init(root: Option<PathBuf>, args: InitArgs) -> Result<ExitCode, Error> {
+    let InitArgs {
+        hf,
+        name,
+        output,
+        dtype,
+        activations,
+        kv_cache,
+        threads,
+        cpu_features,
+        max_seq_len,
+        prompt_len,
+        decode_len,
+        max_batch,
+        requests_per_load,
+        hardware,
+        force,
+    } = args;
+    let templates = monogen::emit::Templates::load(&find_root(root)?)?;
+    let opts = InitOptions {
+        name,
+        dtype,
+        activations,
+        kv_cache,
+        threads,
+        cpu_features: CpuFeatures::parse(&cpu_features).map_err(Error::Refused)?,
+        max_seq_len,
+        typical_prompt_len: prompt_len,
+        typical_decode_len: decode_len,
+        hardware: init::parse_hardware(&hardware)?,
+        max_batch,
+        requests_per_load,
+    };
+    let label = output.clone().unwrap_or_else(|| PathBuf::from("<standard output>"));
+    let text = init::workload_file(&hf, &opts, &templates, &label)?;
+    match output {
+        None => print!("{text}"),
+        Some(path) => {
+            init::write_workload_file(&path, &text, force)?;
+            eprintln!("wrote {}", shown(&path));
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `monogen bench`: each workload's report, as text or as one JSON document.
+fn bench(
+    mut project: Project,
+    workloads: &[PathBuf],
+    options: &monogen::bench::Options,
+    json: bool,
+) -> Result<ExitCode, Error> {
+    let mut reports = Vec::new();
+    for path in workloads {
+        let bar = progress_bar(json);
+        let report = monogen::bench::bench(&mut project, path, options, |p| match p {
+            Progress::Compiling => {
+                bar.set_message(format!("{}: compiling the benchmark harness", shown(path)))
+            }
+            Progress::Validating => bar.set_message(format!("{}: validating", shown(path))),
+            Progress::Rounds(n) => {
+                bar.set_length(n as u64);
+                bar.set_position(0);
+            }
+            Progress::Round(interface) => {
+                bar.set_message(format!("{}: {interface}", shown(path)));
+                bar.inc(1);
+            }
+        })?;
+        bar.finish_and_clear();
+        if !json {
+            print!("{}", report.render());
+        }
+        reports.push(serde_json::to_value(&report).expect("reports serialize"));
+    }
+    if json {
+        let doc = if reports.len() == 1 {
+            reports.pop().expect("one report")
+        } else {
+            serde_json::Value::Array(reports)
+        };
+        println!("{}", serde_json::to_string_pretty(&doc).expect("reports serialize"));
+    }
+    Ok(ExitCode::SUCCESS)
 }

@@ -277,9 +277,8 @@ fn embed_fn(c: &BertConsts) -> Option<TokenStream> {
     })
 }
 
-fn weights_rs(plan: &Plan) -> TokenStream {
-    let name = &plan.name;
-    let matrices = Matrices::of(plan);
+/// The module doc of weights.rs: where each tensor lives, and which are copies.
+fn weights_doc(name: &str, matrices: Matrices) -> [String; 2] {
     let copies = match matrices {
         Matrices::F32 => " (copied only if the file misaligns it).",
         Matrices::Packed => {
@@ -298,10 +297,15 @@ fn weights_rs(plan: &Plan) -> TokenStream {
             ", except the linear layers' weights, quantized at load to blockwise int8 and packed into copies in the layout of the matmul kernel (q8_tensor.rs), and tensors it does not hold as F32 or misaligns (copied)."
         }
     };
-    let module_doc = [
+    [
         format!(" The weights of `{name}`, checked against the baked shapes as they load. Each tensor"),
         format!(" is a slice of the memory-mapped model.safetensors{copies}"),
-    ];
+    ]
+}
+
+fn weights_rs(plan: &Plan) -> TokenStream {
+    let matrices = Matrices::of(plan);
+    let module_doc = weights_doc(&plan.name, matrices);
     let (matrix, load_matrix, matrix_use) = matrices.tensor();
     // (field, tensor name below `encoder.layer.N.`, rows, columns; None for a LayerNorm)
     let linears = [

@@ -289,6 +289,23 @@ fn trait_impl(imp: &Implementation) -> TokenStream {
     let m = module_ident(imp);
     let doc = format!(" {}/{} {}", imp.interface, imp.name, imp.version);
     let body = match imp.interface.as_str() {
+        "matmul" | "matmul_bf16" | "matmul_bf16_bf16" | "matmul_q8" => matmul_impl(imp, &ty, &m),
+        "embedding" | "layernorm" | "attention_encoder" | "gelu" | "mean_pooling" | "l2_normalize" => {
+            encoder_impl(imp, &ty, &m)
+        }
+        _ => decoder_impl(imp, &ty, &m),
+    };
+    quote! {
+        #[doc = #doc]
+        struct #ty;
+        #body
+    }
+}
+
+/// `harness::Matmul` for a product of the weights as its crate holds them: f32, bfloat16
+/// (with f32 or bfloat16 activations) or blockwise int8, each as read or packed.
+fn matmul_impl(imp: &Implementation, ty: &proc_macro2::Ident, m: &proc_macro2::Ident) -> TokenStream {
+    match imp.interface.as_str() {
         "matmul" => {
             let weights = if imp.packs_weights {
                 quote! {
@@ -392,6 +409,13 @@ fn trait_impl(imp: &Implementation) -> TokenStream {
             }
             }
         }
+        other => unreachable!("the harness has no trait for interface `{other}`"),
+    }
+}
+
+/// The trait of `templates/bench/llama.rs` that a decoder's interface implements.
+fn decoder_impl(imp: &Implementation, ty: &proc_macro2::Ident, m: &proc_macro2::Ident) -> TokenStream {
+    match imp.interface.as_str() {
         "rmsnorm" => quote! {
             impl passes::Rmsnorm for #ty {
                 #[inline]
@@ -484,6 +508,13 @@ fn trait_impl(imp: &Implementation) -> TokenStream {
                 }
             }
         },
+        other => unreachable!("the harness has no trait for interface `{other}`"),
+    }
+}
+
+/// The trait of `templates/bench/bert.rs` that an encoder's interface implements.
+fn encoder_impl(imp: &Implementation, ty: &proc_macro2::Ident, m: &proc_macro2::Ident) -> TokenStream {
+    match imp.interface.as_str() {
         "embedding" => quote! {
             impl passes::Embedding for #ty {
                 #[inline]
@@ -537,11 +568,6 @@ fn trait_impl(imp: &Implementation) -> TokenStream {
             }
         },
         other => unreachable!("the harness has no trait for interface `{other}`"),
-    };
-    quote! {
-        #[doc = #doc]
-        struct #ty;
-        #body
     }
 }
 

@@ -204,10 +204,26 @@ fn lib_rs(plan: &Plan, c: &LlamaConsts) -> TokenStream {
 /// src/model.rs: `templates/llama/model.rs` with its slots filled from the plan.
 fn model_rs(plan: &Plan, c: &LlamaConsts, templates: &Templates) -> Result<String, Error> {
     let matrices = Matrices::of(plan);
-    // The linear layers run the matmul of the crate's matrices, and the embedding rows widen
-    // (bfloat16) or dequantize (int8) into the residual stream.
-    let matmul_use = Matrices::matmul_use(plan);
-    let matmul = common::matmul_ident(plan);
+    let (rope_use, rope_tables, inv_freq_fn) = rope_parts(c.rope_scaling);
+    let mut slots =
+        BTreeMap::from([("rope_use", rope_use), ("rope_tables", rope_tables), ("inv_freq_fn", inv_freq_fn)]);
+    slots.extend(embedding_slots(matrices));
+    slots.extend(product_slots(plan, c, matrices));
+    slots.extend(attention_slots(c));
+    let n_layers = c.n_layers.to_string();
+    let replacements = [
+        ("__workload_name", plan.name.as_str()),
+        ("__n_layers", n_layers.as_str()),
+        ("__kv_cache", c.kv.cache.as_str()),
+        ("__decode", c.kv.decode.as_str()),
+        ("__prefill", c.kv.prefill.as_str()),
+    ];
+    templates.fill("llama/model.rs", &replacements, &slots)
+}
+
+/// How a token's embedding row enters the residual stream: copied (f32), widened (bfloat16)
+/// or dequantized (int8).
+fn embedding_slots(matrices: Matrices) -> [(&'static str, TokenStream); 2] {
     let (embed_row, widen_fn) = match matrices {
         Matrices::Bf16 | Matrices::Bf16Packed => (
             quote!(widen(&mut x[row * DIM..(row + 1) * DIM], &w.embed_tokens[token * DIM..(token + 1) * DIM]);),
@@ -228,6 +244,14 @@ fn model_rs(plan: &Plan, c: &LlamaConsts, templates: &Templates) -> Result<Strin
             quote!(),
         ),
     };
+    [("embed_row", embed_row), ("widen_fn", widen_fn)]
+}
+
+/// The linear layers' products with the crate's matmul (and the biases of a model whose q, k
+/// and v projections have them), and the classifier.
+fn product_slots(plan: &Plan, c: &LlamaConsts, matrices: Matrices) -> [(&'static str, TokenStream); 16] {
+    let matmul_use = Matrices::matmul_use(plan);
+    let matmul = common::matmul_ident(plan);
     let mm = |shape: [&str; 2], out: TokenStream, x: TokenStream, w: TokenStream| {
         matrices.matmul_call(&matmul, shape, out, x, w, quote!(t))
     };
@@ -272,7 +296,48 @@ fn model_rs(plan: &Plan, c: &LlamaConsts, templates: &Templates) -> Result<Strin
     } else {
         (comment("q = xb · q_projᵀ: [T, Q_DIM]"), comment("k = xb · k_projᵀ, v = xb · v_projᵀ: [T, KV_DIM]"))
     };
-    let (rope_use, rope_tables, inv_freq_fn) = rope_parts(c.rope_scaling);
+    let (q_bias, k_bias, v_bias, add_bias_fn) = if c.qkv_bias {
+        (
+            quote!(add_bias(q, &layer.q_bias);),
+            quote!(add_bias(k, &layer.k_bias);),
+            quote!(add_bias(v, &layer.v_bias);),
+            quote! {
+                /// Adds `bias` to every row of `x`.
+                fn add_bias(x: &mut [f32], bias: &[f32]) {
+                    for row in x.chunks_exact_mut(bias.len()) {
+                        for (a, b) in row.iter_mut().zip(bias) {
+                            *a += *b;
+                        }
+                    }
+                }
+            },
+        )
+    } else {
+        (quote!(), quote!(), quote!(), quote!())
+    };
+    [
+        ("matmul_use", matmul_use),
+        ("c_q", c_q),
+        ("mm_q", mm_q),
+        ("q_bias", q_bias),
+        ("c_kv", c_kv),
+        ("mm_k", mm_k),
+        ("k_bias", k_bias),
+        ("mm_v", mm_v),
+        ("v_bias", v_bias),
+        ("mm_o", mm_o),
+        ("mm_gate", mm_gate),
+        ("mm_up", mm_up),
+        ("mm_down", mm_down),
+        ("c_classifier", classifier_comment),
+        ("mm_classifier", mm_classifier),
+        ("add_bias_fn", add_bias_fn),
+    ]
+}
+
+/// The KV cache's element type and the attention over it: full (decode and prefill kernels) or
+/// through a sliding window (the decode kernel, row by row).
+fn attention_slots(c: &LlamaConsts) -> [(&'static str, TokenStream); 7] {
     let window_use = c.sliding_window.map(|_| {
         quote!(
             use crate::SLIDING_WINDOW;
@@ -322,25 +387,6 @@ fn model_rs(plan: &Plan, c: &LlamaConsts, templates: &Templates) -> Result<Strin
             ),
         ),
     };
-    let (q_bias, k_bias, v_bias, add_bias_fn) = if c.qkv_bias {
-        (
-            quote!(add_bias(q, &layer.q_bias);),
-            quote!(add_bias(k, &layer.k_bias);),
-            quote!(add_bias(v, &layer.v_bias);),
-            quote! {
-                /// Adds `bias` to every row of `x`.
-                fn add_bias(x: &mut [f32], bias: &[f32]) {
-                    for row in x.chunks_exact_mut(bias.len()) {
-                        for (a, b) in row.iter_mut().zip(bias) {
-                            *a += *b;
-                        }
-                    }
-                }
-            },
-        )
-    } else {
-        (quote!(), quote!(), quote!(), quote!())
-    };
     let c_store = match c.kv.dtype {
         KvDtype::F32 => comment("append k and v to this layer's cache: it now holds positions 0..start + T"),
         KvDtype::Bf16 => comment(
@@ -348,45 +394,15 @@ fn model_rs(plan: &Plan, c: &LlamaConsts, templates: &Templates) -> Result<Strin
         ),
     };
 
-    let n_layers = c.n_layers.to_string();
-    let replacements = [
-        ("__workload_name", plan.name.as_str()),
-        ("__n_layers", n_layers.as_str()),
-        ("__kv_cache", c.kv.cache.as_str()),
-        ("__decode", c.kv.decode.as_str()),
-        ("__prefill", c.kv.prefill.as_str()),
-    ];
-    let slots = BTreeMap::from([
+    [
         ("prefill_use", prefill_use),
-        ("matmul_use", matmul_use),
-        ("rope_use", rope_use),
         ("window_use", window_use.unwrap_or_default()),
-        ("rope_tables", rope_tables),
         ("new_keys", new_keys),
         ("new_values", new_values),
-        ("embed_row", embed_row),
-        ("c_q", c_q),
-        ("mm_q", mm_q),
-        ("q_bias", q_bias),
-        ("c_kv", c_kv),
-        ("mm_k", mm_k),
-        ("k_bias", k_bias),
-        ("mm_v", mm_v),
-        ("v_bias", v_bias),
         ("c_store", c_store),
         ("c_att", c_att),
         ("attention", attention),
-        ("mm_o", mm_o),
-        ("mm_gate", mm_gate),
-        ("mm_up", mm_up),
-        ("mm_down", mm_down),
-        ("c_classifier", classifier_comment),
-        ("mm_classifier", mm_classifier),
-        ("add_bias_fn", add_bias_fn),
-        ("inv_freq_fn", inv_freq_fn),
-        ("widen_fn", widen_fn),
-    ]);
-    templates.fill("llama/model.rs", &replacements, &slots)
+    ]
 }
 
 fn weights_rs(plan: &Plan, c: &LlamaConsts) -> TokenStream {
@@ -414,6 +430,82 @@ fn weights_rs(plan: &Plan, c: &LlamaConsts) -> TokenStream {
         Matrices::Q8Packed => (matrix.clone(), format_ident!("q8")),
         _ => (matrix.clone(), load_matrix.clone()),
     };
+    let module_doc = weights_doc(plan, c);
+    let (embed_doc, lm_head_field, lm_head_load, lm_head_init) =
+        classifier_parts(c, matrices, &matrix, &load_matrix);
+    let LayerParts { fields, loads, layer_matrices, bias_fields, bias_loads } =
+        layer_parts(c, matrices, &matrix, &load_matrix);
+
+    quote! {
+        #(#![doc = #module_doc])*
+
+        use std::path::Path;
+
+        #matrix_use
+        use crate::tensor_file::{Storage, Tensor, TensorFile};
+        use crate::{Error, DIM, HIDDEN_DIM, KV_DIM, N_LAYERS, Q_DIM, VOCAB_SIZE};
+
+        /// The weights of one decoder layer.
+        pub struct LayerWeights {
+            #(#fields)*
+            #bias_fields
+        }
+
+        /// Every weight of the model.
+        pub struct Weights {
+            #embed_doc
+            pub(crate) embed_tokens: #embed_matrix,
+            /// The decoder layers, N_LAYERS of them.
+            pub(crate) layers: Vec<LayerWeights>,
+            /// `model.norm.weight`: [DIM]
+            pub(crate) norm: Tensor,
+            #lm_head_field
+            /// What loading noticed but did not refuse.
+            warnings: Vec<String>,
+            /// The memory behind every tensor above.
+            _storage: Storage,
+        }
+
+        impl Weights {
+            /// Maps the safetensors file at `path` and checks every tensor this model reads
+            /// for its name, dtype and shape.
+            pub fn load(path: &Path) -> Result<Weights, Error> {
+                Weights::read(TensorFile::open(path)? #resident)
+            }
+
+            /// Reads the safetensors file at `from` as [`Weights::load`] does, then writes `to`:
+            /// a safetensors file of every tensor the model reads, each as the model holds it
+            /// (see `Storage::save`).
+            pub fn save(from: &Path, to: &Path) -> Result<Weights, Error> {
+                let weights = Weights::read(TensorFile::open(from)?.saving())?;
+                weights._storage.save(to)?;
+                Ok(weights)
+            }
+
+            /// Checks and reads every tensor of `file`.
+            fn read(mut file: TensorFile) -> Result<Weights, Error> {
+                let embed_tokens = file.#load_embed("model.embed_tokens.weight", &[VOCAB_SIZE, DIM])?;
+                let mut layers = Vec::with_capacity(N_LAYERS);
+                for l in 0..N_LAYERS {
+                    #layer_matrices
+                    layers.push(LayerWeights { #(#loads)* #bias_loads });
+                }
+                let norm = file.f32("model.norm.weight", &[DIM])?;
+                #lm_head_load
+                let (storage, warnings) = file.finish(&[]);
+                Ok(Weights { embed_tokens, layers, norm, #lm_head_init warnings, _storage: storage })
+            }
+
+            /// What loading noticed but did not refuse (e.g. tensors this model does not use).
+            pub fn warnings(&self) -> &[String] {
+                &self.warnings
+            }
+        }
+    }
+}
+
+/// The module doc of weights.rs: where each tensor lives, and which are copies.
+fn weights_doc(plan: &Plan, c: &LlamaConsts) -> [String; 2] {
     let name = &plan.name;
     let source = if c.resident_weights {
         " is a slice of model.safetensors, which is copied into memory at load if it holds the matrices as this crate keeps them (resident.rs),"
@@ -440,10 +532,20 @@ fn weights_rs(plan: &Plan, c: &LlamaConsts) -> TokenStream {
             " except the matrices, converted to bfloat16 if the file does not hold them as BF16 and packed at load into copies in the layout of the matmul kernel (bf16_tensor.rs), the embedding rows if the file does not hold them as BF16 (converted to a bfloat16 copy), and norms or biases it does not hold as F32 (widened to f32 copies)."
         }
     };
-    let module_doc = [
+    [
         format!(" The weights of `{name}`, checked against the baked shapes as they load. Each tensor"),
         format!("{source}{copies}"),
-    ];
+    ]
+}
+
+/// The embedding's doc, and the classifier's field, load and initializer: none with tied
+/// embeddings, a packed copy of the embedding where the matrices are packed, `lm_head` else.
+fn classifier_parts(
+    c: &LlamaConsts,
+    matrices: Matrices,
+    matrix: &TokenStream,
+    load_matrix: &proc_macro2::Ident,
+) -> (TokenStream, TokenStream, TokenStream, TokenStream) {
     let embed_doc = if c.tie_word_embeddings && matrices.packed() {
         doc(
             "`model.embed_tokens.weight`: [VOCAB_SIZE, DIM]; the classifier too (tied embeddings), packed apart.",
@@ -475,6 +577,26 @@ fn weights_rs(plan: &Plan, c: &LlamaConsts) -> TokenStream {
         )
     };
 
+    (embed_doc, lm_head_field, lm_head_load, lm_head_init)
+}
+
+/// A decoder layer's fields and loads in weights.rs.
+struct LayerParts {
+    fields: Vec<TokenStream>,
+    loads: Vec<TokenStream>,
+    /// An int8 crate's quantization of a layer's matrices together, before the layer is built.
+    layer_matrices: Option<TokenStream>,
+    bias_fields: TokenStream,
+    bias_loads: TokenStream,
+}
+
+/// The fields of `LayerWeights` and how `Weights::read` fills them.
+fn layer_parts(
+    c: &LlamaConsts,
+    matrices: Matrices,
+    matrix: &TokenStream,
+    load_matrix: &proc_macro2::Ident,
+) -> LayerParts {
     struct LayerTensor {
         field: &'static str,
         hf: &'static str,
@@ -560,72 +682,7 @@ fn weights_rs(plan: &Plan, c: &LlamaConsts) -> TokenStream {
         (quote!(), quote!())
     };
 
-    quote! {
-        #(#![doc = #module_doc])*
-
-        use std::path::Path;
-
-        #matrix_use
-        use crate::tensor_file::{Storage, Tensor, TensorFile};
-        use crate::{Error, DIM, HIDDEN_DIM, KV_DIM, N_LAYERS, Q_DIM, VOCAB_SIZE};
-
-        /// The weights of one decoder layer.
-        pub struct LayerWeights {
-            #(#fields)*
-            #bias_fields
-        }
-
-        /// Every weight of the model.
-        pub struct Weights {
-            #embed_doc
-            pub(crate) embed_tokens: #embed_matrix,
-            /// The decoder layers, N_LAYERS of them.
-            pub(crate) layers: Vec<LayerWeights>,
-            /// `model.norm.weight`: [DIM]
-            pub(crate) norm: Tensor,
-            #lm_head_field
-            /// What loading noticed but did not refuse.
-            warnings: Vec<String>,
-            /// The memory behind every tensor above.
-            _storage: Storage,
-        }
-
-        impl Weights {
-            /// Maps the safetensors file at `path` and checks every tensor this model reads
-            /// for its name, dtype and shape.
-            pub fn load(path: &Path) -> Result<Weights, Error> {
-                Weights::read(TensorFile::open(path)? #resident)
-            }
-
-            /// Reads the safetensors file at `from` as [`Weights::load`] does, then writes `to`:
-            /// a safetensors file of every tensor the model reads, each as the model holds it
-            /// (see `Storage::save`).
-            pub fn save(from: &Path, to: &Path) -> Result<Weights, Error> {
-                let weights = Weights::read(TensorFile::open(from)?.saving())?;
-                weights._storage.save(to)?;
-                Ok(weights)
-            }
-
-            /// Checks and reads every tensor of `file`.
-            fn read(mut file: TensorFile) -> Result<Weights, Error> {
-                let embed_tokens = file.#load_embed("model.embed_tokens.weight", &[VOCAB_SIZE, DIM])?;
-                let mut layers = Vec::with_capacity(N_LAYERS);
-                for l in 0..N_LAYERS {
-                    #layer_matrices
-                    layers.push(LayerWeights { #(#loads)* #bias_loads });
-                }
-                let norm = file.f32("model.norm.weight", &[DIM])?;
-                #lm_head_load
-                let (storage, warnings) = file.finish(&[]);
-                Ok(Weights { embed_tokens, layers, norm, #lm_head_init warnings, _storage: storage })
-            }
-
-            /// What loading noticed but did not refuse (e.g. tensors this model does not use).
-            pub fn warnings(&self) -> &[String] {
-                &self.warnings
-            }
-        }
-    }
+    LayerParts { fields: fields.collect(), loads: loads.collect(), layer_matrices, bias_fields, bias_loads }
 }
 
 /// How `Model::load` builds the rotary tables: from `ROPE_THETA` alone, or, with rope scaling,
