@@ -87,153 +87,20 @@ struct Known {
 
 /// What must be regenerated and re-measured after `changed` (paths relative to the root).
 pub fn affected(project: &Project, changed: &[String]) -> Result<Affected, Error> {
-    let mut known = Vec::new();
-    for path in project.workloads()? {
-        let rel = path.strip_prefix(&project.root).unwrap_or(&path).to_string_lossy().replace('\\', "/");
-        let workload = project.read_workload(&path).ok();
-        let name = workload.as_ref().map_or_else(
-            || path.file_stem().unwrap_or_default().to_string_lossy().into_owned(),
-            |w| w.name.clone(),
-        );
-        let locked = check::locked_choices(&project.root.join("generated").join(&name));
-        known.push(Known { path: rel, name, workload, locked });
-    }
-
-    let mut regenerate: BTreeMap<usize, Vec<String>> = BTreeMap::new();
-    let mut rebench: BTreeMap<usize, (BTreeSet<String>, Vec<String>)> = BTreeMap::new();
+    let known = known_workloads(project)?;
+    let mut impact =
+        Impact { project, known: &known, regenerate: BTreeMap::new(), rebench: BTreeMap::new(), hit: false };
     let mut unaffecting = Vec::new();
-    let all_interfaces = |k: &Known| -> Vec<String> {
-        k.workload.as_ref().map_or_else(Vec::new, |w| {
-            resolve::required_interfaces(w).iter().map(|s| s.to_string()).collect()
-        })
-    };
-    let measured = |k: &Known| k.workload.as_ref().is_some_and(|w| w.target.hardware.is_some());
-
     for file in changed {
-        let parts: Vec<&str> = file.split('/').collect();
-        let mut hit = false;
-        let mut regen = |i: usize, why: String, hit: &mut bool| {
-            *hit = true;
-            let reasons = regenerate.entry(i).or_default();
-            if !reasons.contains(&why) {
-                reasons.push(why);
-            }
-        };
-        let mut bench = |i: usize, interfaces: Vec<String>, why: String| {
-            let entry = rebench.entry(i).or_default();
-            entry.0.extend(interfaces);
-            if !entry.1.contains(&why) {
-                entry.1.push(why);
-            }
-        };
-        match parts.as_slice() {
-            ["generator", ..] | ["Cargo.toml"] | ["Cargo.lock"] => {
-                let harness = file.ends_with("emit/harness.rs") || file.ends_with("src/bench.rs");
-                for (i, k) in known.iter().enumerate() {
-                    regen(i, format!("{file} changed (the generator affects every crate)"), &mut hit);
-                    if harness && measured(k) {
-                        bench(i, all_interfaces(k), format!("{file} changed (the benchmark harness)"));
-                    }
-                }
-            }
-            ["templates", "bench", ..] => {
-                for (i, k) in known.iter().enumerate() {
-                    if measured(k) {
-                        hit = true;
-                        bench(i, all_interfaces(k), format!("{file} changed (the benchmark harness)"));
-                    }
-                }
-            }
-            ["templates", ..] => {
-                for i in 0..known.len() {
-                    regen(i, format!("{file} changed (templates affect every crate)"), &mut hit);
-                }
-            }
-            ["interfaces", name] if name.ends_with(".toml") => {
-                let interface = name.trim_end_matches(".toml");
-                for (i, k) in known.iter().enumerate() {
-                    if all_interfaces(k).iter().any(|x| x == interface) || k.locked.contains_key(interface) {
-                        regen(i, format!("interface {interface} changed"), &mut hit);
-                        if measured(k) {
-                            bench(i, vec![interface.to_string()], format!("interface {interface} changed"));
-                        }
-                    }
-                }
-            }
-            ["implementations", "_shared", module] => {
-                let module = module.trim_end_matches(".rs");
-                let users: Vec<(String, String)> = project
-                    .registry
-                    .implementations
-                    .values()
-                    .flatten()
-                    .filter(|imp| imp.shared.iter().any(|m| m == module))
-                    .map(|imp| (imp.interface.clone(), imp.name.clone()))
-                    .collect();
-                for (interface, name) in users {
-                    implementation_changed(
-                        &known,
-                        project,
-                        &interface,
-                        &name,
-                        &format!("shared module {module}"),
-                        &mut regen,
-                        &mut bench,
-                        &mut hit,
-                        &measured,
-                    );
-                }
-            }
-            ["implementations", interface, name, ..] => {
-                implementation_changed(
-                    &known,
-                    project,
-                    interface,
-                    name,
-                    &format!("implementations/{interface}/{name}"),
-                    &mut regen,
-                    &mut bench,
-                    &mut hit,
-                    &measured,
-                );
-            }
-            ["workloads", _] if file.ends_with(".toml") => {
-                for (i, k) in known.iter().enumerate() {
-                    if k.path == *file {
-                        regen(i, "the workload changed".into(), &mut hit);
-                        if measured(k) {
-                            bench(i, all_interfaces(k), "the workload changed".into());
-                        }
-                    }
-                }
-            }
-            [dir, class, name] if *dir == RANKINGS_DIR && name.ends_with(".toml") => {
-                let interface = name.trim_end_matches(".toml");
-                for (i, k) in known.iter().enumerate() {
-                    let same_class =
-                        k.workload.as_ref().and_then(|w| w.target.hardware.as_deref()) == Some(class);
-                    if same_class && all_interfaces(k).iter().any(|x| x == interface) {
-                        regen(i, format!("the rankings of {interface} on {class} changed"), &mut hit);
-                    }
-                }
-            }
-            ["generated", name, ..] => {
-                for (i, k) in known.iter().enumerate() {
-                    if k.name == *name {
-                        regen(i, "its generated crate changed".into(), &mut hit);
-                    }
-                }
-            }
-            _ => {}
-        }
-        if !hit {
+        if !impact.file_changed(file) {
             unaffecting.push(file.clone());
         }
     }
 
     Ok(Affected {
         changed: changed.to_vec(),
-        regenerate: regenerate
+        regenerate: impact
+            .regenerate
             .into_iter()
             .map(|(i, reasons)| Entry {
                 workload: known[i].path.clone(),
@@ -241,7 +108,8 @@ pub fn affected(project: &Project, changed: &[String]) -> Result<Affected, Error
                 reasons,
             })
             .collect(),
-        rebench: rebench
+        rebench: impact
+            .rebench
             .into_iter()
             .map(|(i, (interfaces, reasons))| BenchEntry {
                 workload: known[i].path.clone(),
@@ -254,35 +122,202 @@ pub fn affected(project: &Project, changed: &[String]) -> Result<Affected, Error
     })
 }
 
-/// The workloads that use `interface/name` (their lock names it) or could (it competes for
-/// them now) must be regenerated; those measured must re-measure the interface.
-#[allow(clippy::too_many_arguments)]
-fn implementation_changed(
-    known: &[Known],
-    project: &Project,
-    interface: &str,
-    name: &str,
-    what: &str,
-    regen: &mut impl FnMut(usize, String, &mut bool),
-    bench: &mut impl FnMut(usize, Vec<String>, String),
-    hit: &mut bool,
-    measured: &impl Fn(&Known) -> bool,
-) {
-    for (i, k) in known.iter().enumerate() {
-        let uses = k.locked.get(interface).is_some_and(|n| n == name);
-        let could = k.workload.as_ref().is_some_and(|w| {
-            resolve::required_interfaces(w).contains(&interface)
-                && resolve::competitors(project.registry.implementations_of(interface), w)
-                    .iter()
-                    .any(|imp| imp.name == name)
-        });
-        if !(uses || could) {
-            continue;
+/// Every workload of `workloads/`, as far as it could be read, with the choices its crate's
+/// lock records.
+fn known_workloads(project: &Project) -> Result<Vec<Known>, Error> {
+    let mut known = Vec::new();
+    for path in project.workloads()? {
+        let rel = path.strip_prefix(&project.root).unwrap_or(&path).to_string_lossy().replace('\\', "/");
+        let workload = project.read_workload(&path).ok();
+        let name = workload.as_ref().map_or_else(
+            || path.file_stem().unwrap_or_default().to_string_lossy().into_owned(),
+            |w| w.name.clone(),
+        );
+        let locked = check::locked_choices(&project.root.join("generated").join(&name));
+        known.push(Known { path: rel, name, workload, locked });
+    }
+    Ok(known)
+}
+
+/// Every interface a known workload's forward pass calls (none if it could not be read).
+fn all_interfaces(k: &Known) -> Vec<String> {
+    k.workload
+        .as_ref()
+        .map_or_else(Vec::new, |w| resolve::required_interfaces(w).iter().map(|s| s.to_string()).collect())
+}
+
+/// Whether a known workload names a hardware class, so that its kernels are measured.
+fn measured(k: &Known) -> bool {
+    k.workload.as_ref().is_some_and(|w| w.target.hardware.is_some())
+}
+
+/// The workloads that the changed files affect, by index in `known`, with why.
+struct Impact<'a> {
+    project: &'a Project,
+    known: &'a [Known],
+    /// Workloads to regenerate, with the reasons.
+    regenerate: BTreeMap<usize, Vec<String>>,
+    /// Workloads to re-measure, with the interfaces and the reasons.
+    rebench: BTreeMap<usize, (BTreeSet<String>, Vec<String>)>,
+    /// Whether the file being looked at affects a workload.
+    hit: bool,
+}
+
+impl Impact<'_> {
+    /// Adds what `file` affects; false when it affects no workload.
+    fn file_changed(&mut self, file: &str) -> bool {
+        self.hit = false;
+        let parts: Vec<&str> = file.split('/').collect();
+        match parts.as_slice() {
+            ["generator", ..] | ["Cargo.toml"] | ["Cargo.lock"] => self.generator_changed(file),
+            ["templates", "bench", ..] => self.bench_templates_changed(file),
+            ["templates", ..] => {
+                for i in 0..self.known.len() {
+                    self.regen(i, format!("{file} changed (templates affect every crate)"));
+                }
+            }
+            ["interfaces", name] if name.ends_with(".toml") => {
+                self.interface_changed(name.trim_end_matches(".toml"))
+            }
+            ["implementations", "_shared", module] => {
+                self.shared_module_changed(module.trim_end_matches(".rs"))
+            }
+            ["implementations", interface, name, ..] => {
+                self.implementation_changed(interface, name, &format!("implementations/{interface}/{name}"))
+            }
+            ["workloads", _] if file.ends_with(".toml") => self.workload_changed(file),
+            [dir, class, name] if *dir == RANKINGS_DIR && name.ends_with(".toml") => {
+                self.rankings_changed(class, name.trim_end_matches(".toml"))
+            }
+            ["generated", name, ..] => {
+                let known = self.known;
+                for (i, k) in known.iter().enumerate() {
+                    if k.name == *name {
+                        self.regen(i, "its generated crate changed".into());
+                    }
+                }
+            }
+            _ => {}
         }
-        let how = if uses { "it uses it" } else { "it could use it" };
-        regen(i, format!("{what} changed ({how})"), hit);
-        if measured(k) {
-            bench(i, vec![interface.to_string()], format!("{what} changed ({how})"));
+        self.hit
+    }
+
+    /// Workload `i` must be regenerated, for `why`.
+    fn regen(&mut self, i: usize, why: String) {
+        self.hit = true;
+        let reasons = self.regenerate.entry(i).or_default();
+        if !reasons.contains(&why) {
+            reasons.push(why);
+        }
+    }
+
+    /// Workload `i` must re-measure `interfaces`, for `why`.
+    fn bench(&mut self, i: usize, interfaces: Vec<String>, why: String) {
+        let entry = self.rebench.entry(i).or_default();
+        entry.0.extend(interfaces);
+        if !entry.1.contains(&why) {
+            entry.1.push(why);
+        }
+    }
+
+    /// A file of the generator (or the workspace's Cargo files) affects every crate; the
+    /// benchmark harness, every measurement.
+    fn generator_changed(&mut self, file: &str) {
+        let harness = file.ends_with("emit/harness.rs") || file.ends_with("src/bench.rs");
+        let known = self.known;
+        for (i, k) in known.iter().enumerate() {
+            self.regen(i, format!("{file} changed (the generator affects every crate)"));
+            if harness && measured(k) {
+                self.bench(i, all_interfaces(k), format!("{file} changed (the benchmark harness)"));
+            }
+        }
+    }
+
+    /// A template of the benchmark harness affects the measurements of every measured workload.
+    fn bench_templates_changed(&mut self, file: &str) {
+        let known = self.known;
+        for (i, k) in known.iter().enumerate() {
+            if measured(k) {
+                self.hit = true;
+                self.bench(i, all_interfaces(k), format!("{file} changed (the benchmark harness)"));
+            }
+        }
+    }
+
+    /// An interface affects the workloads that call it or whose lock names it.
+    fn interface_changed(&mut self, interface: &str) {
+        let known = self.known;
+        for (i, k) in known.iter().enumerate() {
+            if all_interfaces(k).iter().any(|x| x == interface) || k.locked.contains_key(interface) {
+                self.regen(i, format!("interface {interface} changed"));
+                if measured(k) {
+                    self.bench(i, vec![interface.to_string()], format!("interface {interface} changed"));
+                }
+            }
+        }
+    }
+
+    /// A shared module affects what every implementation that includes it affects.
+    fn shared_module_changed(&mut self, module: &str) {
+        let users: Vec<(String, String)> = self
+            .project
+            .registry
+            .implementations
+            .values()
+            .flatten()
+            .filter(|imp| imp.shared.iter().any(|m| m == module))
+            .map(|imp| (imp.interface.clone(), imp.name.clone()))
+            .collect();
+        for (interface, name) in users {
+            self.implementation_changed(&interface, &name, &format!("shared module {module}"));
+        }
+    }
+
+    /// The workloads that use `interface/name` (their lock names it) or could (it competes for
+    /// them now) must be regenerated; those measured must re-measure the interface.
+    fn implementation_changed(&mut self, interface: &str, name: &str, what: &str) {
+        let known = self.known;
+        for (i, k) in known.iter().enumerate() {
+            let uses = k.locked.get(interface).is_some_and(|n| n == name);
+            let could = k.workload.as_ref().is_some_and(|w| {
+                resolve::required_interfaces(w).contains(&interface)
+                    && resolve::competitors(self.project.registry.implementations_of(interface), w)
+                        .iter()
+                        .any(|imp| imp.name == name)
+            });
+            if !(uses || could) {
+                continue;
+            }
+            let how = if uses { "it uses it" } else { "it could use it" };
+            self.regen(i, format!("{what} changed ({how})"));
+            if measured(k) {
+                self.bench(i, vec![interface.to_string()], format!("{what} changed ({how})"));
+            }
+        }
+    }
+
+    /// A workload file affects itself.
+    fn workload_changed(&mut self, file: &str) {
+        let known = self.known;
+        for (i, k) in known.iter().enumerate() {
+            if k.path == *file {
+                self.regen(i, "the workload changed".into());
+                if measured(k) {
+                    self.bench(i, all_interfaces(k), "the workload changed".into());
+                }
+            }
+        }
+    }
+
+    /// The rankings of `interface` on hardware class `class` affect the workloads of that
+    /// class that call the interface.
+    fn rankings_changed(&mut self, class: &str, interface: &str) {
+        let known = self.known;
+        for (i, k) in known.iter().enumerate() {
+            let same_class = k.workload.as_ref().and_then(|w| w.target.hardware.as_deref()) == Some(class);
+            if same_class && all_interfaces(k).iter().any(|x| x == interface) {
+                self.regen(i, format!("the rankings of {interface} on {class} changed"));
+            }
         }
     }
 }

@@ -510,6 +510,8 @@ fn parse_fn_decl(signature: &str) -> syn::Result<syn::ForeignItemFn> {
     syn::parse_str::<syn::ForeignItemFn>(&format!("{signature};"))
 }
 
+/// Loads the implementation in `dir` and checks its manifest and kernel; None, with every
+/// problem found added to `problems`, when it has any.
 fn load_implementation(
     root: &Path,
     dir: &Path,
@@ -535,6 +537,50 @@ fn load_implementation(
         Diagnostic::new(message).in_file(&rel_manifest, &text).primary(span(path), "")
     };
 
+    check_manifest_identity(&m, dir, &diag, problems);
+    check_constraints(&m.constraints, &diag, problems);
+    check_shared_uses(&m, shared, &diag, problems);
+
+    let kernel_path = dir.join(KERNEL_FILE);
+    let rel_kernel = rel_dir.join(KERNEL_FILE);
+    let source = read_text(root, &kernel_path, problems)?;
+    if let Some(interface) = interfaces.get(&m.interface) {
+        check_kernel(&m, interface, &source, &rel_kernel, &diag, problems);
+    }
+    if problems.len() > before {
+        return None;
+    }
+    let source_sha256 = sha256_hex(source.as_bytes());
+    Some(Implementation {
+        interface: m.interface,
+        name: m.name,
+        version: m.version,
+        summary: m.summary,
+        priority: m.priority,
+        shadows: m.shadows,
+        shared: m.shared,
+        dependencies: m.dependencies,
+        packs_weights: m.packs_weights,
+        packed_len: m.packed_len,
+        team_job: m.team_job,
+        constraints: m.constraints,
+        dir: rel_dir,
+        source,
+        source_sha256,
+    })
+}
+
+/// Makes a diagnostic of a manifest pointing at the value at a key path.
+type ManifestDiag<'a> = dyn Fn(String, &[&str]) -> Diagnostic + 'a;
+
+/// A manifest's interface and name must be those of its folders, and its version of the form
+/// MAJOR.MINOR.PATCH.
+fn check_manifest_identity(
+    m: &ManifestFile,
+    dir: &Path,
+    diag: &ManifestDiag,
+    problems: &mut Vec<Diagnostic>,
+) {
     let folder_interface = file_name(dir.parent().unwrap_or(dir));
     if m.interface != folder_interface {
         problems.push(diag(
@@ -557,7 +603,12 @@ fn load_implementation(
             &["version"],
         ));
     }
-    for f in &m.constraints.cpu_features {
+}
+
+/// A manifest's constraints may name only known CPU features (with the arches they belong to),
+/// known arches and known shape parameters.
+fn check_constraints(c: &Constraints, diag: &ManifestDiag, problems: &mut Vec<Diagnostic>) {
+    for f in &c.cpu_features {
         if !cpu::X86_64_FEATURES.contains(&f.as_str()) {
             problems.push(
                 diag(format!("unknown CPU feature `{f}`"), &["constraints", "cpu_features"])
@@ -565,13 +616,13 @@ fn load_implementation(
             );
         }
     }
-    if !m.constraints.cpu_features.is_empty() && m.constraints.arches.is_none() {
+    if !c.cpu_features.is_empty() && c.arches.is_none() {
         problems.push(
             diag("CPU features are declared without `arches`".into(), &["constraints"])
                 .hint("add `arches = [\"x86_64\"]`"),
         );
     }
-    for a in m.constraints.arches.iter().flatten() {
+    for a in c.arches.iter().flatten() {
         if !ARCHES.contains(&a.as_str()) {
             problems.push(
                 diag(format!("unknown arch `{a}`"), &["constraints", "arches"])
@@ -579,7 +630,7 @@ fn load_implementation(
             );
         }
     }
-    for key in m.constraints.shapes.keys() {
+    for key in c.shapes.keys() {
         if !SHAPE_PARAMETERS.contains(&key.as_str()) {
             let hint = nearest(key, SHAPE_PARAMETERS.iter().copied()).map_or_else(
                 || format!("known: {}", SHAPE_PARAMETERS.join(", ")),
@@ -590,6 +641,16 @@ fn load_implementation(
             );
         }
     }
+}
+
+/// The shared modules a manifest lists must exist; `packed_len` goes with `packs_weights` and
+/// names a function of one of them, and `team_job` goes with the team module.
+fn check_shared_uses(
+    m: &ManifestFile,
+    shared: &BTreeMap<String, SharedModule>,
+    diag: &ManifestDiag,
+    problems: &mut Vec<Diagnostic>,
+) {
     for s in &m.shared {
         if !shared.contains_key(s) {
             problems.push(diag(
@@ -633,67 +694,43 @@ fn load_implementation(
         ),
         _ => {}
     }
+}
 
-    let kernel_path = dir.join(KERNEL_FILE);
-    let rel_kernel = rel_dir.join(KERNEL_FILE);
-    let source = read_text(root, &kernel_path, problems)?;
-    if let Some(interface) = interfaces.get(&m.interface) {
-        // A packing kernel exposes the interface's packing functions as well.
-        let mut interface = interface.clone();
-        if m.packs_weights {
-            match std::mem::take(&mut interface.packing) {
-                packing if !packing.is_empty() => interface.functions.extend(packing),
-                _ => problems.push(
-                    diag(
-                        format!(
-                            "`packs_weights`, but interface `{}` declares no packing function",
-                            m.interface
-                        ),
-                        &["packs_weights"],
-                    )
-                    .hint(
-                        "only interfaces with `[[packing]]` functions let implementations pack their weights",
-                    ),
-                ),
-            }
-        }
-        match rust_source::parse_with_comments(&source) {
-            Ok(file) => {
-                if let Some(job) = &m.team_job {
-                    problems.extend(check_team_job(&file, job, &rel_kernel, &source));
-                }
-                problems.extend(check_against_interface(&file, &interface, &rel_kernel, &source));
-                problems.extend(check_target_features(
-                    &file,
-                    &m.constraints.cpu_features,
-                    &rel_kernel,
-                    &source,
-                ));
-            }
-            Err(e) => problems.push(source_diag(&rel_kernel, &source, &e)),
+/// The kernel (`source`, at `rel_kernel`) must parse, expose exactly its interface's items
+/// (and its packing functions when the manifest says it packs its weights), declare the team
+/// job its manifest names and every CPU feature it enables.
+fn check_kernel(
+    m: &ManifestFile,
+    interface: &Interface,
+    source: &Arc<str>,
+    rel_kernel: &Path,
+    diag: &ManifestDiag,
+    problems: &mut Vec<Diagnostic>,
+) {
+    // A packing kernel exposes the interface's packing functions as well.
+    let mut interface = interface.clone();
+    if m.packs_weights {
+        match std::mem::take(&mut interface.packing) {
+            packing if !packing.is_empty() => interface.functions.extend(packing),
+            _ => problems.push(
+                diag(
+                    format!("`packs_weights`, but interface `{}` declares no packing function", m.interface),
+                    &["packs_weights"],
+                )
+                .hint("only interfaces with `[[packing]]` functions let implementations pack their weights"),
+            ),
         }
     }
-    if problems.len() > before {
-        return None;
+    match rust_source::parse_with_comments(source) {
+        Ok(file) => {
+            if let Some(job) = &m.team_job {
+                problems.extend(check_team_job(&file, job, rel_kernel, source));
+            }
+            problems.extend(check_against_interface(&file, &interface, rel_kernel, source));
+            problems.extend(check_target_features(&file, &m.constraints.cpu_features, rel_kernel, source));
+        }
+        Err(e) => problems.push(source_diag(rel_kernel, source, &e)),
     }
-    let source_sha256 = sha256_hex(source.as_bytes());
-    Some(Implementation {
-        interface: m.interface,
-        name: m.name,
-        version: m.version,
-        summary: m.summary,
-        priority: m.priority,
-        shadows: m.shadows,
-        shared: m.shared,
-        dependencies: m.dependencies,
-        packs_weights: m.packs_weights,
-        packed_len: m.packed_len,
-        team_job: m.team_job,
-        constraints: m.constraints,
-        dir: rel_dir,
-        source,
-        source_sha256,
-    })
 }
 
 fn is_version(v: &str) -> bool {
@@ -729,9 +766,24 @@ pub fn check_against_interface(
     source: &Arc<str>,
 ) -> Vec<Diagnostic> {
     let mut problems = Vec::new();
-    let here = |span: proc_macro2::Span| span_offset(source, span);
     let mut declared: BTreeSet<String> = BTreeSet::new();
+    check_interface_functions(file, interface, rel, source, &mut declared, &mut problems);
+    check_interface_types(file, interface, rel, source, &mut declared, &mut problems);
+    check_extra_items(file, interface, &declared, rel, source, &mut problems);
+    problems
+}
 
+/// Every function the interface declares must be in `file` with exactly its signature; their
+/// names are added to `declared`.
+fn check_interface_functions(
+    file: &syn::File,
+    interface: &Interface,
+    rel: &Path,
+    source: &Arc<str>,
+    declared: &mut BTreeSet<String>,
+    problems: &mut Vec<Diagnostic>,
+) {
+    let here = |span: proc_macro2::Span| span_offset(source, span);
     for decl in &interface.functions {
         let expected = parse_fn_decl(&decl.signature).expect("checked when the interface loaded");
         let name = expected.sig.ident.to_string();
@@ -763,7 +815,19 @@ pub fn check_against_interface(
             Some(_) => {}
         }
     }
+}
 
+/// Every type the interface declares must be in `file` with exactly its declaration and
+/// methods; their names are added to `declared`.
+fn check_interface_types(
+    file: &syn::File,
+    interface: &Interface,
+    rel: &Path,
+    source: &Arc<str>,
+    declared: &mut BTreeSet<String>,
+    problems: &mut Vec<Diagnostic>,
+) {
+    let here = |span: proc_macro2::Span| span_offset(source, span);
     for decl in &interface.types {
         let expected: syn::ItemStruct =
             syn::parse_str(&format!("{};", decl.declaration)).expect("checked when the interface loaded");
@@ -793,65 +857,90 @@ pub fn check_against_interface(
             ),
             Some(_) => {}
         }
-        let methods: Vec<&syn::ImplItemFn> = file
-            .items
-            .iter()
-            .filter_map(|item| match item {
-                syn::Item::Impl(i)
-                    if i.trait_.is_none() && self_type_name(&i.self_ty).as_deref() == Some(name.as_str()) =>
-                {
-                    Some(i)
-                }
-                _ => None,
-            })
-            .flat_map(|i| i.items.iter())
-            .filter_map(|item| match item {
-                syn::ImplItem::Fn(f) => Some(f),
-                _ => None,
-            })
-            .collect();
-        let mut declared_methods = BTreeSet::new();
-        for m in &decl.methods {
-            let expected = parse_fn_decl(m).expect("checked when the interface loaded");
-            let method = expected.sig.ident.to_string();
-            declared_methods.insert(method.clone());
-            match methods.iter().find(|f| f.sig.ident == method) {
-                None => problems.push(
-                    Diagnostic::new(format!(
-                        "missing method `{name}::{method}`, which interface `{}` requires",
-                        interface.name
-                    ))
-                    .at_path(rel)
-                    .note(format!("expected: {m}")),
-                ),
-                Some(f) if sig_key(&f.vis, &f.sig) != sig_key(&expected.vis, &expected.sig) => problems.push(
-                    Diagnostic::new(format!(
-                        "`{name}::{method}` does not match the signature that interface `{}` declares",
-                        interface.name
-                    ))
-                    .in_file(rel, source)
-                    .primary(here(f.sig.ident.span()), "this signature differs")
-                    .note(format!("expected: {}", pretty_signature(&expected.vis, &expected.sig)))
-                    .note(format!("   found: {}", pretty_signature(&f.vis, &f.sig))),
-                ),
-                Some(_) => {}
+        check_methods(file, decl, &name, interface, rel, source, problems);
+    }
+}
+
+/// The inherent methods of type `name` in `file` must be exactly those `decl` declares, with
+/// exactly their signatures: none missing, and no other public.
+fn check_methods(
+    file: &syn::File,
+    decl: &TypeDecl,
+    name: &str,
+    interface: &Interface,
+    rel: &Path,
+    source: &Arc<str>,
+    problems: &mut Vec<Diagnostic>,
+) {
+    let here = |span: proc_macro2::Span| span_offset(source, span);
+    let methods: Vec<&syn::ImplItemFn> = file
+        .items
+        .iter()
+        .filter_map(|item| match item {
+            syn::Item::Impl(i)
+                if i.trait_.is_none() && self_type_name(&i.self_ty).as_deref() == Some(name) =>
+            {
+                Some(i)
             }
-        }
-        for f in &methods {
-            if is_pub(&f.vis) && !declared_methods.contains(&f.sig.ident.to_string()) {
-                problems.push(
-                    Diagnostic::new(format!(
-                        "`{name}::{}` is public but not part of interface `{}`",
-                        f.sig.ident, interface.name
-                    ))
-                    .in_file(rel, source)
-                    .primary(here(f.sig.ident.span()), "extra public method")
-                    .hint("make it private: an implementation exposes exactly its interface"),
-                );
-            }
+            _ => None,
+        })
+        .flat_map(|i| i.items.iter())
+        .filter_map(|item| match item {
+            syn::ImplItem::Fn(f) => Some(f),
+            _ => None,
+        })
+        .collect();
+    let mut declared_methods = BTreeSet::new();
+    for m in &decl.methods {
+        let expected = parse_fn_decl(m).expect("checked when the interface loaded");
+        let method = expected.sig.ident.to_string();
+        declared_methods.insert(method.clone());
+        match methods.iter().find(|f| f.sig.ident == method) {
+            None => problems.push(
+                Diagnostic::new(format!(
+                    "missing method `{name}::{method}`, which interface `{}` requires",
+                    interface.name
+                ))
+                .at_path(rel)
+                .note(format!("expected: {m}")),
+            ),
+            Some(f) if sig_key(&f.vis, &f.sig) != sig_key(&expected.vis, &expected.sig) => problems.push(
+                Diagnostic::new(format!(
+                    "`{name}::{method}` does not match the signature that interface `{}` declares",
+                    interface.name
+                ))
+                .in_file(rel, source)
+                .primary(here(f.sig.ident.span()), "this signature differs")
+                .note(format!("expected: {}", pretty_signature(&expected.vis, &expected.sig)))
+                .note(format!("   found: {}", pretty_signature(&f.vis, &f.sig))),
+            ),
+            Some(_) => {}
         }
     }
+    for f in &methods {
+        if is_pub(&f.vis) && !declared_methods.contains(&f.sig.ident.to_string()) {
+            problems.push(
+                Diagnostic::new(format!(
+                    "`{name}::{}` is public but not part of interface `{}`",
+                    f.sig.ident, interface.name
+                ))
+                .in_file(rel, source)
+                .primary(here(f.sig.ident.span()), "extra public method")
+                .hint("make it private: an implementation exposes exactly its interface"),
+            );
+        }
+    }
+}
 
+/// No public item of `file` may be missing from `declared`, the names the interface declares.
+fn check_extra_items(
+    file: &syn::File,
+    interface: &Interface,
+    declared: &BTreeSet<String>,
+    rel: &Path,
+    source: &Arc<str>,
+    problems: &mut Vec<Diagnostic>,
+) {
     for item in &file.items {
         let (vis, ident) = match item {
             syn::Item::Fn(f) => (&f.vis, &f.sig.ident),
@@ -868,12 +957,11 @@ pub fn check_against_interface(
             problems.push(
                 Diagnostic::new(format!("`{ident}` is public but not part of interface `{}`", interface.name))
                     .in_file(rel, source)
-                    .primary(here(ident.span()), "extra public item")
+                    .primary(span_offset(source, ident.span()), "extra public item")
                     .hint("make it private (or move shared helpers to implementations/_shared/): an implementation exposes exactly its interface"),
             );
         }
     }
-    problems
 }
 
 /// The job type a kernel on the thread team names: a `pub(crate)` struct of kernel.rs, or a

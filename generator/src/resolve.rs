@@ -319,82 +319,165 @@ fn choose(
     selection: &Selection,
 ) -> Result<Choice, Vec<Candidate>> {
     let reasons: Vec<Vec<String>> = imps.iter().map(|i| rejections(i, w)).collect();
-    let compatible: Vec<&Implementation> =
-        imps.iter().zip(&reasons).filter(|(_, r)| r.is_empty()).map(|(i, _)| i).collect();
-    let shadowed_by = |imp: &Implementation| {
-        compatible.iter().find(|other| other.shadows.contains(&imp.name)).map(|o| o.name.clone())
+    let field = Field::new(interface, imps, &reasons, w, registry, selection);
+    let unmeasured = field.unmeasured(w);
+    let basis = field.basis();
+    // (winner, reason) and, for losers, the reason they lost.
+    let (winner, reason) = if field.valid.len() <= 1 {
+        field.only_candidate()
+    } else if field.measured.is_empty() {
+        field.highest_priority()
+    } else {
+        let (winner, reason) = field.fastest_measured(selection);
+        (Some(winner), reason)
     };
-    let ranked = competitors(imps, w);
-    let evidence: BTreeMap<&str, Evidence> = ranked
+    let candidates: Vec<Candidate> = imps
         .iter()
-        .map(|i| i.name.as_str())
-        .zip(rankings::evidence(&selection.rankings, registry, interface, &ranked, w))
+        .zip(reasons)
+        .map(|(imp, reasons)| field.candidate(imp, reasons, winner, &reason))
         .collect();
-    let valid: Vec<&Implementation> = ranked
-        .iter()
-        .copied()
-        .filter(|i| !matches!(evidence[i.name.as_str()], Evidence::Failed(_)))
-        .collect();
-    let measured: Vec<(&Implementation, Distribution)> = valid
-        .iter()
-        .filter_map(|i| evidence[i.name.as_str()].fresh_distribution().map(|d| (*i, d)))
-        .collect();
-    // Where the workload counts the load and a measured candidate packs at load, the times
-    // compared include each request's share of it.
-    let packing = measured.iter().any(|(i, _)| i.packs_weights);
-    let counted = match w.request.requests_per_load().filter(|_| packing) {
-        Some(1) => Some("packing at load counted in full".to_string()),
-        Some(n) => Some(format!("packing at load counted over {n} requests")),
-        None => None,
-    };
-    let in_parentheses = counted.as_ref().map(|c| format!(" ({c})")).unwrap_or_default();
-    let class = w.target.hardware.as_deref();
-    let failed = ranked.len() - valid.len();
-    let failed_note =
-        if failed > 0 { format!(" ({failed} failed against the reference)") } else { String::new() };
+    match winner {
+        Some(win) => Ok((chosen(win, interface, registry, reason, basis), candidates, unmeasured)),
+        None => Err(candidates),
+    }
+}
 
-    let mut unmeasured = Vec::new();
-    if rankings::needs_measurements(w, valid.len()) {
-        let class = class.unwrap_or_default();
-        for imp in &valid {
-            match &evidence[imp.name.as_str()] {
-                Evidence::Missing => unmeasured.push(format!(
-                    "{interface}/{} has not been measured on {class} at this workload's shapes",
-                    imp.name
-                )),
-                Evidence::Stale { why, .. } => unmeasured.push(format!(
-                    "{interface}/{}'s measurements on {class} are stale: {}",
-                    imp.name,
-                    why.join("; ")
-                )),
-                _ => {}
-            }
+/// The implementations of one interface as [`choose`] sees them for a workload: which are
+/// compatible, the evidence of the competitors, which of them are valid (did not fail against
+/// the reference) and which of those have fresh measurements.
+struct Field<'a> {
+    interface: &'a str,
+    /// The implementations that no constraint rejects.
+    compatible: Vec<&'a Implementation>,
+    /// The evidence of each competitor, by name.
+    evidence: BTreeMap<&'a str, Evidence>,
+    /// The competitors that did not fail against the reference, in declared-priority order.
+    valid: Vec<&'a Implementation>,
+    /// The valid competitors with fresh measurements, with their distributions.
+    measured: Vec<(&'a Implementation, Distribution)>,
+    /// How packing at load counts in the times compared, where it does.
+    counted: Option<String>,
+    /// `counted` in parentheses, with a space before; empty where packing does not count.
+    in_parentheses: String,
+    /// The workload's hardware class.
+    class: Option<&'a str>,
+    /// How many competitors failed against the reference.
+    failed: usize,
+    /// `failed` in parentheses, with a space before; empty where none failed.
+    failed_note: String,
+}
+
+impl<'a> Field<'a> {
+    /// The field of `imps` for `w`; `reasons` holds each implementation's rejections.
+    fn new(
+        interface: &'a str,
+        imps: &'a [Implementation],
+        reasons: &[Vec<String>],
+        w: &'a Workload,
+        registry: &Registry,
+        selection: &Selection,
+    ) -> Field<'a> {
+        let compatible: Vec<&Implementation> =
+            imps.iter().zip(reasons).filter(|(_, r)| r.is_empty()).map(|(i, _)| i).collect();
+        let ranked = competitors(imps, w);
+        let evidence: BTreeMap<&str, Evidence> = ranked
+            .iter()
+            .map(|i| i.name.as_str())
+            .zip(rankings::evidence(&selection.rankings, registry, interface, &ranked, w))
+            .collect();
+        let valid: Vec<&Implementation> = ranked
+            .iter()
+            .copied()
+            .filter(|i| !matches!(evidence[i.name.as_str()], Evidence::Failed(_)))
+            .collect();
+        let measured: Vec<(&Implementation, Distribution)> = valid
+            .iter()
+            .filter_map(|i| evidence[i.name.as_str()].fresh_distribution().map(|d| (*i, d)))
+            .collect();
+        // Where the workload counts the load and a measured candidate packs at load, the times
+        // compared include each request's share of it.
+        let packing = measured.iter().any(|(i, _)| i.packs_weights);
+        let counted = match w.request.requests_per_load().filter(|_| packing) {
+            Some(1) => Some("packing at load counted in full".to_string()),
+            Some(n) => Some(format!("packing at load counted over {n} requests")),
+            None => None,
+        };
+        let in_parentheses = counted.as_ref().map(|c| format!(" ({c})")).unwrap_or_default();
+        let failed = ranked.len() - valid.len();
+        let failed_note =
+            if failed > 0 { format!(" ({failed} failed against the reference)") } else { String::new() };
+        Field {
+            interface,
+            compatible,
+            evidence,
+            valid,
+            measured,
+            counted,
+            in_parentheses,
+            class: w.target.hardware.as_deref(),
+            failed,
+            failed_note,
         }
     }
 
-    let basis = if valid.len() <= 1 {
-        "the only candidate".to_string()
-    } else if measured.is_empty() {
-        "highest declared priority (not measured)".to_string()
-    } else {
-        format!(
-            "fastest measured on {} (rankings/{}/{interface}.toml)",
-            class.unwrap_or_default(),
-            class.unwrap_or_default()
-        )
-    };
-    // (winner, reason) and, for losers, the reason they lost.
-    let (winner, reason): (Option<&Implementation>, String) = if valid.len() <= 1 {
-        let only = valid.first().copied();
-        let reason = if compatible.len() > 1 && failed == 0 {
+    /// Why the valid competitors that should have fresh measurements have none: one line each,
+    /// missing or stale. Empty where the workload needs no measurements.
+    fn unmeasured(&self, w: &Workload) -> Vec<String> {
+        let interface = self.interface;
+        let mut unmeasured = Vec::new();
+        if rankings::needs_measurements(w, self.valid.len()) {
+            let class = self.class.unwrap_or_default();
+            for imp in &self.valid {
+                match &self.evidence[imp.name.as_str()] {
+                    Evidence::Missing => unmeasured.push(format!(
+                        "{interface}/{} has not been measured on {class} at this workload's shapes",
+                        imp.name
+                    )),
+                    Evidence::Stale { why, .. } => unmeasured.push(format!(
+                        "{interface}/{}'s measurements on {class} are stale: {}",
+                        imp.name,
+                        why.join("; ")
+                    )),
+                    _ => {}
+                }
+            }
+        }
+        unmeasured
+    }
+
+    /// Why the winner won, in words that do not change when the same ranking is measured again.
+    fn basis(&self) -> String {
+        if self.valid.len() <= 1 {
+            "the only candidate".to_string()
+        } else if self.measured.is_empty() {
+            "highest declared priority (not measured)".to_string()
+        } else {
+            format!(
+                "fastest measured on {} (rankings/{}/{}.toml)",
+                self.class.unwrap_or_default(),
+                self.class.unwrap_or_default(),
+                self.interface
+            )
+        }
+    }
+
+    /// The winner and its reason where at most one candidate is valid (no winner where none is).
+    fn only_candidate(&self) -> (Option<&'a Implementation>, String) {
+        let (interface, failed_note) = (self.interface, &self.failed_note);
+        let only = self.valid.first().copied();
+        let reason = if self.compatible.len() > 1 && self.failed == 0 {
             format!("the only compatible implementation of `{interface}` that no other replaces")
         } else {
             format!("the only implementation of `{interface}` that fits this workload{failed_note}")
         };
         (only, reason)
-    } else if measured.is_empty() {
-        let win = valid[0];
-        let why = match class {
+    }
+
+    /// The winner and its reason where several candidates are valid and none is measured: the
+    /// highest declared priority.
+    fn highest_priority(&self) -> (Option<&'a Implementation>, String) {
+        let win = self.valid[0];
+        let why = match self.class {
             None => {
                 "the workload names no hardware class (target.hardware), so nothing is measured".to_string()
             }
@@ -403,12 +486,19 @@ fn choose(
         (
             Some(win),
             format!(
-                "highest declared priority ({}) among {} compatible implementations{failed_note}: {why}",
+                "highest declared priority ({}) among {} compatible implementations{}: {why}",
                 win.priority,
-                valid.len()
+                self.valid.len(),
+                self.failed_note
             ),
         )
-    } else {
+    }
+
+    /// The winner and its reason where several candidates are valid and some are measured: the
+    /// fastest, unless the incumbent of `selection` is within the noise of it.
+    fn fastest_measured(&self, selection: &Selection) -> (&'a Implementation, String) {
+        let (measured, in_parentheses, failed_note) =
+            (&self.measured, &self.in_parentheses, &self.failed_note);
         let fastest = measured
             .iter()
             .min_by(|a, b| a.1.median_ns.total_cmp(&b.1.median_ns))
@@ -416,11 +506,11 @@ fn choose(
             .expect("measured is not empty");
         let incumbent = selection
             .incumbents
-            .get(interface)
+            .get(self.interface)
             .and_then(|name| measured.iter().find(|(i, _)| &i.name == name))
             .copied();
-        let class = class.unwrap_or_default();
-        let record = |imp: &Implementation| match &evidence[imp.name.as_str()] {
+        let class = self.class.unwrap_or_default();
+        let record = |imp: &Implementation| match &self.evidence[imp.name.as_str()] {
             Evidence::Measured(r) => r,
             _ => unreachable!("a measured candidate has a fresh record"),
         };
@@ -434,7 +524,7 @@ fn choose(
         };
         match (incumbent, verdict) {
             (Some(inc), Some(v)) if inc.0.name != fastest.0.name && !v.beats => (
-                Some(inc.0),
+                inc.0,
                 format!(
                     "measured {} per request on {class}{in_parentheses}; {} measured {} ({}), a difference inside the noise margin ({:.0}%), so the previous choice stays",
                     human_ns(inc.1.median_ns),
@@ -467,9 +557,9 @@ fn choose(
                     ),
                     _ => String::new(),
                 };
-                let load = counted.as_ref().map(|c| format!(", {c}")).unwrap_or_default();
+                let load = self.counted.as_ref().map(|c| format!(", {c}")).unwrap_or_default();
                 (
-                    Some(fastest.0),
+                    fastest.0,
                     format!(
                         "fastest measured on {class}: {} per request (p90 +{:.0}%, {} samples{load}){versus}{replaced}{failed_note}",
                         human_ns(fastest.1.median_ns),
@@ -479,89 +569,103 @@ fn choose(
                 )
             }
         }
-    };
+    }
 
-    let candidates: Vec<Candidate> = imps
-        .iter()
-        .zip(reasons)
-        .map(|(imp, reasons)| {
-            let ev = evidence.get(imp.name.as_str()).cloned();
-            let verdict = if !reasons.is_empty() {
-                Verdict::Rejected { reasons }
-            } else if let Some(by) = shadowed_by(imp) {
-                Verdict::Shadowed { by }
-            } else if let Some(Evidence::Failed(record)) = &ev {
-                Verdict::Failed {
-                    failure: record.failure.clone().unwrap_or_else(|| "no reason recorded".into()),
-                }
-            } else if winner.is_some_and(|w| w.name == imp.name) {
-                Verdict::Chosen { reason: reason.clone() }
-            } else {
-                let win = winner.expect("a valid candidate implies a winner");
-                let mine = ev.as_ref().and_then(Evidence::fresh_distribution);
-                let theirs = measured.iter().find(|(i, _)| i.name == win.name).map(|(_, d)| *d);
-                let loser_basis = match (mine, theirs) {
-                    (Some(_), Some(_)) => format!("slower when measured on {}", class.unwrap_or_default()),
-                    (_, Some(_)) => "not measured".to_string(),
-                    _ => "lower declared priority".to_string(),
-                };
-                let why = match (mine, theirs, &ev) {
-                    (Some(m), Some(t), _) => format!(
-                        "measured {} per request, {:.2}x {}'s {}{in_parentheses}",
-                        human_ns(m.median_ns),
-                        m.median_ns / t.median_ns,
-                        win.name,
-                        human_ns(t.median_ns)
-                    ),
-                    (_, Some(_), Some(Evidence::Stale { why, .. })) => {
-                        format!("not ranked: its measurements are stale ({})", why.join("; "))
-                    }
-                    (_, Some(_), _) => {
-                        "not ranked: not measured at this workload's shapes on its hardware class".into()
-                    }
-                    _ => {
-                        format!("declared priority {} is below {}'s {}", imp.priority, win.name, win.priority)
-                    }
-                };
-                Verdict::Outranked { by: win.name.clone(), reason: why, basis: loser_basis }
-            };
-            Candidate {
-                name: imp.name.clone(),
-                version: imp.version.clone(),
-                priority: imp.priority,
-                verdict,
-                evidence: ev,
+    /// `imp` with its verdict: rejected for `reasons` (its rejections), shadowed, failed
+    /// against the reference, chosen (`winner`, for `reason`) or outranked by the winner.
+    fn candidate(
+        &self,
+        imp: &Implementation,
+        reasons: Vec<String>,
+        winner: Option<&Implementation>,
+        reason: &str,
+    ) -> Candidate {
+        let ev = self.evidence.get(imp.name.as_str()).cloned();
+        let verdict = if !reasons.is_empty() {
+            Verdict::Rejected { reasons }
+        } else if let Some(by) = self.shadowed_by(imp) {
+            Verdict::Shadowed { by }
+        } else if let Some(Evidence::Failed(record)) = &ev {
+            Verdict::Failed { failure: record.failure.clone().unwrap_or_else(|| "no reason recorded".into()) }
+        } else if winner.is_some_and(|w| w.name == imp.name) {
+            Verdict::Chosen { reason: reason.to_string() }
+        } else {
+            let win = winner.expect("a valid candidate implies a winner");
+            self.outranked(imp, ev.as_ref(), win)
+        };
+        Candidate {
+            name: imp.name.clone(),
+            version: imp.version.clone(),
+            priority: imp.priority,
+            verdict,
+            evidence: ev,
+        }
+    }
+
+    /// The compatible implementation that declares it replaces `imp`, if one does.
+    fn shadowed_by(&self, imp: &Implementation) -> Option<String> {
+        self.compatible.iter().find(|other| other.shadows.contains(&imp.name)).map(|o| o.name.clone())
+    }
+
+    /// The verdict of a valid `imp` (with evidence `ev`) that `win` outranks: slower when both
+    /// are measured, not ranked when only the winner is, lower declared priority otherwise.
+    fn outranked(&self, imp: &Implementation, ev: Option<&Evidence>, win: &Implementation) -> Verdict {
+        let in_parentheses = &self.in_parentheses;
+        let mine = ev.and_then(Evidence::fresh_distribution);
+        let theirs = self.measured.iter().find(|(i, _)| i.name == win.name).map(|(_, d)| *d);
+        let loser_basis = match (mine, theirs) {
+            (Some(_), Some(_)) => format!("slower when measured on {}", self.class.unwrap_or_default()),
+            (_, Some(_)) => "not measured".to_string(),
+            _ => "lower declared priority".to_string(),
+        };
+        let why = match (mine, theirs, ev) {
+            (Some(m), Some(t), _) => format!(
+                "measured {} per request, {:.2}x {}'s {}{in_parentheses}",
+                human_ns(m.median_ns),
+                m.median_ns / t.median_ns,
+                win.name,
+                human_ns(t.median_ns)
+            ),
+            (_, Some(_), Some(Evidence::Stale { why, .. })) => {
+                format!("not ranked: its measurements are stale ({})", why.join("; "))
             }
-        })
-        .collect();
+            (_, Some(_), _) => {
+                "not ranked: not measured at this workload's shapes on its hardware class".into()
+            }
+            _ => format!("declared priority {} is below {}'s {}", imp.priority, win.name, win.priority),
+        };
+        Verdict::Outranked { by: win.name.clone(), reason: why, basis: loser_basis }
+    }
+}
 
-    match winner {
-        Some(win) => Ok((
-            Chosen {
-                name: win.name.clone(),
-                version: win.version.clone(),
-                source_sha256: win.source_sha256.clone(),
-                cpu_features: win.constraints.cpu_features.clone(),
-                shared: win.shared.clone(),
-                dependencies: win.dependencies.clone(),
-                packs_weights: win.packs_weights,
-                packing: win.packed_len.as_ref().map(|packed_len| crate::plan::Packing {
-                    packed_len: packed_len.clone(),
-                    layout: format!(
-                        "{interface}/{} {} sha256:{}",
-                        win.name,
-                        win.version,
-                        crate::rankings::measured_source_sha256(win, registry)
-                    ),
-                }),
-                team_job: win.team_job.clone(),
-                reason,
-                basis,
-            },
-            candidates,
-            unmeasured,
-        )),
-        None => Err(candidates),
+/// The plan's record of `win`, the implementation chosen for `interface`, with why it won.
+fn chosen(
+    win: &Implementation,
+    interface: &str,
+    registry: &Registry,
+    reason: String,
+    basis: String,
+) -> Chosen {
+    Chosen {
+        name: win.name.clone(),
+        version: win.version.clone(),
+        source_sha256: win.source_sha256.clone(),
+        cpu_features: win.constraints.cpu_features.clone(),
+        shared: win.shared.clone(),
+        dependencies: win.dependencies.clone(),
+        packs_weights: win.packs_weights,
+        packing: win.packed_len.as_ref().map(|packed_len| crate::plan::Packing {
+            packed_len: packed_len.clone(),
+            layout: format!(
+                "{interface}/{} {} sha256:{}",
+                win.name,
+                win.version,
+                crate::rankings::measured_source_sha256(win, registry)
+            ),
+        }),
+        team_job: win.team_job.clone(),
+        reason,
+        basis,
     }
 }
 

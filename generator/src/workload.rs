@@ -665,12 +665,10 @@ pub fn span_of(doc: &toml::Spanned<DeTable<'_>>, path: &[&str]) -> Option<Range<
     Some(span)
 }
 
-/// Semantic checks. `span` finds a value's span by key path.
-fn check(
-    w: &Workload,
-    span: &dyn Fn(&[&str]) -> Option<Range<usize>>,
-    src: &WorkloadSource,
-) -> Vec<Diagnostic> {
+/// Semantic checks: every problem found, the weights and the name first, then the model, the
+/// target and the request (nothing after the model when one of its sizes is out of range).
+/// `span` finds a value's span by key path.
+fn check(w: &Workload, span: &SpanOf, src: &WorkloadSource) -> Vec<Diagnostic> {
     let mut out = Vec::new();
     let at = |path: &[&str]| span(path).unwrap_or(0..0);
     let mk = |path: &[&str], message: String, label: &str, hint: String| {
@@ -699,249 +697,308 @@ fn check(
         ));
     }
 
-    match &w.model {
-        Model::Llama(m) => {
-            let sizes = [
-                ("hidden_size", m.hidden_size, 1 << 20),
-                ("intermediate_size", m.intermediate_size, 1 << 22),
-                ("num_layers", m.num_layers, 4096),
-                ("num_heads", m.num_heads, 4096),
-                ("num_kv_heads", m.num_kv_heads, 4096),
-                ("head_dim", m.head_dim, 4096),
-                ("vocab_size", m.vocab_size, 1 << 24),
-                ("max_position_embeddings", m.max_position_embeddings, 1 << 27),
-            ];
-            if !check_sizes(&sizes, &mut out, &mk) {
-                return out;
-            }
-            if m.num_heads > 0 && m.num_kv_heads > 0 && m.num_heads % m.num_kv_heads != 0 {
-                let mut d = src
-                    .diag(format!(
-                        "model.num_heads ({}) is not a multiple of model.num_kv_heads ({})",
-                        m.num_heads, m.num_kv_heads
-                    ))
-                    .primary(
-                        at(&["model", "num_kv_heads"]),
-                        "each kv head must serve the same number of query heads",
-                    );
-                if let Some(s) = span(&["model", "num_heads"]) {
-                    d = d.secondary(s, "query heads");
-                }
-                out.push(d.hint(format!(
-                    "grouped-query attention needs num_heads divisible by num_kv_heads; divisors of {} are {}",
-                    m.num_heads,
-                    divisors(m.num_heads).iter().map(|d| d.to_string()).collect::<Vec<_>>().join(", ")
-                )));
-            }
-            if m.num_heads > 0 && m.head_dim > 0 && m.num_heads * m.head_dim != m.hidden_size {
-                let mut d = src
-                    .diag(format!(
-                        "model.head_dim ({}) is inconsistent with hidden_size ({}) and num_heads ({})",
-                        m.head_dim, m.hidden_size, m.num_heads
-                    ))
-                    .primary(at(&["model", "head_dim"]), "num_heads × head_dim must equal hidden_size");
-                if let Some(s) = span(&["model", "hidden_size"]) {
-                    d = d.secondary(s, "hidden_size");
-                }
-                let hint = if m.hidden_size % m.num_heads == 0 {
-                    format!(
-                        "for a LLaMA model, head_dim = hidden_size / num_heads = {}",
-                        m.hidden_size / m.num_heads
-                    )
-                } else {
-                    "hidden_size must be a multiple of num_heads".to_string()
-                };
-                out.push(d.hint(hint));
-            }
-            if m.head_dim % 2 == 1 {
-                out.push(mk(
-                    &["model", "head_dim"],
-                    format!("model.head_dim ({}) is odd", m.head_dim),
-                    "rotary embeddings rotate pairs of values",
-                    "LLaMA head dims are even; check config.json".into(),
-                ));
-            }
-            if !(m.rope_theta.is_finite() && m.rope_theta > 1.0) {
-                out.push(mk(
-                    &["model", "rope_theta"],
-                    format!("model.rope_theta ({}) is out of range", m.rope_theta),
-                    "must be a finite number above 1",
-                    "LLaMA models use 10000.0; Llama 3 uses 500000.0".into(),
-                ));
-            }
-            if m.sliding_window == Some(0) {
-                out.push(mk(
-                    &["model", "sliding_window"],
-                    "model.sliding_window must be at least 1".into(),
-                    "zero",
-                    "copy sliding_window from config.json, or leave it out for full attention".into(),
-                ));
-            }
-            if let Some(scaling) = &m.rope_scaling {
-                let (factor, ok) = match *scaling {
-                    RopeScaling::Linear { factor } => (factor, true),
-                    RopeScaling::Llama3 {
-                        factor,
-                        low_freq_factor,
-                        high_freq_factor,
-                        original_max_position_embeddings,
-                    } => (
-                        factor,
-                        low_freq_factor.is_finite()
-                            && high_freq_factor.is_finite()
-                            && low_freq_factor > 0.0
-                            && high_freq_factor > low_freq_factor
-                            && original_max_position_embeddings > 0,
-                    ),
-                };
-                if !(factor.is_finite() && factor >= 1.0 && ok) {
-                    out.push(mk(
-                        &["model", "rope_scaling"],
-                        "model.rope_scaling is out of range".into(),
-                        "factor must be at least 1; for llama3, 0 < low_freq_factor < high_freq_factor",
-                        "copy rope_parameters (or rope_scaling) from config.json".into(),
-                    ));
-                }
-            }
-            if !(m.rms_norm_eps.is_finite() && m.rms_norm_eps > 0.0 && m.rms_norm_eps < 1.0) {
-                out.push(mk(
-                    &["model", "rms_norm_eps"],
-                    format!("model.rms_norm_eps ({}) is out of range", m.rms_norm_eps),
-                    "must be above 0 and below 1",
-                    "typical values are 1e-5 and 1e-6".into(),
-                ));
-            }
-            if m.vocab_size > 0 && m.bos_token_id as usize >= m.vocab_size {
-                out.push(mk(
-                    &["model", "bos_token_id"],
-                    format!(
-                        "model.bos_token_id ({}) is not below vocab_size ({})",
-                        m.bos_token_id, m.vocab_size
-                    ),
-                    "outside the vocabulary",
-                    "check bos_token_id in config.json".into(),
-                ));
-            }
-            if m.eos_token_ids.is_empty() {
-                out.push(mk(
-                    &["model", "eos_token_ids"],
-                    "model.eos_token_ids is empty".into(),
-                    "generation could never stop at end of sequence",
-                    "list the model's end-of-sequence ids, e.g. [2]".into(),
-                ));
-            }
-            if let Some(bad) =
-                m.eos_token_ids.iter().find(|&&id| m.vocab_size > 0 && id as usize >= m.vocab_size)
-            {
-                out.push(mk(
-                    &["model", "eos_token_ids"],
-                    format!(
-                        "model.eos_token_ids holds {bad}, which is not below vocab_size ({})",
-                        m.vocab_size
-                    ),
-                    "outside the vocabulary",
-                    "check eos_token_id in config.json".into(),
-                ));
-            }
-            if w.request.max_seq_len() > m.max_position_embeddings && m.max_position_embeddings > 0 {
-                let mut d = src
-                    .diag(format!(
-                        "request.max_seq_len ({}) is above model.max_position_embeddings ({})",
-                        w.request.max_seq_len(),
-                        m.max_position_embeddings
-                    ))
-                    .primary(at(&["request", "max_seq_len"]), "longer than the model was trained for");
-                if let Some(s) = span(&["model", "max_position_embeddings"]) {
-                    d = d.secondary(s, "the model's limit");
-                }
-                out.push(d.hint(format!("set max_seq_len to at most {}", m.max_position_embeddings)));
-            }
-        }
-        Model::Bert(m) => {
-            let sizes = [
-                ("hidden_size", m.hidden_size, 1 << 20),
-                ("intermediate_size", m.intermediate_size, 1 << 22),
-                ("num_layers", m.num_layers, 4096),
-                ("num_heads", m.num_heads, 4096),
-                ("head_dim", m.head_dim, 4096),
-                ("vocab_size", m.vocab_size, 1 << 24),
-                ("max_position_embeddings", m.max_position_embeddings, 1 << 20),
-                ("type_vocab_size", m.type_vocab_size, 1 << 16),
-            ];
-            if !check_sizes(&sizes, &mut out, &mk) {
-                return out;
-            }
-            if m.num_heads * m.head_dim != m.hidden_size {
-                let mut d = src
-                    .diag(format!(
-                        "model.head_dim ({}) is inconsistent with hidden_size ({}) and num_heads ({})",
-                        m.head_dim, m.hidden_size, m.num_heads
-                    ))
-                    .primary(at(&["model", "head_dim"]), "num_heads × head_dim must equal hidden_size");
-                if let Some(s) = span(&["model", "hidden_size"]) {
-                    d = d.secondary(s, "hidden_size");
-                }
-                out.push(d.hint(format!(
-                    "for a BERT model, head_dim = hidden_size / num_heads = {}",
-                    m.hidden_size / m.num_heads
-                )));
-            }
-            if !(m.layer_norm_eps.is_finite() && m.layer_norm_eps > 0.0 && m.layer_norm_eps < 1.0) {
-                out.push(mk(
-                    &["model", "layer_norm_eps"],
-                    format!("model.layer_norm_eps ({}) is out of range", m.layer_norm_eps),
-                    "must be above 0 and below 1",
-                    "BERT models use 1e-12".into(),
-                ));
-            }
-            if m.normalize && m.pooling == Pooling::None {
-                out.push(mk(
-                    &["model", "normalize"],
-                    "model.normalize needs a pooled vector, but model.pooling is \"none\"".into(),
-                    "nothing to normalize",
-                    "set pooling = \"mean\" (sentence-transformers) or \"cls\", or normalize = false".into(),
-                ));
-            }
-            if w.request.max_seq_len() > m.max_position_embeddings {
-                let mut d = src
-                    .diag(format!(
-                        "request.max_seq_len ({}) is above model.max_position_embeddings ({})",
-                        w.request.max_seq_len(),
-                        m.max_position_embeddings
-                    ))
-                    .primary(at(&["request", "max_seq_len"]), "the position embedding has no row for it");
-                if let Some(s) = span(&["model", "max_position_embeddings"]) {
-                    d = d.secondary(s, "the model's limit");
-                }
-                out.push(d.hint(format!("set max_seq_len to at most {}", m.max_position_embeddings)));
-            }
-        }
+    let max_seq_len = w.request.max_seq_len();
+    let sizes_ok = match &w.model {
+        Model::Llama(m) => check_llama(m, max_seq_len, span, src, &mut out, &mk),
+        Model::Bert(m) => check_bert(m, max_seq_len, span, src, &mut out, &mk),
+    };
+    if !sizes_ok {
+        return out;
     }
+    check_target(&w.target, span, src, &mut out, &mk);
+    check_request(&w.request, &mut out, &mk);
+    out
+}
 
-    match w.target.arch.as_str() {
-        "x86_64" => {
-            let mut seen = std::collections::BTreeSet::new();
-            for (i, f) in w.target.cpu_features.iter().enumerate() {
-                let path_span = span(&["target", "cpu_features"]).map(|s| element_span(&src.text, s, i));
-                if !cpu::X86_64_FEATURES.contains(&f.as_str()) {
-                    let hint = match nearest(f, cpu::X86_64_FEATURES.iter().copied()) {
-                        Some(near) => format!("did you mean `{near}`?"),
-                        None => format!("known x86_64 features: {}", cpu::X86_64_FEATURES.join(", ")),
-                    };
-                    out.push(
-                        src.diag(format!("unknown CPU feature `{f}`"))
-                            .primary(path_span.unwrap_or(0..0), "not an x86_64 feature monogen knows")
-                            .hint(hint),
-                    );
-                } else if !seen.insert(f.as_str()) {
-                    out.push(
-                        src.diag(format!("CPU feature `{f}` is listed twice"))
-                            .primary(path_span.unwrap_or(0..0), "duplicate")
-                            .hint("list each feature once"),
-                    );
-                }
-            }
+/// Finds a value's span by key path.
+type SpanOf<'a> = dyn Fn(&[&str]) -> Option<Range<usize>> + 'a;
+
+type MakeDiagnostic<'a> = dyn Fn(&[&str], String, &str, String) -> Diagnostic + 'a;
+
+/// The checks of a LLaMA's `[model]` table, and of `max_seq_len` against its positions. False
+/// when a size is out of range, and then nothing else is checked (the sizes' products could
+/// overflow).
+fn check_llama(
+    m: &Llama,
+    max_seq_len: usize,
+    span: &SpanOf,
+    src: &WorkloadSource,
+    out: &mut Vec<Diagnostic>,
+    mk: &MakeDiagnostic,
+) -> bool {
+    let sizes = [
+        ("hidden_size", m.hidden_size, 1 << 20),
+        ("intermediate_size", m.intermediate_size, 1 << 22),
+        ("num_layers", m.num_layers, 4096),
+        ("num_heads", m.num_heads, 4096),
+        ("num_kv_heads", m.num_kv_heads, 4096),
+        ("head_dim", m.head_dim, 4096),
+        ("vocab_size", m.vocab_size, 1 << 24),
+        ("max_position_embeddings", m.max_position_embeddings, 1 << 27),
+    ];
+    if !check_sizes(&sizes, out, mk) {
+        return false;
+    }
+    check_llama_heads(m, span, src, out, mk);
+    check_llama_constants(m, out, mk);
+    check_llama_tokens(m, out, mk);
+    if max_seq_len > m.max_position_embeddings && m.max_position_embeddings > 0 {
+        out.push(seq_above_positions(
+            max_seq_len,
+            m.max_position_embeddings,
+            "longer than the model was trained for",
+            span,
+            src,
+        ));
+    }
+    true
+}
+
+/// The attention heads of a LLaMA: query heads in groups per kv head, `num_heads × head_dim =
+/// hidden_size`, and an even `head_dim` for the rotary embedding.
+fn check_llama_heads(
+    m: &Llama,
+    span: &SpanOf,
+    src: &WorkloadSource,
+    out: &mut Vec<Diagnostic>,
+    mk: &MakeDiagnostic,
+) {
+    let at = |path: &[&str]| span(path).unwrap_or(0..0);
+    if m.num_heads > 0 && m.num_kv_heads > 0 && !m.num_heads.is_multiple_of(m.num_kv_heads) {
+        let mut d = src
+            .diag(format!(
+                "model.num_heads ({}) is not a multiple of model.num_kv_heads ({})",
+                m.num_heads, m.num_kv_heads
+            ))
+            .primary(
+                at(&["model", "num_kv_heads"]),
+                "each kv head must serve the same number of query heads",
+            );
+        if let Some(s) = span(&["model", "num_heads"]) {
+            d = d.secondary(s, "query heads");
         }
+        out.push(d.hint(format!(
+            "grouped-query attention needs num_heads divisible by num_kv_heads; divisors of {} are {}",
+            m.num_heads,
+            divisors(m.num_heads).iter().map(|d| d.to_string()).collect::<Vec<_>>().join(", ")
+        )));
+    }
+    if m.num_heads > 0 && m.head_dim > 0 && m.num_heads * m.head_dim != m.hidden_size {
+        let mut d = src
+            .diag(format!(
+                "model.head_dim ({}) is inconsistent with hidden_size ({}) and num_heads ({})",
+                m.head_dim, m.hidden_size, m.num_heads
+            ))
+            .primary(at(&["model", "head_dim"]), "num_heads × head_dim must equal hidden_size");
+        if let Some(s) = span(&["model", "hidden_size"]) {
+            d = d.secondary(s, "hidden_size");
+        }
+        let hint = if m.hidden_size.is_multiple_of(m.num_heads) {
+            format!("for a LLaMA model, head_dim = hidden_size / num_heads = {}", m.hidden_size / m.num_heads)
+        } else {
+            "hidden_size must be a multiple of num_heads".to_string()
+        };
+        out.push(d.hint(hint));
+    }
+    if m.head_dim % 2 == 1 {
+        out.push(mk(
+            &["model", "head_dim"],
+            format!("model.head_dim ({}) is odd", m.head_dim),
+            "rotary embeddings rotate pairs of values",
+            "LLaMA head dims are even; check config.json".into(),
+        ));
+    }
+}
+
+/// The constants of a LLaMA's positions and norms: `rope_theta`, `sliding_window`,
+/// `rope_scaling` and `rms_norm_eps`, each within its range.
+fn check_llama_constants(m: &Llama, out: &mut Vec<Diagnostic>, mk: &MakeDiagnostic) {
+    if !(m.rope_theta.is_finite() && m.rope_theta > 1.0) {
+        out.push(mk(
+            &["model", "rope_theta"],
+            format!("model.rope_theta ({}) is out of range", m.rope_theta),
+            "must be a finite number above 1",
+            "LLaMA models use 10000.0; Llama 3 uses 500000.0".into(),
+        ));
+    }
+    if m.sliding_window == Some(0) {
+        out.push(mk(
+            &["model", "sliding_window"],
+            "model.sliding_window must be at least 1".into(),
+            "zero",
+            "copy sliding_window from config.json, or leave it out for full attention".into(),
+        ));
+    }
+    if let Some(scaling) = &m.rope_scaling
+        && !rope_scaling_in_range(scaling)
+    {
+        out.push(mk(
+            &["model", "rope_scaling"],
+            "model.rope_scaling is out of range".into(),
+            "factor must be at least 1; for llama3, 0 < low_freq_factor < high_freq_factor",
+            "copy rope_parameters (or rope_scaling) from config.json".into(),
+        ));
+    }
+    if !(m.rms_norm_eps.is_finite() && m.rms_norm_eps > 0.0 && m.rms_norm_eps < 1.0) {
+        out.push(mk(
+            &["model", "rms_norm_eps"],
+            format!("model.rms_norm_eps ({}) is out of range", m.rms_norm_eps),
+            "must be above 0 and below 1",
+            "typical values are 1e-5 and 1e-6".into(),
+        ));
+    }
+}
+
+/// Whether a rope scaling's factor is at least 1 and, for llama3, its frequency factors are
+/// finite with 0 < low_freq_factor < high_freq_factor and its original positions at least 1.
+fn rope_scaling_in_range(scaling: &RopeScaling) -> bool {
+    let (factor, ok) = match *scaling {
+        RopeScaling::Linear { factor } => (factor, true),
+        RopeScaling::Llama3 {
+            factor,
+            low_freq_factor,
+            high_freq_factor,
+            original_max_position_embeddings,
+        } => (
+            factor,
+            low_freq_factor.is_finite()
+                && high_freq_factor.is_finite()
+                && low_freq_factor > 0.0
+                && high_freq_factor > low_freq_factor
+                && original_max_position_embeddings > 0,
+        ),
+    };
+    factor.is_finite() && factor >= 1.0 && ok
+}
+
+/// The special tokens of a LLaMA: `bos_token_id` and every `eos_token_ids` within the
+/// vocabulary, and at least one end-of-sequence id.
+fn check_llama_tokens(m: &Llama, out: &mut Vec<Diagnostic>, mk: &MakeDiagnostic) {
+    if m.vocab_size > 0 && m.bos_token_id as usize >= m.vocab_size {
+        out.push(mk(
+            &["model", "bos_token_id"],
+            format!("model.bos_token_id ({}) is not below vocab_size ({})", m.bos_token_id, m.vocab_size),
+            "outside the vocabulary",
+            "check bos_token_id in config.json".into(),
+        ));
+    }
+    if m.eos_token_ids.is_empty() {
+        out.push(mk(
+            &["model", "eos_token_ids"],
+            "model.eos_token_ids is empty".into(),
+            "generation could never stop at end of sequence",
+            "list the model's end-of-sequence ids, e.g. [2]".into(),
+        ));
+    }
+    if let Some(bad) = m.eos_token_ids.iter().find(|&&id| m.vocab_size > 0 && id as usize >= m.vocab_size) {
+        out.push(mk(
+            &["model", "eos_token_ids"],
+            format!("model.eos_token_ids holds {bad}, which is not below vocab_size ({})", m.vocab_size),
+            "outside the vocabulary",
+            "check eos_token_id in config.json".into(),
+        ));
+    }
+}
+
+/// The checks of a BERT's `[model]` table, and of `max_seq_len` against its positions. False
+/// when a size is out of range, and then nothing else is checked (the sizes' products could
+/// overflow).
+fn check_bert(
+    m: &Bert,
+    max_seq_len: usize,
+    span: &SpanOf,
+    src: &WorkloadSource,
+    out: &mut Vec<Diagnostic>,
+    mk: &MakeDiagnostic,
+) -> bool {
+    let at = |path: &[&str]| span(path).unwrap_or(0..0);
+    let sizes = [
+        ("hidden_size", m.hidden_size, 1 << 20),
+        ("intermediate_size", m.intermediate_size, 1 << 22),
+        ("num_layers", m.num_layers, 4096),
+        ("num_heads", m.num_heads, 4096),
+        ("head_dim", m.head_dim, 4096),
+        ("vocab_size", m.vocab_size, 1 << 24),
+        ("max_position_embeddings", m.max_position_embeddings, 1 << 20),
+        ("type_vocab_size", m.type_vocab_size, 1 << 16),
+    ];
+    if !check_sizes(&sizes, out, mk) {
+        return false;
+    }
+    if m.num_heads * m.head_dim != m.hidden_size {
+        let mut d = src
+            .diag(format!(
+                "model.head_dim ({}) is inconsistent with hidden_size ({}) and num_heads ({})",
+                m.head_dim, m.hidden_size, m.num_heads
+            ))
+            .primary(at(&["model", "head_dim"]), "num_heads × head_dim must equal hidden_size");
+        if let Some(s) = span(&["model", "hidden_size"]) {
+            d = d.secondary(s, "hidden_size");
+        }
+        out.push(d.hint(format!(
+            "for a BERT model, head_dim = hidden_size / num_heads = {}",
+            m.hidden_size / m.num_heads
+        )));
+    }
+    if !(m.layer_norm_eps.is_finite() && m.layer_norm_eps > 0.0 && m.layer_norm_eps < 1.0) {
+        out.push(mk(
+            &["model", "layer_norm_eps"],
+            format!("model.layer_norm_eps ({}) is out of range", m.layer_norm_eps),
+            "must be above 0 and below 1",
+            "BERT models use 1e-12".into(),
+        ));
+    }
+    if m.normalize && m.pooling == Pooling::None {
+        out.push(mk(
+            &["model", "normalize"],
+            "model.normalize needs a pooled vector, but model.pooling is \"none\"".into(),
+            "nothing to normalize",
+            "set pooling = \"mean\" (sentence-transformers) or \"cls\", or normalize = false".into(),
+        ));
+    }
+    if max_seq_len > m.max_position_embeddings {
+        out.push(seq_above_positions(
+            max_seq_len,
+            m.max_position_embeddings,
+            "the position embedding has no row for it",
+            span,
+            src,
+        ));
+    }
+    true
+}
+
+/// The diagnostic of a `request.max_seq_len` above the model's `max_position_embeddings`;
+/// `label` says why that cannot be served.
+fn seq_above_positions(
+    max_seq_len: usize,
+    max_position_embeddings: usize,
+    label: &str,
+    span: &SpanOf,
+    src: &WorkloadSource,
+) -> Diagnostic {
+    let mut d = src
+        .diag(format!(
+            "request.max_seq_len ({max_seq_len}) is above model.max_position_embeddings ({max_position_embeddings})"
+        ))
+        .primary(span(&["request", "max_seq_len"]).unwrap_or(0..0), label);
+    if let Some(s) = span(&["model", "max_position_embeddings"]) {
+        d = d.secondary(s, "the model's limit");
+    }
+    d.hint(format!("set max_seq_len to at most {max_position_embeddings}"))
+}
+
+/// The checks of the `[target]` table: the arch and its CPU features, the hardware class and
+/// the number of threads.
+fn check_target(
+    t: &Target,
+    span: &SpanOf,
+    src: &WorkloadSource,
+    out: &mut Vec<Diagnostic>,
+    mk: &MakeDiagnostic,
+) {
+    match t.arch.as_str() {
+        "x86_64" => check_cpu_features(&t.cpu_features, span, src, out),
         other => {
             let hint = match nearest(other, ["x86_64"]) {
                 Some(near) => format!("did you mean `{near}`?"),
@@ -955,7 +1012,7 @@ fn check(
             ));
         }
     }
-    if let Some(class) = &w.target.hardware
+    if let Some(class) = &t.hardware
         && !is_hardware_class(class)
     {
         out.push(mk(
@@ -965,27 +1022,57 @@ fn check(
             "use lowercase letters, digits and `-`, starting with a letter or digit (e.g. `xeon-8480-2c`); `monogen init` writes this machine's".into(),
         ));
     }
-    if w.target.threads == 0 {
+    if t.threads == 0 {
         out.push(mk(
             &["target", "threads"],
             "target.threads must be at least 1".into(),
             "zero threads",
             "use the number of cores to run on, e.g. 2".into(),
         ));
-    } else if w.target.threads > 1024 {
+    } else if t.threads > 1024 {
         out.push(mk(
             &["target", "threads"],
-            format!("target.threads ({}) is above 1024", w.target.threads),
+            format!("target.threads ({}) is above 1024", t.threads),
             "too many",
             "use the number of cores to run on".into(),
         ));
     }
+}
 
-    match &w.request {
-        Request::Decoder(r) => check_decoder_request(r, &mut out, &mk),
-        Request::Encoder(r) => check_encoder_request(r, &mut out, &mk),
+/// Every CPU feature of an x86_64 target must be one monogen knows, listed once; each
+/// diagnostic points at the offending element of `target.cpu_features`.
+fn check_cpu_features(features: &[String], span: &SpanOf, src: &WorkloadSource, out: &mut Vec<Diagnostic>) {
+    let mut seen = std::collections::BTreeSet::new();
+    for (i, f) in features.iter().enumerate() {
+        let path_span = span(&["target", "cpu_features"]).map(|s| element_span(&src.text, s, i));
+        if !cpu::X86_64_FEATURES.contains(&f.as_str()) {
+            let hint = match nearest(f, cpu::X86_64_FEATURES.iter().copied()) {
+                Some(near) => format!("did you mean `{near}`?"),
+                None => format!("known x86_64 features: {}", cpu::X86_64_FEATURES.join(", ")),
+            };
+            out.push(
+                src.diag(format!("unknown CPU feature `{f}`"))
+                    .primary(path_span.unwrap_or(0..0), "not an x86_64 feature monogen knows")
+                    .hint(hint),
+            );
+        } else if !seen.insert(f.as_str()) {
+            out.push(
+                src.diag(format!("CPU feature `{f}` is listed twice"))
+                    .primary(path_span.unwrap_or(0..0), "duplicate")
+                    .hint("list each feature once"),
+            );
+        }
     }
-    if w.request.requests_per_load() == Some(0) {
+}
+
+/// The checks of the `[request]` table, a decoder's or an encoder's, and of
+/// `requests_per_load`, which both have.
+fn check_request(r: &Request, out: &mut Vec<Diagnostic>, mk: &MakeDiagnostic) {
+    match r {
+        Request::Decoder(r) => check_decoder_request(r, out, mk),
+        Request::Encoder(r) => check_encoder_request(r, out, mk),
+    }
+    if r.requests_per_load() == Some(0) {
         out.push(mk(
             &["request", "requests_per_load"],
             "request.requests_per_load must be at least 1".into(),
@@ -994,10 +1081,7 @@ fn check(
                 .into(),
         ));
     }
-    out
 }
-
-type MakeDiagnostic<'a> = dyn Fn(&[&str], String, &str, String) -> Diagnostic + 'a;
 
 /// Every `(model field, value, largest value monogen accepts)` must be in 1..=max: far above
 /// real models, low enough that no product of shapes overflows. False (with a diagnostic per

@@ -42,7 +42,9 @@ fn main() {
             files.push((name.to_string(), dir.join("tokenizer.json")));
         }
     }
-    println!("reading tokenizer.json, median of {ROUNDS} interleaved rounds (ratio = from_file's time / the reader's)");
+    println!(
+        "reading tokenizer.json, median of {ROUNDS} interleaved rounds (ratio = from_file's time / the reader's)"
+    );
     for (name, path) in files {
         let (mut library, mut whole, mut decoding) = (Vec::new(), Vec::new(), Vec::new());
         for _ in 0..ROUNDS {

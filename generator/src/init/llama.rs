@@ -103,8 +103,27 @@ pub fn workload(
         Diagnostic::new(message).in_file(path, source).primary(key_span(key), "")
     };
     let mut problems = Vec::new();
+    let qkv_bias = qkv_bias_of_model_type(config, path, &diag, &mut problems);
+    let window = Window::of(config, &diag, &mut problems);
+    check_keys(config, &window, &diag, &mut problems);
+    let model = read_model(config, path, qkv_bias, window.size, &diag, &mut problems);
+    if !problems.is_empty() {
+        return Err(problems.into());
+    }
+    build(path, config, model, opts)
+}
 
-    // Qwen2 is a LLaMA with biases on the q, k and v projections.
+/// Makes a diagnostic of config.json pointing at a key.
+type ConfigDiag<'a> = dyn Fn(&str, String) -> Diagnostic + 'a;
+
+/// Whether the q, k and v projections of the `model_type` add a bias (Qwen2 is a LLaMA with
+/// them); a problem when the model type is missing or not a LLaMA-style one.
+fn qkv_bias_of_model_type(
+    config: &Map<String, Value>,
+    path: &Path,
+    diag: &ConfigDiag,
+    problems: &mut Vec<Diagnostic>,
+) -> bool {
     let mut qkv_bias = false;
     match config.get("model_type").and_then(Value::as_str) {
         Some("llama") => {}
@@ -122,30 +141,59 @@ pub fn workload(
                 .hint("a Hugging Face config.json names its model_type, e.g. \"llama\""),
         ),
     }
-    // A sliding window that is switched off changes nothing; one that is on is not supported yet.
-    // (Qwen2 switches it with `use_sliding_window`; Mistral has only `sliding_window`, on
-    // unless null.)
-    let window_off = match config.get("use_sliding_window") {
-        Some(v) => v == &Value::Bool(false),
-        None => config.get("sliding_window").is_none_or(Value::is_null),
-    } && config
-        .get("layer_types")
-        .is_none_or(|v| v.as_array().is_some_and(|layers| layers.iter().all(|l| l == "full_attention")));
-    let is_mistral = config.get("model_type").and_then(Value::as_str) == Some("mistral");
-    let sliding_window = if is_mistral && !window_off {
-        match config.get("sliding_window").and_then(Value::as_u64) {
-            Some(w) => Some(w as usize),
-            None => {
-                problems.push(diag(
-                    "sliding_window",
-                    "config.json field `sliding_window` is not a window size".into(),
-                ));
-                None
+    qkv_bias
+}
+
+/// The sliding window of a config.json, as far as monogen honours it.
+struct Window {
+    /// Whether the window is switched off: full attention in every layer.
+    off: bool,
+    /// Whether the model is a Mistral, whose window (the same in every layer) the crate applies.
+    mistral: bool,
+    /// The window of a Mistral that has it on.
+    size: Option<usize>,
+}
+
+impl Window {
+    /// The window `config` states; a problem when a Mistral's `sliding_window` is not a size.
+    fn of(config: &Map<String, Value>, diag: &ConfigDiag, problems: &mut Vec<Diagnostic>) -> Window {
+        // A sliding window that is switched off changes nothing; one that is on is not supported
+        // yet. (Qwen2 switches it with `use_sliding_window`; Mistral has only `sliding_window`,
+        // on unless null.)
+        let off = match config.get("use_sliding_window") {
+            Some(v) => v == &Value::Bool(false),
+            None => config.get("sliding_window").is_none_or(Value::is_null),
+        } && config
+            .get("layer_types")
+            .is_none_or(|v| v.as_array().is_some_and(|layers| layers.iter().all(|l| l == "full_attention")));
+        let mistral = config.get("model_type").and_then(Value::as_str) == Some("mistral");
+        let size = if mistral && !off {
+            match config.get("sliding_window").and_then(Value::as_u64) {
+                Some(w) => Some(w as usize),
+                None => {
+                    problems.push(diag(
+                        "sliding_window",
+                        "config.json field `sliding_window` is not a window size".into(),
+                    ));
+                    None
+                }
             }
-        }
-    } else {
-        None
-    };
+        } else {
+            None
+        };
+        Window { off, mistral, size }
+    }
+}
+
+/// Every key of `config` that monogen neither honours nor knows to be bookkeeping must keep
+/// its default (or a sliding window must be off, or a Mistral's); a problem for each that
+/// does not, and for each unknown one.
+fn check_keys(
+    config: &Map<String, Value>,
+    window: &Window,
+    diag: &ConfigDiag,
+    problems: &mut Vec<Diagnostic>,
+) {
     for (key, value) in config {
         if HONOURED.contains(&key.as_str()) || BOOKKEEPING.contains(&key.as_str()) {
             continue;
@@ -154,11 +202,11 @@ pub fn workload(
             key.as_str(),
             "use_sliding_window" | "sliding_window" | "max_window_layers" | "layer_types"
         );
-        if window_key && window_off {
+        if window_key && window.off {
             continue;
         }
         // Mistral's window: the same size in every layer, resolved when the crate is generated.
-        if key == "sliding_window" && is_mistral {
+        if key == "sliding_window" && window.mistral {
             continue;
         }
         if window_key {
@@ -177,9 +225,21 @@ pub fn workload(
             ),
         }
     }
+}
 
+/// The model's shapes and constants as config.json states them, with `qkv_bias` and the
+/// `sliding_window` found before; a problem for each field that is missing without a default
+/// or of the wrong type (and a placeholder value in its place).
+fn read_model(
+    config: &Map<String, Value>,
+    path: &Path,
+    qkv_bias: bool,
+    sliding_window: Option<usize>,
+    diag: &ConfigDiag,
+    problems: &mut Vec<Diagnostic>,
+) -> Llama {
     let mut usize_field =
-        |key: &str, default: Option<usize>| usize_field(config, key, default, path, &diag, &mut problems);
+        |key: &str, default: Option<usize>| usize_field(config, key, default, path, diag, problems);
     let hidden_size = usize_field("hidden_size", None);
     let intermediate_size = usize_field("intermediate_size", None);
     let num_layers = usize_field("num_hidden_layers", None);
@@ -190,32 +250,8 @@ pub fn workload(
     let max_position_embeddings = usize_field("max_position_embeddings", Some(2048));
     let bos_token_id = usize_field("bos_token_id", Some(1)) as u32;
 
-    let float_field = |key: &str, default: f64, problems: &mut Vec<Diagnostic>| -> f64 {
-        match config.get(key) {
-            None => default,
-            Some(v) => v.as_f64().unwrap_or_else(|| {
-                problems.push(diag(key, format!("config.json field `{key}` = {v} is not a number")));
-                default
-            }),
-        }
-    };
-    let mut rope_theta = float_field("rope_theta", 10000.0, &mut problems);
-    // transformers 5 writes `rope_parameters = {rope_type, rope_theta, ...}`; older configs a
-    // `rope_theta` and a `rope_scaling = {type or rope_type, ...}` (null without scaling).
-    let mut rope_scaling = None;
-    for key in ["rope_parameters", "rope_scaling"] {
-        let Some(parameters) = config.get(key).filter(|v| !v.is_null()) else { continue };
-        if let Some(theta) = parameters.get("rope_theta").and_then(Value::as_f64) {
-            rope_theta = theta;
-        }
-        match scaling_of(parameters) {
-            Ok(scaling) => rope_scaling = rope_scaling.or(scaling),
-            Err(why) => {
-                problems.push(diag(key, format!("config.json field `{key}` cannot be honoured")).note(why))
-            }
-        }
-    }
-    let rms_norm_eps = float_field("rms_norm_eps", 1e-6, &mut problems);
+    let (rope_theta, rope_scaling) = rope(config, diag, problems);
+    let rms_norm_eps = float_field(config, "rms_norm_eps", 1e-6, diag, problems);
     let tie_word_embeddings = match config.get("tie_word_embeddings") {
         None => false,
         Some(Value::Bool(b)) => *b,
@@ -241,11 +277,81 @@ pub fn workload(
             vec![]
         }
     };
-    if !problems.is_empty() {
-        return Err(problems.into());
+    Llama {
+        tag: ArchitectureTag,
+        hidden_size,
+        intermediate_size,
+        num_layers,
+        num_heads,
+        num_kv_heads,
+        head_dim,
+        vocab_size,
+        max_position_embeddings,
+        rope_theta,
+        rms_norm_eps,
+        tie_word_embeddings,
+        bos_token_id,
+        eos_token_ids,
+        qkv_bias,
+        rope_scaling,
+        sliding_window,
     }
+}
 
-    let max_seq_len = opts.max_seq_len.unwrap_or(max_position_embeddings.min(4096));
+/// The number `key` of config.json, or `default`; a problem (and `default`) when it is not a
+/// number.
+fn float_field(
+    config: &Map<String, Value>,
+    key: &str,
+    default: f64,
+    diag: &ConfigDiag,
+    problems: &mut Vec<Diagnostic>,
+) -> f64 {
+    match config.get(key) {
+        None => default,
+        Some(v) => v.as_f64().unwrap_or_else(|| {
+            problems.push(diag(key, format!("config.json field `{key}` = {v} is not a number")));
+            default
+        }),
+    }
+}
+
+/// The rotary embedding's base and scaling: `rope_theta`, overridden by the one of
+/// `rope_parameters` or `rope_scaling`, and the first scaling either states; a problem for
+/// a scaling monogen does not generate.
+fn rope(
+    config: &Map<String, Value>,
+    diag: &ConfigDiag,
+    problems: &mut Vec<Diagnostic>,
+) -> (f64, Option<RopeScaling>) {
+    let mut rope_theta = float_field(config, "rope_theta", 10000.0, diag, problems);
+    // transformers 5 writes `rope_parameters = {rope_type, rope_theta, ...}`; older configs a
+    // `rope_theta` and a `rope_scaling = {type or rope_type, ...}` (null without scaling).
+    let mut rope_scaling = None;
+    for key in ["rope_parameters", "rope_scaling"] {
+        let Some(parameters) = config.get(key).filter(|v| !v.is_null()) else { continue };
+        if let Some(theta) = parameters.get("rope_theta").and_then(Value::as_f64) {
+            rope_theta = theta;
+        }
+        match scaling_of(parameters) {
+            Ok(scaling) => rope_scaling = rope_scaling.or(scaling),
+            Err(why) => {
+                problems.push(diag(key, format!("config.json field `{key}` cannot be honoured")).note(why))
+            }
+        }
+    }
+    (rope_theta, rope_scaling)
+}
+
+/// The workload of `model`, with the request, target and weights that `opts` gives or their
+/// defaults for it.
+fn build(
+    path: &Path,
+    config: &Map<String, Value>,
+    model: Llama,
+    opts: &InitOptions,
+) -> Result<Workload, Error> {
+    let max_seq_len = opts.max_seq_len.unwrap_or(model.max_position_embeddings.min(4096));
     let typical_prompt_len = opts.typical_prompt_len.unwrap_or((max_seq_len / 2).clamp(1, 128));
     let typical_decode_len =
         opts.typical_decode_len.unwrap_or(max_seq_len.saturating_sub(typical_prompt_len).min(128));
@@ -267,25 +373,7 @@ pub fn workload(
             cpu::host_arch(),
             Device::Cpu.as_str()
         )),
-        model: Model::Llama(Llama {
-            tag: ArchitectureTag,
-            hidden_size,
-            intermediate_size,
-            num_layers,
-            num_heads,
-            num_kv_heads,
-            head_dim,
-            vocab_size,
-            max_position_embeddings,
-            rope_theta,
-            rms_norm_eps,
-            tie_word_embeddings,
-            bos_token_id,
-            eos_token_ids,
-            qkv_bias,
-            rope_scaling,
-            sliding_window,
-        }),
+        model: Model::Llama(model),
         weights: opts.weights()?,
         kv_cache: KvCache { dtype: opts.kv_cache },
         target: Target {
