@@ -75,15 +75,21 @@ impl Consts {
 /// Shapes and constants of a BERT crate, all resolved.
 #[derive(Debug, Clone, Serialize)]
 pub struct BertConsts {
-    pub dim: usize,
-    pub hidden_dim: usize,
-    pub n_layers: usize,
-    pub n_heads: usize,
+    /// The workload's `hidden_size`: the crate's `DIM`.
+    pub hidden_size: usize,
+    /// The workload's `intermediate_size`: the crate's `HIDDEN_DIM`.
+    pub intermediate_size: usize,
+    /// The workload's `num_layers`: the crate's `N_LAYERS`.
+    pub num_layers: usize,
+    /// The workload's `num_heads`: the crate's `N_HEADS`.
+    pub num_heads: usize,
+    /// The workload's `head_dim`: the crate's `HEAD_DIM`.
     pub head_dim: usize,
+    /// The workload's `vocab_size`: the crate's `VOCAB_SIZE`.
     pub vocab_size: usize,
     pub type_vocab_size: usize,
     /// Rows of the position embedding.
-    pub max_positions: usize,
+    pub max_position_embeddings: usize,
     /// Longest sequence the crate embeds; longer input is truncated.
     pub max_seq_len: usize,
     /// Most sentences per call.
@@ -99,22 +105,29 @@ pub struct BertConsts {
 /// Shapes and constants of a LLaMA crate, all resolved.
 #[derive(Debug, Clone, Serialize)]
 pub struct LlamaConsts {
-    pub dim: usize,
-    pub hidden_dim: usize,
-    pub n_layers: usize,
-    pub n_heads: usize,
-    pub n_kv_heads: usize,
+    /// The workload's `hidden_size`: the crate's `DIM`.
+    pub hidden_size: usize,
+    /// The workload's `intermediate_size`: the crate's `HIDDEN_DIM`.
+    pub intermediate_size: usize,
+    /// The workload's `num_layers`: the crate's `N_LAYERS`.
+    pub num_layers: usize,
+    /// The workload's `num_heads`: the crate's `N_HEADS`.
+    pub num_heads: usize,
+    /// The workload's `num_kv_heads`: the crate's `N_KV_HEADS`.
+    pub num_kv_heads: usize,
+    /// The workload's `head_dim`: the crate's `HEAD_DIM`.
     pub head_dim: usize,
     pub q_dim: usize,
     pub kv_dim: usize,
+    /// The workload's `vocab_size`: the crate's `VOCAB_SIZE`.
     pub vocab_size: usize,
     pub max_seq_len: usize,
     /// Rows processed at once during prefill.
     pub prefill_chunk: usize,
     pub rope_theta: f32,
     pub rms_norm_eps: f32,
-    pub bos_id: u32,
-    pub eos_ids: Vec<u32>,
+    pub bos_token_id: u32,
+    pub eos_token_ids: Vec<u32>,
     pub threads: usize,
     pub tie_word_embeddings: bool,
     /// The q, k and v projections add a bias.

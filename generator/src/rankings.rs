@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 use crate::Error;
 use crate::diagnostics::Diagnostic;
 use crate::registry::{Implementation, Registry, sha256_hex};
-use crate::workload::{Model, Request, Workload};
+use crate::workload::{Request, Workload};
 
 /// The folder of the database, under the project root.
 pub const RANKINGS_DIR: &str = "rankings";
@@ -362,37 +362,24 @@ fn parse_file(text: &str, shown: &Path) -> Result<Vec<Record>, Box<Diagnostic>> 
 }
 
 /// The shapes that decide a measurement: everything in the workload that changes what the
-/// kernels compute or how often (the model's shapes, the request pattern, threads and dtype).
+/// kernels compute or how often (the model's shapes, the request pattern, threads and dtype),
+/// each under its name in the workload schema (`llama hidden_size=64 … typical_prompt_len=128
+/// typical_decode_len=128 threads=2 dtype=f32`).
 pub fn shapes_signature(w: &Workload) -> String {
-    let common = format!("threads={} dtype={}", w.target.threads, w.weights.dtype.as_str());
-    match (&w.model, &w.request) {
-        (Model::Llama(m), Request::Decoder(r)) => format!(
-            "llama hidden={} intermediate={} layers={} heads={} kv_heads={} head_dim={} vocab={} max_seq={} prompt={} decode={} {common}",
-            m.hidden_size,
-            m.intermediate_size,
-            m.num_layers,
-            m.num_heads,
-            m.num_kv_heads,
-            m.head_dim,
-            m.vocab_size,
-            r.max_seq_len,
-            r.typical_prompt_len.min(r.max_seq_len),
-            r.typical_decode_len,
-        ),
-        (Model::Bert(m), Request::Encoder(r)) => format!(
-            "bert hidden={} intermediate={} layers={} heads={} head_dim={} vocab={} max_seq={} seq={} batch={} {common}",
-            m.hidden_size,
-            m.intermediate_size,
-            m.num_layers,
-            m.num_heads,
-            m.head_dim,
-            m.vocab_size,
-            r.max_seq_len,
-            r.typical_seq_len,
-            r.typical_batch,
-        ),
-        (model, _) => format!("{} {common}", model.architecture().as_str()),
+    let mut parts = vec![w.model.architecture().as_str().to_string()];
+    parts.extend(w.shapes().iter().map(|(shape, value)| format!("{}={value}", shape.name())));
+    match &w.request {
+        Request::Decoder(r) => {
+            parts.push(format!("typical_prompt_len={}", r.typical_prompt_len.min(r.max_seq_len)));
+            parts.push(format!("typical_decode_len={}", r.typical_decode_len));
+        }
+        Request::Encoder(r) => {
+            parts.push(format!("typical_seq_len={}", r.typical_seq_len));
+            parts.push(format!("typical_batch={}", r.typical_batch));
+        }
     }
+    parts.push(format!("threads={} dtype={}", w.target.threads, w.weights.dtype.as_str()));
+    parts.join(" ")
 }
 
 /// The hash a record keeps of an implementation: its kernel.rs and every shared module it

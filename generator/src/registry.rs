@@ -19,7 +19,7 @@ use sha2::{Digest, Sha256};
 use crate::cpu;
 use crate::diagnostics::{Diagnostic, nearest, offset_of};
 use crate::rust_source;
-use crate::workload::{Device, Dtype};
+use crate::workload::{Device, Dtype, Shape};
 
 /// Folder of `implementations/` that holds shared helper modules instead of an interface.
 pub const SHARED_DIR: &str = "_shared";
@@ -30,18 +30,6 @@ pub const TEAM_MODULE: &str = "team";
 
 /// The file of an implementation that holds its Rust source.
 pub const KERNEL_FILE: &str = "kernel.rs";
-
-/// Workload shape parameters that manifests may constrain.
-pub const SHAPE_PARAMETERS: &[&str] = &[
-    "hidden_size",
-    "intermediate_size",
-    "num_layers",
-    "num_heads",
-    "num_kv_heads",
-    "head_dim",
-    "vocab_size",
-    "max_seq_len",
-];
 
 /// Target arches a manifest may name.
 pub const ARCHES: &[&str] = &["x86_64", "aarch64"];
@@ -631,11 +619,10 @@ fn check_constraints(c: &Constraints, diag: &ManifestDiag, problems: &mut Vec<Di
         }
     }
     for key in c.shapes.keys() {
-        if !SHAPE_PARAMETERS.contains(&key.as_str()) {
-            let hint = nearest(key, SHAPE_PARAMETERS.iter().copied()).map_or_else(
-                || format!("known: {}", SHAPE_PARAMETERS.join(", ")),
-                |n| format!("did you mean `{n}`?"),
-            );
+        if Shape::named(key).is_none() {
+            let names = Shape::ALL.map(Shape::name);
+            let hint = nearest(key, names.iter().copied())
+                .map_or_else(|| format!("known: {}", names.join(", ")), |n| format!("did you mean `{n}`?"));
             problems.push(
                 diag(format!("unknown shape parameter `{key}`"), &["constraints", "shapes", key]).hint(hint),
             );

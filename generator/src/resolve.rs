@@ -81,30 +81,9 @@ fn required_f32_interfaces(w: &Workload) -> Vec<&'static str> {
     }
 }
 
-/// The values of the shape parameters that manifests constrain.
+/// The values of the shape parameters that manifests constrain, by name.
 pub fn shape_parameters(w: &Workload) -> BTreeMap<&'static str, usize> {
-    match &w.model {
-        Model::Llama(m) => BTreeMap::from([
-            ("hidden_size", m.hidden_size),
-            ("intermediate_size", m.intermediate_size),
-            ("num_layers", m.num_layers),
-            ("num_heads", m.num_heads),
-            ("num_kv_heads", m.num_kv_heads),
-            ("head_dim", m.head_dim),
-            ("vocab_size", m.vocab_size),
-            ("max_seq_len", w.request.max_seq_len()),
-        ]),
-        Model::Bert(m) => BTreeMap::from([
-            ("hidden_size", m.hidden_size),
-            ("intermediate_size", m.intermediate_size),
-            ("num_layers", m.num_layers),
-            ("num_heads", m.num_heads),
-            ("num_kv_heads", m.num_heads),
-            ("head_dim", m.head_dim),
-            ("vocab_size", m.vocab_size),
-            ("max_seq_len", w.request.max_seq_len()),
-        ]),
-    }
+    w.shapes().into_iter().map(|(shape, value)| (shape.name(), value)).collect()
 }
 
 /// Why `imp` cannot serve `w`; empty when it can.
@@ -699,11 +678,11 @@ fn consts(w: &Workload) -> Consts {
         Model::Llama(m) => {
             let r = w.decoder();
             Consts::Llama(LlamaConsts {
-                dim: m.hidden_size,
-                hidden_dim: m.intermediate_size,
-                n_layers: m.num_layers,
-                n_heads: m.num_heads,
-                n_kv_heads: m.num_kv_heads,
+                hidden_size: m.hidden_size,
+                intermediate_size: m.intermediate_size,
+                num_layers: m.num_layers,
+                num_heads: m.num_heads,
+                num_kv_heads: m.num_kv_heads,
                 head_dim: m.head_dim,
                 q_dim: m.num_heads * m.head_dim,
                 kv_dim: m.num_kv_heads * m.head_dim,
@@ -712,8 +691,8 @@ fn consts(w: &Workload) -> Consts {
                 prefill_chunk: r.typical_prompt_len.min(r.max_seq_len),
                 rope_theta: m.rope_theta as f32,
                 rms_norm_eps: m.rms_norm_eps as f32,
-                bos_id: m.bos_token_id,
-                eos_ids: m.eos_token_ids.clone(),
+                bos_token_id: m.bos_token_id,
+                eos_token_ids: m.eos_token_ids.clone(),
                 threads: w.target.threads,
                 tie_word_embeddings: m.tie_word_embeddings,
                 qkv_bias: m.qkv_bias,
@@ -727,14 +706,14 @@ fn consts(w: &Workload) -> Consts {
         Model::Bert(m) => {
             let r = w.encoder();
             Consts::Bert(BertConsts {
-                dim: m.hidden_size,
-                hidden_dim: m.intermediate_size,
-                n_layers: m.num_layers,
-                n_heads: m.num_heads,
+                hidden_size: m.hidden_size,
+                intermediate_size: m.intermediate_size,
+                num_layers: m.num_layers,
+                num_heads: m.num_heads,
                 head_dim: m.head_dim,
                 vocab_size: m.vocab_size,
                 type_vocab_size: m.type_vocab_size,
-                max_positions: m.max_position_embeddings,
+                max_position_embeddings: m.max_position_embeddings,
                 max_seq_len: r.max_seq_len,
                 max_batch: r.max_batch,
                 layer_norm_eps: m.layer_norm_eps as f32,
@@ -755,17 +734,22 @@ fn footprint(w: &Workload, consts: &Consts) -> Footprint {
         |matrices: u64, parameters: u64| w.weights.dtype.bytes(matrices) + (parameters - matrices) * f32_size;
     match consts {
         Consts::Llama(c) => {
-            let (d, h, v, q, kv) =
-                (c.dim as u64, c.hidden_dim as u64, c.vocab_size as u64, c.q_dim as u64, c.kv_dim as u64);
+            let (d, h, v, q, kv) = (
+                c.hidden_size as u64,
+                c.intermediate_size as u64,
+                c.vocab_size as u64,
+                c.q_dim as u64,
+                c.kv_dim as u64,
+            );
             let biases = if c.qkv_bias { q + 2 * kv } else { 0 };
             let layer_matrices = d * q + 2 * d * kv + q * d + 3 * d * h;
             let per_layer = layer_matrices + 2 * d + biases;
             let classifier = if c.tie_word_embeddings { 0 } else { v * d };
-            let matrices = v * d + c.n_layers as u64 * layer_matrices + classifier;
-            let parameters = matrices + c.n_layers as u64 * (per_layer - layer_matrices) + d;
+            let matrices = v * d + c.num_layers as u64 * layer_matrices + classifier;
+            let parameters = matrices + c.num_layers as u64 * (per_layer - layer_matrices) + d;
             let chunk = c.prefill_chunk as u64;
             let kv_cache_bytes =
-                2 * c.n_layers as u64 * c.max_seq_len as u64 * kv * w.kv_cache.dtype.size() as u64;
+                2 * c.num_layers as u64 * c.max_seq_len as u64 * kv * w.kv_cache.dtype.size() as u64;
             // x, xb: [chunk, DIM]; q, att: [chunk, Q_DIM]; k, v: [chunk, KV_DIM]; gate, up: [chunk, HIDDEN_DIM];
             // scores: [MAX_SEQ_LEN]; logits: [VOCAB_SIZE]
             let scratch = chunk * (2 * d + 2 * q + 2 * kv + 2 * h) + c.max_seq_len as u64 + v;
@@ -777,13 +761,14 @@ fn footprint(w: &Workload, consts: &Consts) -> Footprint {
             }
         }
         Consts::Bert(c) => {
-            let (d, h) = (c.dim as u64, c.hidden_dim as u64);
+            let (d, h) = (c.hidden_size as u64, c.intermediate_size as u64);
             // q, k, v, o and the MLP's two matrices; their biases; two LayerNorms.
             let layer_matrices = 4 * d * d + 2 * d * h;
             let per_layer = layer_matrices + (4 * d + h + d) + 4 * d;
-            let embeddings = (c.vocab_size + c.max_positions + c.type_vocab_size) as u64 * d + 2 * d;
-            let parameters = embeddings + c.n_layers as u64 * per_layer;
-            let matrices = c.n_layers as u64 * layer_matrices;
+            let embeddings =
+                (c.vocab_size + c.max_position_embeddings + c.type_vocab_size) as u64 * d + 2 * d;
+            let parameters = embeddings + c.num_layers as u64 * per_layer;
+            let matrices = c.num_layers as u64 * layer_matrices;
             let rows = (c.max_batch * c.max_seq_len) as u64;
             // x, xb, q, k, v, att: [rows, DIM]; mlp: [rows, HIDDEN_DIM]; scores: [MAX_SEQ_LEN]
             let scratch = rows * (6 * d + h) + c.max_seq_len as u64;

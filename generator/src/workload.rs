@@ -1229,7 +1229,84 @@ pub fn is_crate_name(name: &str) -> bool {
         && chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '_')
 }
 
+/// A shape parameter: a quantity of the workload that a manifest's `[constraints.shapes]` may
+/// bound and that keys the ranking database's measurements, named as the workload schema
+/// names it. [`Workload::shapes`] is the one table of their values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Shape {
+    HiddenSize,
+    IntermediateSize,
+    NumLayers,
+    NumHeads,
+    NumKvHeads,
+    HeadDim,
+    VocabSize,
+    MaxSeqLen,
+}
+
+impl Shape {
+    /// Every shape parameter, in the order the model declares them.
+    pub const ALL: [Shape; 8] = [
+        Shape::HiddenSize,
+        Shape::IntermediateSize,
+        Shape::NumLayers,
+        Shape::NumHeads,
+        Shape::NumKvHeads,
+        Shape::HeadDim,
+        Shape::VocabSize,
+        Shape::MaxSeqLen,
+    ];
+
+    /// Its name in the workload schema (`[model]`, or `[request]` for `max_seq_len`), in
+    /// manifests and in ranking records.
+    pub fn name(self) -> &'static str {
+        match self {
+            Shape::HiddenSize => "hidden_size",
+            Shape::IntermediateSize => "intermediate_size",
+            Shape::NumLayers => "num_layers",
+            Shape::NumHeads => "num_heads",
+            Shape::NumKvHeads => "num_kv_heads",
+            Shape::HeadDim => "head_dim",
+            Shape::VocabSize => "vocab_size",
+            Shape::MaxSeqLen => "max_seq_len",
+        }
+    }
+
+    /// The shape parameter named `name`.
+    pub fn named(name: &str) -> Option<Shape> {
+        Shape::ALL.into_iter().find(|s| s.name() == name)
+    }
+}
+
 impl Workload {
+    /// The value of every shape parameter, in [`Shape::ALL`]'s order. An encoder's keys and
+    /// values have as many heads as its queries: its `num_kv_heads` is its `num_heads`.
+    pub fn shapes(&self) -> [(Shape, usize); 8] {
+        let (hidden, intermediate, layers, heads, kv_heads, head_dim, vocab) = match &self.model {
+            Model::Llama(m) => (
+                m.hidden_size,
+                m.intermediate_size,
+                m.num_layers,
+                m.num_heads,
+                m.num_kv_heads,
+                m.head_dim,
+                m.vocab_size,
+            ),
+            Model::Bert(m) => (
+                m.hidden_size,
+                m.intermediate_size,
+                m.num_layers,
+                m.num_heads,
+                m.num_heads,
+                m.head_dim,
+                m.vocab_size,
+            ),
+        };
+        let values =
+            [hidden, intermediate, layers, heads, kv_heads, head_dim, vocab, self.request.max_seq_len()];
+        std::array::from_fn(|i| (Shape::ALL[i], values[i]))
+    }
+
     /// The workload in canonical TOML (field order fixed, no comments): what `monogen.lock`
     /// records and what the workload hash is taken over.
     pub fn canonical_toml(&self) -> String {

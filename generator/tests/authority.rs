@@ -634,7 +634,7 @@ fn bench_measures_encoder_workloads_too() {
     {
         assert!(measured.iter().any(|(i, s)| i == interface && s == "ok"), "{interface}: {measured:?}");
     }
-    assert!(doc["shapes"].as_str().unwrap().starts_with("bert hidden=384"), "{doc}");
+    assert!(doc["shapes"].as_str().unwrap().starts_with("bert hidden_size=384"), "{doc}");
     assert!(repo.path().join(format!("rankings/{class}/attention_encoder.toml")).is_file());
     // The crate can now be built from measurements, and then nothing is missing.
     assert!(monogen(repo.path(), &["build", bert]).status.success());

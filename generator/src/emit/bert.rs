@@ -81,7 +81,7 @@ fn lib_rs(plan: &Plan, c: &BertConsts) -> TokenStream {
         String::new(),
         format!(
             "Specialized for {} layers of width {}, {} heads of {}, an MLP of {}, a vocabulary of {},",
-            c.n_layers, c.dim, c.n_heads, c.head_dim, c.hidden_dim, c.vocab_size
+            c.num_layers, c.hidden_size, c.num_heads, c.head_dim, c.intermediate_size, c.vocab_size
         ),
         format!(
             "{} weights, batches of up to {} sentences of up to {} tokens, on {} {}{}.",
@@ -105,14 +105,14 @@ fn lib_rs(plan: &Plan, c: &BertConsts) -> TokenStream {
     let guards = common::target_guards(plan);
     let [dim, hidden_dim, n_layers, n_heads, head_dim, vocab, types, positions, max_seq, max_batch, threads] =
         [
-            c.dim,
-            c.hidden_dim,
-            c.n_layers,
-            c.n_heads,
+            c.hidden_size,
+            c.intermediate_size,
+            c.num_layers,
+            c.num_heads,
             c.head_dim,
             c.vocab_size,
             c.type_vocab_size,
-            c.max_positions,
+            c.max_position_embeddings,
             c.max_seq_len,
             c.max_batch,
             c.threads,
@@ -220,7 +220,7 @@ fn model_rs(plan: &Plan, c: &BertConsts, templates: &Templates) -> Result<String
         }
     });
 
-    let n_layers = c.n_layers.to_string();
+    let n_layers = c.num_layers.to_string();
     let replacements = [("__workload_name", plan.name.as_str()), ("__n_layers", n_layers.as_str())];
     let slots = BTreeMap::from([
         ("normalize_use", normalize_use.unwrap_or_default()),

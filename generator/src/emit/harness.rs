@@ -210,9 +210,17 @@ fn llama_consts(c: &crate::plan::LlamaConsts) -> TokenStream {
     let r = &c.request;
     let prompt = c.prefill_chunk.min(r.typical_prompt_len).max(1);
     let context = (prompt + r.typical_decode_len / 2).min(c.max_seq_len - 1);
-    let [dim, hidden, layers, heads, kv_heads, head_dim, vocab, max_seq] =
-        [c.dim, c.hidden_dim, c.n_layers, c.n_heads, c.n_kv_heads, c.head_dim, c.vocab_size, c.max_seq_len]
-            .map(usize_lit);
+    let [dim, hidden, layers, heads, kv_heads, head_dim, vocab, max_seq] = [
+        c.hidden_size,
+        c.intermediate_size,
+        c.num_layers,
+        c.num_heads,
+        c.num_kv_heads,
+        c.head_dim,
+        c.vocab_size,
+        c.max_seq_len,
+    ]
+    .map(usize_lit);
     let (prompt_lit, decode_lit, context_lit) =
         (usize_lit(prompt), usize_lit(r.typical_decode_len), usize_lit(context));
     let threads = usize_lit(c.threads);
@@ -246,14 +254,14 @@ fn llama_consts(c: &crate::plan::LlamaConsts) -> TokenStream {
 fn bert_consts(c: &crate::plan::BertConsts) -> TokenStream {
     let r = &c.request;
     let [dim, hidden, layers, heads, head_dim, vocab, types, positions, seq, batch, threads] = [
-        c.dim,
-        c.hidden_dim,
-        c.n_layers,
-        c.n_heads,
+        c.hidden_size,
+        c.intermediate_size,
+        c.num_layers,
+        c.num_heads,
         c.head_dim,
         c.vocab_size,
         c.type_vocab_size,
-        c.max_positions,
+        c.max_position_embeddings,
         r.typical_seq_len,
         r.typical_batch,
         c.threads,

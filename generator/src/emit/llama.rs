@@ -76,7 +76,7 @@ fn lib_rs(plan: &Plan, c: &LlamaConsts) -> TokenStream {
         String::new(),
         format!(
             "Specialized for {} layers of width {}, {} query and {} key/value heads of {}, a vocabulary of {},",
-            c.n_layers, c.dim, c.n_heads, c.n_kv_heads, c.head_dim, c.vocab_size
+            c.num_layers, c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim, c.vocab_size
         ),
         format!(
             "{} weights{}, up to {} positions, on {} {}{}. Every shape is a constant below; the",
@@ -103,11 +103,11 @@ fn lib_rs(plan: &Plan, c: &LlamaConsts) -> TokenStream {
 
     let guards = common::target_guards(plan);
 
-    let dim = usize_lit(c.dim);
-    let hidden_dim = usize_lit(c.hidden_dim);
-    let n_layers = usize_lit(c.n_layers);
-    let n_heads = usize_lit(c.n_heads);
-    let n_kv_heads = usize_lit(c.n_kv_heads);
+    let dim = usize_lit(c.hidden_size);
+    let hidden_dim = usize_lit(c.intermediate_size);
+    let n_layers = usize_lit(c.num_layers);
+    let n_heads = usize_lit(c.num_heads);
+    let n_kv_heads = usize_lit(c.num_kv_heads);
     let head_dim = usize_lit(c.head_dim);
     let vocab_size = usize_lit(c.vocab_size);
     let max_seq_len = usize_lit(c.max_seq_len);
@@ -122,9 +122,9 @@ fn lib_rs(plan: &Plan, c: &LlamaConsts) -> TokenStream {
     let threads = usize_lit(c.threads);
     let rope_theta = f32_lit(c.rope_theta);
     let rms_norm_eps = f32_lit(c.rms_norm_eps);
-    let bos_id = Literal::u32_unsuffixed(c.bos_id);
-    let eos_ids = c.eos_ids.iter().map(|&id| Literal::u32_unsuffixed(id));
-    let n_eos = usize_lit(c.eos_ids.len());
+    let bos_id = Literal::u32_unsuffixed(c.bos_token_id);
+    let eos_ids = c.eos_token_ids.iter().map(|&id| Literal::u32_unsuffixed(id));
+    let n_eos = usize_lit(c.eos_token_ids.len());
     let cpu_features = &plan.cpu_features;
     let n_features = usize_lit(cpu_features.len());
     let (bf16_mod, q8_mod) = Matrices::of(plan).modules();
@@ -210,7 +210,7 @@ fn model_rs(plan: &Plan, c: &LlamaConsts, templates: &Templates) -> Result<Strin
     slots.extend(embedding_slots(matrices));
     slots.extend(product_slots(plan, c, matrices));
     slots.extend(attention_slots(c));
-    let n_layers = c.n_layers.to_string();
+    let n_layers = c.num_layers.to_string();
     let replacements = [
         ("__workload_name", plan.name.as_str()),
         ("__n_layers", n_layers.as_str()),
