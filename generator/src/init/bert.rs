@@ -81,7 +81,7 @@ pub fn workload(
             None => problems.push(
                 diag(key, format!("config.json field `{key}` is unknown to monogen"))
                     .note("it might change what the model computes, so monogen will not guess")
-                    .hint("if this field does not affect inference, add it to the bookkeeping list in generator/src/init.rs"),
+                    .hint("if this field does not affect inference, add it to the bookkeeping list in generator/src/init/options.rs"),
             ),
         }
     }
