@@ -160,6 +160,13 @@ impl Project {
         self.root.join("generated").join(name)
     }
 
+    /// Whether the file at `path` lies in the repository: its crate may go to generated/.
+    /// A workload of a deployment repository names its own crate folder (`--out`).
+    pub fn owns(&self, path: &Path) -> bool {
+        let root = std::fs::canonicalize(&self.root).unwrap_or_else(|_| self.root.clone());
+        std::fs::canonicalize(path).is_ok_and(|p| p.starts_with(root))
+    }
+
     /// Every workload under `workloads/`, sorted.
     pub fn workloads(&self) -> Result<Vec<PathBuf>, Error> {
         let dir = self.root.join("workloads");

@@ -248,6 +248,15 @@ fn run(cli: Cli) -> Result<ExitCode, Error> {
                 return Err(Error::Refused("--out takes one workload; build the others separately".into()));
             }
             let project = project(cli.root)?;
+            if out.is_none()
+                && let Some(outside) = workloads.iter().find(|p| p.exists() && !project.owns(p))
+            {
+                return Err(Error::Refused(format!(
+                    "{} is outside the monogen repository {}: pass --out DIR for its crate (generated/ holds the crates of the repository's own workloads)",
+                    shown(outside),
+                    project.root.display()
+                )));
+            }
             for path in &workloads {
                 let (plan, output) = project.generate_into(path, out.as_deref())?;
                 let dir = out.clone().unwrap_or_else(|| project.default_out_dir(&plan.name));

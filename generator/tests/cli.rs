@@ -656,3 +656,20 @@ fn help_describes_every_argument() {
         }
     }
 }
+
+#[test]
+fn a_workload_outside_the_repository_names_its_crate_folder() {
+    let repo = scratch_repo();
+    let deployment = tempfile::tempdir().unwrap();
+    let workload = deployment.path().join("mine.toml");
+    std::fs::copy(repo.path().join(WORKLOAD), &workload).unwrap();
+    let out = monogen(repo.path(), &["build", workload.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("is outside the monogen repository"), "{}", stderr(&out));
+    assert!(stderr(&out).contains("pass --out DIR"), "{}", stderr(&out));
+    assert!(!repo.path().join("generated/stories260k-cpu-f32").exists(), "nothing went into generated/");
+    let dir = deployment.path().join("crates/mine");
+    let out = monogen(repo.path(), &["build", workload.to_str().unwrap(), "--out", dir.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(dir.join("monogen.lock").is_file());
+}
