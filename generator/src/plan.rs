@@ -75,13 +75,13 @@ impl Consts {
 /// Shapes and constants of a BERT crate, all resolved.
 #[derive(Debug, Clone, Serialize)]
 pub struct BertConsts {
-    /// The workload's `hidden_size`: the crate's `DIM`.
+    /// The workload's `hidden_size`: the crate's `HIDDEN_SIZE`.
     pub hidden_size: usize,
-    /// The workload's `intermediate_size`: the crate's `HIDDEN_DIM`.
+    /// The workload's `intermediate_size`: the crate's `INTERMEDIATE_SIZE`.
     pub intermediate_size: usize,
-    /// The workload's `num_layers`: the crate's `N_LAYERS`.
+    /// The workload's `num_layers`: the crate's `NUM_LAYERS`.
     pub num_layers: usize,
-    /// The workload's `num_heads`: the crate's `N_HEADS`.
+    /// The workload's `num_heads`: the crate's `NUM_HEADS`.
     pub num_heads: usize,
     /// The workload's `head_dim`: the crate's `HEAD_DIM`.
     pub head_dim: usize,
@@ -105,15 +105,15 @@ pub struct BertConsts {
 /// Shapes and constants of a LLaMA crate, all resolved.
 #[derive(Debug, Clone, Serialize)]
 pub struct LlamaConsts {
-    /// The workload's `hidden_size`: the crate's `DIM`.
+    /// The workload's `hidden_size`: the crate's `HIDDEN_SIZE`.
     pub hidden_size: usize,
-    /// The workload's `intermediate_size`: the crate's `HIDDEN_DIM`.
+    /// The workload's `intermediate_size`: the crate's `INTERMEDIATE_SIZE`.
     pub intermediate_size: usize,
-    /// The workload's `num_layers`: the crate's `N_LAYERS`.
+    /// The workload's `num_layers`: the crate's `NUM_LAYERS`.
     pub num_layers: usize,
-    /// The workload's `num_heads`: the crate's `N_HEADS`.
+    /// The workload's `num_heads`: the crate's `NUM_HEADS`.
     pub num_heads: usize,
-    /// The workload's `num_kv_heads`: the crate's `N_KV_HEADS`.
+    /// The workload's `num_kv_heads`: the crate's `NUM_KV_HEADS`.
     pub num_kv_heads: usize,
     /// The workload's `head_dim`: the crate's `HEAD_DIM`.
     pub head_dim: usize,

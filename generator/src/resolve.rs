@@ -750,7 +750,7 @@ fn footprint(w: &Workload, consts: &Consts) -> Footprint {
             let chunk = c.prefill_chunk as u64;
             let kv_cache_bytes =
                 2 * c.num_layers as u64 * c.max_seq_len as u64 * kv * w.kv_cache.dtype.size() as u64;
-            // x, xb: [chunk, DIM]; q, att: [chunk, Q_DIM]; k, v: [chunk, KV_DIM]; gate, up: [chunk, HIDDEN_DIM];
+            // x, xb: [chunk, HIDDEN_SIZE]; q, att: [chunk, Q_DIM]; k, v: [chunk, KV_DIM]; gate, up: [chunk, INTERMEDIATE_SIZE];
             // scores: [MAX_SEQ_LEN]; logits: [VOCAB_SIZE]
             let scratch = chunk * (2 * d + 2 * q + 2 * kv + 2 * h) + c.max_seq_len as u64 + v;
             Footprint {
@@ -770,7 +770,7 @@ fn footprint(w: &Workload, consts: &Consts) -> Footprint {
             let parameters = embeddings + c.num_layers as u64 * per_layer;
             let matrices = c.num_layers as u64 * layer_matrices;
             let rows = (c.max_batch * c.max_seq_len) as u64;
-            // x, xb, q, k, v, att: [rows, DIM]; mlp: [rows, HIDDEN_DIM]; scores: [MAX_SEQ_LEN]
+            // x, xb, q, k, v, att: [rows, HIDDEN_SIZE]; mlp: [rows, INTERMEDIATE_SIZE]; scores: [MAX_SEQ_LEN]
             let scratch = rows * (6 * d + h) + c.max_seq_len as u64;
             Footprint {
                 parameters,

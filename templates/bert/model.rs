@@ -18,7 +18,7 @@ __slot!(matmul_use);
 __slot!(pooling_use);
 use crate::weights::Weights;
 use crate::{
-    Error, DIM, HEAD_DIM, HIDDEN_DIM, LAYER_NORM_EPS, MAX_BATCH, MAX_SEQ_LEN, N_HEADS, VOCAB_SIZE,
+    Error, HIDDEN_SIZE, HEAD_DIM, INTERMEDIATE_SIZE, LAYER_NORM_EPS, MAX_BATCH, MAX_SEQ_LEN, NUM_HEADS, VOCAB_SIZE,
 };
 
 /// Token types of a single-sentence input: all 0.
@@ -70,16 +70,16 @@ impl Model {
 /// The activation buffers of one batch: up to MAX_BATCH sentences of MAX_SEQ_LEN tokens.
 pub struct Encoder<'m> {
     model: &'m Model,
-    /// The hidden states: [MAX_BATCH · MAX_SEQ_LEN, DIM]
+    /// The hidden states: [MAX_BATCH · MAX_SEQ_LEN, HIDDEN_SIZE]
     x: Vec<f32>,
-    /// A sublayer's output before the residual: [MAX_BATCH · MAX_SEQ_LEN, DIM]
+    /// A sublayer's output before the residual: [MAX_BATCH · MAX_SEQ_LEN, HIDDEN_SIZE]
     xb: Vec<f32>,
-    /// Queries, keys, values and attention output: [MAX_BATCH · MAX_SEQ_LEN, DIM] each
+    /// Queries, keys, values and attention output: [MAX_BATCH · MAX_SEQ_LEN, HIDDEN_SIZE] each
     q: Vec<f32>,
     k: Vec<f32>,
     v: Vec<f32>,
     att: Vec<f32>,
-    /// The MLP's intermediate layer: [MAX_BATCH · MAX_SEQ_LEN, HIDDEN_DIM]
+    /// The MLP's intermediate layer: [MAX_BATCH · MAX_SEQ_LEN, INTERMEDIATE_SIZE]
     mlp: Vec<f32>,
     /// Attention scores of one query: [MAX_SEQ_LEN]
     scores: Vec<f32>,
@@ -90,18 +90,18 @@ impl<'m> Encoder<'m> {
         let rows = MAX_BATCH * MAX_SEQ_LEN;
         Encoder {
             model,
-            x: vec![0.0; rows * DIM],
-            xb: vec![0.0; rows * DIM],
-            q: vec![0.0; rows * DIM],
-            k: vec![0.0; rows * DIM],
-            v: vec![0.0; rows * DIM],
-            att: vec![0.0; rows * DIM],
-            mlp: vec![0.0; rows * HIDDEN_DIM],
+            x: vec![0.0; rows * HIDDEN_SIZE],
+            xb: vec![0.0; rows * HIDDEN_SIZE],
+            q: vec![0.0; rows * HIDDEN_SIZE],
+            k: vec![0.0; rows * HIDDEN_SIZE],
+            v: vec![0.0; rows * HIDDEN_SIZE],
+            att: vec![0.0; rows * HIDDEN_SIZE],
+            mlp: vec![0.0; rows * INTERMEDIATE_SIZE],
             scores: vec![0.0; MAX_SEQ_LEN],
         }
     }
 
-    /// The last layer's state of every token of every sentence: [len, DIM] each, flat.
+    /// The last layer's state of every token of every sentence: [len, HIDDEN_SIZE] each, flat.
     pub fn hidden_states<S: AsRef<[u32]>>(&mut self, batch: &[S]) -> Result<Vec<Vec<f32>>, Error> {
         let batch: Vec<&[u32]> = batch.iter().map(AsRef::as_ref).collect();
         check(&batch)?;
@@ -109,7 +109,7 @@ impl<'m> Encoder<'m> {
         for part in batch.chunks(MAX_BATCH) {
             let longest = self.forward(part);
             for (s, ids) in part.iter().enumerate() {
-                states.push(self.x[s * longest * DIM..(s * longest + ids.len()) * DIM].to_vec());
+                states.push(self.x[s * longest * HIDDEN_SIZE..(s * longest + ids.len()) * HIDDEN_SIZE].to_vec());
             }
         }
         Ok(states)
@@ -124,18 +124,18 @@ impl<'m> Encoder<'m> {
         let w = &model.weights;
         let longest = batch.iter().map(|ids| ids.len()).max().unwrap_or(0);
         let rows = batch.len() * longest;
-        let x = &mut x[..rows * DIM];
-        let xb = &mut xb[..rows * DIM];
-        let q = &mut q[..rows * DIM];
-        let k = &mut k[..rows * DIM];
-        let v = &mut v[..rows * DIM];
-        let att = &mut att[..rows * DIM];
-        let mlp = &mut mlp[..rows * HIDDEN_DIM];
-        let sentence = |s: usize| s * longest * DIM..(s + 1) * longest * DIM;
-        // xb[s] = word_embeddings[ids] + token_type_embeddings[0] + position_embeddings[0..len]: [L, DIM] per sentence, padding rows zero
+        let x = &mut x[..rows * HIDDEN_SIZE];
+        let xb = &mut xb[..rows * HIDDEN_SIZE];
+        let q = &mut q[..rows * HIDDEN_SIZE];
+        let k = &mut k[..rows * HIDDEN_SIZE];
+        let v = &mut v[..rows * HIDDEN_SIZE];
+        let att = &mut att[..rows * HIDDEN_SIZE];
+        let mlp = &mut mlp[..rows * INTERMEDIATE_SIZE];
+        let sentence = |s: usize| s * longest * HIDDEN_SIZE..(s + 1) * longest * HIDDEN_SIZE;
+        // xb[s] = word_embeddings[ids] + token_type_embeddings[0] + position_embeddings[0..len]: [L, HIDDEN_SIZE] per sentence, padding rows zero
         xb.fill(0.0);
         for (s, ids) in batch.iter().enumerate() {
-            embed::<DIM>(
+            embed::<HIDDEN_SIZE>(
                 &mut xb[sentence(s)],
                 ids,
                 &SEGMENT_A[..ids.len()],
@@ -144,21 +144,21 @@ impl<'m> Encoder<'m> {
                 &w.token_type_embeddings,
             );
         }
-        // x = layernorm(xb) · embeddings.LayerNorm: [B·L, DIM]
-        layernorm::<DIM>(x, xb, &w.embeddings_norm.weight, &w.embeddings_norm.bias, LAYER_NORM_EPS, rows);
+        // x = layernorm(xb) · embeddings.LayerNorm: [B·L, HIDDEN_SIZE]
+        layernorm::<HIDDEN_SIZE>(x, xb, &w.embeddings_norm.weight, &w.embeddings_norm.bias, LAYER_NORM_EPS, rows);
         for layer in &w.layers {
-            // q, k, v = x · {query, key, value}ᵀ + bias: [B·L, DIM]
+            // q, k, v = x · {query, key, value}ᵀ + bias: [B·L, HIDDEN_SIZE]
             __slot!(mm_q);
             add_bias(q, &layer.query.bias);
             __slot!(mm_k);
             add_bias(k, &layer.key.bias);
             __slot!(mm_v);
             add_bias(v, &layer.value.bias);
-            // att[s] = softmax(q[s] · k[s]ᵀ / √HEAD_DIM) · v[s], over sentence s's own len tokens: [len, DIM]
+            // att[s] = softmax(q[s] · k[s]ᵀ / √HEAD_DIM) · v[s], over sentence s's own len tokens: [len, HIDDEN_SIZE]
             att.fill(0.0);
             for (s, ids) in batch.iter().enumerate() {
                 let at = sentence(s);
-                attention_encoder::<N_HEADS, HEAD_DIM>(
+                attention_encoder::<NUM_HEADS, HEAD_DIM>(
                     &mut att[at.clone()],
                     &q[at.clone()],
                     &k[at.clone()],
@@ -167,22 +167,22 @@ impl<'m> Encoder<'m> {
                     ids.len(),
                 );
             }
-            // xb = att · attention.output.denseᵀ + bias: [B·L, DIM]
+            // xb = att · attention.output.denseᵀ + bias: [B·L, HIDDEN_SIZE]
             __slot!(mm_o);
             add_bias(xb, &layer.attention_output.bias);
-            // x = layernorm(x + xb) · attention.output.LayerNorm: [B·L, DIM]
+            // x = layernorm(x + xb) · attention.output.LayerNorm: [B·L, HIDDEN_SIZE]
             add_assign(xb, x);
-            layernorm::<DIM>(x, xb, &layer.attention_norm.weight, &layer.attention_norm.bias, LAYER_NORM_EPS, rows);
-            // mlp = gelu(x · intermediate.denseᵀ + bias): [B·L, HIDDEN_DIM]
+            layernorm::<HIDDEN_SIZE>(x, xb, &layer.attention_norm.weight, &layer.attention_norm.bias, LAYER_NORM_EPS, rows);
+            // mlp = gelu(x · intermediate.denseᵀ + bias): [B·L, INTERMEDIATE_SIZE]
             __slot!(mm_mlp);
             add_bias(mlp, &layer.intermediate.bias);
-            gelu::<HIDDEN_DIM>(mlp, rows);
-            // xb = mlp · output.denseᵀ + bias: [B·L, DIM]
+            gelu::<INTERMEDIATE_SIZE>(mlp, rows);
+            // xb = mlp · output.denseᵀ + bias: [B·L, HIDDEN_SIZE]
             __slot!(mm_down);
             add_bias(xb, &layer.output.bias);
-            // x = layernorm(x + xb) · output.LayerNorm: [B·L, DIM]
+            // x = layernorm(x + xb) · output.LayerNorm: [B·L, HIDDEN_SIZE]
             add_assign(xb, x);
-            layernorm::<DIM>(x, xb, &layer.output_norm.weight, &layer.output_norm.bias, LAYER_NORM_EPS, rows);
+            layernorm::<HIDDEN_SIZE>(x, xb, &layer.output_norm.weight, &layer.output_norm.bias, LAYER_NORM_EPS, rows);
         }
         longest
     }

@@ -19,7 +19,7 @@ use crate::kernels::swiglu::swiglu;
 use crate::scratch::{Buffer, Room, Scratch};
 use crate::weights::Weights;
 use crate::{
-    Error, DIM, HEAD_DIM, HIDDEN_DIM, KV_DIM, MAX_SEQ_LEN, N_HEADS, N_KV_HEADS, N_LAYERS, PREFILL_CHUNK, Q_DIM,
+    Error, HIDDEN_SIZE, HEAD_DIM, INTERMEDIATE_SIZE, KV_DIM, MAX_SEQ_LEN, NUM_HEADS, NUM_KV_HEADS, NUM_LAYERS, PREFILL_CHUNK, Q_DIM,
     RMS_NORM_EPS, ROPE_THETA, VOCAB_SIZE,
 };
 __slot!(window_use);
@@ -79,9 +79,9 @@ pub struct Session<'m> {
     pos: usize,
     /// One cache per layer.
     kv: Vec<KvCache<MAX_SEQ_LEN, KV_DIM>>,
-    /// The residual stream: [PREFILL_CHUNK, DIM]
+    /// The residual stream: [PREFILL_CHUNK, HIDDEN_SIZE]
     x: Buffer,
-    /// A sublayer's normalised input, then its output: [PREFILL_CHUNK, DIM]
+    /// A sublayer's normalised input, then its output: [PREFILL_CHUNK, HIDDEN_SIZE]
     xb: Buffer,
     /// Queries: [PREFILL_CHUNK, Q_DIM]
     q: Buffer,
@@ -91,9 +91,9 @@ pub struct Session<'m> {
     v: Buffer,
     /// Attention output: [PREFILL_CHUNK, Q_DIM]
     att: Buffer,
-    /// MLP gate projection: [PREFILL_CHUNK, HIDDEN_DIM]
+    /// MLP gate projection: [PREFILL_CHUNK, INTERMEDIATE_SIZE]
     gate: Buffer,
-    /// MLP up projection: [PREFILL_CHUNK, HIDDEN_DIM]
+    /// MLP up projection: [PREFILL_CHUNK, INTERMEDIATE_SIZE]
     up: Buffer,
     /// Attention scores of one query: [MAX_SEQ_LEN]
     scores: Buffer,
@@ -105,16 +105,16 @@ pub struct Session<'m> {
 
 impl<'m> Session<'m> {
     fn new(model: &'m Model) -> Session<'m> {
-        let kv: Vec<KvCache<MAX_SEQ_LEN, KV_DIM>> = (0..N_LAYERS).map(|_| KvCache::new()).collect();
+        let kv: Vec<KvCache<MAX_SEQ_LEN, KV_DIM>> = (0..NUM_LAYERS).map(|_| KvCache::new()).collect();
         let (scratch, [x, xb, q, k, v, att, gate, up, scores, logits]) = Scratch::buffers([
-            Room::new(PREFILL_CHUNK * DIM),
-            Room::new(PREFILL_CHUNK * DIM),
+            Room::new(PREFILL_CHUNK * HIDDEN_SIZE),
+            Room::new(PREFILL_CHUNK * HIDDEN_SIZE),
             Room::new(PREFILL_CHUNK * Q_DIM),
             __slot!(new_keys),
             __slot!(new_values),
             Room::new(PREFILL_CHUNK * Q_DIM),
-            Room::new(PREFILL_CHUNK * HIDDEN_DIM),
-            Room::new(PREFILL_CHUNK * HIDDEN_DIM),
+            Room::new(PREFILL_CHUNK * INTERMEDIATE_SIZE),
+            Room::new(PREFILL_CHUNK * INTERMEDIATE_SIZE),
             Room::new(MAX_SEQ_LEN),
             Room::new(VOCAB_SIZE),
         ]);
@@ -185,22 +185,22 @@ impl<'m> Session<'m> {
         let Session { model, pos, kv, x, xb, q, k, v, att, gate, up, scores, .. } = self;
         let w = &model.weights;
         let (t, start) = (tokens.len(), *pos);
-        let x = &mut x[..t * DIM];
-        let xb = &mut xb[..t * DIM];
+        let x = &mut x[..t * HIDDEN_SIZE];
+        let xb = &mut xb[..t * HIDDEN_SIZE];
         let q = &mut q[..t * Q_DIM];
         let k = &mut k[..t * KV_DIM];
         let v = &mut v[..t * KV_DIM];
         let att = &mut att[..t * Q_DIM];
-        let gate = &mut gate[..t * HIDDEN_DIM];
-        let up = &mut up[..t * HIDDEN_DIM];
-        // x = embed_tokens[tokens]: [T, DIM]
+        let gate = &mut gate[..t * INTERMEDIATE_SIZE];
+        let up = &mut up[..t * INTERMEDIATE_SIZE];
+        // x = embed_tokens[tokens]: [T, HIDDEN_SIZE]
         for (row, &token) in tokens.iter().enumerate() {
             let token = token as usize;
             __slot!(embed_row);
         }
         for (layer, cache) in w.layers.iter().zip(kv.iter_mut()) {
-            // xb = rmsnorm(x) · input_layernorm: [T, DIM]
-            rmsnorm::<DIM>(xb, x, &layer.input_layernorm, RMS_NORM_EPS, t);
+            // xb = rmsnorm(x) · input_layernorm: [T, HIDDEN_SIZE]
+            rmsnorm::<HIDDEN_SIZE>(xb, x, &layer.input_layernorm, RMS_NORM_EPS, t);
             __slot!(c_q);
             __slot!(mm_q);
             __slot!(q_bias);
@@ -210,24 +210,24 @@ impl<'m> Session<'m> {
             __slot!(mm_v);
             __slot!(v_bias);
             // rotate q and k by their positions start..start + T
-            rope::<N_HEADS, HEAD_DIM>(q, &model.rope_cos, &model.rope_sin, start, t);
-            rope::<N_KV_HEADS, HEAD_DIM>(k, &model.rope_cos, &model.rope_sin, start, t);
+            rope::<NUM_HEADS, HEAD_DIM>(q, &model.rope_cos, &model.rope_sin, start, t);
+            rope::<NUM_KV_HEADS, HEAD_DIM>(k, &model.rope_cos, &model.rope_sin, start, t);
             __slot!(c_store);
             cache.store(start, k, v);
             __slot!(c_att);
             __slot!(attention);
-            // xb = att · o_projᵀ: [T, DIM]
+            // xb = att · o_projᵀ: [T, HIDDEN_SIZE]
             __slot!(mm_o);
             // x = x + xb (residual)
             add_assign(x, xb);
-            // xb = rmsnorm(x) · post_attention_layernorm: [T, DIM]
-            rmsnorm::<DIM>(xb, x, &layer.post_attention_layernorm, RMS_NORM_EPS, t);
-            // gate = xb · gate_projᵀ, up = xb · up_projᵀ: [T, HIDDEN_DIM]
+            // xb = rmsnorm(x) · post_attention_layernorm: [T, HIDDEN_SIZE]
+            rmsnorm::<HIDDEN_SIZE>(xb, x, &layer.post_attention_layernorm, RMS_NORM_EPS, t);
+            // gate = xb · gate_projᵀ, up = xb · up_projᵀ: [T, INTERMEDIATE_SIZE]
             __slot!(mm_gate);
             __slot!(mm_up);
-            // gate = silu(gate) · up: [T, HIDDEN_DIM]
-            swiglu::<HIDDEN_DIM>(gate, up, t);
-            // xb = gate · down_projᵀ: [T, DIM]
+            // gate = silu(gate) · up: [T, INTERMEDIATE_SIZE]
+            swiglu::<INTERMEDIATE_SIZE>(gate, up, t);
+            // xb = gate · down_projᵀ: [T, HIDDEN_SIZE]
             __slot!(mm_down);
             // x = x + xb (residual)
             add_assign(x, xb);
@@ -239,9 +239,9 @@ impl<'m> Session<'m> {
     fn classify(&mut self, row: usize) {
         let Session { model, x, xb, logits, .. } = self;
         let w = &model.weights;
-        let xb = &mut xb[..DIM];
-        // xb = rmsnorm(x[row]) · norm: [1, DIM]
-        rmsnorm::<DIM>(xb, &x[row * DIM..(row + 1) * DIM], &w.norm, RMS_NORM_EPS, 1);
+        let xb = &mut xb[..HIDDEN_SIZE];
+        // xb = rmsnorm(x[row]) · norm: [1, HIDDEN_SIZE]
+        rmsnorm::<HIDDEN_SIZE>(xb, &x[row * HIDDEN_SIZE..(row + 1) * HIDDEN_SIZE], &w.norm, RMS_NORM_EPS, 1);
         __slot!(c_classifier);
         __slot!(mm_classifier);
     }

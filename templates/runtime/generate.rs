@@ -5,7 +5,7 @@ use std::time::Instant;
 
 use crate::kernels::sampler::sample;
 use crate::model::Session;
-use crate::{Error, EOS_IDS, MAX_SEQ_LEN, VOCAB_SIZE};
+use crate::{Error, EOS_TOKEN_IDS, MAX_SEQ_LEN, VOCAB_SIZE};
 
 /// How to pick tokens and when to stop.
 #[derive(Debug, Clone, PartialEq)]
@@ -127,7 +127,7 @@ impl Session<'_> {
                 stop = StopReason::Cancelled;
                 break;
             }
-            if EOS_IDS.contains(&token) {
+            if EOS_TOKEN_IDS.contains(&token) {
                 stop = StopReason::Eos;
                 break;
             }

@@ -76,7 +76,7 @@ fn token_states_match_the_reference_alone_and_padded_in_a_batch() {
     let together = encoder.hidden_states(&batch).unwrap();
     for (i, ids) in batch.iter().enumerate() {
         let (shape, want) = read_npy_f32(&f.dir.join(format!("reference/last_hidden_state_{i}.npy")));
-        assert_eq!(shape, [ids.len(), minilm::DIM]);
+        assert_eq!(shape, [ids.len(), minilm::HIDDEN_SIZE]);
         let alone = encoder.hidden_states(&[ids]).unwrap().remove(0);
         let (diff, at) = max_abs_diff(&alone, &want);
         eprintln!("sentence {i}: last_hidden_state max abs diff {diff:e}");
@@ -192,7 +192,7 @@ fn the_binary_embeds_texts_and_files_as_json_or_lines() {
         assert!(diff <= TOLERANCE, "sentence {i}: {diff}");
     }
 
-    // Plain output: one line of DIM values per sentence; an empty text is a sentence. The
+    // Plain output: one line of HIDDEN_SIZE values per sentence; an empty text is a sentence. The
     // workload normalizes; --no-normalize prints the pooled vectors as they are.
     let out = Command::new(binary()).args(["--model", model, "--text", &texts[0]]).output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
@@ -209,7 +209,7 @@ fn the_binary_embeds_texts_and_files_as_json_or_lines() {
     let lines: Vec<&str> = text.lines().collect();
     assert_eq!(lines.len(), 2);
     let first: Vec<f32> = lines[0].split(' ').map(|v| v.parse().unwrap()).collect();
-    assert_eq!(first.len(), minilm::DIM);
+    assert_eq!(first.len(), minilm::HIDDEN_SIZE);
     let (diff, _) = max_abs_diff(&first, &rows(&f.dir.join("reference/mean_pooled.npy"))[0]);
     assert!(diff <= TOLERANCE, "unnormalized line differs by {diff}");
 }

@@ -153,13 +153,13 @@ fn lib_rs(plan: &Plan, c: &BertConsts) -> TokenStream {
         /// The workload this crate was generated from.
         pub const WORKLOAD: &str = #name;
         /// Width of the hidden states.
-        pub const DIM: usize = #dim;
+        pub const HIDDEN_SIZE: usize = #dim;
         /// Width of the MLP's intermediate layer.
-        pub const HIDDEN_DIM: usize = #hidden_dim;
+        pub const INTERMEDIATE_SIZE: usize = #hidden_dim;
         /// Encoder layers.
-        pub const N_LAYERS: usize = #n_layers;
+        pub const NUM_LAYERS: usize = #n_layers;
         /// Attention heads.
-        pub const N_HEADS: usize = #n_heads;
+        pub const NUM_HEADS: usize = #n_heads;
         /// Width of one head.
         pub const HEAD_DIM: usize = #head_dim;
         /// Rows of the word embedding.
@@ -167,7 +167,7 @@ fn lib_rs(plan: &Plan, c: &BertConsts) -> TokenStream {
         /// Rows of the token-type embedding.
         pub const TYPE_VOCAB_SIZE: usize = #types;
         /// Rows of the position embedding.
-        pub const MAX_POSITIONS: usize = #positions;
+        pub const MAX_POSITION_EMBEDDINGS: usize = #positions;
         /// Longest sentence, in tokens with [CLS] and [SEP]; the tokenizer truncates to it.
         pub const MAX_SEQ_LEN: usize = #max_seq;
         /// Sentences run through the layers at once; longer batches run in parts.
@@ -202,19 +202,22 @@ fn model_rs(plan: &Plan, c: &BertConsts, templates: &Templates) -> Result<String
     let mm = |shape: [&str; 2], out: TokenStream, x: TokenStream, w: TokenStream| {
         matrices.matmul_call(&matmul, shape, out, x, w, quote!(rows))
     };
-    let mm_q = mm(["DIM", "DIM"], quote!(q), quote!(x), quote!(layer.query.weight));
-    let mm_k = mm(["DIM", "DIM"], quote!(k), quote!(x), quote!(layer.key.weight));
-    let mm_v = mm(["DIM", "DIM"], quote!(v), quote!(x), quote!(layer.value.weight));
-    let mm_o = mm(["DIM", "DIM"], quote!(xb), quote!(att), quote!(layer.attention_output.weight));
-    let mm_mlp = mm(["HIDDEN_DIM", "DIM"], quote!(mlp), quote!(x), quote!(layer.intermediate.weight));
-    let mm_down = mm(["DIM", "HIDDEN_DIM"], quote!(xb), quote!(mlp), quote!(layer.output.weight));
+    let mm_q = mm(["HIDDEN_SIZE", "HIDDEN_SIZE"], quote!(q), quote!(x), quote!(layer.query.weight));
+    let mm_k = mm(["HIDDEN_SIZE", "HIDDEN_SIZE"], quote!(k), quote!(x), quote!(layer.key.weight));
+    let mm_v = mm(["HIDDEN_SIZE", "HIDDEN_SIZE"], quote!(v), quote!(x), quote!(layer.value.weight));
+    let mm_o =
+        mm(["HIDDEN_SIZE", "HIDDEN_SIZE"], quote!(xb), quote!(att), quote!(layer.attention_output.weight));
+    let mm_mlp =
+        mm(["INTERMEDIATE_SIZE", "HIDDEN_SIZE"], quote!(mlp), quote!(x), quote!(layer.intermediate.weight));
+    let mm_down =
+        mm(["HIDDEN_SIZE", "INTERMEDIATE_SIZE"], quote!(xb), quote!(mlp), quote!(layer.output.weight));
     let normalize_fn = c.normalize.then(|| {
         quote! {
             /// Scales each vector to unit Euclidean length (sentence-transformers' Normalize):
             /// cosine similarity becomes a dot product.
             pub fn normalize(vectors: &mut [Vec<f32>]) {
                 for vector in vectors {
-                    l2_normalize::<DIM>(vector, 1);
+                    l2_normalize::<HIDDEN_SIZE>(vector, 1);
                 }
             }
         }
@@ -245,8 +248,8 @@ fn embed_fn(c: &BertConsts) -> Option<TokenStream> {
             "One vector per sentence: the mean of its token states ([CLS] and [SEP] included, padding excluded), as sentence-transformers' mean pooling.",
             quote! {
                 for (s, ids) in part.iter().enumerate() {
-                    let mut vector = vec![0.0; DIM];
-                    mean_pool::<DIM>(&mut vector, &self.x[s * longest * DIM..], ids.len());
+                    let mut vector = vec![0.0; HIDDEN_SIZE];
+                    mean_pool::<HIDDEN_SIZE>(&mut vector, &self.x[s * longest * HIDDEN_SIZE..], ids.len());
                     vectors.push(vector);
                 }
             },
@@ -255,7 +258,7 @@ fn embed_fn(c: &BertConsts) -> Option<TokenStream> {
             "One vector per sentence: the state of its first token ([CLS]).",
             quote! {
                 for s in 0..part.len() {
-                    vectors.push(self.x[s * longest * DIM..][..DIM].to_vec());
+                    vectors.push(self.x[s * longest * HIDDEN_SIZE..][..HIDDEN_SIZE].to_vec());
                 }
             },
         ),
@@ -309,12 +312,12 @@ fn weights_rs(plan: &Plan) -> TokenStream {
     let (matrix, load_matrix, matrix_use) = matrices.tensor();
     // (field, tensor name below `encoder.layer.N.`, rows, columns; None for a LayerNorm)
     let linears = [
-        ("query", "attention.self.query", "DIM", "DIM"),
-        ("key", "attention.self.key", "DIM", "DIM"),
-        ("value", "attention.self.value", "DIM", "DIM"),
-        ("attention_output", "attention.output.dense", "DIM", "DIM"),
-        ("intermediate", "intermediate.dense", "HIDDEN_DIM", "DIM"),
-        ("output", "output.dense", "DIM", "HIDDEN_DIM"),
+        ("query", "attention.self.query", "HIDDEN_SIZE", "HIDDEN_SIZE"),
+        ("key", "attention.self.key", "HIDDEN_SIZE", "HIDDEN_SIZE"),
+        ("value", "attention.self.value", "HIDDEN_SIZE", "HIDDEN_SIZE"),
+        ("attention_output", "attention.output.dense", "HIDDEN_SIZE", "HIDDEN_SIZE"),
+        ("intermediate", "intermediate.dense", "INTERMEDIATE_SIZE", "HIDDEN_SIZE"),
+        ("output", "output.dense", "HIDDEN_SIZE", "INTERMEDIATE_SIZE"),
     ];
     let norms = [("attention_norm", "attention.output.LayerNorm"), ("output_norm", "output.LayerNorm")];
     let linear_fields = linears.iter().map(|(field, hf, rows, cols)| {
@@ -324,7 +327,7 @@ fn weights_rs(plan: &Plan) -> TokenStream {
     });
     let norm_fields = norms.iter().map(|(field, hf)| {
         let field = format_ident!("{field}");
-        let d = doc(&format!("`encoder.layer.N.{hf}`: weight and bias [DIM]"));
+        let d = doc(&format!("`encoder.layer.N.{hf}`: weight and bias [HIDDEN_SIZE]"));
         quote! { #d pub(crate) #field: Norm, }
     });
     let linear_loads = linears.iter().map(|(field, hf, rows, cols)| {
@@ -347,7 +350,7 @@ fn weights_rs(plan: &Plan) -> TokenStream {
 
         #matrix_use
         use crate::tensor_file::{Storage, Tensor, TensorFile};
-        use crate::{Error, DIM, HIDDEN_DIM, MAX_POSITIONS, N_LAYERS, TYPE_VOCAB_SIZE, VOCAB_SIZE};
+        use crate::{Error, HIDDEN_SIZE, INTERMEDIATE_SIZE, MAX_POSITION_EMBEDDINGS, NUM_LAYERS, TYPE_VOCAB_SIZE, VOCAB_SIZE};
 
         /// Tensors of a BERT checkpoint that this encoder does not need: the position-id buffer
         /// and the classification pooler (sentence embeddings pool the token states instead).
@@ -368,7 +371,7 @@ fn weights_rs(plan: &Plan) -> TokenStream {
             }
         }
 
-        /// A LayerNorm: `weight` and `bias`, [DIM] each.
+        /// A LayerNorm: `weight` and `bias`, [HIDDEN_SIZE] each.
         pub struct Norm {
             pub(crate) weight: Tensor,
             pub(crate) bias: Tensor,
@@ -377,8 +380,8 @@ fn weights_rs(plan: &Plan) -> TokenStream {
         impl Norm {
             fn load(file: &mut TensorFile, prefix: &str) -> Result<Norm, Error> {
                 Ok(Norm {
-                    weight: file.f32(&format!("{prefix}.weight"), &[DIM])?,
-                    bias: file.f32(&format!("{prefix}.bias"), &[DIM])?,
+                    weight: file.f32(&format!("{prefix}.weight"), &[HIDDEN_SIZE])?,
+                    bias: file.f32(&format!("{prefix}.bias"), &[HIDDEN_SIZE])?,
                 })
             }
         }
@@ -391,15 +394,15 @@ fn weights_rs(plan: &Plan) -> TokenStream {
 
         /// Every weight of the model.
         pub struct Weights {
-            /// `embeddings.word_embeddings.weight`: [VOCAB_SIZE, DIM]
+            /// `embeddings.word_embeddings.weight`: [VOCAB_SIZE, HIDDEN_SIZE]
             pub(crate) word_embeddings: Tensor,
-            /// `embeddings.position_embeddings.weight`: [MAX_POSITIONS, DIM]
+            /// `embeddings.position_embeddings.weight`: [MAX_POSITION_EMBEDDINGS, HIDDEN_SIZE]
             pub(crate) position_embeddings: Tensor,
-            /// `embeddings.token_type_embeddings.weight`: [TYPE_VOCAB_SIZE, DIM]
+            /// `embeddings.token_type_embeddings.weight`: [TYPE_VOCAB_SIZE, HIDDEN_SIZE]
             pub(crate) token_type_embeddings: Tensor,
-            /// `embeddings.LayerNorm`: weight and bias [DIM]
+            /// `embeddings.LayerNorm`: weight and bias [HIDDEN_SIZE]
             pub(crate) embeddings_norm: Norm,
-            /// The encoder layers, N_LAYERS of them.
+            /// The encoder layers, NUM_LAYERS of them.
             pub(crate) layers: Vec<LayerWeights>,
             /// What loading noticed but did not refuse.
             warnings: Vec<String>,
@@ -425,13 +428,13 @@ fn weights_rs(plan: &Plan) -> TokenStream {
 
             /// Checks and reads every tensor of `file`.
             fn read(mut file: TensorFile) -> Result<Weights, Error> {
-                let word_embeddings = file.f32("embeddings.word_embeddings.weight", &[VOCAB_SIZE, DIM])?;
-                let position_embeddings = file.f32("embeddings.position_embeddings.weight", &[MAX_POSITIONS, DIM])?;
+                let word_embeddings = file.f32("embeddings.word_embeddings.weight", &[VOCAB_SIZE, HIDDEN_SIZE])?;
+                let position_embeddings = file.f32("embeddings.position_embeddings.weight", &[MAX_POSITION_EMBEDDINGS, HIDDEN_SIZE])?;
                 let token_type_embeddings =
-                    file.f32("embeddings.token_type_embeddings.weight", &[TYPE_VOCAB_SIZE, DIM])?;
+                    file.f32("embeddings.token_type_embeddings.weight", &[TYPE_VOCAB_SIZE, HIDDEN_SIZE])?;
                 let embeddings_norm = Norm::load(&mut file, "embeddings.LayerNorm")?;
-                let mut layers = Vec::with_capacity(N_LAYERS);
-                for l in 0..N_LAYERS {
+                let mut layers = Vec::with_capacity(NUM_LAYERS);
+                for l in 0..NUM_LAYERS {
                     layers.push(LayerWeights { #(#linear_loads)* #(#norm_loads)* });
                 }
                 let (storage, warnings) = file.finish(&UNUSED);

@@ -163,21 +163,21 @@ fn lib_rs(plan: &Plan, c: &LlamaConsts) -> TokenStream {
         /// The workload this crate was generated from.
         pub const WORKLOAD: &str = #name;
         /// Width of the residual stream (`hidden_size`).
-        pub const DIM: usize = #dim;
+        pub const HIDDEN_SIZE: usize = #dim;
         /// Width of the MLP's gate and up projections (`intermediate_size`).
-        pub const HIDDEN_DIM: usize = #hidden_dim;
+        pub const INTERMEDIATE_SIZE: usize = #hidden_dim;
         /// Decoder layers.
-        pub const N_LAYERS: usize = #n_layers;
+        pub const NUM_LAYERS: usize = #n_layers;
         /// Query heads.
-        pub const N_HEADS: usize = #n_heads;
-        /// Key/value heads; N_HEADS / N_KV_HEADS query heads share each one.
-        pub const N_KV_HEADS: usize = #n_kv_heads;
+        pub const NUM_HEADS: usize = #n_heads;
+        /// Key/value heads; NUM_HEADS / NUM_KV_HEADS query heads share each one.
+        pub const NUM_KV_HEADS: usize = #n_kv_heads;
         /// Width of one attention head.
         pub const HEAD_DIM: usize = #head_dim;
         /// Width of all query heads together.
-        pub const Q_DIM: usize = N_HEADS * HEAD_DIM;
+        pub const Q_DIM: usize = NUM_HEADS * HEAD_DIM;
         /// Width of all key (or value) heads together.
-        pub const KV_DIM: usize = N_KV_HEADS * HEAD_DIM;
+        pub const KV_DIM: usize = NUM_KV_HEADS * HEAD_DIM;
         /// Rows of the embedding and of the classifier.
         pub const VOCAB_SIZE: usize = #vocab_size;
         /// Positions one session holds: prompt and generated tokens together (`request.max_seq_len`).
@@ -190,9 +190,9 @@ fn lib_rs(plan: &Plan, c: &LlamaConsts) -> TokenStream {
         /// Epsilon of every RMSNorm.
         pub const RMS_NORM_EPS: f32 = #rms_norm_eps;
         /// The token that starts a sequence.
-        pub const BOS_ID: u32 = #bos_id;
+        pub const BOS_TOKEN_ID: u32 = #bos_id;
         /// The tokens that end generation.
-        pub const EOS_IDS: [u32; #n_eos] = [#(#eos_ids),*];
+        pub const EOS_TOKEN_IDS: [u32; #n_eos] = [#(#eos_ids),*];
         /// Threads the workload allows the kernels (`target.threads`): a multi-threaded kernel
         /// splits each product into this many equal shares.
         pub const THREADS: usize = #threads;
@@ -226,7 +226,7 @@ fn model_rs(plan: &Plan, c: &LlamaConsts, templates: &Templates) -> Result<Strin
 fn embedding_slots(matrices: Matrices) -> [(&'static str, TokenStream); 2] {
     let (embed_row, widen_fn) = match matrices {
         Matrices::Bf16 | Matrices::Bf16Packed => (
-            quote!(widen(&mut x[row * DIM..(row + 1) * DIM], &w.embed_tokens[token * DIM..(token + 1) * DIM]);),
+            quote!(widen(&mut x[row * HIDDEN_SIZE..(row + 1) * HIDDEN_SIZE], &w.embed_tokens[token * HIDDEN_SIZE..(token + 1) * HIDDEN_SIZE]);),
             quote! {
                 /// Widens bfloat16 values to f32 (a bfloat16 is the high half of an f32).
                 fn widen(out: &mut [f32], values: &[u16]) {
@@ -236,11 +236,12 @@ fn embedding_slots(matrices: Matrices) -> [(&'static str, TokenStream); 2] {
                 }
             },
         ),
-        Matrices::Q8 | Matrices::Q8Packed => {
-            (quote!(w.embed_tokens.dequantize_row(token, &mut x[row * DIM..(row + 1) * DIM]);), quote!())
-        }
+        Matrices::Q8 | Matrices::Q8Packed => (
+            quote!(w.embed_tokens.dequantize_row(token, &mut x[row * HIDDEN_SIZE..(row + 1) * HIDDEN_SIZE]);),
+            quote!(),
+        ),
         Matrices::F32 | Matrices::Packed => (
-            quote!(x[row * DIM..(row + 1) * DIM].copy_from_slice(&w.embed_tokens[token * DIM..(token + 1) * DIM]);),
+            quote!(x[row * HIDDEN_SIZE..(row + 1) * HIDDEN_SIZE].copy_from_slice(&w.embed_tokens[token * HIDDEN_SIZE..(token + 1) * HIDDEN_SIZE]);),
             quote!(),
         ),
     };
@@ -255,13 +256,13 @@ fn product_slots(plan: &Plan, c: &LlamaConsts, matrices: Matrices) -> [(&'static
     let mm = |shape: [&str; 2], out: TokenStream, x: TokenStream, w: TokenStream| {
         matrices.matmul_call(&matmul, shape, out, x, w, quote!(t))
     };
-    let mm_q = mm(["Q_DIM", "DIM"], quote!(q), quote!(xb), quote!(layer.q_proj));
-    let mm_k = mm(["KV_DIM", "DIM"], quote!(k), quote!(xb), quote!(layer.k_proj));
-    let mm_v = mm(["KV_DIM", "DIM"], quote!(v), quote!(xb), quote!(layer.v_proj));
-    let mm_o = mm(["DIM", "Q_DIM"], quote!(xb), quote!(att), quote!(layer.o_proj));
-    let mm_gate = mm(["HIDDEN_DIM", "DIM"], quote!(gate), quote!(xb), quote!(layer.gate_proj));
-    let mm_up = mm(["HIDDEN_DIM", "DIM"], quote!(up), quote!(xb), quote!(layer.up_proj));
-    let mm_down = mm(["DIM", "HIDDEN_DIM"], quote!(xb), quote!(gate), quote!(layer.down_proj));
+    let mm_q = mm(["Q_DIM", "HIDDEN_SIZE"], quote!(q), quote!(xb), quote!(layer.q_proj));
+    let mm_k = mm(["KV_DIM", "HIDDEN_SIZE"], quote!(k), quote!(xb), quote!(layer.k_proj));
+    let mm_v = mm(["KV_DIM", "HIDDEN_SIZE"], quote!(v), quote!(xb), quote!(layer.v_proj));
+    let mm_o = mm(["HIDDEN_SIZE", "Q_DIM"], quote!(xb), quote!(att), quote!(layer.o_proj));
+    let mm_gate = mm(["INTERMEDIATE_SIZE", "HIDDEN_SIZE"], quote!(gate), quote!(xb), quote!(layer.gate_proj));
+    let mm_up = mm(["INTERMEDIATE_SIZE", "HIDDEN_SIZE"], quote!(up), quote!(xb), quote!(layer.up_proj));
+    let mm_down = mm(["HIDDEN_SIZE", "INTERMEDIATE_SIZE"], quote!(xb), quote!(gate), quote!(layer.down_proj));
     let (classifier, classifier_comment) = if c.tie_word_embeddings && matrices.packed() {
         (
             quote!(w.classifier),
@@ -281,7 +282,7 @@ fn product_slots(plan: &Plan, c: &LlamaConsts, matrices: Matrices) -> [(&'static
     };
     let mm_classifier = matrices.matmul_call(
         &matmul,
-        ["VOCAB_SIZE", "DIM"],
+        ["VOCAB_SIZE", "HIDDEN_SIZE"],
         quote!(logits),
         quote!(xb),
         classifier,
@@ -364,9 +365,9 @@ fn attention_slots(c: &LlamaConsts) -> [(&'static str, TokenStream); 7] {
             quote! {
                 let (keys, values) = (cache.keys(start + t), cache.values(start + t));
                 if t == 1 {
-                    #decode::<N_HEADS, N_KV_HEADS, HEAD_DIM>(att, q, keys, values, scores);
+                    #decode::<NUM_HEADS, NUM_KV_HEADS, HEAD_DIM>(att, q, keys, values, scores);
                 } else {
-                    #prefill::<N_HEADS, N_KV_HEADS, HEAD_DIM>(att, q, keys, values, scores, start, t);
+                    #prefill::<NUM_HEADS, NUM_KV_HEADS, HEAD_DIM>(att, q, keys, values, scores, start, t);
                 }
             },
             comment("att = softmax(q · kᵀ / √HEAD_DIM) · v, each row over positions 0..=its own: [T, Q_DIM]"),
@@ -379,7 +380,7 @@ fn attention_slots(c: &LlamaConsts) -> [(&'static str, TokenStream); 7] {
                     let from = end.saturating_sub(SLIDING_WINDOW) * KV_DIM;
                     let (keys, values) = (&cache.keys(end)[from..], &cache.values(end)[from..]);
                     let (q_row, att_row) = (&q[r * Q_DIM..(r + 1) * Q_DIM], &mut att[r * Q_DIM..(r + 1) * Q_DIM]);
-                    #decode::<N_HEADS, N_KV_HEADS, HEAD_DIM>(att_row, q_row, keys, values, scores);
+                    #decode::<NUM_HEADS, NUM_KV_HEADS, HEAD_DIM>(att_row, q_row, keys, values, scores);
                 }
             },
             comment(
@@ -443,7 +444,7 @@ fn weights_rs(plan: &Plan, c: &LlamaConsts) -> TokenStream {
 
         #matrix_use
         use crate::tensor_file::{Storage, Tensor, TensorFile};
-        use crate::{Error, DIM, HIDDEN_DIM, KV_DIM, N_LAYERS, Q_DIM, VOCAB_SIZE};
+        use crate::{Error, HIDDEN_SIZE, INTERMEDIATE_SIZE, KV_DIM, NUM_LAYERS, Q_DIM, VOCAB_SIZE};
 
         /// The weights of one decoder layer.
         pub struct LayerWeights {
@@ -455,9 +456,9 @@ fn weights_rs(plan: &Plan, c: &LlamaConsts) -> TokenStream {
         pub struct Weights {
             #embed_doc
             pub(crate) embed_tokens: #embed_matrix,
-            /// The decoder layers, N_LAYERS of them.
+            /// The decoder layers, NUM_LAYERS of them.
             pub(crate) layers: Vec<LayerWeights>,
-            /// `model.norm.weight`: [DIM]
+            /// `model.norm.weight`: [HIDDEN_SIZE]
             pub(crate) norm: Tensor,
             #lm_head_field
             /// What loading noticed but did not refuse.
@@ -484,13 +485,13 @@ fn weights_rs(plan: &Plan, c: &LlamaConsts) -> TokenStream {
 
             /// Checks and reads every tensor of `file`.
             fn read(mut file: TensorFile) -> Result<Weights, Error> {
-                let embed_tokens = file.#load_embed("model.embed_tokens.weight", &[VOCAB_SIZE, DIM])?;
-                let mut layers = Vec::with_capacity(N_LAYERS);
-                for l in 0..N_LAYERS {
+                let embed_tokens = file.#load_embed("model.embed_tokens.weight", &[VOCAB_SIZE, HIDDEN_SIZE])?;
+                let mut layers = Vec::with_capacity(NUM_LAYERS);
+                for l in 0..NUM_LAYERS {
                     #layer_matrices
                     layers.push(LayerWeights { #(#loads)* #bias_loads });
                 }
-                let norm = file.f32("model.norm.weight", &[DIM])?;
+                let norm = file.f32("model.norm.weight", &[HIDDEN_SIZE])?;
                 #lm_head_load
                 let (storage, warnings) = file.finish(&[]);
                 Ok(Weights { embed_tokens, layers, norm, #lm_head_init warnings, _storage: storage })
@@ -548,12 +549,12 @@ fn classifier_parts(
 ) -> (TokenStream, TokenStream, TokenStream, TokenStream) {
     let embed_doc = if c.tie_word_embeddings && matrices.packed() {
         doc(
-            "`model.embed_tokens.weight`: [VOCAB_SIZE, DIM]; the classifier too (tied embeddings), packed apart.",
+            "`model.embed_tokens.weight`: [VOCAB_SIZE, HIDDEN_SIZE]; the classifier too (tied embeddings), packed apart.",
         )
     } else if c.tie_word_embeddings {
-        doc("`model.embed_tokens.weight`: [VOCAB_SIZE, DIM]; also the classifier (tied embeddings).")
+        doc("`model.embed_tokens.weight`: [VOCAB_SIZE, HIDDEN_SIZE]; also the classifier (tied embeddings).")
     } else {
-        doc("`model.embed_tokens.weight`: [VOCAB_SIZE, DIM]")
+        doc("`model.embed_tokens.weight`: [VOCAB_SIZE, HIDDEN_SIZE]")
     };
     let (lm_head_field, lm_head_load, lm_head_init) = if c.tie_word_embeddings && matrices.packed() {
         (
@@ -561,7 +562,7 @@ fn classifier_parts(
                 /// `model.embed_tokens.weight` packed for the matmul kernel: the classifier.
                 pub(crate) classifier: #matrix,
             },
-            quote! { let classifier = file.#load_matrix("model.embed_tokens.weight", &[VOCAB_SIZE, DIM])?; },
+            quote! { let classifier = file.#load_matrix("model.embed_tokens.weight", &[VOCAB_SIZE, HIDDEN_SIZE])?; },
             quote! { classifier, },
         )
     } else if c.tie_word_embeddings {
@@ -569,10 +570,10 @@ fn classifier_parts(
     } else {
         (
             quote! {
-                /// `lm_head.weight`: [VOCAB_SIZE, DIM]
+                /// `lm_head.weight`: [VOCAB_SIZE, HIDDEN_SIZE]
                 pub(crate) lm_head: #matrix,
             },
-            quote! { let lm_head = file.#load_matrix("lm_head.weight", &[VOCAB_SIZE, DIM])?; },
+            quote! { let lm_head = file.#load_matrix("lm_head.weight", &[VOCAB_SIZE, HIDDEN_SIZE])?; },
             quote! { lm_head, },
         )
     };
@@ -603,19 +604,31 @@ fn layer_parts(
         shape: (&'static str, Option<&'static str>),
     }
     let tensors = [
-        LayerTensor { field: "input_layernorm", hf: "input_layernorm", shape: ("DIM", None) },
-        LayerTensor { field: "q_proj", hf: "self_attn.q_proj", shape: ("Q_DIM", Some("DIM")) },
-        LayerTensor { field: "k_proj", hf: "self_attn.k_proj", shape: ("KV_DIM", Some("DIM")) },
-        LayerTensor { field: "v_proj", hf: "self_attn.v_proj", shape: ("KV_DIM", Some("DIM")) },
-        LayerTensor { field: "o_proj", hf: "self_attn.o_proj", shape: ("DIM", Some("Q_DIM")) },
+        LayerTensor { field: "input_layernorm", hf: "input_layernorm", shape: ("HIDDEN_SIZE", None) },
+        LayerTensor { field: "q_proj", hf: "self_attn.q_proj", shape: ("Q_DIM", Some("HIDDEN_SIZE")) },
+        LayerTensor { field: "k_proj", hf: "self_attn.k_proj", shape: ("KV_DIM", Some("HIDDEN_SIZE")) },
+        LayerTensor { field: "v_proj", hf: "self_attn.v_proj", shape: ("KV_DIM", Some("HIDDEN_SIZE")) },
+        LayerTensor { field: "o_proj", hf: "self_attn.o_proj", shape: ("HIDDEN_SIZE", Some("Q_DIM")) },
         LayerTensor {
             field: "post_attention_layernorm",
             hf: "post_attention_layernorm",
-            shape: ("DIM", None),
+            shape: ("HIDDEN_SIZE", None),
         },
-        LayerTensor { field: "gate_proj", hf: "mlp.gate_proj", shape: ("HIDDEN_DIM", Some("DIM")) },
-        LayerTensor { field: "up_proj", hf: "mlp.up_proj", shape: ("HIDDEN_DIM", Some("DIM")) },
-        LayerTensor { field: "down_proj", hf: "mlp.down_proj", shape: ("DIM", Some("HIDDEN_DIM")) },
+        LayerTensor {
+            field: "gate_proj",
+            hf: "mlp.gate_proj",
+            shape: ("INTERMEDIATE_SIZE", Some("HIDDEN_SIZE")),
+        },
+        LayerTensor {
+            field: "up_proj",
+            hf: "mlp.up_proj",
+            shape: ("INTERMEDIATE_SIZE", Some("HIDDEN_SIZE")),
+        },
+        LayerTensor {
+            field: "down_proj",
+            hf: "mlp.down_proj",
+            shape: ("HIDDEN_SIZE", Some("INTERMEDIATE_SIZE")),
+        },
     ];
     let fields = tensors.iter().map(|t| {
         let field = format_ident!("{}", t.field);
