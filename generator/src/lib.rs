@@ -22,6 +22,7 @@ pub mod explain;
 pub mod host;
 pub mod init;
 pub mod lock;
+pub mod manifest;
 pub mod plan;
 pub mod rankings;
 pub mod registry;

@@ -124,77 +124,12 @@ pub struct Implementation {
     pub source_sha256: String,
 }
 
-/// What an implementation needs from a workload.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Constraints {
-    /// Devices it runs on; absent means any.
-    #[serde(default)]
-    pub devices: Option<Vec<Device>>,
-    /// `target_arch` values it compiles for; absent means any.
-    #[serde(default)]
-    pub arches: Option<Vec<String>>,
-    /// CPU features it needs, all of them.
-    #[serde(default)]
-    pub cpu_features: Vec<String>,
-    /// Weight dtypes it supports; absent means any.
-    #[serde(default)]
-    pub dtypes: Option<Vec<Dtype>>,
-    /// Bounds on the workload's shape parameters.
-    #[serde(default)]
-    pub shapes: BTreeMap<String, ShapeBound>,
-}
+/// What an implementation needs from a workload (the schema is in [`crate::manifest`]).
+pub type Constraints = crate::manifest::Constraints<Device, Dtype>;
+pub use crate::manifest::ShapeBound;
 
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ShapeBound {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub min: Option<usize>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub max: Option<usize>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub multiple_of: Option<usize>,
-}
-
-impl ShapeBound {
-    /// Why `value` violates the bound, if it does.
-    pub fn violation(&self, value: usize) -> Option<String> {
-        if let Some(min) = self.min.filter(|&m| value < m) {
-            return Some(format!("is {value}, below the minimum {min}"));
-        }
-        if let Some(max) = self.max.filter(|&m| value > m) {
-            return Some(format!("is {value}, above the maximum {max}"));
-        }
-        if let Some(m) = self.multiple_of.filter(|&m| m > 0 && !value.is_multiple_of(m)) {
-            return Some(format!("is {value}, not a multiple of {m}"));
-        }
-        None
-    }
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct ManifestFile {
-    interface: String,
-    name: String,
-    version: String,
-    summary: String,
-    priority: i64,
-    #[serde(default)]
-    shadows: Vec<String>,
-    #[serde(default)]
-    shared: Vec<String>,
-    #[serde(default)]
-    dependencies: Vec<String>,
-    #[serde(default)]
-    packs_weights: bool,
-    #[serde(default)]
-    packed_len: Option<String>,
-    #[serde(default)]
-    team_job: Option<String>,
-    #[serde(default)]
-    constraints: Constraints,
-}
+/// A manifest as the registry reads it.
+type ManifestFile = crate::manifest::Manifest<Device, Dtype>;
 
 /// A helper module that several implementations use.
 #[derive(Debug, Clone, Serialize)]

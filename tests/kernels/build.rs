@@ -28,54 +28,13 @@ struct InterfaceFile {
     reference: String,
 }
 
-/// `manifest.toml`, with the generator's schema, so that a manifest the generator would
-/// reject fails this build too. Only some fields matter here.
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
+/// `manifest.toml`, with the generator's own schema, so that a manifest the generator would
+/// reject fails this build too.
+#[path = "../../generator/src/manifest.rs"]
 #[allow(dead_code)]
-struct Manifest {
-    interface: String,
-    name: String,
-    version: String,
-    summary: String,
-    priority: i64,
-    #[serde(default)]
-    shadows: Vec<String>,
-    #[serde(default)]
-    shared: Vec<String>,
-    #[serde(default)]
-    dependencies: Vec<String>,
-    #[serde(default)]
-    packs_weights: bool,
-    #[serde(default)]
-    packed_len: Option<String>,
-    #[serde(default)]
-    team_job: Option<String>,
-    #[serde(default)]
-    constraints: Constraints,
-}
+mod manifest;
 
-#[derive(Deserialize, Default)]
-#[serde(deny_unknown_fields)]
-#[allow(dead_code)]
-struct Constraints {
-    devices: Option<Vec<String>>,
-    arches: Option<Vec<String>>,
-    #[serde(default)]
-    cpu_features: Vec<String>,
-    dtypes: Option<Vec<String>>,
-    #[serde(default)]
-    shapes: BTreeMap<String, ShapeBound>,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-#[allow(dead_code)]
-struct ShapeBound {
-    min: Option<usize>,
-    max: Option<usize>,
-    multiple_of: Option<usize>,
-}
+use manifest::Manifest;
 
 /// One implementation, as this crate compiles it.
 struct Implementation {

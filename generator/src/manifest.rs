@@ -1,0 +1,118 @@
+//! The schema of an implementation's `manifest.toml`, in one place: the registry reads
+//! manifests with it (`Manifest<Device, Dtype>`), and the kernel tests' build script
+//! (`tests/kernels/build.rs`, which includes this file) with plain strings for the devices and
+//! dtypes, so that a manifest the generator would reject fails that build too.
+//!
+//! This file depends on nothing but `std` and `serde`.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+/// `implementations/<interface>/<name>/manifest.toml`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Manifest<D = String, T = String> {
+    /// The interface it implements: the name of its parent folder.
+    pub interface: String,
+    /// Its name: the name of its folder.
+    pub name: String,
+    /// `MAJOR.MINOR.PATCH`.
+    pub version: String,
+    pub summary: String,
+    /// Declared priority: what chooses among candidates without measurements.
+    pub priority: i64,
+    /// Implementations it replaces where both fit.
+    #[serde(default)]
+    pub shadows: Vec<String>,
+    /// Modules of `implementations/_shared/` it uses.
+    #[serde(default)]
+    pub shared: Vec<String>,
+    /// Crates its kernel uses (from `templates/dependencies.toml`).
+    #[serde(default)]
+    pub dependencies: Vec<String>,
+    /// Whether its kernel reads weights that its `pack` rewrote at load.
+    #[serde(default)]
+    pub packs_weights: bool,
+    /// For a kernel that packs: the shared module's function (`module::function`) that gives
+    /// the length of a packed `[n, k]` matrix.
+    #[serde(default)]
+    pub packed_len: Option<String>,
+    /// The type in which it hands work to the thread team (`_shared/team.rs`).
+    #[serde(default)]
+    pub team_job: Option<String>,
+    #[serde(default = "Constraints::any")]
+    pub constraints: Constraints<D, T>,
+}
+
+/// What an implementation needs from a workload.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Constraints<D = String, T = String> {
+    /// Devices it runs on; absent means any.
+    #[serde(default = "none")]
+    pub devices: Option<Vec<D>>,
+    /// `target_arch` values it compiles for; absent means any.
+    #[serde(default)]
+    pub arches: Option<Vec<String>>,
+    /// CPU features it needs, all of them.
+    #[serde(default)]
+    pub cpu_features: Vec<String>,
+    /// Weight dtypes it supports; absent means any.
+    #[serde(default = "none")]
+    pub dtypes: Option<Vec<T>>,
+    /// Bounds on the workload's shape parameters, by their names in the workload schema.
+    #[serde(default)]
+    pub shapes: BTreeMap<String, ShapeBound>,
+}
+
+fn none<X>() -> Option<X> {
+    None
+}
+
+impl<D, T> Constraints<D, T> {
+    /// No constraint: every workload fits.
+    pub fn any() -> Constraints<D, T> {
+        Constraints {
+            devices: None,
+            arches: None,
+            cpu_features: Vec::new(),
+            dtypes: None,
+            shapes: BTreeMap::new(),
+        }
+    }
+}
+
+impl<D, T> Default for Constraints<D, T> {
+    fn default() -> Constraints<D, T> {
+        Constraints::any()
+    }
+}
+
+/// Bounds on one shape parameter.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ShapeBound {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min: Option<usize>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max: Option<usize>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub multiple_of: Option<usize>,
+}
+
+impl ShapeBound {
+    /// Why `value` violates the bound, if it does.
+    pub fn violation(&self, value: usize) -> Option<String> {
+        if let Some(min) = self.min.filter(|&m| value < m) {
+            return Some(format!("is {value}, below the minimum {min}"));
+        }
+        if let Some(max) = self.max.filter(|&m| value > m) {
+            return Some(format!("is {value}, above the maximum {max}"));
+        }
+        if let Some(m) = self.multiple_of.filter(|&m| m > 0 && !value.is_multiple_of(m)) {
+            return Some(format!("is {value}, not a multiple of {m}"));
+        }
+        None
+    }
+}
