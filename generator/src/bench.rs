@@ -376,6 +376,9 @@ pub struct Report {
     pub rankings_written: Vec<String>,
     pub choices_changed: Vec<Change>,
     pub dry_run: bool,
+    /// Whether generated/ holds a crate of the workload to compare the choices with.
+    #[serde(skip)]
+    has_crate: bool,
 }
 
 /// Measures every competing implementation of the workload at `path` on this machine, records
@@ -501,6 +504,7 @@ pub fn bench(
         rankings_written: written,
         choices_changed,
         dry_run: options.dry_run,
+        has_crate: !locked.is_empty(),
     })
 }
 
@@ -599,7 +603,12 @@ impl Report {
             ));
             return s;
         }
-        if self.choices_changed.is_empty() {
+        if !self.has_crate {
+            s.push_str(&format!(
+                "generated/ holds no crate of {} to compare with: * marks what `monogen build {shown}` will choose\n",
+                self.workload
+            ));
+        } else if self.choices_changed.is_empty() {
             s.push_str(&format!("no choice of {} changes (* marks the choices)\n", self.workload));
         } else {
             for c in &self.choices_changed {

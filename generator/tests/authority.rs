@@ -641,3 +641,19 @@ fn bench_measures_encoder_workloads_too() {
     let out = monogen(repo.path(), &["check", bert]);
     assert_eq!(out.status.code(), Some(0), "{}", stdout(&out));
 }
+
+#[test]
+fn bench_says_what_build_will_choose_before_the_crate_exists() {
+    let repo = measured_repo();
+    for_this_machine(repo.path());
+    let out = bench(repo.path(), &["--interface", "rope"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        stdout(&out).contains("generated/ holds no crate of stories260k-cpu-f32 to compare with: * marks what `monogen build workloads/stories260k-cpu-f32.toml` will choose"),
+        "{}",
+        stdout(&out)
+    );
+    assert!(monogen(repo.path(), &["build", WORKLOAD]).status.success());
+    let out = bench(repo.path(), &["--interface", "rope"]);
+    assert!(stdout(&out).contains("no choice of stories260k-cpu-f32 changes"), "{}", stdout(&out));
+}
