@@ -5,7 +5,9 @@
 //! affects the workloads that use that implementation or could (it competes for them); a
 //! shared module affects the users of the implementations that include it; an interface, the
 //! workloads whose architecture calls it; a workload, itself; a ranking file, the workloads of
-//! its hardware class that call its interface; templates and the generator, everything.
+//! its hardware class that call its interface; the benchmark harness's templates, the
+//! measurements of every workload that names a class; other templates and the generator,
+//! every crate.
 //! [`affected`] is a pure function of the list of paths and the repository's contents.
 
 use std::collections::{BTreeMap, BTreeSet};

@@ -1,5 +1,6 @@
 //! What monogen knows about CPU features: the names a workload may list, the
-//! x86-64 microarchitecture levels, and (only for `monogen init`) this host's features.
+//! x86-64 microarchitecture levels, and (for `monogen init` and `monogen bench`) this host's
+//! features.
 //!
 //! Feature names are Rust `target_feature` names, so that a kernel's
 //! `#[target_feature(enable = "...")]` and the generated start-up check use the same words.

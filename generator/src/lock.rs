@@ -3,8 +3,9 @@
 //! [`emit`](crate::emit) writes it last, with the hash of every other file; `write` reads its
 //! file list to find the files an earlier generation wrote and its workload name to refuse to
 //! replace another workload's crate; `check` compares its choices with a fresh plan; `resolve`
-//! takes its choices as the incumbents of measured rankings. All of them read it through
-//! [`Lock::read`].
+//! takes its choices as the incumbents of measured rankings. All of them parse it with
+//! [`Lock::parse`] (through [`Lock::read`] or [`locked_choices`] where they read it from a
+//! crate's folder).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -22,8 +23,8 @@ pub const FORMAT: u32 = 1;
 /// The comment under the `@generated` header.
 const PREAMBLE: &str = "# What this crate was generated from. `monogen check` compares it with the repository;\n# `monogen build` uses the file list to find files it wrote before.\n";
 
-/// The contents of `monogen.lock`. `emit` writes it with the parsed workload (`W` is
-/// `&Workload`, whose fields keep their order); readers take the workload as a TOML table.
+/// The contents of `monogen.lock`. `emit` writes it with the plan's canonical workload table
+/// (`W` is `&toml::Table`); readers take it as a `toml::Table` of their own.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Lock<W = toml::Table> {
     #[serde(default)]

@@ -1,10 +1,11 @@
 //! The resolved plan: plain data saying what will be generated and why.
 //!
 //! A [`Plan`] is what `monogen explain` prints (as text or JSON) and the only input of the
-//! emitters besides the registry's sources and the templates. It holds no workload and no
-//! `Option`s that emitters have to interpret: every choice is already made, and every quantity
-//! the crate needs is here under the name it has from the workload schema to the generated
-//! constant's comment.
+//! emitters besides the registry's sources and the templates. It holds no `Workload`, only
+//! what the crate needs of it (and the workload's canonical table, for the lock file): every
+//! choice is already made, and every quantity the crate needs is here under the name it has
+//! in the workload schema and in the generated constant. Its `Option`s are the model's own
+//! options (rope scaling, a sliding window) and a kernel's (its packing, its team job).
 
 use std::collections::BTreeMap;
 

@@ -3,8 +3,10 @@
 //! For each interface the architecture needs, every implementation is checked against the
 //! workload's constraints (device, arch, CPU features, dtype, shapes), and each failed check
 //! is kept as a reason. Among the compatible ones, shadowing removes those that another
-//! compatible implementation declares it replaces; the rest are ranked by declared priority
-//! (then by name, so that the result never depends on file-system order). Resolution is
+//! compatible implementation declares it replaces. Of the rest, where the workload names a
+//! hardware class, the fastest fresh measurement wins (the incumbent keeps its place unless
+//! [`crate::rankings::judge`] says otherwise); otherwise the declared priority ranks them (then the
+//! name, so that the result never depends on file-system order). Resolution is
 //! the only stage that rejects a workload for semantic reasons beyond its own file.
 
 use std::collections::{BTreeMap, BTreeSet};

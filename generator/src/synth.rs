@@ -1,7 +1,8 @@
 //! `monogen synth-weights`: a model directory with a workload's shapes and random weights, for
 //! benchmarking shapes whose real weights are not at hand.
 //!
-//! It holds a Hugging Face style config.json, a model.safetensors of f32 weights drawn
+//! It holds a Hugging Face style config.json, a model.safetensors of weights (f32, or BF16
+//! for a bf16 or int8 workload, as their checkpoints are) drawn
 //! uniformly with the standard deviation of a trained model's linear layers (0.02; norm
 //! weights are 1), written as it is generated so that multi-gigabyte shapes never sit in
 //! memory, and a tokenizer.json that works: a word-level vocabulary of `vocab_size` entries

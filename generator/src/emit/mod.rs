@@ -1,9 +1,11 @@
 //! Emission: [`Plan`] + registry sources + templates → the files of a crate, in memory.
 //!
 //! Nothing here touches the file system: [`emit`] returns a map from relative path to
-//! contents, and `write` decides what reaches the disk. Rust files are built with `quote`
-//! (or parsed from `templates/runtime/` and the registry with `syn`) and printed by
-//! prettyplease; the other files come from the minijinja templates in `templates/`. Every
+//! contents, and `write` decides what reaches the disk. Rust files are built with `quote`,
+//! parsed from `templates/runtime/` and the registry with `syn`, or, for the forward pass,
+//! parsed from `templates/llama/model.rs` or `templates/bert/model.rs` with their slots filled
+//! ([`Templates::fill`]), and printed by prettyplease; `monogen.lock` is [`crate::lock::Lock`]
+//! serialized; the other files come from the minijinja templates in `templates/`. Every
 //! file starts with an `@generated` header carrying a hash of the rest of the file, so
 //! that hand edits are detected.
 
