@@ -344,14 +344,14 @@ pub struct Change {
     pub reason: String,
 }
 
-/// One interface's candidates as measured, and what `build` now chooses.
+/// One measured interface: its reference and what `build` now chooses (its candidates'
+/// outcomes are the report's `results` of that interface).
 #[derive(Debug, Clone, Serialize)]
 pub struct Measurement {
     pub interface: String,
     /// The implementation the others are compared with.
     pub reference: String,
     pub chosen: String,
-    pub outcomes: Vec<Outcome>,
 }
 
 /// What `monogen bench` did for one workload.
@@ -367,7 +367,7 @@ pub struct Report {
     pub shapes: String,
     pub build_flags: &'static str,
     pub measured_at: String,
-    /// `(typical prompt, decode steps)` of a decoder, `(sentences, tokens)` of an encoder.
+    /// The request pattern, for the report's "time per typical request" line.
     #[serde(skip)]
     request: crate::workload::Request,
     pub results: Vec<Outcome>,
@@ -405,9 +405,11 @@ pub fn bench(
     // The workload as this machine's: the class whose records choose its kernels here.
     let mut here = w.clone();
     here.target.hardware = Some(class.clone());
-    let workload_hardware = w.target.hardware.clone().filter(|c| *c != class);
-    let workload_hardware =
-        if w.target.hardware.is_none() { Some("none".to_string()) } else { workload_hardware };
+    let workload_hardware = match &w.target.hardware {
+        None => Some("none".to_string()),
+        Some(c) if *c == class => None,
+        Some(c) => Some(c.clone()),
+    };
 
     // The interfaces to measure, and the harness that measures them (and no others).
     let measured: Vec<&str> = required
@@ -487,7 +489,6 @@ pub fn bench(
             interface: i.interface.clone(),
             reference: project.registry.interfaces[&i.interface].reference.clone(),
             chosen: i.chosen.name.clone(),
-            outcomes: outcomes.iter().filter(|o| o.interface == i.interface).cloned().collect(),
         })
         .collect();
     Ok(Report {
@@ -539,7 +540,8 @@ impl Report {
                 (Measured::Ok { median_ns, load_ns: Some(load), .. }, Some(n)) => median_ns + load / n as f64,
                 _ => median(o),
             };
-            let mut mine: Vec<&Outcome> = m.outcomes.iter().collect();
+            let mut mine: Vec<&Outcome> =
+                self.results.iter().filter(|o| o.interface == m.interface).collect();
             mine.sort_by(|a, b| charged(a).total_cmp(&charged(b)));
             let reference_median = mine.iter().find(|o| o.implementation == m.reference).map(|o| median(o));
             for o in mine {

@@ -23,10 +23,9 @@ pub const FORMAT: u32 = 1;
 /// The comment under the `@generated` header.
 const PREAMBLE: &str = "# What this crate was generated from. `monogen check` compares it with the repository;\n# `monogen build` uses the file list to find files it wrote before.\n";
 
-/// The contents of `monogen.lock`. `emit` writes it with the plan's canonical workload table
-/// (`W` is `&toml::Table`); readers take it as a `toml::Table` of their own.
+/// The contents of `monogen.lock`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Lock<W = toml::Table> {
+pub struct Lock {
     #[serde(default)]
     pub format: u32,
     /// The monogen version that generated the crate.
@@ -46,7 +45,7 @@ pub struct Lock<W = toml::Table> {
     pub file: Vec<File>,
     /// The workload, as its canonical TOML table.
     #[serde(default)]
-    pub workload: W,
+    pub workload: toml::Table,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -79,15 +78,13 @@ pub enum ReadError {
     Malformed(String),
 }
 
-impl<W: Serialize> Lock<W> {
+impl Lock {
     /// The lock file's body (without the `@generated` header, which `emit` adds).
     pub fn render(&self) -> String {
         let body = toml::to_string(self).expect("a lock file always serializes");
         format!("{PREAMBLE}{body}")
     }
-}
 
-impl Lock {
     /// Parses a lock file's text, header included.
     pub fn parse(text: &str) -> Result<Lock, String> {
         let body = text.split_once('\n').map_or("", |(_, b)| b);

@@ -24,7 +24,7 @@ use std::path::{Path, PathBuf};
 
 use crate::Error;
 use crate::emit::{HeaderStatus, Output, check_header};
-use crate::lock::{LOCK_FILE, Lock};
+use crate::lock::{LOCK_FILE, Lock, ReadError};
 
 /// Name of the staging directory inside an output directory.
 pub const STAGING_DIR: &str = ".monogen-staging";
@@ -67,17 +67,17 @@ impl Diff {
 /// The files the generation in `dir` wrote, from its monogen.lock; `None` without a lock.
 pub fn previous_files(dir: &Path) -> Result<Option<BTreeSet<PathBuf>>, Error> {
     let lock_path = dir.join(LOCK_FILE);
-    let text = match fs::read_to_string(&lock_path) {
-        Ok(text) => text,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(Error::io(&lock_path, e)),
+    let lock = match Lock::read(dir) {
+        Ok(lock) => lock,
+        Err(ReadError::Missing) => return Ok(None),
+        Err(ReadError::Io(e)) => return Err(Error::io(&lock_path, e)),
+        Err(ReadError::Malformed(e)) => {
+            return Err(Error::Refused(format!(
+                "{} cannot be read ({e}); it is how monogen knows which files it wrote. Restore it, or pass --force to write the crate anyway",
+                lock_path.display(),
+            )));
+        }
     };
-    let lock = Lock::parse(&text).map_err(|e| {
-        Error::Refused(format!(
-            "{} cannot be read ({e}); it is how monogen knows which files it wrote. Restore it, or pass --force to write the crate anyway",
-            lock_path.display(),
-        ))
-    })?;
     let files: BTreeSet<PathBuf> = lock.files(&lock_path)?.into_iter().collect();
     Ok(Some(files))
 }

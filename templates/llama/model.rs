@@ -4,7 +4,7 @@
 //! In the shape comments, T is the number of positions run at once: 1 for a decode step,
 //! up to PREFILL_CHUNK for prefill.
 
-//~ The emitter fills this file for each LLaMA crate (emit/llama.rs, `model_slots`): `__decode`,
+//~ The emitter fills this file for each LLaMA crate (emit/llama.rs, `model_rs`): `__decode`,
 //~ `__prefill` and `__kv_cache` name the interfaces of the KV cache's element type, and each
 //~ `__slot!(name)` is what the plan's choices make of one step. Everything else is the generated
 //~ model.rs as it is. Lines starting with `//~`, like these, are not generated.

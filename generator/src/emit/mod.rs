@@ -206,7 +206,7 @@ pub fn emit(plan: &Plan, registry: &Registry, templates: &Templates) -> Result<O
                 sha256: sha256_hex(c.as_bytes()),
             })
             .collect(),
-        workload: &plan.workload_table,
+        workload: plan.workload_table.clone(),
     };
     files.insert(PathBuf::from(LOCK_FILE), with_header(Path::new(LOCK_FILE), &lock.render(), name));
     Ok(Output { files })
