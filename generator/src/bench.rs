@@ -487,7 +487,7 @@ pub fn bench(
         .filter(|i| outcomes.iter().any(|o| o.interface == i.interface))
         .map(|i| Measurement {
             interface: i.interface.clone(),
-            reference: project.registry.interfaces[&i.interface].reference.clone(),
+            reference: i.reference.clone(),
             chosen: i.chosen.name.clone(),
         })
         .collect();

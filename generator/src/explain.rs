@@ -127,7 +127,16 @@ fn header(plan: &Plan, path: &Path) -> String {
 fn interface(i: &InterfacePlan) -> String {
     let mut s = String::new();
     {
-        s.push_str(&format!("\n{}: {}\n", i.interface, i.summary));
+        match &i.element {
+            Some(element) => {
+                s.push_str(&format!("\n{}<{element}>: {}\n", i.interface, i.summary));
+                s.push_str(&format!(
+                    "  element type {element}: takes {} (implementations of other element types do not compete)\n",
+                    crate::registry::describe_takes(&i.takes)
+                ));
+            }
+            None => s.push_str(&format!("\n{}: {}\n", i.interface, i.summary)),
+        }
         for cand in &i.candidates {
             let head = format!("  {} {} (priority {})", cand.name, cand.version, cand.priority);
             let line = match &cand.verdict {
@@ -173,7 +182,7 @@ fn footer(plan: &Plan, out_dir: &Path) -> String {
         Consts::Llama(c) => format!(
             "per session: KV cache {} ({}), activations {}",
             human_bytes(f.kv_cache_bytes),
-            c.kv.dtype.as_str(),
+            c.kv_dtype.as_str(),
             human_bytes(f.scratch_bytes)
         ),
         Consts::Bert(_) => {

@@ -41,6 +41,11 @@ pub struct Manifest<D = String, T = String> {
     /// The type in which it hands work to the thread team (`_shared/team.rs`).
     #[serde(default)]
     pub team_job: Option<String>,
+    /// The element types it takes, for an interface with `[[elements]]` (for example
+    /// `{ weights = "bf16", activations = "f32" }` for a matmul): exactly those of one of the
+    /// interface's element types. Empty for an interface without.
+    #[serde(default)]
+    pub elements: BTreeMap<String, String>,
     #[serde(default = "Constraints::any")]
     pub constraints: Constraints<D, T>,
 }

@@ -36,9 +36,6 @@ pub struct Plan {
     pub shapes: String,
     /// The derived constants the generated crate bakes in.
     pub consts: Consts,
-    /// The interface of the linear layers' products, which the weights' and activations'
-    /// element types pick (`matmul`, `matmul_bf16`, `matmul_bf16_bf16`, `matmul_q8`).
-    pub matmul: String,
     /// One entry per interface the architecture needs, in the order the forward pass uses them.
     pub interfaces: Vec<InterfacePlan>,
     /// CPU features the chosen kernels enable, in canonical order: the start-up check.
@@ -140,28 +137,23 @@ pub struct LlamaConsts {
     /// `resolve::RESIDENT_WEIGHT_BYTES`) rather than read through the file mapping, where the
     /// kernel maps the file in small pages (`runtime/resident.rs`).
     pub resident_weights: bool,
-    /// The KV cache's element type and the interfaces that store into it and read it.
-    pub kv: KvLayout,
+    /// The KV cache's element type, which `kv_cache` and the attention interfaces take.
+    pub kv_dtype: crate::workload::KvDtype,
     /// The request pattern: longest sequence, typical prompt and decode lengths.
     pub request: DecoderRequest,
-}
-
-/// How a LLaMA crate keeps past keys and values, and the interfaces that work on them.
-#[derive(Debug, Clone, Serialize)]
-pub struct KvLayout {
-    pub dtype: crate::workload::KvDtype,
-    /// Stores new keys and values (`kv_cache`, or `kv_cache_bf16`).
-    pub cache: String,
-    /// Attention of one new row over the cache (`attention_decode`, `attention_decode_bf16`).
-    pub decode: String,
-    /// Causal attention of a chunk of rows (`attention_prefill`, `attention_prefill_bf16`).
-    pub prefill: String,
 }
 
 #[derive(Debug, Clone, Serialize)]
 pub struct InterfacePlan {
     pub interface: String,
     pub summary: String,
+    /// The element type of the interface that the workload's element types pick (`bf16` of
+    /// `matmul<bf16>`); `None` for an interface without element types.
+    pub element: Option<String>,
+    /// The element types of `element` (`weights = "int8"`, ...); empty without one.
+    pub takes: BTreeMap<String, String>,
+    /// The implementation every other one of this element type is checked against.
+    pub reference: String,
     pub chosen: Chosen,
     pub candidates: Vec<Candidate>,
     /// The implementations that compete for the workload (compatible and not shadowed), in

@@ -48,8 +48,12 @@ pub struct Interface {
     pub name: String,
     pub summary: String,
     pub description: String,
-    /// The implementation every other one is checked against.
-    pub reference: String,
+    /// The implementation every other one is checked against, for an interface without
+    /// element types; with them, each element type names its own.
+    pub reference: Option<String>,
+    /// The element types its implementations may take (`[[elements]]`), each with its own
+    /// reference; empty for an interface whose implementations all take the same types.
+    pub elements: Vec<Element>,
     pub functions: Vec<FnDecl>,
     pub types: Vec<TypeDecl>,
     /// The functions that an implementation which reads its weights in a layout of its own
@@ -60,11 +64,102 @@ pub struct Interface {
     pub path: PathBuf,
 }
 
+/// A function an interface declares. Its signature may hold `{placeholder}`s that each
+/// element type fills (`Element::types`).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct FnDecl {
     pub signature: String,
     pub doc: String,
+    /// The element types (by name) whose implementations expose it; absent means all.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub elements: Option<Vec<String>>,
+}
+
+/// One element type of an interface: the types its implementations take, as one
+/// `[[elements]]` entry of `interfaces/<name>.toml` declares them.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Element {
+    /// How code and docs name it: `matmul<bf16>`.
+    pub name: String,
+    pub summary: String,
+    /// Parameter → element type (`weights = "bf16"`, `activations = "f32"`, `kv = "bf16"`): an
+    /// implementation declares exactly these in its manifest's `elements`, and a workload's
+    /// [`crate::workload::Workload::element_types`] pick it.
+    pub takes: BTreeMap<String, String>,
+    /// The implementation every other one of this element type is checked against.
+    pub reference: String,
+    /// Placeholder → the Rust it stands for in the interface's signatures (`W = "u16"`).
+    #[serde(default)]
+    pub types: BTreeMap<String, String>,
+}
+
+impl Element {
+    /// Whether a workload with these element types uses this one.
+    pub fn fits(&self, types: &BTreeMap<&str, &str>) -> bool {
+        self.takes.iter().all(|(k, v)| types.get(k.as_str()) == Some(&v.as_str()))
+    }
+}
+
+impl Interface {
+    /// The element type of this interface that a workload with element types `types` uses;
+    /// `Ok(None)` for an interface without element types, `Err` when none fits.
+    pub fn element_for(&self, types: &BTreeMap<&str, &str>) -> Result<Option<&Element>, String> {
+        if self.elements.is_empty() {
+            return Ok(None);
+        }
+        self.elements.iter().find(|e| e.fits(types)).map(Some).ok_or_else(|| {
+            let offered: Vec<String> = self.elements.iter().map(|e| describe_takes(&e.takes)).collect();
+            format!("interface `{}` takes {}", self.name, offered.join(", or "))
+        })
+    }
+
+    /// The name of the reference implementation of `element` (of the interface itself when
+    /// it has no element types).
+    pub fn reference_of<'a>(&'a self, element: Option<&'a Element>) -> &'a str {
+        element.map_or_else(|| self.reference.as_deref().unwrap_or_default(), |e| e.reference.as_str())
+    }
+
+    /// The interface as an implementation of `element` must expose it: the functions of that
+    /// element type, their placeholders filled.
+    pub fn at(&self, element: Option<&Element>) -> Interface {
+        let Some(element) = element else { return self.clone() };
+        let fill = |text: &str| {
+            element.types.iter().fold(text.to_string(), |t, (k, v)| t.replace(&format!("{{{k}}}"), v))
+        };
+        let specialize = |decls: &[FnDecl]| -> Vec<FnDecl> {
+            decls
+                .iter()
+                .filter(|d| d.elements.as_ref().is_none_or(|names| names.contains(&element.name)))
+                .map(|d| FnDecl { signature: fill(&d.signature), doc: fill(&d.doc), elements: None })
+                .collect()
+        };
+        Interface {
+            name: self.name.clone(),
+            summary: self.summary.clone(),
+            description: self.description.clone(),
+            reference: Some(element.reference.clone()),
+            elements: Vec::new(),
+            functions: specialize(&self.functions),
+            types: self
+                .types
+                .iter()
+                .map(|t| TypeDecl {
+                    declaration: fill(&t.declaration),
+                    doc: fill(&t.doc),
+                    methods: t.methods.iter().map(|m| fill(m)).collect(),
+                })
+                .collect(),
+            packing: specialize(&self.packing),
+            path: self.path.clone(),
+        }
+    }
+}
+
+/// `weights = bf16, activations = f32`.
+pub fn describe_takes<K: AsRef<str>, V: AsRef<str>>(takes: impl IntoIterator<Item = (K, V)>) -> String {
+    takes.into_iter().map(|(k, v)| format!("{} = {}", k.as_ref(), v.as_ref())).collect::<Vec<_>>().join(", ")
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -82,7 +177,10 @@ struct InterfaceFile {
     name: String,
     summary: String,
     description: String,
-    reference: String,
+    #[serde(default)]
+    reference: Option<String>,
+    #[serde(default)]
+    elements: Vec<Element>,
     #[serde(default)]
     functions: Vec<FnDecl>,
     #[serde(default)]
@@ -115,6 +213,10 @@ pub struct Implementation {
     /// crate's thread team, [`TEAM_MODULE`]; a crate with such kernels gets an enum of their
     /// job types (`kernels::TeamJob`) for the team's workers to run.
     pub team_job: Option<String>,
+    /// The element types it takes (its manifest's `elements`), and the name of the interface's
+    /// element type they make (`None` for an interface without element types).
+    pub elements: BTreeMap<String, String>,
+    pub element: Option<String>,
     pub constraints: Constraints,
     /// Folder relative to the project root.
     pub dir: PathBuf,
@@ -206,17 +308,25 @@ impl Registry {
             }
         }
         for interface in interfaces.values() {
-            let has_reference = implementations
-                .get(&interface.name)
-                .is_some_and(|imps| imps.iter().any(|i| i.name == interface.reference));
-            if !has_reference {
-                problems.push(
-                    Diagnostic::new(format!(
-                        "interface `{}` names `{}` as its reference, but implementations/{}/{} does not exist or was rejected",
-                        interface.name, interface.reference, interface.name, interface.reference
-                    ))
-                    .at_path(&interface.path),
-                );
+            let elements: Vec<Option<&Element>> = match interface.elements.is_empty() {
+                true => vec![None],
+                false => interface.elements.iter().map(Some).collect(),
+            };
+            for element in elements {
+                let reference = interface.reference_of(element);
+                let has_reference = implementations.get(&interface.name).is_some_and(|imps| {
+                    imps.iter().any(|i| i.name == reference && i.element.as_deref() == element.map(|e| e.name.as_str()))
+                });
+                if !has_reference {
+                    let of = element.map(|e| format!(" of element type `{}`", e.name)).unwrap_or_default();
+                    problems.push(
+                        Diagnostic::new(format!(
+                            "interface `{}` names `{reference}` as its reference{of}, but implementations/{}/{reference} does not exist, takes other types or was rejected",
+                            interface.name, interface.name
+                        ))
+                        .at_path(&interface.path),
+                    );
+                }
             }
         }
         if problems.is_empty() { Ok(Registry { interfaces, implementations, shared }) } else { Err(problems) }
@@ -308,57 +418,97 @@ fn load_interfaces(root: &Path, problems: &mut Vec<Diagnostic>) -> BTreeMap<Stri
             );
             continue;
         }
-        let mut ok = true;
-        for f in file.functions.iter().chain(&file.packing) {
+        let interface = Interface {
+            name: file.name,
+            summary: file.summary,
+            description: file.description,
+            reference: file.reference,
+            elements: file.elements,
+            functions: file.functions,
+            types: file.types,
+            packing: file.packing,
+            path: rel,
+        };
+        let found = check_interface(&interface);
+        if found.is_empty() {
+            out.insert(interface.name.clone(), interface);
+        }
+        problems.extend(found);
+    }
+    out
+}
+
+/// What is wrong with an interface file: a reference where element types name their own (or
+/// none at all), an element type named twice, a function limited to an unknown element
+/// type, or a declaration that does not parse once an element type fills its placeholders.
+fn check_interface(interface: &Interface) -> Vec<Diagnostic> {
+    let mut problems = Vec::new();
+    let name = &interface.name;
+    let diag = |message: String| Diagnostic::new(message).at_path(&interface.path);
+    match (&interface.reference, interface.elements.is_empty()) {
+        (None, true) => problems.push(diag(format!("interface `{name}` names no reference"))
+            .hint("add `reference = \"<implementation>\"`, the one every other is checked against")),
+        (Some(_), false) => problems.push(diag(format!(
+            "interface `{name}` names a `reference` and `[[elements]]`: each element type names its own"
+        ))),
+        _ => {}
+    }
+    let names: Vec<&str> = interface.elements.iter().map(|e| e.name.as_str()).collect();
+    for (i, element) in interface.elements.iter().enumerate() {
+        if names[..i].contains(&element.name.as_str()) {
+            problems.push(diag(format!("interface `{name}` declares element type `{}` twice", element.name)));
+        }
+        if interface.elements[..i].iter().any(|e| e.takes == element.takes) {
+            problems.push(diag(format!(
+                "interface `{name}`: element types `{}` and another take the same types ({})",
+                element.name,
+                describe_takes(&element.takes)
+            )));
+        }
+    }
+    for f in interface.functions.iter().chain(&interface.packing) {
+        for limited in f.elements.iter().flatten().filter(|e| !names.contains(&e.as_str())) {
+            problems.push(diag(format!(
+                "interface `{name}`: `{}` is limited to element type `{limited}`, which it does not declare",
+                f.signature
+            )));
+        }
+    }
+    let views: Vec<Interface> = if interface.elements.is_empty() {
+        vec![interface.clone()]
+    } else {
+        interface.elements.iter().map(|e| interface.at(Some(e))).collect()
+    };
+    for view in &views {
+        let label = match &view.reference {
+            Some(r) if !interface.elements.is_empty() => format!(" (the element type of `{r}`)"),
+            _ => String::new(),
+        };
+        for f in view.functions.iter().chain(&view.packing) {
             if let Err(e) = parse_fn_decl(&f.signature) {
                 problems.push(
-                    Diagnostic::new(format!("interface `{}`: signature does not parse: {e}", file.name))
-                        .at_path(&rel)
+                    diag(format!("interface `{name}`{label}: signature does not parse: {e}"))
                         .note(f.signature.clone()),
                 );
-                ok = false;
             }
         }
-        for t in &file.types {
+        for t in &view.types {
             if let Err(e) = syn::parse_str::<syn::ItemStruct>(&format!("{};", t.declaration)) {
                 problems.push(
-                    Diagnostic::new(format!(
-                        "interface `{}`: type declaration does not parse: {e}",
-                        file.name
-                    ))
-                    .at_path(&rel)
-                    .note(t.declaration.clone()),
+                    diag(format!("interface `{name}`{label}: type declaration does not parse: {e}"))
+                        .note(t.declaration.clone()),
                 );
-                ok = false;
             }
             for m in &t.methods {
                 if let Err(e) = parse_fn_decl(m) {
                     problems.push(
-                        Diagnostic::new(format!("interface `{}`: method does not parse: {e}", file.name))
-                            .at_path(&rel)
-                            .note(m.clone()),
+                        diag(format!("interface `{name}`{label}: method does not parse: {e}")).note(m.clone()),
                     );
-                    ok = false;
                 }
             }
         }
-        if ok {
-            out.insert(
-                file.name.clone(),
-                Interface {
-                    name: file.name,
-                    summary: file.summary,
-                    description: file.description,
-                    reference: file.reference,
-                    functions: file.functions,
-                    types: file.types,
-                    packing: file.packing,
-                    path: rel,
-                },
-            );
-        }
     }
-    out
+    problems
 }
 
 fn load_shared(root: &Path, problems: &mut Vec<Diagnostic>) -> BTreeMap<String, SharedModule> {
@@ -467,8 +617,18 @@ fn load_implementation(
     let kernel_path = dir.join(KERNEL_FILE);
     let rel_kernel = rel_dir.join(KERNEL_FILE);
     let source = read_text(root, &kernel_path, problems)?;
+    let mut element = None;
     if let Some(interface) = interfaces.get(&m.interface) {
-        check_kernel(&m, interface, &source, &rel_kernel, &diag, problems);
+        match element_of(&m, interface) {
+            Ok(e) => {
+                element = e.map(|e| e.name.clone());
+                check_kernel(&m, &interface.at(e), &source, &rel_kernel, &diag, problems);
+            }
+            Err(why) => problems.push(diag(why, &["elements"]).hint(format!(
+                "declare the element types it takes as one of the `[[elements]]` of {}",
+                interface.path.display()
+            ))),
+        }
     }
     if problems.len() > before {
         return None;
@@ -486,11 +646,45 @@ fn load_implementation(
         packs_weights: m.packs_weights,
         packed_len: m.packed_len,
         team_job: m.team_job,
+        elements: m.elements,
+        element,
         constraints: m.constraints,
         dir: rel_dir,
         source,
         source_sha256,
     })
+}
+
+/// The element type of `interface` whose types the manifest declares (`None` for an interface
+/// without element types); why not, when it declares none of them or some without any.
+fn element_of<'i>(m: &ManifestFile, interface: &'i Interface) -> Result<Option<&'i Element>, String> {
+    let declared = describe_takes(&m.elements);
+    if interface.elements.is_empty() {
+        return match m.elements.is_empty() {
+            true => Ok(None),
+            false => Err(format!(
+                "`elements = {{ {declared} }}`, but interface `{}` has no element types",
+                interface.name
+            )),
+        };
+    }
+    match interface.elements.iter().find(|e| e.takes == m.elements) {
+        Some(e) => Ok(Some(e)),
+        None => {
+            let offered: Vec<String> =
+                interface.elements.iter().map(|e| format!("{{ {} }}", describe_takes(&e.takes))).collect();
+            Err(format!(
+                "{}, but interface `{}` takes {}",
+                if m.elements.is_empty() {
+                    "no `elements`".to_string()
+                } else {
+                    format!("`elements = {{ {declared} }}`")
+                },
+                interface.name,
+                offered.join(", or ")
+            ))
+        }
+    }
 }
 
 /// Makes a diagnostic of a manifest pointing at the value at a key path.
@@ -994,10 +1188,12 @@ mod tests {
             name: "matmul".into(),
             summary: String::new(),
             description: String::new(),
-            reference: "scalar".into(),
+            reference: Some("scalar".into()),
+            elements: Vec::new(),
             functions: vec![FnDecl {
                 signature: "pub fn matmul<const N: usize, const K: usize>(out: &mut [f32], x: &[f32], w: &[f32], rows: usize)".into(),
                 doc: String::new(),
+                elements: None,
             }],
             types: vec![],
             packing: Vec::new(),
@@ -1061,6 +1257,70 @@ mod tests {
         assert!(e[0].message.contains("`fma`"));
     }
 
+    /// A matmul with two element types, the second with a function of its own.
+    fn typed_interface() -> Interface {
+        let element = |name: &str, weights: &str, w: &str| Element {
+            name: name.into(),
+            summary: String::new(),
+            takes: BTreeMap::from([("weights".to_string(), weights.to_string())]),
+            reference: format!("{name}-scalar"),
+            types: BTreeMap::from([("weights".to_string(), w.to_string())]),
+        };
+        let decl = |signature: &str, elements: Option<Vec<String>>| FnDecl {
+            signature: signature.into(),
+            doc: String::new(),
+            elements,
+        };
+        Interface {
+            elements: vec![element("f32", "f32", "w: &[f32]"), element("q8", "int8", "w: &[i8], scales: &[f32]")],
+            reference: None,
+            functions: vec![decl("pub fn matmul(out: &mut [f32], {weights})", None)],
+            packing: vec![decl("pub fn check_packed(packed: &[i8]) -> bool", Some(vec!["q8".into()]))],
+            ..matmul_interface()
+        }
+    }
+
+    #[test]
+    fn an_element_type_fills_the_signatures_and_picks_its_functions() {
+        let interface = typed_interface();
+        assert!(check_interface(&interface).is_empty());
+        let types = BTreeMap::from([("weights", "int8"), ("activations", "f32")]);
+        let q8 = interface.element_for(&types).unwrap();
+        assert_eq!(q8.map(|e| e.name.as_str()), Some("q8"));
+        assert_eq!(interface.reference_of(q8), "q8-scalar");
+        let at = interface.at(q8);
+        assert_eq!(at.functions[0].signature, "pub fn matmul(out: &mut [f32], w: &[i8], scales: &[f32])");
+        assert_eq!(at.packing.len(), 1);
+        let f32 = interface.at(interface.elements.first());
+        assert_eq!(f32.functions[0].signature, "pub fn matmul(out: &mut [f32], w: &[f32])");
+        assert!(f32.packing.is_empty(), "check_packed is q8's alone");
+        // Weights no element type takes: the error says which it takes.
+        let why = interface.element_for(&BTreeMap::from([("weights", "bf16")])).unwrap_err();
+        assert_eq!(why, "interface `matmul` takes weights = f32, or weights = int8");
+        // An interface without element types has none to pick.
+        assert!(matmul_interface().element_for(&types).unwrap().is_none());
+    }
+
+    #[test]
+    fn interface_files_with_element_types_are_checked() {
+        let both = Interface { reference: Some("scalar".into()), ..typed_interface() };
+        assert!(check_interface(&both)[0].message.contains("names a `reference` and `[[elements]]`"));
+        let mut twice = typed_interface();
+        twice.elements[1].name = "f32".into();
+        assert!(check_interface(&twice).iter().any(|d| d.message.contains("declares element type `f32` twice")));
+        let mut unknown = typed_interface();
+        unknown.packing[0].elements = Some(vec!["int4".into()]);
+        assert!(
+            check_interface(&unknown)
+                .iter()
+                .any(|d| d.message.contains("is limited to element type `int4`, which it does not declare"))
+        );
+        let mut unfilled = typed_interface();
+        unfilled.elements[0].types.clear();
+        let found = check_interface(&unfilled);
+        assert!(found.iter().any(|d| d.message.contains("(the element type of `f32-scalar`): signature does not parse")), "{found:?}");
+    }
+
     #[test]
     fn shadow_cycles_are_found() {
         let imp = |name: &str, shadows: &[&str]| Implementation {
@@ -1075,6 +1335,8 @@ mod tests {
             packs_weights: false,
             packed_len: None,
             team_job: None,
+            elements: BTreeMap::new(),
+            element: None,
             constraints: Constraints::default(),
             dir: PathBuf::new(),
             source: Arc::from(""),

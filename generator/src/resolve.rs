@@ -19,41 +19,13 @@ use crate::plan::{
 };
 use crate::rankings::{self, Distribution, Evidence, Rankings};
 use crate::registry::{Implementation, Registry, sha256_hex};
-use crate::workload::{Activations, Dtype, KvDtype, Model, Pooling, Weights, Workload};
-
-/// The interface of the linear layers' products. A workload holding its matrices in bfloat16 or
-/// int8 runs them through matmul_bf16 (matmul_bf16_bf16 when it rounds their activations to
-/// bfloat16 too) or matmul_q8; every other interface computes on f32 activations either way.
-pub fn matmul_interface(weights: &Weights) -> &'static str {
-    match (weights.dtype, weights.activations) {
-        (Dtype::Bf16, Activations::Bf16) => "matmul_bf16_bf16",
-        (Dtype::Bf16, Activations::F32) => "matmul_bf16",
-        (Dtype::Int8, _) => "matmul_q8",
-        (Dtype::F32 | Dtype::F16, _) => "matmul",
-    }
-}
+use crate::workload::{Dtype, Model, Pooling, Workload};
 
 /// The interfaces a workload's forward pass calls, in the order it calls them. Options the
 /// workload does not use (no pooling, no normalization) need no interface, so their code is
-/// never generated.
+/// never generated. The workload's element types pick each interface's element type
+/// ([`Workload::element_types`]).
 pub fn required_interfaces(w: &Workload) -> Vec<&'static str> {
-    let matmul = matmul_interface(&w.weights);
-    let (kv_cache, decode, prefill) = kv_interfaces(w.kv_cache.dtype);
-    let mut list = required_f32_interfaces(w);
-    for name in &mut list {
-        *name = match *name {
-            "matmul" => matmul,
-            "kv_cache" => kv_cache,
-            "attention_prefill" => prefill,
-            "attention_decode" => decode,
-            other => other,
-        };
-    }
-    list
-}
-
-/// The interfaces of `w`'s architecture and options, with `matmul` for its linear layers.
-fn required_f32_interfaces(w: &Workload) -> Vec<&'static str> {
     match &w.model {
         // With a sliding window, every row attends through attention_decode over its own
         // window of the cache, and no prefill attention is generated.
@@ -130,6 +102,16 @@ pub fn rejections(imp: &Implementation, w: &Workload) -> Vec<String> {
             w.weights.dtype.as_str()
         ));
     }
+    let types = w.element_types();
+    let other: Vec<String> = imp
+        .elements
+        .iter()
+        .filter(|(k, v)| types.get(k.as_str()) != Some(&v.as_str()))
+        .map(|(k, v)| format!("{k} = {v} where the workload has {}", types.get(k.as_str()).unwrap_or(&"none")))
+        .collect();
+    if !other.is_empty() {
+        reasons.push(format!("takes other element types: {}", other.join(", ")));
+    }
     let shapes = shape_parameters(w);
     for (name, bound) in &c.shapes {
         if let Some(&value) = shapes.get(name.as_str())
@@ -185,13 +167,34 @@ pub fn resolve(
             );
             continue;
         };
-        match choose(name, registry.implementations_of(name), w, registry, selection) {
+        let element = match interface.element_for(&w.element_types()) {
+            Ok(element) => element,
+            Err(why) => {
+                problems.push(
+                    Diagnostic::new(format!("no element type of `{name}` fits workload `{}`: {why}", w.name))
+                        .at_path(path)
+                        .hint("change the workload's weights.dtype, weights.activations or kv_cache.dtype"),
+                );
+                continue;
+            }
+        };
+        // Implementations of other element types never compete, and explain does not list them.
+        let imps: Vec<Implementation> = registry
+            .implementations_of(name)
+            .iter()
+            .filter(|i| i.element.as_deref() == element.map(|e| e.name.as_str()))
+            .cloned()
+            .collect();
+        match choose(name, &imps, w, registry, selection) {
             Ok((chosen, candidates, unmeasured)) => interfaces.push(InterfacePlan {
                 interface: name.to_string(),
                 summary: interface.summary.clone(),
+                element: element.map(|e| e.name.clone()),
+                takes: element.map(|e| e.takes.clone()).unwrap_or_default(),
+                reference: interface.reference_of(element).to_string(),
                 chosen,
                 candidates,
-                competitors: competitors(registry.implementations_of(name), w)
+                competitors: competitors(&imps, w)
                     .into_iter()
                     .map(|i| i.name.clone())
                     .collect(),
@@ -264,7 +267,6 @@ pub fn resolve(
         workload_sha256: sha256_hex(w.canonical_toml().as_bytes()),
         shapes: rankings::shapes_signature(w),
         consts,
-        matmul: matmul_interface(&w.weights).to_string(),
         interfaces,
         cpu_features,
         shared_modules: shared_modules.into_iter().collect(),
@@ -660,21 +662,6 @@ fn chosen(
 /// time.
 pub const RESIDENT_WEIGHT_BYTES: u64 = 1 << 30;
 
-/// The interfaces that store into a KV cache of `dtype` and read it (cache, decode attention,
-/// prefill attention): a bfloat16 cache has interfaces of its own.
-fn kv_interfaces(dtype: KvDtype) -> (&'static str, &'static str, &'static str) {
-    match dtype {
-        KvDtype::F32 => ("kv_cache", "attention_decode", "attention_prefill"),
-        KvDtype::Bf16 => ("kv_cache_bf16", "attention_decode_bf16", "attention_prefill_bf16"),
-    }
-}
-
-/// The KV cache of a LLaMA crate.
-fn kv_layout(dtype: KvDtype) -> crate::plan::KvLayout {
-    let (cache, decode, prefill) = kv_interfaces(dtype);
-    crate::plan::KvLayout { dtype, cache: cache.into(), decode: decode.into(), prefill: prefill.into() }
-}
-
 fn consts(w: &Workload) -> Consts {
     match &w.model {
         Model::Llama(m) => {
@@ -701,7 +688,7 @@ fn consts(w: &Workload) -> Consts {
                 rope_scaling: m.rope_scaling,
                 sliding_window: m.sliding_window,
                 resident_weights: false,
-                kv: kv_layout(w.kv_cache.dtype),
+                kv_dtype: w.kv_cache.dtype,
                 request: r.clone(),
             })
         }
@@ -808,6 +795,8 @@ mod tests {
             packs_weights: false,
             packed_len: None,
             team_job: None,
+            elements: BTreeMap::new(),
+            element: None,
             constraints,
             dir: format!("implementations/matmul/{name}").into(),
             source: Arc::from(""),
@@ -824,38 +813,53 @@ mod tests {
     }
 
     #[test]
-    fn the_weights_dtype_and_activations_pick_the_matmul_interface_of_both_architectures() {
+    fn the_weights_dtype_and_activations_pick_the_element_type_of_matmul_in_both_architectures() {
         let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-        for (file, matmul) in [
-            ("stories260k-cpu-f32", "matmul"),
-            ("stories260k-cpu-bf16", "matmul_bf16"),
-            ("stories260k-cpu-bf16-bf16act", "matmul_bf16_bf16"),
-            ("stories260k-cpu-int8", "matmul_q8"),
-            ("all-minilm-l6-v2-cpu-f32", "matmul"),
-            ("all-minilm-l6-v2-cpu-bf16", "matmul_bf16"),
-            ("all-minilm-l6-v2-cpu-int8", "matmul_q8"),
+        let registry = Registry::load(&root).unwrap();
+        for (file, element) in [
+            ("stories260k-cpu-f32", "f32"),
+            ("stories260k-cpu-bf16", "bf16"),
+            ("stories260k-cpu-bf16-bf16act", "bf16act"),
+            ("stories260k-cpu-int8", "q8"),
+            ("all-minilm-l6-v2-cpu-f32", "f32"),
+            ("all-minilm-l6-v2-cpu-bf16", "bf16"),
+            ("all-minilm-l6-v2-cpu-int8", "q8"),
         ] {
-            let w =
-                WorkloadSource::read(&root.join(format!("workloads/{file}.toml"))).unwrap().parse().unwrap();
-            let list = required_interfaces(&w);
-            let matmuls: Vec<_> = list.iter().filter(|i| i.starts_with("matmul")).collect();
-            assert_eq!(matmuls, [&matmul], "{file}: {list:?}");
+            let path = root.join(format!("workloads/{file}.toml"));
+            let w = WorkloadSource::read(&path).unwrap().parse().unwrap();
+            let plan = resolve(&w, &registry, &Selection::default(), &path).unwrap();
+            let matmul = plan.interfaces.iter().find(|i| i.interface == "matmul").unwrap();
+            assert_eq!(matmul.element.as_deref(), Some(element), "{file}");
+            // Only implementations of that element type compete, and its reference is theirs.
+            let imps = registry.implementations_of("matmul");
+            for c in &matmul.candidates {
+                let imp = imps.iter().find(|i| i.name == c.name).unwrap();
+                assert_eq!(imp.element.as_deref(), Some(element), "{file}: {}", c.name);
+            }
+            assert_eq!(
+                registry.implementation("matmul", &matmul.reference).unwrap().element.as_deref(),
+                Some(element)
+            );
         }
     }
 
     #[test]
-    fn a_bf16_kv_cache_picks_the_bf16_cache_and_attention_interfaces() {
+    fn a_bf16_kv_cache_picks_the_bf16_element_type_of_the_cache_and_attention_interfaces() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let registry = Registry::load(&root).unwrap();
         let f32_cache =
             WorkloadSource::from_text("w.toml", crate::workload::tests_support::GOOD).parse().unwrap();
         let text = format!("{}\n[kv_cache]\ndtype = \"bf16\"\n", crate::workload::tests_support::GOOD);
         let bf16_cache = WorkloadSource::from_text("w.toml", &text).parse().unwrap();
-        let (f32_list, bf16_list) = (required_interfaces(&f32_cache), required_interfaces(&bf16_cache));
-        assert_eq!(f32_list.len(), bf16_list.len());
-        for (a, b) in f32_list.iter().zip(&bf16_list) {
-            match *a {
-                "kv_cache" | "attention_prefill" | "attention_decode" => assert_eq!(*b, format!("{a}_bf16")),
-                _ => assert_eq!(a, b),
+        assert_eq!(required_interfaces(&f32_cache), required_interfaces(&bf16_cache));
+        for (w, element) in [(&f32_cache, "f32"), (&bf16_cache, "bf16")] {
+            for name in ["kv_cache", "attention_prefill", "attention_decode"] {
+                let found = registry.interfaces[name].element_for(&w.element_types()).unwrap();
+                assert_eq!(found.map(|e| e.name.as_str()), Some(element), "{name}");
             }
+            // The products stay f32: the cache's element type is the cache's alone.
+            let matmul = registry.interfaces["matmul"].element_for(&w.element_types()).unwrap();
+            assert_eq!(matmul.map(|e| e.name.as_str()), Some("f32"));
         }
         let (f32_bytes, bf16_bytes) = (
             footprint(&f32_cache, &consts(&f32_cache)).kv_cache_bytes,

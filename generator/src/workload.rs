@@ -9,6 +9,7 @@
 //! 3. semantic checks (shapes that do not fit together, values out of range), which find
 //!    the span of the offending value by its key path.
 
+use std::collections::BTreeMap;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -1305,6 +1306,17 @@ impl Workload {
         let values =
             [hidden, intermediate, layers, heads, kv_heads, head_dim, vocab, self.request.max_seq_len()];
         std::array::from_fn(|i| (Shape::ALL[i], values[i]))
+    }
+
+    /// The element types the kernels take, by the parameter names of `interfaces/*.toml`'s
+    /// `[[elements]]` (`weights`, `activations`, `kv`): what picks an interface's
+    /// implementations among those of other element types.
+    pub fn element_types(&self) -> BTreeMap<&'static str, &'static str> {
+        BTreeMap::from([
+            ("weights", self.weights.dtype.as_str()),
+            ("activations", self.weights.activations.as_str()),
+            ("kv", self.kv_cache.dtype.as_str()),
+        ])
     }
 
     /// The workload in canonical TOML (field order fixed, no comments): what `monogen.lock`

@@ -532,10 +532,11 @@ fn bench_measures_int8_and_bf16_matmuls_on_weights_as_their_crates_hold_them() {
     // rounding, blockwise int8), and every candidate must match the reference on them.
     let repo = measured_repo();
     let class = monogen::host::this_class();
-    for (workload, interface, simd) in [
-        ("stories260k-cpu-int8", "matmul_q8", "avx2-threads"),
-        ("stories260k-cpu-bf16", "matmul_bf16", "avx2-fma-threads"),
+    for (workload, element, simd) in [
+        ("stories260k-cpu-int8", "q8", "q8-avx2-threads"),
+        ("stories260k-cpu-bf16", "bf16", "bf16-avx2-fma-threads"),
     ] {
+        let interface = "matmul";
         let path = format!("workloads/{workload}.toml");
         let text = std::fs::read_to_string(workspace_root().join(&path)).unwrap();
         let text = text.replace("threads = 2", &format!("threads = 2\nhardware = \"{class}\""));
@@ -555,7 +556,10 @@ fn bench_measures_int8_and_bf16_matmuls_on_weights_as_their_crates_hold_them() {
         let results: Vec<&serde_json::Value> =
             doc["results"].as_array().unwrap().iter().filter(|r| r["interface"] == interface).collect();
         let names: Vec<&str> = results.iter().map(|r| r["implementation"].as_str().unwrap()).collect();
-        assert!(names.contains(&"scalar") && names.len() >= 3, "{interface}: {names:?}");
+        let reference = format!("{element}-scalar");
+        assert!(names.contains(&reference.as_str()) && names.len() >= 3, "{element}: {names:?}");
+        // Only implementations of the workload's element type are measured.
+        assert!(names.iter().all(|n| n.starts_with(&format!("{element}-"))), "{element}: {names:?}");
         let project = monogen::Project::load(repo.path()).unwrap();
         let mut packed = 0;
         for r in results {
@@ -587,12 +591,12 @@ fn bench_measures_int8_and_bf16_matmuls_on_weights_as_their_crates_hold_them() {
             }
         }
         assert!(packed >= 1, "{interface}: no candidate that packs its weights ran here");
-        if interface == "matmul_q8" {
+        if element == "q8" {
             // Run as a process per request, the table shows each packing and its charge, and
             // lists the candidates by their time with it.
             let text = std::fs::read_to_string(repo.path().join(&path)).unwrap();
             std::fs::write(repo.path().join(&path), format!("{text}requests_per_load = 1\n")).unwrap();
-            let mut args = vec!["bench", path.as_str(), "--dry-run", "--interface", "matmul_q8"];
+            let mut args = vec!["bench", path.as_str(), "--dry-run", "--interface", "matmul"];
             args.extend_from_slice(QUICK);
             let out = monogen(repo.path(), &args);
             assert!(out.status.success(), "{}", stderr(&out));

@@ -185,7 +185,8 @@ fn explain_shows_every_candidate_and_why() {
     assert!(out.status.success(), "{}", stderr(&out));
     let text = stdout(&out);
     for expected in [
-        "matmul: ",
+        "matmul<f32>: ",
+        "  element type f32: takes activations = f32, weights = f32 (implementations of other element types do not compete)",
         "  avx2-fma 1.0.0 (priority 20): CHOSEN, highest declared priority (20) among 2 compatible implementations",
         "  scalar 1.0.0 (priority 0): compatible, not chosen: declared priority 0 is below avx2-fma's 20",
         "start-up check: avx2, fma",
@@ -220,9 +221,9 @@ fn explain_shows_the_packing_at_load_a_workload_counts() {
     assert!(out.status.success(), "{}", stderr(&out));
     let text = stdout(&out);
     assert!(text.contains("; each request loads the model (packing at load counted in full)"), "{text}");
-    let q8 = &text[text.find("\nmatmul_q8:").unwrap()..];
+    let q8 = &text[text.find("\nmatmul<q8>:").unwrap()..];
     let q8 = &q8[..q8[1..].find("\n\n").unwrap()];
-    let packed = q8.lines().skip_while(|l| !l.starts_with("  avx512-vnni-packed-threads ")).nth(1).unwrap();
+    let packed = q8.lines().skip_while(|l| !l.starts_with("  q8-avx512-vnni-packed-threads ")).nth(1).unwrap();
     assert!(
         packed.contains("; packing at load ")
             && packed.contains(" (slowest ")
@@ -247,11 +248,11 @@ fn a_workload_no_implementation_fits_is_refused_with_every_reason() {
     let out = monogen(repo.path(), &["build", WORKLOAD]);
     assert_eq!(out.status.code(), Some(2));
     let err = stderr(&out);
-    assert!(err.contains("no implementation of `matmul` fits workload `stories260k-cpu-f32`"), "{err}");
     assert!(
-        err.contains("matmul/scalar: supports weight dtype f32; the workload uses f16 (weights.dtype)"),
+        err.contains("no element type of `matmul` fits workload `stories260k-cpu-f32`: interface `matmul` takes activations = f32, weights = f32, or activations = f32, weights = bf16, or"),
         "{err}"
     );
+    assert!(err.contains("change the workload's weights.dtype, weights.activations or kv_cache.dtype"), "{err}");
 }
 
 #[test]
@@ -584,6 +585,42 @@ fn team_jobs_are_checked() {
             "pub(crate) struct Shared(",
             "struct Shared(",
             "team job `Shared` must be `pub(crate)`",
+        ),
+    ];
+    assert_each_slip_refused(&cases);
+}
+
+/// An implementation of an interface with element types declares the types it takes, which
+/// must be those of one of the interface's element types, and its kernel exposes the
+/// interface's signatures with that element type's types; each slip is refused with the reason.
+#[test]
+fn element_types_are_checked() {
+    let cases: [(&str, &str, &str, &str, &str); 4] = [
+        // Types that no element type of `matmul` takes.
+        (
+            "matmul/bf16-avx512",
+            "manifest.toml",
+            "elements = { weights = \"bf16\", activations = \"f32\" }",
+            "elements = { weights = \"f16\", activations = \"f32\" }",
+            "`elements = { activations = f32, weights = f16 }`, but interface `matmul` takes { activations = f32, weights = f32 }, or",
+        ),
+        // No element types at all.
+        (
+            "kv_cache/bf16-contiguous",
+            "manifest.toml",
+            "elements = { kv = \"bf16\" }",
+            "",
+            "no `elements`, but interface `kv_cache` takes { kv = f32 }, or { kv = bf16 }",
+        ),
+        // Element types where the interface has none.
+        ("gelu/scalar", "manifest.toml", "shared = []\n", "shared = []\nelements = { kv = \"f32\" }\n", "`elements = { kv = f32 }`, but interface `gelu` has no element types"),
+        // A kernel whose signature has the types of another element type.
+        (
+            "matmul/bf16-scalar",
+            "kernel.rs",
+            "w: &[u16]",
+            "w: &[f32]",
+            "`matmul` does not match the signature that interface `matmul` declares",
         ),
     ];
     assert_each_slip_refused(&cases);

@@ -1,8 +1,8 @@
 //! The matrix product with bfloat16 weights over weights that [`pack`] rewrote once, at load,
-//! into the layout of the AMX tiles (Intel Advanced Matrix Extensions), for the `matmul_bf16`
-//! and `matmul_bf16_bf16` implementations that read that layout. Each implementation picks a
-//! [`Mode`]: whether its activations are exact f32 ([`Exact`], `matmul_bf16`) or rounded to
-//! bfloat16 (the others, `matmul_bf16_bf16`), whether a call of [`AMX_ROWS`] rows or more (a
+//! into the layout of the AMX tiles (Intel Advanced Matrix Extensions), for the `matmul<bf16>`
+//! and `matmul<bf16act>` implementations that read that layout. Each implementation picks a
+//! [`Mode`]: whether its activations are exact f32 ([`Exact`], `matmul<bf16>`) or rounded to
+//! bfloat16 (the others, `matmul<bf16act>`), whether a call of [`AMX_ROWS`] rows or more (a
 //! prefill) runs on the tiles, and whether the calls off the tiles (a decode step, or every call)
 //! take AVX512_BF16 dot products or f32 multiply-adds.
 //!
@@ -15,7 +15,7 @@
 //! product, [`Amx::prepared`] writes each f32 activation as the sum of three bfloat16 (its value
 //! cut to the top 8 significant bits, then what is left cut the same way, then the rest, which
 //! fits: the three add up to the f32 value exactly), and the tiles multiply all three by the
-//! same weights into the same sums: the result is the f32 product of `matmul_bf16`, up to the
+//! same weights into the same sums: the result is the f32 product of `matmul<bf16>`, up to the
 //! rounding of the f32 additions (values below about 2⁻¹⁰⁰, and subnormal bfloat16 weights,
 //! aside: the tiles read those as zero). Rounded activations are one term each, a third of the
 //! tiles' work.
@@ -136,9 +136,9 @@ pub fn pack(w: &[u16], n: usize, k: usize) -> Vec<u16> {
 
 /// How a product reads its activations and which instructions multiply them.
 pub trait Mode: Copy + Send + Sync + 'static {
-    /// The f32 product of the interface `matmul_bf16` (each activation three bfloat16 terms on
+    /// The f32 product of the interface `matmul<bf16>` (each activation three bfloat16 terms on
     /// the tiles); otherwise each activation is rounded to the nearest bfloat16 (ties to even)
-    /// first, as `matmul_bf16_bf16` defines.
+    /// first, as `matmul<bf16act>` defines.
     const EXACT: bool;
     /// From [`AMX_ROWS`] rows on, the AMX tiles; otherwise AVX-512 at every row count.
     const TILES: bool;
@@ -148,7 +148,7 @@ pub trait Mode: Copy + Send + Sync + 'static {
     const PAIRS: bool;
 }
 
-/// `matmul_bf16` on AMX tiles: exact activations, f32 multiply-adds off the tiles.
+/// `matmul<bf16>` on AMX tiles: exact activations, f32 multiply-adds off the tiles.
 #[derive(Clone, Copy)]
 pub struct Exact;
 
@@ -158,7 +158,7 @@ impl Mode for Exact {
     const PAIRS: bool = false;
 }
 
-/// `matmul_bf16_bf16` on AMX tiles, AVX512_BF16 dot products off them.
+/// `matmul<bf16act>` on AMX tiles, AVX512_BF16 dot products off them.
 #[derive(Clone, Copy)]
 pub struct RoundedTiles;
 
@@ -168,7 +168,7 @@ impl Mode for RoundedTiles {
     const PAIRS: bool = true;
 }
 
-/// `matmul_bf16_bf16` in AVX512_BF16 dot products at every row count.
+/// `matmul<bf16act>` in AVX512_BF16 dot products at every row count.
 #[derive(Clone, Copy)]
 pub struct RoundedPairs;
 
@@ -178,7 +178,7 @@ impl Mode for RoundedPairs {
     const PAIRS: bool = true;
 }
 
-/// `matmul_bf16_bf16` in f32 multiply-adds at every row count (AVX-512F alone).
+/// `matmul<bf16act>` in f32 multiply-adds at every row count (AVX-512F alone).
 #[derive(Clone, Copy)]
 pub struct Rounded;
 
@@ -251,9 +251,9 @@ impl<M: Mode> Amx<M> {
         rows: usize,
         f: impl FnOnce(&Amx<M>) -> T,
     ) -> T {
-        assert!(x.len() >= rows * K, "matmul_bf16: x is shorter than {rows} rows of {K}");
-        assert!(w.len() == packed_len(N, K), "matmul_bf16: w is not {N} × {K} weights packed by `pack`");
-        assert!(out.len() >= rows * N, "matmul_bf16: out is shorter than {rows} rows of {N}");
+        assert!(x.len() >= rows * K, "matmul: x is shorter than {rows} rows of {K}");
+        assert!(w.len() == packed_len(N, K), "matmul: w is not {N} × {K} weights packed by `pack`");
+        assert!(out.len() >= rows * N, "matmul: out is shorter than {rows} rows of {N}");
         let steps = K.div_ceil(STEP);
         let mut amx = Amx {
             out: out.as_mut_ptr(),

@@ -1,4 +1,4 @@
-//! The activations of the AVX2 `matmul_q8` products, quantized as the interface defines them:
+//! The activations of the AVX2 `matmul<q8>` products, quantized as the interface defines them:
 //! per block of 32 values of a row, `d = max|x| / 127` and `q = round(x · (127 / max|x|))`
 //! (f32 arithmetic, ties to even; a block of zeros gets `d = 0` and `q = 0`).
 //!

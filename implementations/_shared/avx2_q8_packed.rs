@@ -11,7 +11,7 @@
 //! # The product
 //!
 //! Each row of the activations is quantized once per call, by the calling thread, as
-//! `matmul_q8` defines it (`avx2_q8::quantize_row`), and kept beside it as unsigned bytes: its
+//! `matmul<q8>` defines it (`avx2_q8::quantize_row`), and kept beside it as unsigned bytes: its
 //! magnitudes |qx|, or with AVX-VNNI `qx + 128`.
 //!
 //! Without VNNI a step takes three instructions per activation row: `vpsignb` moves the signs
@@ -135,10 +135,10 @@ impl Q8Packed {
         scales: &[f32],
         rows: usize,
     ) -> Q8Packed {
-        assert!(x.len() >= rows * K, "matmul_q8: x is shorter than {rows} rows of {K}");
-        assert!(w.len() == packed_len(N, K), "matmul_q8: w is not {N} × {K} weights packed by `pack`");
-        assert!(scales.is_empty(), "matmul_q8: the packed weights hold their scales; `scales` is empty");
-        assert!(out.len() >= rows * N, "matmul_q8: out is shorter than {rows} rows of {N}");
+        assert!(x.len() >= rows * K, "matmul: x is shorter than {rows} rows of {K}");
+        assert!(w.len() == packed_len(N, K), "matmul: w is not {N} × {K} weights packed by `pack`");
+        assert!(scales.is_empty(), "matmul: the packed weights hold their scales; `scales` is empty");
+        assert!(out.len() >= rows * N, "matmul: out is shorter than {rows} rows of {N}");
         Q8Packed {
             out: out.as_mut_ptr(),
             x: x.as_ptr(),

@@ -1,7 +1,7 @@
 //! The AVX2 + FMA product `out = x · wᵀ` of a prefill, over weights kept as nn.Linear stores
 //! them and packed block by block while the call runs: the AVX2 counterpart of
 //! `shared/avx512_repack.rs`. What a block is packed from is an [`Operands`]: f32 or bfloat16
-//! rows (`Product` of `shared/avx2_team_matmul.rs`), or the int8 rows of `matmul_q8/avx2-threads`
+//! rows (`Product` of `shared/avx2_team_matmul.rs`), or the int8 rows of `matmul/q8-avx2-threads`
 //! times their scales.
 //!
 //! The dot tiles of `shared/avx2_team_matmul.rs` load a vector of activations for every 2

@@ -133,9 +133,9 @@ impl Packed {
     /// checked.
     #[inline]
     pub fn new<const N: usize, const K: usize>(out: &mut [f32], x: &[f32], w: &[u16], rows: usize) -> Packed {
-        assert!(x.len() >= rows * K, "matmul_bf16: x is shorter than {rows} rows of {K}");
-        assert!(w.len() >= packed_len(N, K), "matmul_bf16: w is shorter than {N} packed rows of {K}");
-        assert!(out.len() >= rows * N, "matmul_bf16: out is shorter than {rows} rows of {N}");
+        assert!(x.len() >= rows * K, "matmul: x is shorter than {rows} rows of {K}");
+        assert!(w.len() >= packed_len(N, K), "matmul: w is shorter than {N} packed rows of {K}");
+        assert!(out.len() >= rows * N, "matmul: out is shorter than {rows} rows of {N}");
         Packed { out: out.as_mut_ptr(), x: x.as_ptr(), w: w.as_ptr(), rows, n: N, k: K }
     }
 

@@ -20,7 +20,7 @@
 //! whole by the calling thread before the team started taking 0.34 ms of that (bench/RESULTS.md).
 //!
 //! The cache may hold f32 (`attention_prefill/avx512-flash-threads`) or bfloat16
-//! (`attention_prefill_bf16/avx512-flash-threads`): [`Flash`] is generic over its
+//! (`attention_prefill/bf16-avx512-flash-threads`): [`Flash`] is generic over its
 //! [`KvElement`]: the keys are widened as they are transposed and, from bfloat16, each thread
 //! widens its kv head's values into a buffer of its own ([`KvElement::head_values`]): 1.19-1.21x
 //! the attention's speed of widening the whole cache on the calling thread before the team

@@ -1,5 +1,5 @@
 //! The element types of a KV cache as AVX-512 kernels read them: 16 f32 lanes from 16 cached
-//! values, which are f32 (`kv_cache`) or bfloat16 bit patterns (`kv_cache_bf16`), widened by
+//! values, which are f32 (`kv_cache`) or bfloat16 bit patterns (`kv_cache<bf16>`), widened by
 //! a shift into the high half of each lane. The attention modules
 //! (`shared/avx512_decode.rs`, `shared/avx512_flash.rs`) are generic over it, so that the
 //! f32 and the bf16 attention interfaces run the same code.

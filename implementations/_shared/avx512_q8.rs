@@ -1,4 +1,4 @@
-//! The AVX-512 VNNI matrix product with blockwise int8 weights that the `matmul_q8`
+//! The AVX-512 VNNI matrix product with blockwise int8 weights that the `matmul<q8>`
 //! implementations share, computed over a range of weight rows (output columns) so that
 //! threads can share a call.
 //!
@@ -94,10 +94,10 @@ impl Q8Product {
         rows: usize,
     ) -> Q8Product {
         let blocks = K.div_ceil(BLOCK);
-        assert!(x.len() >= rows * K, "matmul_q8: x is shorter than {rows} rows of {K}");
-        assert!(w.len() >= N * K, "matmul_q8: w is shorter than {N} rows of {K}");
-        assert!(scales.len() >= N * blocks, "matmul_q8: scales is shorter than {N} rows of {blocks}");
-        assert!(out.len() >= rows * N, "matmul_q8: out is shorter than {rows} rows of {N}");
+        assert!(x.len() >= rows * K, "matmul: x is shorter than {rows} rows of {K}");
+        assert!(w.len() >= N * K, "matmul: w is shorter than {N} rows of {K}");
+        assert!(scales.len() >= N * blocks, "matmul: scales is shorter than {N} rows of {blocks}");
+        assert!(out.len() >= rows * N, "matmul: out is shorter than {rows} rows of {N}");
         Q8Product {
             out: out.as_mut_ptr(),
             x: x.as_ptr(),

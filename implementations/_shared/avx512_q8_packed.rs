@@ -9,7 +9,7 @@
 //! # The product
 //!
 //! Each row of the activations is quantized once per call, by the calling thread, as
-//! `matmul_q8` defines it (`avx512_q8::quantize_row`). A step is one `vpdpbusd` per activation
+//! `matmul<q8>` defines it (`avx512_q8::quantize_row`). A step is one `vpdpbusd` per activation
 //! row. It multiplies the 16 rows' 4 offset weights by 4 activations of the row, broadcast to
 //! every lane, and adds the 4 products into each lane. Each lane then sums `(w + 128) · qx`, so
 //! every block's sum starts at `-128 · Σ qx` of the block, which is the same for all 16 rows. At
@@ -117,10 +117,10 @@ impl Q8Packed {
         scales: &[f32],
         rows: usize,
     ) -> Q8Packed {
-        assert!(x.len() >= rows * K, "matmul_q8: x is shorter than {rows} rows of {K}");
-        assert!(w.len() == packed_len(N, K), "matmul_q8: w is not {N} × {K} weights packed by `pack`");
-        assert!(scales.is_empty(), "matmul_q8: the packed weights hold their scales; `scales` is empty");
-        assert!(out.len() >= rows * N, "matmul_q8: out is shorter than {rows} rows of {N}");
+        assert!(x.len() >= rows * K, "matmul: x is shorter than {rows} rows of {K}");
+        assert!(w.len() == packed_len(N, K), "matmul: w is not {N} × {K} weights packed by `pack`");
+        assert!(scales.is_empty(), "matmul: the packed weights hold their scales; `scales` is empty");
+        assert!(out.len() >= rows * N, "matmul: out is shorter than {rows} rows of {N}");
         Q8Packed {
             out: out.as_mut_ptr(),
             x: x.as_ptr(),

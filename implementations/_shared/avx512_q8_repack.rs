@@ -17,7 +17,7 @@
 //! multiplied into its accumulator by the row's scale times the 16 weight rows' scales.
 //!
 //! Calls of fewer than [`REPACK_ROWS`] rows keep the dot tiles of [`Q8Product`], so a decode
-//! step runs the same code as `matmul_q8/avx512-vnni-threads`. On stories110M's matrices at 128
+//! step runs the same code as `matmul/q8-avx512-vnni-threads`. On stories110M's matrices at 128
 //! rows (`cargo bench -p monogen-kernel-tests --bench weights`, 2 threads) the blocks ran at
 //! 634-649 GOP/s against 411-427 for the panels. Asking for the next block's lines while a
 //! block's tiles run, as `shared/avx512_repack.rs` does, made them slower here (573): the

@@ -1,4 +1,4 @@
-//! The layout of blockwise int8 weights packed once, at load, that the packed `matmul_q8`
+//! The layout of blockwise int8 weights packed once, at load, that the packed `matmul<q8>`
 //! products read: `avx512_q8_packed.rs` in groups of 16 weight rows, `avx2_q8_packed.rs` in
 //! groups of 8, the rows of a group one per 32-bit lane of a vector. Plain Rust: packing and
 //! checking run at load, on any CPU.
@@ -121,7 +121,7 @@ impl<const GROUP: usize> Layout<GROUP> {
     }
 }
 
-/// `v` as binary16 bits: exact for the binary16 values that `matmul_q8`'s scales are, rounded
+/// `v` as binary16 bits: exact for the binary16 values that `matmul<q8>`'s scales are, rounded
 /// to nearest (ties to even) for any other.
 pub fn binary16(v: f32) -> u16 {
     let x = v.to_bits();

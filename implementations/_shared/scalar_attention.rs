@@ -1,13 +1,13 @@
 //! Attention of one query head over cached positions in plain scalar code: the definition
 //! that the reference prefill and decode kernels run for every (row, head) pair ([`decode`],
-//! [`prefill`]; the kernels of `attention_decode` and `attention_decode_bf16` call them over
+//! [`prefill`]; the kernels of `attention_decode` and `attention_decode<bf16>` call them over
 //! their cache's element type, as those of the prefill interfaces do).
 //!
 //! As Hugging Face's eager LLaMA attention computes it in f32: scores `q · k / √HEAD_DIM`
 //! (each dot product accumulated in order), a softmax that subtracts the maximum score and
 //! divides every `exp` by their sum, and the sum of the values weighted by those
 //! probabilities, accumulated position by position. The cache holds f32 (`kv_cache`) or
-//! bfloat16 values (`kv_cache_bf16`), each widened exactly to f32 as it is read.
+//! bfloat16 values (`kv_cache<bf16>`), each widened exactly to f32 as it is read.
 
 /// A value of a KV cache: `f32`, or `u16` holding a bfloat16 (the high 16 bits of an f32).
 pub trait KvElement: Copy {

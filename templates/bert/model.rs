@@ -14,7 +14,7 @@ use crate::kernels::embedding::embed;
 use crate::kernels::gelu::gelu;
 __slot!(normalize_use);
 use crate::kernels::layernorm::layernorm;
-__slot!(matmul_use);
+use crate::kernels::matmul::matmul;
 __slot!(pooling_use);
 use crate::weights::Weights;
 use crate::{

@@ -4,15 +4,14 @@
 //! In the shape comments, T is the number of positions run at once: 1 for a decode step,
 //! up to PREFILL_CHUNK for prefill.
 
-//~ The emitter fills this file for each LLaMA crate (emit/llama.rs, `model_rs`): `__decode`,
-//~ `__prefill` and `__kv_cache` name the interfaces of the KV cache's element type, and each
+//~ The emitter fills this file for each LLaMA crate (emit/llama.rs, `model_rs`): each
 //~ `__slot!(name)` is what the plan's choices make of one step. Everything else is the generated
 //~ model.rs as it is. Lines starting with `//~`, like these, are not generated.
 use std::path::Path;
-use crate::kernels::__decode::__decode;
+use crate::kernels::attention_decode::attention_decode;
 __slot!(prefill_use);
-use crate::kernels::__kv_cache::KvCache;
-__slot!(matmul_use);
+use crate::kernels::kv_cache::KvCache;
+use crate::kernels::matmul::matmul;
 use crate::kernels::rmsnorm::rmsnorm;
 __slot!(rope_use);
 use crate::kernels::swiglu::swiglu;

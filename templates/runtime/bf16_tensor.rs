@@ -75,7 +75,7 @@ impl TensorFile {
             return Ok(Bf16Tensor { ptr: self.on_cache_line(range)?.cast(), len, _copy: None });
         }
         let matrix = self.read_bf16(name, shape)?;
-        let packed = crate::kernels::__matmul::pack(&matrix, *rows, *cols);
+        let packed = crate::kernels::matmul::pack(&matrix, *rows, *cols);
         assert_eq!(packed.len(), len, "`packed_len` and `pack` disagree");
         self.save_packed(name, Dtype::BF16, len, || packed.iter().flat_map(|v| v.to_le_bytes()).collect());
         let at = self.pages_for(len * 2)?.cast::<u16>();

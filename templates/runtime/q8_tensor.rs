@@ -119,7 +119,7 @@ impl TensorFile {
         let unpacked = unpacked?;
         let packed: [Vec<i8>; M] = std::array::from_fn(|i| {
             let [rows, cols] = matrices[i].1;
-            crate::kernels::__matmul::pack(unpacked[i].values(), unpacked[i].scales(), rows, cols)
+            crate::kernels::matmul::pack(unpacked[i].values(), unpacked[i].scales(), rows, cols)
         });
         // The quantized matrices point into these pages: both go together.
         drop((unpacked, quantized));
@@ -154,7 +154,7 @@ impl TensorFile {
         let bytes = &self.map[values.clone()];
         // SAFETY: i8 and u8 have the same size and alignment, and every bit pattern is valid.
         let packed = unsafe { std::slice::from_raw_parts(bytes.as_ptr().cast::<i8>(), bytes.len()) };
-        if let Err(why) = crate::kernels::__matmul::check_packed(packed, rows, cols) {
+        if let Err(why) = crate::kernels::matmul::check_packed(packed, rows, cols) {
             return Err(Error::InvalidWeights { path: self.path.clone(), reason: format!("tensor `{name}.packed` {why}") });
         }
         let values = self.on_cache_line(values)?.cast::<i8>();

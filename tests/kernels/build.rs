@@ -6,10 +6,15 @@
 //!   in `kernels::shared` and every implementation as `kernels::<interface>__<name>` (dashes
 //!   become underscores), so that a kernel's `super::shared::...` resolves as it does in a
 //!   generated crate;
-//! - `implementations.rs`: a `for_each_<interface>!` macro per interface that lists its
+//! - `implementations.rs`: a `for_each_<family>!` macro per family that lists its
 //!   implementations, the reference first, for the benchmark;
-//! - `conformance.rs`: one `#[test]` per implementation that runs its interface's
-//!   conformance check (`conform_<interface>!`) against the interface's reference.
+//! - `conformance.rs`: one `#[test]` per implementation that runs its family's conformance
+//!   check (`conform_<family>!`) against the family's reference.
+//!
+//! A family is an interface without element types (`rmsnorm`), or one element type of an
+//! interface that has them (`matmul_bf16`, the implementations of `matmul` whose manifests
+//! declare the types of its element type `bf16`): each element type is checked against its
+//! own reference, with inputs of its own types.
 //!
 //! Code for another architecture is compiled only on that architecture; an implementation
 //! whose CPU features the host lacks is skipped at run time, saying so.
@@ -25,7 +30,40 @@ use serde::Deserialize;
 #[derive(Deserialize)]
 struct InterfaceFile {
     name: String,
+    reference: Option<String>,
+    #[serde(default)]
+    elements: Vec<ElementFile>,
+}
+
+/// The fields of an interface's `[[elements]]` this crate needs.
+#[derive(Deserialize)]
+struct ElementFile {
+    name: String,
+    takes: BTreeMap<String, String>,
     reference: String,
+}
+
+/// What the interfaces say of their families: family → reference, and interface → its element
+/// types (name, the types they take).
+struct Families {
+    references: BTreeMap<String, String>,
+    elements: BTreeMap<String, Vec<(String, BTreeMap<String, String>)>>,
+}
+
+impl Families {
+    /// The family of an implementation of `interface` that takes `takes`.
+    fn of(&self, interface: &str, takes: &BTreeMap<String, String>, where_: &str) -> String {
+        match self.elements.get(interface) {
+            None => interface.to_string(),
+            Some(elements) => {
+                let (name, _) = elements
+                    .iter()
+                    .find(|(_, t)| t == takes)
+                    .unwrap_or_else(|| panic!("{where_}: `elements` are none of interface {interface}'s"));
+                format!("{interface}_{name}")
+            }
+        }
+    }
 }
 
 /// `manifest.toml`, with the generator's own schema, so that a manifest the generator would
@@ -39,6 +77,8 @@ use manifest::Manifest;
 /// One implementation, as this crate compiles it.
 struct Implementation {
     interface: String,
+    /// The interface, or its element type that the implementation takes (`matmul_bf16`).
+    family: String,
     name: String,
     kernel: PathBuf,
     /// `<interface>__<name>`, dashes as underscores.
@@ -83,26 +123,24 @@ fn main() {
         println!("cargo::rerun-if-changed={}", dir.display());
     }
 
-    let references = read_interfaces(&interfaces_dir);
+    let families = read_interfaces(&interfaces_dir);
     let shared_modules = read_shared_modules(&shared_dir);
-    let implementations = read_implementations(&implementations_dir, &references, &shared_modules);
-    for (interface, reference) in &references {
-        let found = implementations.iter().any(|i| &i.interface == interface && &i.name == reference);
-        assert!(
-            found,
-            "interface `{interface}` names `{reference}` as its reference, but implementations/{interface}/{reference} does not exist"
-        );
+    let implementations = read_implementations(&implementations_dir, &families, &shared_modules);
+    let references = &families.references;
+    for (family, reference) in references {
+        let found = implementations.iter().any(|i| &i.family == family && &i.name == reference);
+        assert!(found, "family `{family}` names `{reference}` as its reference, which does not exist or takes other types");
     }
 
     let out_dir = PathBuf::from(std::env::var("OUT_DIR").expect("cargo sets OUT_DIR"));
     write(&out_dir.join("kernels.rs"), &kernels_module(&implementations, &shared_modules));
-    write(&out_dir.join("implementations.rs"), &for_each_macros(&implementations, &references));
-    write(&out_dir.join("conformance.rs"), &conformance_tests(&implementations, &references));
+    write(&out_dir.join("implementations.rs"), &for_each_macros(&implementations, references));
+    write(&out_dir.join("conformance.rs"), &conformance_tests(&implementations, references));
 }
 
-/// Interface name → the name of its reference implementation.
-fn read_interfaces(dir: &Path) -> BTreeMap<String, String> {
-    let mut references = BTreeMap::new();
+/// Every family of the interfaces, with its reference.
+fn read_interfaces(dir: &Path) -> Families {
+    let mut families = Families { references: BTreeMap::new(), elements: BTreeMap::new() };
     for path in sorted_entries(dir) {
         if path.extension().is_none_or(|e| e != "toml") {
             continue;
@@ -110,9 +148,18 @@ fn read_interfaces(dir: &Path) -> BTreeMap<String, String> {
         let file: InterfaceFile = parse_toml(&path);
         let stem = path.file_stem().unwrap_or_default().to_string_lossy();
         assert_eq!(file.name, stem, "{}: the name differs from the file name", path.display());
-        references.insert(file.name, file.reference);
+        if file.elements.is_empty() {
+            let reference = file.reference.unwrap_or_else(|| panic!("{}: no reference", path.display()));
+            families.references.insert(file.name, reference);
+        } else {
+            for e in &file.elements {
+                families.references.insert(format!("{}_{}", file.name, e.name), e.reference.clone());
+            }
+            let elements = file.elements.into_iter().map(|e| (e.name, e.takes)).collect();
+            families.elements.insert(file.name, elements);
+        }
     }
-    references
+    families
 }
 
 /// Module name → path of every `implementations/_shared/<module>.rs`.
@@ -132,7 +179,7 @@ fn read_shared_modules(dir: &Path) -> BTreeMap<String, PathBuf> {
 
 fn read_implementations(
     dir: &Path,
-    references: &BTreeMap<String, String>,
+    families: &Families,
     shared_modules: &BTreeMap<String, PathBuf>,
 ) -> Vec<Implementation> {
     let mut implementations = Vec::new();
@@ -142,7 +189,7 @@ fn read_implementations(
             continue;
         }
         assert!(
-            references.contains_key(&interface),
+            families.references.contains_key(&interface) || families.elements.contains_key(&interface),
             "implementations/{interface} names no interface in interfaces/"
         );
         for impl_dir in sorted_entries(&interface_dir).into_iter().filter(|p| p.is_dir()) {
@@ -171,6 +218,7 @@ fn read_implementations(
             assert!(kernel.is_file(), "{where_}: kernel.rs is missing");
             implementations.push(Implementation {
                 module: format!("{interface}__{}", manifest.name.replace('-', "_")),
+                family: families.of(&interface, &manifest.elements, &where_.to_string()),
                 interface: interface.clone(),
                 name: manifest.name,
                 kernel,
@@ -224,9 +272,9 @@ fn kernels_module(implementations: &[Implementation], shared_modules: &BTreeMap<
     // (interface, parameters, return type, `pack`'s arguments, what the kernel reads of what
     // `pack` returned, the unpacked copy)
     let layouts = [
-        ("matmul", "w: &[f32]", "Vec<f32>", "w", "packed", "w.to_vec()"),
+        ("matmul_f32", "w: &[f32]", "Vec<f32>", "w", "packed", "w.to_vec()"),
         ("matmul_bf16", "w: &[u16]", "Vec<u16>", "w", "packed", "w.to_vec()"),
-        ("matmul_bf16_bf16", "w: &[u16]", "Vec<u16>", "w", "packed", "w.to_vec()"),
+        ("matmul_bf16act", "w: &[u16]", "Vec<u16>", "w", "packed", "w.to_vec()"),
         // A packing int8 kernel holds the scales among its bytes, and reads no `scales`.
         (
             "matmul_q8",
@@ -237,10 +285,10 @@ fn kernels_module(implementations: &[Implementation], shared_modules: &BTreeMap<
             "(w.to_vec(), scales.to_vec())",
         ),
     ];
-    for (interface, params, ret, args, read, copy) in layouts {
-        writeln!(out, "/// `[n, k]` weights in the layout each `{interface}` implementation reads.").unwrap();
-        writeln!(out, "pub mod {interface}_weights {{").unwrap();
-        for imp in implementations.iter().filter(|i| i.interface == interface) {
+    for (family, params, ret, args, read, copy) in layouts {
+        writeln!(out, "/// `[n, k]` weights in the layout each `{family}` implementation reads.").unwrap();
+        writeln!(out, "pub mod {family}_weights {{").unwrap();
+        for imp in implementations.iter().filter(|i| i.family == family) {
             if let Some(cfg) = imp.arch_cfg() {
                 writeln!(out, "    {cfg}").unwrap();
             }
@@ -335,13 +383,13 @@ fn team_job_enum(implementations: &[Implementation]) -> String {
 
 fn for_each_macros(implementations: &[Implementation], references: &BTreeMap<String, String>) -> String {
     let mut out = String::new();
-    for (interface, reference) in references {
+    for (family, reference) in references {
         let mut members: Vec<&Implementation> =
-            implementations.iter().filter(|i| &i.interface == interface).collect();
+            implementations.iter().filter(|i| &i.family == family).collect();
         members.sort_by_key(|i| &i.name != reference);
         writeln!(
             out,
-            "/// Calls `$callback!(name, module, available)` for every implementation of `{interface}`,"
+            "/// Calls `$callback!(name, module, available)` for every implementation of `{family}`,"
         )
         .unwrap();
         writeln!(
@@ -350,7 +398,7 @@ fn for_each_macros(implementations: &[Implementation], references: &BTreeMap<Str
         )
         .unwrap();
         out.push_str("#[macro_export]\n");
-        writeln!(out, "macro_rules! for_each_{interface} {{").unwrap();
+        writeln!(out, "macro_rules! for_each_{family} {{").unwrap();
         out.push_str("    ($callback:ident) => {\n");
         for imp in members {
             if let Some(cfg) = imp.arch_cfg() {
@@ -367,10 +415,10 @@ fn for_each_macros(implementations: &[Implementation], references: &BTreeMap<Str
 fn conformance_tests(implementations: &[Implementation], references: &BTreeMap<String, String>) -> String {
     let mut out = String::new();
     for imp in implementations {
-        let reference = &references[&imp.interface];
+        let reference = &references[&imp.family];
         let reference_module = format!("{}__{}", imp.interface, reference.replace('-', "_"));
         let label = format!("{}/{}", imp.interface, imp.name);
-        let check = format!("crate::conform_{}!({}, {reference_module});", imp.interface, imp.module);
+        let check = format!("crate::conform_{}!({}, {reference_module});", imp.family, imp.module);
         writeln!(out, "/// `{label}` against the reference `{}/{reference}`.", imp.interface).unwrap();
         out.push_str("#[test]\n#[allow(non_snake_case)]\n");
         writeln!(out, "fn {}() {{", imp.module).unwrap();

@@ -6,9 +6,9 @@
 //! - `matmul/avx512-packed-threads`: stories260k (LLaMA; its classifier is tied to the
 //!   embedding rows, which stay unpacked, and its 64-wide matrices end in a partial block; it
 //!   also saves them packed and runs from the saved directory) and all-MiniLM-L6-v2 (BERT);
-//! - `matmul_q8/avx512-vnni-packed-threads`, `matmul_q8/avx2-packed-threads`,
-//!   `matmul_q8/avxvnni-packed-threads`, `matmul_bf16/avx512-packed-threads` and
-//!   `matmul_bf16/avx2-packed-threads`: stories260k, against the greedy tokens of the committed
+//! - `matmul/q8-avx512-vnni-packed-threads`, `matmul/q8-avx2-packed-threads`,
+//!   `matmul/q8-avxvnni-packed-threads`, `matmul/bf16-avx512-packed-threads` and
+//!   `matmul/bf16-avx2-packed-threads`: stories260k, against the greedy tokens of the committed
 //!   int8 and bf16 crates, which read their weights unpacked.
 
 use std::path::{Path, PathBuf};
@@ -28,11 +28,11 @@ const AVX512: &str = r#""avx512f", "avx512cd", "avx512bw", "avx512dq", "avx512vl
 /// the packing kernel `implementation` (`interface/name`), builds it and returns its binary;
 /// `None` on a CPU without those features.
 fn packed_crate(scratch: &Path, workload: &str, name: &str, implementation: &str) -> Option<PathBuf> {
-    let int8 = implementation.starts_with("matmul_q8/");
+    let int8 = implementation.starts_with("matmul/q8-");
     // An AVX2 kernel runs on the workload's own CPU features (AVX2 and FMA), an AVX-VNNI one on
     // those and AVX-VNNI.
-    let avxvnni = implementation.contains("/avxvnni-");
-    let avx512 = !implementation.contains("/avx2-") && !avxvnni;
+    let avxvnni = implementation.contains("-avxvnni-");
+    let avx512 = !implementation.contains("-avx2-") && !avxvnni;
     if !std::arch::is_x86_feature_detected!("avx2")
         || !std::arch::is_x86_feature_detected!("fma")
         || (avx512 && !std::arch::is_x86_feature_detected!("avx512f"))
@@ -81,7 +81,7 @@ fn packed_crate(scratch: &Path, workload: &str, name: &str, implementation: &str
     let source = std::fs::read_to_string(out.join("src/weights.rs")).unwrap();
     let loader = if int8 {
         "q8_packed"
-    } else if implementation.starts_with("matmul_bf16/") {
+    } else if implementation.starts_with("matmul/bf16-") {
         "bf16_packed("
     } else {
         ".packed("
@@ -189,20 +189,20 @@ fn a_llama_crate_with_packed_weights_continues_as_the_reference() {
 #[test]
 fn an_int8_crate_with_packed_weights_generates_as_the_unpacked_one_and_from_its_saved_directory() {
     int8_packed_generates_as_the_unpacked_one(
-        "matmul_q8/avx512-vnni-packed-threads",
+        "matmul/q8-avx512-vnni-packed-threads",
         "stories260k-q8-packed",
     );
 }
 
 #[test]
 fn an_avx2_int8_crate_with_packed_weights_generates_as_the_unpacked_one_and_from_its_saved_directory() {
-    int8_packed_generates_as_the_unpacked_one("matmul_q8/avx2-packed-threads", "stories260k-q8-avx2-packed");
+    int8_packed_generates_as_the_unpacked_one("matmul/q8-avx2-packed-threads", "stories260k-q8-avx2-packed");
 }
 
 #[test]
 fn an_avxvnni_int8_crate_with_packed_weights_generates_as_the_unpacked_one_and_from_its_saved_directory() {
     int8_packed_generates_as_the_unpacked_one(
-        "matmul_q8/avxvnni-packed-threads",
+        "matmul/q8-avxvnni-packed-threads",
         "stories260k-q8-avxvnni-packed",
     );
 }
@@ -259,7 +259,7 @@ fn int8_packed_generates_as_the_unpacked_one(kernel: &str, name: &str) {
 #[test]
 fn a_bf16_crate_with_packed_weights_generates_as_the_unpacked_one_and_from_its_saved_directory() {
     bf16_packed_generates_as_the_unpacked_one(
-        "matmul_bf16/avx512-packed-threads",
+        "matmul/bf16-avx512-packed-threads",
         "stories260k-bf16-packed",
         192,
     );
@@ -268,7 +268,7 @@ fn a_bf16_crate_with_packed_weights_generates_as_the_unpacked_one_and_from_its_s
 #[test]
 fn an_avx2_bf16_crate_with_packed_weights_generates_as_the_unpacked_one() {
     bf16_packed_generates_as_the_unpacked_one(
-        "matmul_bf16/avx2-packed-threads",
+        "matmul/bf16-avx2-packed-threads",
         "stories260k-bf16-avx2-packed",
         176,
     );

@@ -244,7 +244,7 @@ fn a_packing_crate_saves_its_matrices_packed_and_maps_them() {
     assert_eq!(header["monogen.packed_layout"]["dtype"], "U8");
     let (start, end) = offsets(&header, "monogen.packed_layout");
     let layout = std::str::from_utf8(&bytes[data + start..data + end]).unwrap();
-    assert!(layout.starts_with("matmul_bf16_bf16/avx512-threads 1.0.0 sha256:"), "{layout}");
+    assert!(layout.starts_with("matmul/bf16act-avx512-threads 1.0.0 sha256:"), "{layout}");
     // 5 layers of 7 matrices packed (1-D, in blocks of 32 rows by 32 columns: the 64-wide
     // matrices have 2 steps of K, the 172-wide down projections 6) and none unpacked; the tied
     // classifier packed beside the embedding rows, which stay unpacked.

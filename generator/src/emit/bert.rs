@@ -52,7 +52,7 @@ pub fn rust_files(
     ));
     if let Some(file) = matrices.runtime_file() {
         // The word embeddings stay f32: no embedding row is ever dequantized.
-        let mut source = templates.runtime_with(file, &[("__crate", &krate), ("__matmul", &plan.matmul)])?;
+        let mut source = templates.runtime_with(file, &[("__crate", &krate)])?;
         rust_source::remove_methods(&mut source, &["dequantize_row"]);
         rust_source::remove_methods(&mut source, matrices.unused_methods());
         // Every matrix of an encoder is packed where the kernel packs: none is read unpacked.
@@ -197,10 +197,8 @@ fn model_rs(plan: &Plan, c: &BertConsts, templates: &Templates) -> Result<String
     });
     let embed_fn = embed_fn(c);
     let matrices = Matrices::of(plan);
-    let matmul_use = Matrices::matmul_use(plan);
-    let matmul = common::matmul_ident(plan);
     let mm = |shape: [&str; 2], out: TokenStream, x: TokenStream, w: TokenStream| {
-        matrices.matmul_call(&matmul, shape, out, x, w, quote!(rows))
+        matrices.matmul_call(shape, out, x, w, quote!(rows))
     };
     let mm_q = mm(["HIDDEN_SIZE", "HIDDEN_SIZE"], quote!(q), quote!(x), quote!(layer.query.weight));
     let mm_k = mm(["HIDDEN_SIZE", "HIDDEN_SIZE"], quote!(k), quote!(x), quote!(layer.key.weight));
@@ -227,7 +225,6 @@ fn model_rs(plan: &Plan, c: &BertConsts, templates: &Templates) -> Result<String
     let replacements = [("__workload_name", plan.name.as_str()), ("__n_layers", n_layers.as_str())];
     let slots = BTreeMap::from([
         ("normalize_use", normalize_use.unwrap_or_default()),
-        ("matmul_use", matmul_use),
         ("pooling_use", pooling_use),
         ("embed_fn", embed_fn.unwrap_or_default()),
         ("mm_q", mm_q),

@@ -138,20 +138,11 @@ impl Matrices {
         }
     }
 
-    /// The `use` item of the matmul kernel of `plan`.
-    pub fn matmul_use(plan: &Plan) -> TokenStream {
-        let matmul = matmul_ident(plan);
-        quote!(
-            use crate::kernels::#matmul::#matmul;
-        )
-    }
-
     /// The statement `out = x · wᵀ` over `rows` rows, for `[n, k]` weights `w`, with the
-    /// crate's matmul (`matmul`, the function of interface `matmul`, `matmul_bf16` or
-    /// `matmul_bf16_bf16`, which take the same arguments, or `matmul_q8`).
+    /// crate's matmul (`kernels::matmul::matmul`, whose weights are one slice at every element
+    /// type but int8, which adds the scales).
     pub fn matmul_call(
         self,
-        matmul: &proc_macro2::Ident,
         [n, k]: [&str; 2],
         out: TokenStream,
         x: TokenStream,
@@ -161,18 +152,13 @@ impl Matrices {
         let (n, k) = (format_ident!("{n}"), format_ident!("{k}"));
         match self {
             Matrices::F32 | Matrices::Packed | Matrices::Bf16 | Matrices::Bf16Packed => {
-                quote!(#matmul::<#n, #k>(#out, #x, &#w, #rows);)
+                quote!(matmul::<#n, #k>(#out, #x, &#w, #rows);)
             }
             Matrices::Q8 | Matrices::Q8Packed => {
-                quote!(#matmul::<#n, #k>(#out, #x, #w.values(), #w.scales(), #rows);)
+                quote!(matmul::<#n, #k>(#out, #x, #w.values(), #w.scales(), #rows);)
             }
         }
     }
-}
-
-/// The function (and kernel module) of the crate's matmul: its interface's name.
-pub fn matmul_ident(plan: &Plan) -> proc_macro2::Ident {
-    format_ident!("{}", plan.matmul)
 }
 
 /// The compile-time guards of a crate's lib.rs: the target arch its kernels were compiled for

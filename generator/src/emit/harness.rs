@@ -42,9 +42,8 @@ pub fn interfaces(plan: &Plan, registry: &Registry) -> Vec<HarnessInterface> {
                 .iter()
                 .filter_map(|name| imps.iter().find(|imp| &imp.name == name).cloned())
                 .collect();
-            let reference_name = &registry.interfaces[&i.interface].reference;
             let reference = registry
-                .implementation(&i.interface, reference_name)
+                .implementation(&i.interface, &i.reference)
                 .expect("the registry checks that every interface's reference exists")
                 .clone();
             HarnessInterface { interface: i.interface.clone(), candidates, reference }
@@ -297,7 +296,7 @@ fn trait_impl(imp: &Implementation) -> TokenStream {
     let m = module_ident(imp);
     let doc = format!(" {}/{} {}", imp.interface, imp.name, imp.version);
     let body = match imp.interface.as_str() {
-        "matmul" | "matmul_bf16" | "matmul_bf16_bf16" | "matmul_q8" => matmul_impl(imp, &ty, &m),
+        "matmul" => matmul_impl(imp, &ty, &m),
         "embedding" | "layernorm" | "attention_encoder" | "gelu" | "mean_pooling" | "l2_normalize" => {
             encoder_impl(imp, &ty, &m)
         }
@@ -313,8 +312,8 @@ fn trait_impl(imp: &Implementation) -> TokenStream {
 /// `harness::Matmul` for a product of the weights as its crate holds them: f32, bfloat16
 /// (with f32 or bfloat16 activations) or blockwise int8, each as read or packed.
 fn matmul_impl(imp: &Implementation, ty: &proc_macro2::Ident, m: &proc_macro2::Ident) -> TokenStream {
-    match imp.interface.as_str() {
-        "matmul" => {
+    match imp.elements.get("weights").map(String::as_str) {
+        Some("f32") => {
             let weights = if imp.packs_weights {
                 quote! {
                     /// Packed by the kernel, as the crate packs them at load (timed).
@@ -340,8 +339,7 @@ fn matmul_impl(imp: &Implementation, ty: &proc_macro2::Ident, m: &proc_macro2::I
                 }
             }
         }
-        "matmul_bf16" | "matmul_bf16_bf16" => {
-            let matmul = format_ident!("{}", imp.interface);
+        Some("bf16") => {
             let weights = if imp.packs_weights {
                 quote! {
                     /// Rounded to the nearest bfloat16, as the crate converts an F32 file, then
@@ -366,12 +364,12 @@ fn matmul_impl(imp: &Implementation, ty: &proc_macro2::Ident, m: &proc_macro2::I
                 #weights
                 #[inline]
                 fn matmul<const N: usize, const K: usize>(out: &mut [f32], x: &[f32], w: &harness::Placed<u16>, rows: usize) {
-                    kernels::#m::#matmul::<N, K>(out, x, w, rows)
+                    kernels::#m::matmul::<N, K>(out, x, w, rows)
                 }
             }
             }
         }
-        "matmul_q8" => {
+        Some("int8") => {
             let place = if imp.packs_weights {
                 quote! {
                     // Packed by the kernel, scales included, as the crate packs them at load
@@ -412,12 +410,12 @@ fn matmul_impl(imp: &Implementation, ty: &proc_macro2::Ident, m: &proc_macro2::I
                     w: &(harness::Placed<i8>, harness::Placed<f32>),
                     rows: usize,
                 ) {
-                    kernels::#m::matmul_q8::<N, K>(out, x, &w.0, &w.1, rows)
+                    kernels::#m::matmul::<N, K>(out, x, &w.0, &w.1, rows)
                 }
             }
             }
         }
-        other => unreachable!("the harness has no trait for interface `{other}`"),
+        other => unreachable!("the harness has no matmul of weights {other:?}"),
     }
 }
 
@@ -446,8 +444,8 @@ fn decoder_impl(imp: &Implementation, ty: &proc_macro2::Ident, m: &proc_macro2::
                 }
             }
         },
-        "attention_prefill" | "attention_prefill_bf16" => {
-            let (kv, function) = kv_element(&imp.interface);
+        "attention_prefill" => {
+            let kv = kv_element(imp);
             quote! {
                 impl passes::AttentionPrefill for #ty {
                     type Kv = #kv;
@@ -455,13 +453,13 @@ fn decoder_impl(imp: &Implementation, ty: &proc_macro2::Ident, m: &proc_macro2::
                     fn attention_prefill<const H: usize, const KVH: usize, const HD: usize>(
                         out: &mut [f32], q: &[f32], keys: &[#kv], values: &[#kv], scores: &mut [f32], start: usize, rows: usize,
                     ) {
-                        kernels::#m::#function::<H, KVH, HD>(out, q, keys, values, scores, start, rows)
+                        kernels::#m::attention_prefill::<H, KVH, HD>(out, q, keys, values, scores, start, rows)
                     }
                 }
             }
         }
-        "attention_decode" | "attention_decode_bf16" => {
-            let (kv, function) = kv_element(&imp.interface);
+        "attention_decode" => {
+            let kv = kv_element(imp);
             quote! {
                 impl passes::AttentionDecode for #ty {
                     type Kv = #kv;
@@ -469,7 +467,7 @@ fn decoder_impl(imp: &Implementation, ty: &proc_macro2::Ident, m: &proc_macro2::
                     fn attention_decode<const H: usize, const KVH: usize, const HD: usize>(
                         out: &mut [f32], q: &[f32], keys: &[#kv], values: &[#kv], scores: &mut [f32],
                     ) {
-                        kernels::#m::#function::<H, KVH, HD>(out, q, keys, values, scores)
+                        kernels::#m::attention_decode::<H, KVH, HD>(out, q, keys, values, scores)
                     }
                 }
             }
@@ -482,8 +480,8 @@ fn decoder_impl(imp: &Implementation, ty: &proc_macro2::Ident, m: &proc_macro2::
                 }
             }
         },
-        "kv_cache" | "kv_cache_bf16" => {
-            let (kv, _) = kv_element(&imp.interface);
+        "kv_cache" => {
+            let kv = kv_element(imp);
             quote! {
                 impl passes::KvCache for #ty {
                     type Kv = #kv;
@@ -579,11 +577,13 @@ fn encoder_impl(imp: &Implementation, ty: &proc_macro2::Ident, m: &proc_macro2::
     }
 }
 
-/// The element type of the KV cache that an interface stores or reads, and the name of its
-/// function: f32 and the plain name, or bfloat16 bits and the `_bf16` one.
-fn kv_element(interface: &str) -> (TokenStream, proc_macro2::Ident) {
-    let kv = if interface.ends_with("_bf16") { quote!(u16) } else { quote!(f32) };
-    (kv, format_ident!("{}", interface))
+/// The Rust type of the KV cache's elements that an implementation stores or reads: f32, or
+/// bfloat16 bits.
+fn kv_element(imp: &Implementation) -> TokenStream {
+    match imp.elements.get("kv").map(String::as_str) {
+        Some("bf16") => quote!(u16),
+        _ => quote!(f32),
+    }
 }
 
 /// An expression that is `Ok(())` when this machine has `imp`'s CPU features.
@@ -606,23 +606,23 @@ fn bench_fn(h: &HarnessInterface) -> TokenStream {
     let reference = type_ident(&h.reference);
     let doc = format!(" {}: {} (reference: {})", h.interface, names.join(", "), h.reference.name);
     let (pass_new, pass_ty) = match interface.as_str() {
-        "matmul" | "matmul_bf16" | "matmul_bf16_bf16" | "matmul_q8" => (
+        "matmul" => (
             quote!(passes::MatmulPass::new::<#reference>()),
             quote!(passes::MatmulPass::<<#reference as harness::Matmul>::Weights>),
         ),
         "rmsnorm" => (quote!(passes::RmsnormPass::new()), quote!(passes::RmsnormPass)),
         "rope" => (quote!(passes::RopePass::new::<#reference>()), quote!(passes::RopePass)),
-        "attention_prefill" | "attention_prefill_bf16" => {
-            let (kv, _) = kv_element(interface);
+        "attention_prefill" => {
+            let kv = kv_element(&h.reference);
             (quote!(passes::AttentionPrefillPass::<#kv>::new()), quote!(passes::AttentionPrefillPass::<#kv>))
         }
-        "attention_decode" | "attention_decode_bf16" => {
-            let (kv, _) = kv_element(interface);
+        "attention_decode" => {
+            let kv = kv_element(&h.reference);
             (quote!(passes::AttentionDecodePass::<#kv>::new()), quote!(passes::AttentionDecodePass::<#kv>))
         }
         "swiglu" => (quote!(passes::SwigluPass::new()), quote!(passes::SwigluPass)),
         "sampler" => (quote!(passes::SamplerPass::new()), quote!(passes::SamplerPass)),
-        "kv_cache" | "kv_cache_bf16" => (quote!(()), quote!(())),
+        "kv_cache" => (quote!(()), quote!(())),
         "embedding" => (quote!(passes::EmbeddingPass::new()), quote!(passes::EmbeddingPass)),
         "layernorm" => (quote!(passes::LayernormPass::new()), quote!(passes::LayernormPass)),
         "attention_encoder" => {
@@ -637,7 +637,7 @@ fn bench_fn(h: &HarnessInterface) -> TokenStream {
         let ty = type_ident(c);
         let i = usize_lit(i);
         let available = availability(c);
-        let check = if interface.starts_with("kv_cache") {
+        let check = if interface == "kv_cache" {
             quote!(passes::check_kv_cache::<#ty, #reference>())
         } else if c.packs_weights {
             let own = format_ident!("packed_{}", i.to_string());
@@ -651,7 +651,7 @@ fn bench_fn(h: &HarnessInterface) -> TokenStream {
         let ty = type_ident(c);
         let pass_var = format_ident!("cache_{}", i);
         let i = usize_lit(i);
-        if interface.starts_with("kv_cache") {
+        if interface == "kv_cache" {
             quote! {
                 if bench.live(#i) {
                     bench.sample(#i, passes::KvCachePass::<#ty>::PHASES, |decode| #pass_var.run(decode));
@@ -673,7 +673,7 @@ fn bench_fn(h: &HarnessInterface) -> TokenStream {
             }
         }
     });
-    let setup = if interface.starts_with("kv_cache") {
+    let setup = if interface == "kv_cache" {
         let caches = h.candidates.iter().enumerate().map(|(i, c)| {
             let ty = type_ident(c);
             let var = format_ident!("cache_{}", i);

@@ -52,14 +52,14 @@ pub fn rust_files(
             rust_source::remove_methods(&mut source, matrices.unused_tensor_file_methods());
         }
         // Only an f32 KV cache is copied into from the scratch (see `model_rs`).
-        if *file == "scratch.rs" && c.kv.dtype == KvDtype::Bf16 {
+        if *file == "scratch.rs" && c.kv_dtype == KvDtype::Bf16 {
             rust_source::remove_methods(&mut source, &["like"]);
         }
         files.push((format!("src/{file}"), rust_source::print(&source)));
     }
     let resident: &[&str] = if c.resident_weights { &["huge_pages.rs", "resident.rs"] } else { &[] };
     for file in matrices.runtime_file().into_iter().chain(resident.iter().copied()) {
-        let mut source = templates.runtime_with(file, &[("__crate", &krate), ("__matmul", &plan.matmul)])?;
+        let mut source = templates.runtime_with(file, &[("__crate", &krate)])?;
         rust_source::remove_methods(&mut source, matrices.unused_methods());
         files.push((format!("src/{file}"), rust_source::print(&source)));
     }
@@ -81,7 +81,7 @@ fn lib_rs(plan: &Plan, c: &LlamaConsts) -> TokenStream {
         format!(
             "{} weights{}, up to {} positions, on {} {}{}. Every shape is a constant below; the",
             w.weights.dtype.as_str(),
-            match c.kv.dtype {
+            match c.kv_dtype {
                 KvDtype::F32 => "",
                 KvDtype::Bf16 => " and a bfloat16 KV cache",
             },
@@ -208,15 +208,12 @@ fn model_rs(plan: &Plan, c: &LlamaConsts, templates: &Templates) -> Result<Strin
     let mut slots =
         BTreeMap::from([("rope_use", rope_use), ("rope_tables", rope_tables), ("inv_freq_fn", inv_freq_fn)]);
     slots.extend(embedding_slots(matrices));
-    slots.extend(product_slots(plan, c, matrices));
+    slots.extend(product_slots(c, matrices));
     slots.extend(attention_slots(c));
     let n_layers = c.num_layers.to_string();
     let replacements = [
         ("__workload_name", plan.name.as_str()),
         ("__n_layers", n_layers.as_str()),
-        ("__kv_cache", c.kv.cache.as_str()),
-        ("__decode", c.kv.decode.as_str()),
-        ("__prefill", c.kv.prefill.as_str()),
     ];
     templates.fill("llama/model.rs", &replacements, &slots)
 }
@@ -250,11 +247,9 @@ fn embedding_slots(matrices: Matrices) -> [(&'static str, TokenStream); 2] {
 
 /// The linear layers' products with the crate's matmul (and the biases of a model whose q, k
 /// and v projections have them), and the classifier.
-fn product_slots(plan: &Plan, c: &LlamaConsts, matrices: Matrices) -> [(&'static str, TokenStream); 16] {
-    let matmul_use = Matrices::matmul_use(plan);
-    let matmul = common::matmul_ident(plan);
+fn product_slots(c: &LlamaConsts, matrices: Matrices) -> [(&'static str, TokenStream); 15] {
     let mm = |shape: [&str; 2], out: TokenStream, x: TokenStream, w: TokenStream| {
-        matrices.matmul_call(&matmul, shape, out, x, w, quote!(t))
+        matrices.matmul_call(shape, out, x, w, quote!(t))
     };
     let mm_q = mm(["Q_DIM", "HIDDEN_SIZE"], quote!(q), quote!(xb), quote!(layer.q_proj));
     let mm_k = mm(["KV_DIM", "HIDDEN_SIZE"], quote!(k), quote!(xb), quote!(layer.k_proj));
@@ -281,7 +276,6 @@ fn product_slots(plan: &Plan, c: &LlamaConsts, matrices: Matrices) -> [(&'static
         (quote!(w.lm_head), comment("logits = xb · lm_headᵀ: [VOCAB_SIZE]"))
     };
     let mm_classifier = matrices.matmul_call(
-        &matmul,
         ["VOCAB_SIZE", "HIDDEN_SIZE"],
         quote!(logits),
         quote!(xb),
@@ -317,7 +311,6 @@ fn product_slots(plan: &Plan, c: &LlamaConsts, matrices: Matrices) -> [(&'static
         (quote!(), quote!(), quote!(), quote!())
     };
     [
-        ("matmul_use", matmul_use),
         ("c_q", c_q),
         ("mm_q", mm_q),
         ("q_bias", q_bias),
@@ -344,11 +337,10 @@ fn attention_slots(c: &LlamaConsts) -> [(&'static str, TokenStream); 7] {
             use crate::SLIDING_WINDOW;
         )
     });
-    // A bfloat16 KV cache has interfaces of its own, whose functions carry the suffix.
-    let (decode, prefill) = (format_ident!("{}", c.kv.decode), format_ident!("{}", c.kv.prefill));
+    let (decode, prefill) = (format_ident!("attention_decode"), format_ident!("attention_prefill"));
     // An f32 cache copies the new keys and values in (`memcpy`): they start where its storage
     // does within a page (runtime/scratch.rs says why). A bfloat16 cache converts them.
-    let (new_keys, new_values) = match c.kv.dtype {
+    let (new_keys, new_values) = match c.kv_dtype {
         KvDtype::F32 => (
             quote!(Room::like(PREFILL_CHUNK * KV_DIM, kv[0].keys(0))),
             quote!(Room::like(PREFILL_CHUNK * KV_DIM, kv[0].values(0))),
@@ -388,7 +380,7 @@ fn attention_slots(c: &LlamaConsts) -> [(&'static str, TokenStream); 7] {
             ),
         ),
     };
-    let c_store = match c.kv.dtype {
+    let c_store = match c.kv_dtype {
         KvDtype::F32 => comment("append k and v to this layer's cache: it now holds positions 0..start + T"),
         KvDtype::Bf16 => comment(
             "append k and v, rounded to bfloat16, to this layer's cache: it now holds positions 0..start + T",

@@ -21,8 +21,8 @@ use std::time::{Duration, Instant};
 use monogen_kernel_tests::check::cached;
 use monogen_kernel_tests::rng::Rng;
 use monogen_kernel_tests::{
-    for_each_attention_decode, for_each_attention_decode_bf16, for_each_attention_prefill,
-    for_each_attention_prefill_bf16, for_each_kv_cache, for_each_kv_cache_bf16, for_each_matmul,
+    for_each_attention_decode_f32, for_each_attention_decode_bf16, for_each_attention_prefill_f32,
+    for_each_attention_prefill_bf16, for_each_kv_cache_f32, for_each_kv_cache_bf16, for_each_matmul_f32,
     for_each_rmsnorm, for_each_rope, for_each_sampler, for_each_swiglu, kernels,
 };
 
@@ -106,13 +106,13 @@ fn main() {
         ("matmul", matmul_groups),
         ("attention_prefill", attention_prefill),
         ("attention_decode", attention_decode),
-        ("attention_prefill_bf16", attention_prefill_bf16),
-        ("attention_decode_bf16", attention_decode_bf16),
+        ("attention_prefill<bf16>", attention_prefill_bf16),
+        ("attention_decode<bf16>", attention_decode_bf16),
         ("rmsnorm", rmsnorm_groups),
         ("rope", rope_groups),
         ("swiglu", swiglu_groups),
         ("kv_cache", kv_cache),
-        ("kv_cache_bf16", kv_cache_bf16),
+        ("kv_cache<bf16>", kv_cache_bf16),
         ("sampler", sampler_groups),
     ];
     let mut summary = Vec::new();
@@ -285,7 +285,7 @@ fn matmul_case<const N: usize, const K: usize>(name: &str, calls: usize, rows: u
     macro_rules! candidate {
         ($name:literal, $module:ident, $available:expr) => {{
             let x = Rc::clone(&x);
-            let w = monogen_kernel_tests::matmul_weights::$module(&w, N, K);
+            let w = monogen_kernel_tests::matmul_f32_weights::$module(&w, N, K);
             let mut out = vec![0.0; rows * N];
             candidates.push(Candidate::new($name, $available, move || {
                 kernels::$module::matmul::<N, K>(
@@ -297,12 +297,12 @@ fn matmul_case<const N: usize, const K: usize>(name: &str, calls: usize, rows: u
             }));
         }};
     }
-    for_each_matmul!(candidate);
+    for_each_matmul_f32!(candidate);
     Case { label: format!("{name} N={N} K={K}"), calls, candidates }
 }
 
 /// The attention and KV cache groups of a cache of f32 (`attention_prefill`, ...) or of
-/// bfloat16 (`attention_prefill_bf16`, ...): the same inputs, each cached value rounded to the
+/// bfloat16 (`attention_prefill<bf16>`, ...): the same inputs, each cached value rounded to the
 /// cache's type.
 macro_rules! cache_groups {
     ($elem:ty, $prefill:ident, $for_each_prefill:ident, $decode:ident, $for_each_decode:ident, $kv_cache:ident, $for_each_kv_cache:ident) => {
@@ -318,7 +318,7 @@ macro_rules! cache_groups {
                     let mut out = vec![0.0; PROMPT * N_HEADS * HEAD_DIM];
                     let mut scores = vec![0.0; PROMPT];
                     candidates.push(Candidate::new($name, $available, move || {
-                        kernels::$module::$prefill::<N_HEADS, N_KV_HEADS, HEAD_DIM>(
+                        kernels::$module::attention_prefill::<N_HEADS, N_KV_HEADS, HEAD_DIM>(
                             black_box(&mut out),
                             black_box(&q),
                             black_box(&keys),
@@ -347,7 +347,7 @@ macro_rules! cache_groups {
                     let mut out = vec![0.0; N_HEADS * HEAD_DIM];
                     let mut scores = vec![0.0; CONTEXT];
                     candidates.push(Candidate::new($name, $available, move || {
-                        kernels::$module::$decode::<N_HEADS, N_KV_HEADS, HEAD_DIM>(
+                        kernels::$module::attention_decode::<N_HEADS, N_KV_HEADS, HEAD_DIM>(
                             black_box(&mut out),
                             black_box(&q),
                             black_box(&keys),
@@ -393,11 +393,11 @@ macro_rules! cache_groups {
 cache_groups!(
     f32,
     attention_prefill,
-    for_each_attention_prefill,
+    for_each_attention_prefill_f32,
     attention_decode,
-    for_each_attention_decode,
+    for_each_attention_decode_f32,
     kv_cache,
-    for_each_kv_cache
+    for_each_kv_cache_f32
 );
 cache_groups!(
     u16,

@@ -152,7 +152,7 @@ fn main() {
         .iter()
         .map(|l| {
             std::array::from_fn(|i| {
-                Tiles::new(&kernels::matmul_bf16__avx2_packed_threads::pack(
+                Tiles::new(&kernels::matmul__bf16_avx2_packed_threads::pack(
                     &l[i],
                     shapes()[i].0,
                     shapes()[i].1,
@@ -164,7 +164,7 @@ fn main() {
         .iter()
         .map(|l| {
             std::array::from_fn(|i| {
-                Tiles::new(&kernels::matmul_bf16__avx512_packed_threads::pack(
+                Tiles::new(&kernels::matmul__bf16_avx512_packed_threads::pack(
                     &l[i],
                     shapes()[i].0,
                     shapes()[i].1,
@@ -182,7 +182,7 @@ fn main() {
         .iter()
         .map(|l| {
             std::array::from_fn(|i| {
-                Tiles::new(&kernels::matmul_bf16_bf16__avx512_threads::pack(
+                Tiles::new(&kernels::matmul__bf16act_avx512_threads::pack(
                     &l[i],
                     shapes()[i].0,
                     shapes()[i].1,
@@ -196,7 +196,7 @@ fn main() {
         .map(|l| {
             std::array::from_fn(|i| {
                 let (n, k) = shapes()[i];
-                PackedQ8::new(kernels::matmul_q8__avx512_vnni_packed_threads::pack(&l[i].0, &l[i].1, n, k))
+                PackedQ8::new(kernels::matmul__q8_avx512_vnni_packed_threads::pack(&l[i].0, &l[i].1, n, k))
             })
         })
         .collect();
@@ -206,7 +206,7 @@ fn main() {
         .map(|l| {
             std::array::from_fn(|i| {
                 let (n, k) = shapes()[i];
-                PackedQ8::new(kernels::matmul_q8__avx2_packed_threads::pack(&l[i].0, &l[i].1, n, k))
+                PackedQ8::new(kernels::matmul__q8_avx2_packed_threads::pack(&l[i].0, &l[i].1, n, k))
             })
         })
         .collect();
@@ -221,33 +221,33 @@ fn main() {
         ("f32 (matmul/avx512-panels-threads)", params * 4, over(&f32, f32_panels)),
         ("f32 (matmul/avx512-packed-threads)", params * 4, over(&packed, f32_packed)),
         ("f32 (matmul/avx512-repack-threads)", params * 4, over(&f32, f32_repack)),
-        ("bf16 (matmul_bf16/avx512-threads)", params * 2, over(&bf16, bf16_product)),
-        ("bf16 (matmul_bf16/avx512-repack-threads)", params * 2, over(&bf16, bf16_repack)),
-        ("bf16 (matmul_bf16/avx512-packed-threads)", params * 2, over(&packed_bf16, bf16_packed)),
+        ("bf16 (matmul/bf16-avx512-threads)", params * 2, over(&bf16, bf16_product)),
+        ("bf16 (matmul/bf16-avx512-repack-threads)", params * 2, over(&bf16, bf16_repack)),
+        ("bf16 (matmul/bf16-avx512-packed-threads)", params * 2, over(&packed_bf16, bf16_packed)),
         // The AVX2 bf16 products too, which CPUs without AVX-512 take.
-        ("bf16 (matmul_bf16/avx2-fma-threads)", params * 2, over(&bf16, bf16_avx2)),
-        ("bf16 (matmul_bf16/avx2-packed-threads)", params * 2, over(&avx2_bf16, bf16_avx2_packed)),
-        ("int8 (matmul_q8/avx512-vnni-threads)", q8_bytes, over(&int8, q8_product)),
-        ("int8 (matmul_q8/avx512-vnni-repack-threads)", q8_bytes, over(&int8, q8_repack)),
-        ("int8 (matmul_q8/avx512-vnni-packed-threads)", packed_q8_bytes, over(&packed_q8, q8_packed)),
-        ("int8 (matmul_q8/avx512-vnni, 1 thread)", q8_bytes, over(&int8, q8_one)),
+        ("bf16 (matmul/bf16-avx2-fma-threads)", params * 2, over(&bf16, bf16_avx2)),
+        ("bf16 (matmul/bf16-avx2-packed-threads)", params * 2, over(&avx2_bf16, bf16_avx2_packed)),
+        ("int8 (matmul/q8-avx512-vnni-threads)", q8_bytes, over(&int8, q8_product)),
+        ("int8 (matmul/q8-avx512-vnni-repack-threads)", q8_bytes, over(&int8, q8_repack)),
+        ("int8 (matmul/q8-avx512-vnni-packed-threads)", packed_q8_bytes, over(&packed_q8, q8_packed)),
+        ("int8 (matmul/q8-avx512-vnni, 1 thread)", q8_bytes, over(&int8, q8_one)),
         // The AVX2 int8 products too, which CPUs without AVX-512 VNNI take.
-        ("int8 (matmul_q8/avx2-threads)", q8_bytes, over(&int8, q8_avx2)),
-        ("int8 (matmul_q8/avx2-packed-threads)", packed_q8_bytes, over(&avx2_q8, q8_avx2_packed)),
+        ("int8 (matmul/q8-avx2-threads)", q8_bytes, over(&int8, q8_avx2)),
+        ("int8 (matmul/q8-avx2-packed-threads)", packed_q8_bytes, over(&avx2_q8, q8_avx2_packed)),
         // The same tiles as the threaded f32 and bf16 products, on one thread: with the quick
         // run's one layer, from L3, they show whether memory or the instructions set the pace.
         ("f32 (matmul/avx512, 1 thread)", params * 4, over(&f32, f32_one)),
-        ("bf16 (matmul_bf16/avx512, 1 thread)", params * 2, over(&bf16, bf16_one)),
+        ("bf16 (matmul/bf16-avx512, 1 thread)", params * 2, over(&bf16, bf16_one)),
     ];
     // Without AVX-512 (x86-64-v3 CPUs such as AMD's Zen 3), the AVX2 products instead.
     if !avx512 {
         println!("(no AVX-512 on this CPU: the AVX2 products measured instead)");
         runs = vec![
             ("f32 (matmul/avx2-fma-team)", params * 4, over(&f32, f32_avx2)),
-            ("bf16 (matmul_bf16/avx2-fma-threads)", params * 2, over(&bf16, bf16_avx2)),
-            ("bf16 (matmul_bf16/avx2-packed-threads)", params * 2, over(&avx2_bf16, bf16_avx2_packed)),
-            ("int8 (matmul_q8/avx2-threads)", q8_bytes, over(&int8, q8_avx2)),
-            ("int8 (matmul_q8/avx2-packed-threads)", packed_q8_bytes, over(&avx2_q8, q8_avx2_packed)),
+            ("bf16 (matmul/bf16-avx2-fma-threads)", params * 2, over(&bf16, bf16_avx2)),
+            ("bf16 (matmul/bf16-avx2-packed-threads)", params * 2, over(&avx2_bf16, bf16_avx2_packed)),
+            ("int8 (matmul/q8-avx2-threads)", q8_bytes, over(&int8, q8_avx2)),
+            ("int8 (matmul/q8-avx2-packed-threads)", packed_q8_bytes, over(&avx2_q8, q8_avx2_packed)),
             // What the packed blocks of a prefill gain over the dot tiles, on one thread.
             ("f32 dot tiles, 1 thread (shared/avx2_team_matmul.rs)", params * 4, over(&f32, f32_avx2_dots)),
             ("f32 packed blocks, 1 thread (shared/avx2_repack.rs)", params * 4, over(&f32, f32_avx2_packs)),
@@ -260,24 +260,24 @@ fn main() {
     }
     // The same packed int8 layout with AVX-VNNI, where the CPU has it.
     if monogen_kernel_tests::cpu_has!("avx2", "fma", "f16c", "avxvnni") {
-        let at = runs.iter().position(|r| r.0 == "int8 (matmul_q8/avx2-packed-threads)").unwrap() + 1;
-        let name = "int8 (matmul_q8/avxvnni-packed-threads)";
+        let at = runs.iter().position(|r| r.0 == "int8 (matmul/q8-avx2-packed-threads)").unwrap() + 1;
+        let name = "int8 (matmul/q8-avxvnni-packed-threads)";
         runs.insert(at, (name, packed_q8_bytes, over(&avx2_q8, q8_avxvnni_packed)));
     }
-    let rounded = "bf16, x rounded (matmul_bf16_bf16/avx512-threads)";
+    let rounded = "bf16, x rounded (matmul/bf16act-avx512-threads)";
     if avx512 {
         runs.insert(9, (rounded, params * 2, over(&tiles, rounded_fma)));
     }
     if dot {
-        let name = "bf16, x rounded (matmul_bf16_bf16/avx512bf16-threads)";
+        let name = "bf16, x rounded (matmul/bf16act-avx512bf16-threads)";
         runs.insert(10, (name, params * 2, over(&tiles, rounded_dot)));
     } else {
-        println!("(no AVX512_BF16 on this CPU: matmul_bf16_bf16/avx512bf16-threads not measured)");
+        println!("(no AVX512_BF16 on this CPU: matmul/bf16act-avx512bf16-threads not measured)");
     }
     if amx {
-        runs.insert(7, ("bf16 (matmul_bf16/amx-threads)", params * 2, over(&tiles, bf16_amx)));
+        runs.insert(7, ("bf16 (matmul/bf16-amx-threads)", params * 2, over(&tiles, bf16_amx)));
         if dot {
-            let name = "bf16, x rounded (matmul_bf16_bf16/amx-threads)";
+            let name = "bf16, x rounded (matmul/bf16act-amx-threads)";
             runs.insert(12, (name, params * 2, over(&tiles, rounded_amx)));
         }
     } else {
@@ -478,16 +478,16 @@ macro_rules! packed_q8_pass {
             // else.
             let values = unsafe { std::slice::from_raw_parts(w.lines.as_ptr().cast::<i8>(), w.len) };
             let (out, x, values) = (black_box(out), black_box(x), black_box(values));
-            use kernels::$kernel::matmul_q8;
-            at_shape!((n, k), |N, K| matmul_q8::<N, K>(out, x, values, &[], rows))
+            use kernels::$kernel::matmul;
+            at_shape!((n, k), |N, K| matmul::<N, K>(out, x, values, &[], rows))
         }
     };
 }
 
-packed_q8_pass!(q8_packed, matmul_q8__avx512_vnni_packed_threads);
-packed_q8_pass!(q8_avx2_packed, matmul_q8__avx2_packed_threads);
+packed_q8_pass!(q8_packed, matmul__q8_avx512_vnni_packed_threads);
+packed_q8_pass!(q8_avx2_packed, matmul__q8_avx2_packed_threads);
 // The same layout as `q8_avx2_packed`'s, with AVX-VNNI.
-packed_q8_pass!(q8_avxvnni_packed, matmul_q8__avxvnni_packed_threads);
+packed_q8_pass!(q8_avxvnni_packed, matmul__q8_avxvnni_packed_threads);
 
 /// Blockwise int8 with a scale per 32 values, as the int8 crates quantize at load (the scale
 /// rounded up to binary16; these weights keep it among binary16's normal values).
@@ -522,22 +522,22 @@ dispatch!(f32_product, matmul__avx512_threads, matmul, Vec<f32>);
 dispatch!(f32_panels, matmul__avx512_panels_threads, matmul, Vec<f32>);
 dispatch!(f32_packed, matmul__avx512_packed_threads, matmul, Vec<f32>);
 dispatch!(f32_repack, matmul__avx512_repack_threads, matmul, Vec<f32>);
-dispatch!(bf16_product, matmul_bf16__avx512_threads, matmul_bf16, Vec<u16>);
-dispatch!(bf16_repack, matmul_bf16__avx512_repack_threads, matmul_bf16, Vec<u16>);
-dispatch!(bf16_avx2_packed, matmul_bf16__avx2_packed_threads, matmul_bf16, Tiles);
-dispatch!(bf16_packed, matmul_bf16__avx512_packed_threads, matmul_bf16, Tiles);
-dispatch!(bf16_amx, matmul_bf16__amx_threads, matmul_bf16, Tiles);
-dispatch!(rounded_fma, matmul_bf16_bf16__avx512_threads, matmul_bf16_bf16, Tiles);
-dispatch!(rounded_dot, matmul_bf16_bf16__avx512bf16_threads, matmul_bf16_bf16, Tiles);
-dispatch!(rounded_amx, matmul_bf16_bf16__amx_threads, matmul_bf16_bf16, Tiles);
-dispatch!(q8_product, matmul_q8__avx512_vnni_threads, matmul_q8, int8);
-dispatch!(q8_repack, matmul_q8__avx512_vnni_repack_threads, matmul_q8, int8);
-dispatch!(q8_one, matmul_q8__avx512_vnni, matmul_q8, int8);
+dispatch!(bf16_product, matmul__bf16_avx512_threads, matmul, Vec<u16>);
+dispatch!(bf16_repack, matmul__bf16_avx512_repack_threads, matmul, Vec<u16>);
+dispatch!(bf16_avx2_packed, matmul__bf16_avx2_packed_threads, matmul, Tiles);
+dispatch!(bf16_packed, matmul__bf16_avx512_packed_threads, matmul, Tiles);
+dispatch!(bf16_amx, matmul__bf16_amx_threads, matmul, Tiles);
+dispatch!(rounded_fma, matmul__bf16act_avx512_threads, matmul, Tiles);
+dispatch!(rounded_dot, matmul__bf16act_avx512bf16_threads, matmul, Tiles);
+dispatch!(rounded_amx, matmul__bf16act_amx_threads, matmul, Tiles);
+dispatch!(q8_product, matmul__q8_avx512_vnni_threads, matmul, int8);
+dispatch!(q8_repack, matmul__q8_avx512_vnni_repack_threads, matmul, int8);
+dispatch!(q8_one, matmul__q8_avx512_vnni, matmul, int8);
 dispatch!(f32_one, matmul__avx512, matmul, Vec<f32>);
-dispatch!(bf16_one, matmul_bf16__avx512, matmul_bf16, Vec<u16>);
+dispatch!(bf16_one, matmul__bf16_avx512, matmul, Vec<u16>);
 dispatch!(f32_avx2, matmul__avx2_fma_team, matmul, Vec<f32>);
-dispatch!(bf16_avx2, matmul_bf16__avx2_fma_threads, matmul_bf16, Vec<u16>);
-dispatch!(q8_avx2, matmul_q8__avx2_threads, matmul_q8, int8);
+dispatch!(bf16_avx2, matmul__bf16_avx2_fma_threads, matmul, Vec<u16>);
+dispatch!(q8_avx2, matmul__q8_avx2_threads, matmul, int8);
 
 /// One thread's AVX2 f32 product over all `n` columns: the dot tiles alone, or (`repack`) the
 /// packed blocks from `REPACK_ROWS` rows on.

@@ -134,9 +134,9 @@ pub fn matmul<const N: usize, const K: usize>(
 }
 
 #[macro_export]
-macro_rules! conform_matmul {
+macro_rules! conform_matmul_f32 {
     ($candidate:ident, $reference:ident) => {
-        $crate::conform_matmul!(@shapes $candidate, $reference,
+        $crate::conform_matmul_f32!(@shapes $candidate, $reference,
             (1, 1) (1, 172) (5, 3) (5, 64) (32, 17) (32, 64) (33, 61) (33, 8)
             (64, 172) (172, 64) (512, 3) (512, 64) (8, 16) (3, 7) (384, 384) (100, 1000) (40, 1536));
     };
@@ -144,7 +144,7 @@ macro_rules! conform_matmul {
         $(
             $crate::check::matmul::<$n, $k>(
                 $crate::kernels::$candidate::matmul::<$n, $k>,
-                |w| $crate::matmul_weights::$candidate(w, $n, $k),
+                |w| $crate::matmul_f32_weights::$candidate(w, $n, $k),
                 $crate::kernels::$reference::matmul::<$n, $k>,
             );
         )*
@@ -159,17 +159,17 @@ pub fn matmul_bf16<const N: usize, const K: usize>(
     layout: impl Fn(&[u16]) -> Vec<u16>,
     reference: impl Fn(&mut [f32], &[f32], &[u16], usize),
 ) {
-    bf16_weights::<N, K>("matmul_bf16", candidate, layout, reference, |v| v);
+    bf16_weights::<N, K>("matmul<bf16>", candidate, layout, reference, |v| v);
 }
 
 /// As [`matmul_bf16`], for `matmul_bf16_bf16`: the f64 sums are of the activations rounded to
 /// the nearest bfloat16 (ties to even), which the reference is checked against too.
-pub fn matmul_bf16_bf16<const N: usize, const K: usize>(
+pub fn matmul_bf16act<const N: usize, const K: usize>(
     candidate: impl Fn(&mut [f32], &[f32], &[u16], usize),
     layout: impl Fn(&[u16]) -> Vec<u16>,
     reference: impl Fn(&mut [f32], &[f32], &[u16], usize),
 ) {
-    bf16_weights::<N, K>("matmul_bf16_bf16", candidate, layout, reference, round_bf16);
+    bf16_weights::<N, K>("matmul<bf16act>", candidate, layout, reference, round_bf16);
 }
 
 /// The nearest bfloat16 to `v` (ties to even), as an f32: what `matmul_bf16_bf16` reads each
@@ -224,18 +224,18 @@ macro_rules! conform_matmul_bf16 {
     (@each $interface:ident, $weights:ident, $candidate:ident, $reference:ident, $(($n:literal, $k:literal))*) => {
         $(
             $crate::check::$interface::<$n, $k>(
-                $crate::kernels::$candidate::$interface::<$n, $k>,
+                $crate::kernels::$candidate::matmul::<$n, $k>,
                 |w| $crate::$weights::$candidate(w, $n, $k),
-                $crate::kernels::$reference::$interface::<$n, $k>,
+                $crate::kernels::$reference::matmul::<$n, $k>,
             );
         )*
     };
 }
 
 #[macro_export]
-macro_rules! conform_matmul_bf16_bf16 {
+macro_rules! conform_matmul_bf16act {
     ($candidate:ident, $reference:ident) => {
-        $crate::conform_matmul_bf16!(@shapes matmul_bf16_bf16, matmul_bf16_bf16_weights, $candidate, $reference);
+        $crate::conform_matmul_bf16!(@shapes matmul_bf16act, matmul_bf16act_weights, $candidate, $reference);
     };
 }
 
@@ -280,7 +280,7 @@ pub fn matmul_q8<const N: usize, const K: usize>(
             // A block of zeros, which quantizes with scale 0.
             x[..32].fill(0.0);
         }
-        let what = format!("matmul_q8 N={N} K={K} rows={rows}");
+        let what = format!("matmul<q8> N={N} K={K} rows={rows}");
         let got = output_of(rows * N, |out| candidate(out, &x, &laid_out, &laid_out_scales, rows));
         let want = output_of(rows * N, |out| reference(out, &x, &w, &scales, rows));
         assert_close(&format!("{what}, against the reference"), &got, &want, tolerance);
@@ -323,9 +323,9 @@ macro_rules! conform_matmul_q8 {
     (@shapes $candidate:ident, $reference:ident, $(($n:literal, $k:literal))*) => {
         $(
             $crate::check::matmul_q8::<$n, $k>(
-                $crate::kernels::$candidate::matmul_q8::<$n, $k>,
+                $crate::kernels::$candidate::matmul::<$n, $k>,
                 |w, scales| $crate::matmul_q8_weights::$candidate(w, scales, $n, $k),
-                $crate::kernels::$reference::matmul_q8::<$n, $k>,
+                $crate::kernels::$reference::matmul::<$n, $k>,
             );
         )*
     };
@@ -485,9 +485,9 @@ macro_rules! attention_shapes {
 }
 
 #[macro_export]
-macro_rules! conform_attention_prefill {
+macro_rules! conform_attention_prefill_f32 {
     ($candidate:ident, $reference:ident) => {
-        $crate::attention_shapes!(conform_attention_prefill!(@shapes $candidate, $reference, attention_prefill));
+        $crate::attention_shapes!(conform_attention_prefill_f32!(@shapes $candidate, $reference, attention_prefill));
     };
     (@shapes $candidate:ident, $reference:ident, $function:ident, $(($h:literal, $kv:literal, $d:literal))*) => {
         $(
@@ -503,14 +503,14 @@ macro_rules! conform_attention_prefill {
 #[macro_export]
 macro_rules! conform_attention_prefill_bf16 {
     ($candidate:ident, $reference:ident) => {
-        $crate::attention_shapes!(conform_attention_prefill!(@shapes $candidate, $reference, attention_prefill_bf16));
+        $crate::attention_shapes!(conform_attention_prefill_f32!(@shapes $candidate, $reference, attention_prefill));
     };
 }
 
 #[macro_export]
-macro_rules! conform_attention_decode {
+macro_rules! conform_attention_decode_f32 {
     ($candidate:ident, $reference:ident) => {
-        $crate::attention_shapes!(conform_attention_decode!(@shapes $candidate, $reference, attention_decode));
+        $crate::attention_shapes!(conform_attention_decode_f32!(@shapes $candidate, $reference, attention_decode));
     };
     (@shapes $candidate:ident, $reference:ident, $function:ident, $(($h:literal, $kv:literal, $d:literal))*) => {
         $(
@@ -526,7 +526,7 @@ macro_rules! conform_attention_decode {
 #[macro_export]
 macro_rules! conform_attention_decode_bf16 {
     ($candidate:ident, $reference:ident) => {
-        $crate::attention_shapes!(conform_attention_decode!(@shapes $candidate, $reference, attention_decode_bf16));
+        $crate::attention_shapes!(conform_attention_decode_f32!(@shapes $candidate, $reference, attention_decode));
     };
 }
 
@@ -795,17 +795,17 @@ pub fn kv_cache<E: Cached, const MAX_SEQ: usize, const KV_DIM: usize>(
 }
 
 #[macro_export]
-macro_rules! conform_kv_cache {
+macro_rules! conform_kv_cache_f32 {
     ($candidate:ident, $reference:ident) => {
         // The last shape's chunks of 8 positions and more are large enough for a cache that
         // shares its stores with the team (`shared/kv_split.rs`) to share them.
-        $crate::conform_kv_cache!(@shapes $candidate, $reference, (1, 1) (7, 6) (16, 8) (300, 32) (160, 256));
+        $crate::conform_kv_cache_f32!(@shapes $candidate, $reference, (1, 1) (7, 6) (16, 8) (300, 32) (160, 256));
     };
     (@shapes $candidate:ident, $reference:ident, $(($max:literal, $dim:literal))*) => {
         $(
             $crate::check::kv_cache::<_, $max, $dim>(
-                $crate::conform_kv_cache!(@replay $candidate, $max, $dim),
-                $crate::conform_kv_cache!(@replay $reference, $max, $dim),
+                $crate::conform_kv_cache_f32!(@replay $candidate, $max, $dim),
+                $crate::conform_kv_cache_f32!(@replay $reference, $max, $dim),
             );
         )*
     };
@@ -830,7 +830,7 @@ macro_rules! conform_kv_cache {
 #[macro_export]
 macro_rules! conform_kv_cache_bf16 {
     ($candidate:ident, $reference:ident) => {
-        $crate::conform_kv_cache!($candidate, $reference);
+        $crate::conform_kv_cache_f32!($candidate, $reference);
     };
 }
 

@@ -28,9 +28,9 @@ fn amx_products_keep_nans_and_infinities_as_the_reference_does() {
         x[r * K + r] = v;
     }
     let (mut got, mut want) = (vec![0.0; rows * N], vec![0.0; rows * N]);
-    let packed = kernels::matmul_bf16__amx_threads::pack(&w, N, K);
-    kernels::matmul_bf16__amx_threads::matmul_bf16::<N, K>(&mut got, &x, &packed, rows);
-    kernels::matmul_bf16__scalar::matmul_bf16::<N, K>(&mut want, &x, &w, rows);
+    let packed = kernels::matmul__bf16_amx_threads::pack(&w, N, K);
+    kernels::matmul__bf16_amx_threads::matmul::<N, K>(&mut got, &x, &packed, rows);
+    kernels::matmul__bf16_scalar::matmul::<N, K>(&mut want, &x, &w, rows);
     for (i, (&a, &b)) in got.iter().zip(&want).enumerate() {
         let same = if b.is_nan() { a.is_nan() } else { a == b || (a - b).abs() <= 1e-5 * (1.0 + b.abs()) };
         assert!(same, "row {}, column {}: {a} on AMX tiles, {b} in the reference", i / N, i % N);

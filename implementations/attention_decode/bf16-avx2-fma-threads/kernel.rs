@@ -1,0 +1,69 @@
+//! Grouped-query attention of one new position over a bfloat16 KV cache, with AVX2 and FMA on
+//! `THREADS` threads: for CPUs without AVX-512 (x86-64-v3). The attention of
+//! `shared/avx2_team_attention.rs` (every key and value widened to f32 as it is loaded), its
+//! positions cut into `THREADS` chunks that the crate's team of `shared/team.rs` computes, the
+//! calling thread taking the first, so that every thread streams one contiguous piece of the
+//! cache, whole rows of it; the calling thread then merges the chunks' softmax parts
+//! (`Decode`).
+
+use std::ops::Range;
+
+use super::shared::avx2_team_attention::Decode;
+use super::shared::team::{self, Job};
+
+/// Attention of the query `q` of the newest position over all `len` cached positions.
+///
+/// `q`, `out`: `[N_HEADS · HEAD_DIM]`; `keys`, `values`: `[len, N_KV_HEADS · HEAD_DIM]`
+/// bfloat16 bits. `scores` is not used: each thread keeps its chunk's scores in a buffer of its
+/// own. Query head h reads kv head `h / (N_HEADS / N_KV_HEADS)`.
+#[inline]
+pub fn attention_decode<const N_HEADS: usize, const N_KV_HEADS: usize, const HEAD_DIM: usize>(
+    out: &mut [f32],
+    q: &[f32],
+    keys: &[u16],
+    values: &[u16],
+    scores: &mut [f32],
+) {
+    let kv_dim = N_KV_HEADS * HEAD_DIM;
+    let len = keys.len() / kv_dim.max(1);
+    assert!(
+        len > 0 && keys.len() == len * kv_dim,
+        "attention_decode: keys must hold whole positions, at least one"
+    );
+    assert!(values.len() == keys.len(), "attention_decode: values and keys differ in length");
+    assert!(scores.len() >= len, "attention_decode: scores is shorter than len");
+    // SAFETY: the generated crate checks at start-up that the CPU has AVX2 and FMA;
+    // `Decode::attend` checks the slices, which stay borrowed until every chunk is done, and
+    // `team::run` computes each chunk once, on one thread, before it returns.
+    unsafe {
+        Decode::attend::<N_HEADS, N_KV_HEADS, HEAD_DIM>(out, q, keys, values, crate::THREADS, |decode| {
+            team::run(Shared(decode))
+        })
+    }
+}
+
+/// A call of this implementation, as the crate's team shares it: by chunks of positions.
+#[derive(Clone, Copy)]
+pub(crate) struct Shared(Decode<u16>);
+
+impl Job for Shared {
+    fn n(&self) -> usize {
+        self.0.n()
+    }
+
+    fn granule(&self) -> usize {
+        1
+    }
+
+    fn work(&self) -> usize {
+        self.0.work()
+    }
+
+    unsafe fn columns(&self, cols: Range<usize>) {
+        for chunk in cols {
+            // SAFETY: the caller's contract, which `run` keeps (each chunk on one thread); the
+            // kernel enters only on a CPU with AVX2 and FMA.
+            unsafe { self.0.chunk(chunk) }
+        }
+    }
+}

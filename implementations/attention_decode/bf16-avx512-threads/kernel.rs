@@ -1,0 +1,54 @@
+//! Grouped-query attention of one new position over a bfloat16 KV cache with AVX-512 on
+//! `THREADS` threads: the row-by-row attention of `shared/avx512_decode.rs` (each key and
+//! value widened to f32 as it is loaded, by `shared/avx512_kv.rs`), its kv heads cut into
+//! `THREADS` shares that the crate's team of `shared/team.rs` computes, the calling thread
+//! taking the first. Each thread reads its heads' piece of every cache row, so the cache
+//! streams at the read bandwidth of all the threads instead of one.
+
+use std::ops::Range;
+
+use super::shared::avx512_decode::Decode;
+use super::shared::team::{self, Job};
+
+/// Attends each query head of `q` to every cached position; see `shared/avx512_decode.rs`.
+///
+/// `q`, `out`: `[N_HEADS · HEAD_DIM]`; `keys`, `values`: `[len, N_KV_HEADS · HEAD_DIM]` bfloat16 bits.
+/// `scores` is not used: each thread keeps its heads' scores in a buffer of its own.
+#[inline]
+pub fn attention_decode<const N_HEADS: usize, const N_KV_HEADS: usize, const HEAD_DIM: usize>(
+    out: &mut [f32],
+    q: &[f32],
+    keys: &[u16],
+    values: &[u16],
+    scores: &mut [f32],
+) {
+    let decode = Decode::new::<N_HEADS, N_KV_HEADS, HEAD_DIM>(out, q, keys, values);
+    assert!(scores.len() >= decode.positions(), "attention_decode: scores is shorter than len");
+    // SAFETY: the generated crate checks at start-up that the CPU has AVX-512F, BW and VL; `Decode::new`
+    // checked the slices, which stay borrowed until every share is done, and the team gives
+    // each thread its own kv heads.
+    unsafe { team::run(Shared(decode)) }
+}
+
+/// A call of this implementation, as the crate's team shares it: by kv heads.
+#[derive(Clone, Copy)]
+pub(crate) struct Shared(Decode<u16>);
+
+impl Job for Shared {
+    fn n(&self) -> usize {
+        self.0.n_kv_heads()
+    }
+
+    fn granule(&self) -> usize {
+        1
+    }
+
+    fn work(&self) -> usize {
+        self.0.work()
+    }
+
+    unsafe fn columns(&self, cols: Range<usize>) {
+        // SAFETY: the caller's contract, which `run` keeps.
+        unsafe { self.0.kv_heads(cols) }
+    }
+}

@@ -1,0 +1,26 @@
+//! Reference grouped-query attention of the newest position over the whole KV cache, held in
+//! bfloat16.
+//!
+//! The scalar attention of `attention_decode/scalar` (the shared `scalar_attention` module),
+//! each cached key and value widened exactly to f32 as it is read: in-order f32 dot products
+//! scaled by 1/√HEAD_DIM, a softmax that subtracts the maximum, and the probability-weighted
+//! sum of the values. This is the definition every other bf16 decode implementation is
+//! checked against.
+
+use super::shared::scalar_attention::decode;
+
+/// Attention of the query `q` of the newest position over all `len` cached positions.
+///
+/// `q`, `out`: `[N_HEADS · HEAD_DIM]`; `keys`, `values`: `[len, N_KV_HEADS · HEAD_DIM]` bfloat16 bits;
+/// `scores`: scratch of at least `len` values. Query head h reads kv head
+/// `h / (N_HEADS / N_KV_HEADS)`.
+#[inline]
+pub fn attention_decode<const N_HEADS: usize, const N_KV_HEADS: usize, const HEAD_DIM: usize>(
+    out: &mut [f32],
+    q: &[f32],
+    keys: &[u16],
+    values: &[u16],
+    scores: &mut [f32],
+) {
+    decode::<N_HEADS, N_KV_HEADS, HEAD_DIM>(out, q, keys, values, scores)
+}

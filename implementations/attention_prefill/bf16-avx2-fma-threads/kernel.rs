@@ -1,0 +1,59 @@
+//! Causal grouped-query attention of a chunk of new positions over a bfloat16 KV cache, with
+//! AVX2 and FMA on `THREADS` threads: for CPUs without AVX-512 (x86-64-v3). The attention of
+//! `shared/avx2_team_attention.rs` for the rows of the chunk in blocks (row r over positions
+//! `0..=start + r`, every key and value widened to f32 as it is loaded), its kv heads cut into
+//! `THREADS` shares that the crate's team of `shared/team.rs` computes, the calling thread
+//! taking the first.
+
+use std::ops::Range;
+
+use super::shared::avx2_team_attention::Attention;
+use super::shared::team::{self, Job};
+
+/// Causal attention of the `rows` queries of `q` (positions `start..start + rows`) over the
+/// cache.
+///
+/// `q`, `out`: `[rows, N_HEADS · HEAD_DIM]`; `keys`, `values`: `[start + rows, N_KV_HEADS ·
+/// HEAD_DIM]` bfloat16 bits. `scores` is not used: each thread keeps its heads' scores in a
+/// buffer of its own. Query head h reads kv head `h / (N_HEADS / N_KV_HEADS)`.
+#[inline]
+pub fn attention_prefill<const N_HEADS: usize, const N_KV_HEADS: usize, const HEAD_DIM: usize>(
+    out: &mut [f32],
+    q: &[f32],
+    keys: &[u16],
+    values: &[u16],
+    scores: &mut [f32],
+    start: usize,
+    rows: usize,
+) {
+    assert!(scores.len() >= start + rows, "attention_prefill: scores is shorter than start + rows");
+    let attention = Attention::new::<N_HEADS, N_KV_HEADS, HEAD_DIM>(out, q, keys, values, start, rows);
+    // SAFETY: the generated crate checks at start-up that the CPU has AVX2 and FMA;
+    // `Attention::new` checked the slices, which stay borrowed until every share is done, and
+    // the team gives each thread its own kv heads (and so its own query heads of `out`).
+    unsafe { team::run(Shared(attention)) }
+}
+
+/// A call of this implementation, as the crate's team shares it: by kv heads.
+#[derive(Clone, Copy)]
+pub(crate) struct Shared(Attention<u16>);
+
+impl Job for Shared {
+    fn n(&self) -> usize {
+        self.0.n_kv_heads()
+    }
+
+    fn granule(&self) -> usize {
+        1
+    }
+
+    fn work(&self) -> usize {
+        self.0.work()
+    }
+
+    unsafe fn columns(&self, cols: Range<usize>) {
+        // SAFETY: the caller's contract, which `run` keeps; the kernel enters only on a CPU
+        // with AVX2 and FMA.
+        unsafe { self.0.kv_heads(cols) }
+    }
+}

@@ -1,0 +1,60 @@
+//! Causal grouped-query attention for a chunk of new positions over a bfloat16 KV cache with
+//! AVX-512 on `THREADS` threads: the attention of `shared/avx512_flash.rs`, its kv heads (and
+//! the query heads that read them) cut into `THREADS` shares that the crate's team of
+//! `shared/team.rs` computes, the calling thread taking the first; each thread widens the keys
+//! (as it transposes them) and the values of its own kv heads to f32, by `shared/avx512_kv.rs`.
+
+use std::ops::Range;
+
+use super::shared::avx512_flash::Flash;
+use super::shared::team::{self, Job};
+
+/// Causal attention of the queries of positions `start..start + rows` over the cache; see
+/// `shared/avx512_flash.rs`.
+///
+/// `q`, `out`: `[rows, N_HEADS · HEAD_DIM]`; `keys`, `values`: `[start + rows,
+/// N_KV_HEADS · HEAD_DIM]` bfloat16 bits; `scores`: scratch of at least `start + rows` values (unused: the
+/// scores stay in registers). Query head h reads kv head `h / (N_HEADS / N_KV_HEADS)`.
+#[inline]
+pub fn attention_prefill<const N_HEADS: usize, const N_KV_HEADS: usize, const HEAD_DIM: usize>(
+    out: &mut [f32],
+    q: &[f32],
+    keys: &[u16],
+    values: &[u16],
+    scores: &mut [f32],
+    start: usize,
+    rows: usize,
+) {
+    assert!(scores.len() >= start + rows, "attention_prefill: scores is shorter than start + rows");
+    // SAFETY: the generated crate checks at start-up that the CPU has AVX-512F, BW and VL; `prepared`
+    // checks the slices, which stay borrowed until every share is done, and the team gives
+    // each thread its own kv heads.
+    unsafe {
+        Flash::prepared(out, q, keys, values, (N_HEADS, N_KV_HEADS, HEAD_DIM), start, rows, |flash| {
+            team::run(Shared(*flash))
+        })
+    }
+}
+
+/// A call of this implementation, as the crate's team shares it: by kv heads.
+#[derive(Clone, Copy)]
+pub(crate) struct Shared(Flash<u16>);
+
+impl Job for Shared {
+    fn n(&self) -> usize {
+        self.0.n_kv_heads()
+    }
+
+    fn granule(&self) -> usize {
+        1
+    }
+
+    fn work(&self) -> usize {
+        self.0.work()
+    }
+
+    unsafe fn columns(&self, cols: Range<usize>) {
+        // SAFETY: the caller's contract, which `run` keeps.
+        unsafe { self.0.kv_heads(cols) }
+    }
+}

@@ -1,0 +1,29 @@
+//! Reference causal grouped-query attention for a chunk of `rows` new positions over a KV
+//! cache held in bfloat16.
+//!
+//! The scalar attention of `attention_prefill/scalar` (the shared `scalar_attention` module),
+//! each cached key and value widened exactly to f32 as it is read: row r sits at position
+//! `start + r` and attends to positions `0..=start + r` with in-order f32 dot products scaled
+//! by 1/√HEAD_DIM, a softmax that subtracts the maximum, and the probability-weighted sum of
+//! the values. This is the definition every other bf16 prefill implementation is checked
+//! against.
+
+use super::shared::scalar_attention::prefill;
+
+/// Causal attention of the queries of positions `start..start + rows` over the cache.
+///
+/// `q`, `out`: `[rows, N_HEADS · HEAD_DIM]`; `keys`, `values`: `[start + rows,
+/// N_KV_HEADS · HEAD_DIM]` bfloat16 bits; `scores`: scratch of at least `start + rows` values. Query head
+/// h reads kv head `h / (N_HEADS / N_KV_HEADS)`.
+#[inline]
+pub fn attention_prefill<const N_HEADS: usize, const N_KV_HEADS: usize, const HEAD_DIM: usize>(
+    out: &mut [f32],
+    q: &[f32],
+    keys: &[u16],
+    values: &[u16],
+    scores: &mut [f32],
+    start: usize,
+    rows: usize,
+) {
+    prefill::<N_HEADS, N_KV_HEADS, HEAD_DIM>(out, q, keys, values, scores, start, rows)
+}

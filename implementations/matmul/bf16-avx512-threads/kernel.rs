@@ -1,0 +1,39 @@
+//! Matrix product `out = x · wᵀ` with bfloat16 weights and AVX-512F on `THREADS` threads: the
+//! product of `shared/avx512_matmul.rs` over `u16` weights, its weight rows cut into `THREADS`
+//! equal shares that the persistent team of `shared/team.rs` computes, the calling
+//! thread taking the first.
+
+use std::ops::Range;
+
+use super::shared::avx512_matmul::Product;
+use super::shared::team::{self, Job};
+
+/// Computes `out[r, n] = Σₖ x[r, k] · f32(w[n, k])` for `rows` rows.
+///
+/// `x`: `[rows, K]`, `w`: `[N, K]` bfloat16 bits, `out`: `[rows, N]`, all row-major.
+#[inline]
+pub fn matmul<const N: usize, const K: usize>(out: &mut [f32], x: &[f32], w: &[u16], rows: usize) {
+    // SAFETY: the generated crate checks at start-up that the CPU has AVX-512F, and the
+    // product's pointers come from slices whose lengths `Product::new` checked; `out` stays
+    // borrowed until every share is done.
+    unsafe { Product::new::<N, K>(out, x, w, rows).prepared::<false, _>(|product| team::run(Shared(*product))) }
+}
+
+/// A product of this implementation, as the crate's team shares it.
+#[derive(Clone, Copy)]
+pub(crate) struct Shared(Product<u16>);
+
+impl Job for Shared {
+    fn n(&self) -> usize {
+        self.0.n
+    }
+
+    fn work(&self) -> usize {
+        self.0.rows * self.0.n * self.0.k
+    }
+
+    unsafe fn columns(&self, cols: Range<usize>) {
+        // SAFETY: the caller's contract, which `run` keeps.
+        unsafe { self.0.columns(cols) }
+    }
+}

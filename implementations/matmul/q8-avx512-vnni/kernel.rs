@@ -1,0 +1,23 @@
+//! Matrix product `out = x · wᵀ` with blockwise int8 weights and AVX-512 VNNI on the calling
+//! thread: the product of `shared/avx512_q8.rs`, whose documentation describes it.
+
+use super::shared::avx512_q8::Q8Product;
+
+/// Computes `out[r, n] = Σ_b dx[r, b] · dw[n, b] · Σ_{k in b} qx[r, k] · w[n, k]` for `rows`
+/// rows.
+///
+/// `x`: `[rows, K]`, `w`: `[N, K]` int8, `scales`: `[N, ⌈K/32⌉]`, `out`: `[rows, N]`, all
+/// row-major.
+#[inline]
+pub fn matmul<const N: usize, const K: usize>(
+    out: &mut [f32],
+    x: &[f32],
+    w: &[i8],
+    scales: &[f32],
+    rows: usize,
+) {
+    // SAFETY: the generated crate checks at start-up that the CPU has AVX-512F, AVX-512BW and
+    // AVX-512 VNNI, and the product's pointers come from slices whose lengths
+    // `Q8Product::new` checked.
+    unsafe { Q8Product::new::<N, K>(out, x, w, scales, rows).prepared(|product| product.columns(0..N)) }
+}

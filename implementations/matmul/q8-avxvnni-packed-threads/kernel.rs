@@ -1,0 +1,70 @@
+//! Matrix product `out = x · wᵀ` with blockwise int8 weights, AVX2 and AVX-VNNI, on `THREADS`
+//! threads, for CPUs with AVX-VNNI but not AVX-512, over weights packed once, at load
+//! (`pack`): groups of 8 weight rows, each its binary16 scales and then its blocks of 32 values,
+//! which each thread reads front to back (`shared/avx2_q8_packed.rs`). The activations are
+//! quantized once, by the calling thread; the groups are cut into `THREADS` equal shares that
+//! the persistent team of `shared/team.rs` computes, the calling thread taking the first.
+
+use std::ops::Range;
+
+use super::shared::avx2_q8_packed::{self, GROUP, Q8Packed};
+use super::shared::team::{self, Job};
+
+/// The `[n, k]` int8 weights `w` and their `[n, ⌈k/32⌉]` scales in the layout [`matmul<q8>`]
+/// reads, `avx2-packed-threads`' own: groups of 8 weight rows, each group led by its scales in
+/// binary16.
+pub fn pack(w: &[i8], scales: &[f32], n: usize, k: usize) -> Vec<i8> {
+    avx2_q8_packed::pack(w, scales, n, k)
+}
+
+/// Ok when `packed` (a saved model's, mapped as it is) holds the `[n, k]` matrix in the layout
+/// [`pack`] writes with finite scales, not negative; else why not.
+pub fn check_packed(packed: &[i8], n: usize, k: usize) -> Result<(), String> {
+    avx2_q8_packed::check_packed(packed, n, k)
+}
+
+/// Computes `out[r, n] = Σ_b dx[r, b] · dw[n, b] · Σ_{k in b} qx[r, k] · w[n, k]` for `rows`
+/// rows.
+///
+/// `x`: `[rows, K]` and `out`: `[rows, N]`, row-major; `w`: the `[N, K]` weights and their
+/// scales as [`pack`] wrote them; `scales`: empty.
+#[inline]
+pub fn matmul<const N: usize, const K: usize>(
+    out: &mut [f32],
+    x: &[f32],
+    w: &[i8],
+    scales: &[f32],
+    rows: usize,
+) {
+    // SAFETY: the generated crate checks at start-up that the CPU has AVX2, FMA, F16C and
+    // AVX-VNNI, and the product's pointers come from slices whose lengths `Q8Packed::new`
+    // checked; `out` and the quantized activations stay alive until every share is done.
+    unsafe {
+        Q8Packed::new::<N, K>(out, x, w, scales, rows)
+            .with_vnni()
+            .prepared(|product| team::run(Shared(*product)))
+    }
+}
+
+/// A product of this implementation, as the crate's team shares it.
+#[derive(Clone, Copy)]
+pub(crate) struct Shared(Q8Packed);
+
+impl Job for Shared {
+    fn n(&self) -> usize {
+        self.0.n
+    }
+
+    fn granule(&self) -> usize {
+        GROUP
+    }
+
+    fn work(&self) -> usize {
+        self.0.rows * self.0.n * self.0.k
+    }
+
+    unsafe fn columns(&self, cols: Range<usize>) {
+        // SAFETY: the caller's contract, which `run` keeps.
+        unsafe { self.0.columns_vnni(cols) }
+    }
+}
