@@ -226,6 +226,32 @@ pub struct Implementation {
     pub source_sha256: String,
 }
 
+#[cfg(test)]
+impl Implementation {
+    /// An implementation of `interface` with no constraints, no kernel and priority 0.
+    pub(crate) fn for_tests(interface: &str, name: &str) -> Implementation {
+        Implementation {
+            interface: interface.into(),
+            name: name.into(),
+            version: "1.0.0".into(),
+            summary: String::new(),
+            priority: 0,
+            shadows: vec![],
+            shared: vec![],
+            dependencies: vec![],
+            packs_weights: false,
+            packed_len: None,
+            team_job: None,
+            elements: BTreeMap::new(),
+            element: None,
+            constraints: Constraints::default(),
+            dir: format!("implementations/{interface}/{name}").into(),
+            source: Arc::from(""),
+            source_sha256: String::new(),
+        }
+    }
+}
+
 /// What an implementation needs from a workload (the schema is in [`crate::manifest`]).
 pub type Constraints = crate::manifest::Constraints<Device, Dtype>;
 pub use crate::manifest::ShapeBound;
@@ -1324,23 +1350,8 @@ mod tests {
     #[test]
     fn shadow_cycles_are_found() {
         let imp = |name: &str, shadows: &[&str]| Implementation {
-            interface: "matmul".into(),
-            name: name.into(),
-            version: "1.0.0".into(),
-            summary: String::new(),
-            priority: 0,
             shadows: shadows.iter().map(|s| s.to_string()).collect(),
-            shared: vec![],
-            dependencies: vec![],
-            packs_weights: false,
-            packed_len: None,
-            team_job: None,
-            elements: BTreeMap::new(),
-            element: None,
-            constraints: Constraints::default(),
-            dir: PathBuf::new(),
-            source: Arc::from(""),
-            source_sha256: String::new(),
+            ..Implementation::for_tests("matmul", name)
         };
         assert!(shadow_cycles(&[imp("a", &["b"]), imp("b", &[])]).is_empty());
         assert_eq!(shadow_cycles(&[imp("a", &["b"]), imp("b", &["c"]), imp("c", &["a"])]), ["a", "b", "c"]);

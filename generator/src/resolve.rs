@@ -784,23 +784,10 @@ mod tests {
 
     fn imp(name: &str, priority: i64, constraints: Constraints, shadows: &[&str]) -> Implementation {
         Implementation {
-            interface: "matmul".into(),
-            name: name.into(),
-            version: "1.0.0".into(),
-            summary: String::new(),
             priority,
             shadows: shadows.iter().map(|s| s.to_string()).collect(),
-            shared: vec![],
-            dependencies: vec![],
-            packs_weights: false,
-            packed_len: None,
-            team_job: None,
-            elements: BTreeMap::new(),
-            element: None,
             constraints,
-            dir: format!("implementations/matmul/{name}").into(),
-            source: Arc::from(""),
-            source_sha256: String::new(),
+            ..Implementation::for_tests("matmul", name)
         }
     }
 

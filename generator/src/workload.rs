@@ -221,7 +221,7 @@ pub struct Weights {
 
 /// How the products of the linear layers read their activations: `f32` (the default), or
 /// `bf16`: each activation rounded to the nearest bfloat16 before the product, for bf16 weights,
-/// so that AMX tiles or AVX512_BF16 dot products take it in one term (`matmul_bf16_bf16`).
+/// so that AMX tiles or AVX512_BF16 dot products take it in one term (`matmul<bf16act>`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Activations {

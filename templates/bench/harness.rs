@@ -156,7 +156,7 @@ pub const TOLERANCE: f32 = 1e-5;
 /// weights and buffers then hold the caches. In a crate, a decode step follows the step
 /// before, of the same kernels. The untimed call gives the timed ones that state: timed from a
 /// cold start instead (at most a few calls in 2 ms), a stories15M int8 request of
-/// `matmul_q8/avx512-vnni-packed-threads` measured 1.23x the time of `avx512-vnni-threads`,
+/// `matmul/q8-avx512-vnni-packed-threads` measured 1.23x the time of `avx512-vnni-threads`,
 /// where its crate decodes 1.08x and prefills 1.3x as fast (bench/RESULTS.md).
 fn time(min_ns: u64, untimed_first: bool, mut f: impl FnMut()) -> f64 {
     if untimed_first {
@@ -306,8 +306,8 @@ impl<'o> Bench<'o> {
     }
 }
 
-/// The linear layers' product, for every weight dtype: `matmul` (f32), `matmul_bf16` and
-/// `matmul_q8` each hold a matrix their own way.
+/// The linear layers' product, for every weight dtype: `matmul` (f32), `matmul<bf16>` and
+/// `matmul<q8>` each hold a matrix their own way.
 pub trait Matmul {
     /// One `[N, K]` matrix as the interface holds it.
     type Weights;
@@ -321,7 +321,7 @@ pub trait Matmul {
 /// converts or packs (`TensorFile::pages_for` in its `tensor_file.rs`), one after the other in
 /// chunks of 64 MiB (or one matrix, if larger) asked for in huge pages, each matrix on a cache
 /// line. A `Vec` would start 16 bytes off a cache line in 4 KiB pages: there a stories15M int8
-/// request of `matmul_q8/avx512-vnni-packed-threads` measured 1.4x its time on cache lines
+/// request of `matmul/q8-avx512-vnni-packed-threads` measured 1.4x its time on cache lines
 /// (bench/RESULTS.md), and AMX tile loads off a cache line take several times as long.
 #[derive(Default)]
 pub struct Storage {

@@ -2,7 +2,7 @@
 //! (`weights.dtype = "int8"`). Every matrix of the file (F32, BF16 or F16) is quantized once,
 //! at load, on `THREADS` threads, into huge pages (`TensorFile::pages_for`): per block of
 //! [`BLOCK`] consecutive values of a row, the scale `d` is `max|w| / 127` rounded up to a
-//! binary16 value (as `matmul_q8` requires, and as GGML's Q8_0 stores it) and the values are
+//! binary16 value (as `matmul<q8>` requires, and as GGML's Q8_0 stores it) and the values are
 //! `round(w / d)` (ties to even), so that no value is clipped.
 
 use std::ops::Range;
@@ -226,7 +226,7 @@ impl TensorFile {
     }
 
     /// Whether every scale of tensor `name` (at `range`) is a binary16 value, not negative, as
-    /// `matmul_q8` requires (the scales that monogen's quantizer writes are).
+    /// `matmul<q8>` requires (the scales that monogen's quantizer writes are).
     fn check_scales(&self, name: &str, range: Range<usize>) -> Result<(), Error> {
         // Or-ing the tests, with no early exit, vectorizes.
         let value = |b: &[u8]| f32::from_le_bytes([b[0], b[1], b[2], b[3]]);

@@ -19,15 +19,15 @@ pub enum Matrices {
     /// f32 copies rewritten at load by the chosen `matmul`'s `pack` (packed.rs), for a kernel
     /// that reads its weights in a layout of its own; `matmul`.
     Packed,
-    /// bfloat16 slices (bf16_tensor.rs); `matmul_bf16`.
+    /// bfloat16 slices (bf16_tensor.rs); `matmul<bf16>`.
     Bf16,
-    /// bfloat16 copies rewritten at load by the chosen `matmul_bf16`'s `pack`
-    /// (bf16_tensor.rs's `bf16_packed`); `matmul_bf16`.
+    /// bfloat16 copies rewritten at load by the chosen `matmul<bf16>`'s `pack`
+    /// (bf16_tensor.rs's `bf16_packed`); `matmul<bf16>`.
     Bf16Packed,
-    /// Blockwise int8 values and scales (q8_tensor.rs); `matmul_q8`.
+    /// Blockwise int8 values and scales (q8_tensor.rs); `matmul<q8>`.
     Q8,
-    /// Blockwise int8 values and scales rewritten at load by the chosen `matmul_q8`'s `pack`
-    /// (q8_tensor.rs's `q8_packed_many`); `matmul_q8`.
+    /// Blockwise int8 values and scales rewritten at load by the chosen `matmul<q8>`'s `pack`
+    /// (q8_tensor.rs's `q8_packed_many`); `matmul<q8>`.
     Q8Packed,
 }
 

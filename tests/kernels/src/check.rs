@@ -162,7 +162,7 @@ pub fn matmul_bf16<const N: usize, const K: usize>(
     bf16_weights::<N, K>("matmul<bf16>", candidate, layout, reference, |v| v);
 }
 
-/// As [`matmul_bf16`], for `matmul_bf16_bf16`: the f64 sums are of the activations rounded to
+/// As [`matmul_bf16`], for `matmul<bf16act>`: the f64 sums are of the activations rounded to
 /// the nearest bfloat16 (ties to even), which the reference is checked against too.
 pub fn matmul_bf16act<const N: usize, const K: usize>(
     candidate: impl Fn(&mut [f32], &[f32], &[u16], usize),
@@ -172,7 +172,7 @@ pub fn matmul_bf16act<const N: usize, const K: usize>(
     bf16_weights::<N, K>("matmul<bf16act>", candidate, layout, reference, round_bf16);
 }
 
-/// The nearest bfloat16 to `v` (ties to even), as an f32: what `matmul_bf16_bf16` reads each
+/// The nearest bfloat16 to `v` (ties to even), as an f32: what `matmul<bf16act>` reads each
 /// activation as, computed here independently of the kernels.
 pub fn round_bf16(v: f32) -> f32 {
     if v.is_nan() {
@@ -239,7 +239,7 @@ macro_rules! conform_matmul_bf16act {
     };
 }
 
-/// Quantizes a row of activations as `matmul_q8` defines it (f32 arithmetic, ties to even):
+/// Quantizes a row of activations as `matmul<q8>` defines it (f32 arithmetic, ties to even):
 /// the values and one scale per block of 32.
 fn quantize_q8(x: &[f32]) -> (Vec<i8>, Vec<f32>) {
     let (mut q, mut d) = (Vec::with_capacity(x.len()), Vec::new());
@@ -354,7 +354,7 @@ fn attention_f64(q: &[f32], keys: &[f32], values: &[f32], len: usize, heads: [us
     out
 }
 
-/// Checks an `attention_prefill` (or `attention_prefill_bf16`: a cache of `E`) at the given
+/// Checks an `attention_prefill` (or `attention_prefill<bf16>`: a cache of `E`) at the given
 /// heads for chunks from the first one (`start` 0) to late ones (`start` 250, 300 positions),
 /// with inputs of growing magnitude. The f64 evaluation reads the cached values exactly.
 pub fn attention_prefill<E: Cached, const N_HEADS: usize, const N_KV_HEADS: usize, const HEAD_DIM: usize>(
@@ -427,7 +427,7 @@ fn assert_same_nans(what: &str, got: &[f32], want: &[f32]) {
     assert_close(what, &finite(got), &finite(want), TOLERANCE);
 }
 
-/// Checks an `attention_decode` (or `attention_decode_bf16`: a cache of `E`) at the given
+/// Checks an `attention_decode` (or `attention_decode<bf16>`: a cache of `E`) at the given
 /// heads for contexts of 1 to 1000 positions. At
 /// 1000, every head shape with two kv heads or more has the 65536 multiply-adds from which the
 /// team of `shared/team.rs` shares a call, so that a multi-threaded kernel splitting by kv
@@ -499,7 +499,7 @@ macro_rules! conform_attention_prefill_f32 {
     };
 }
 
-/// `attention_prefill_bf16`: the check of `attention_prefill` over a bfloat16 cache.
+/// `attention_prefill<bf16>`: the check of `attention_prefill` over a bfloat16 cache.
 #[macro_export]
 macro_rules! conform_attention_prefill_bf16 {
     ($candidate:ident, $reference:ident) => {
@@ -522,7 +522,7 @@ macro_rules! conform_attention_decode_f32 {
     };
 }
 
-/// `attention_decode_bf16`: the check of `attention_decode` over a bfloat16 cache.
+/// `attention_decode<bf16>`: the check of `attention_decode` over a bfloat16 cache.
 #[macro_export]
 macro_rules! conform_attention_decode_bf16 {
     ($candidate:ident, $reference:ident) => {
@@ -733,7 +733,7 @@ const SPECIAL_VALUES: [f32; 12] = [
     0.0,
 ];
 
-/// Checks a `KvCache` (of `kv_cache`, or of `kv_cache_bf16`: values of `E`) at `MAX_SEQ`,
+/// Checks a `KvCache` (of `kv_cache`, or of `kv_cache<bf16>`: values of `E`) at `MAX_SEQ`,
 /// `KV_DIM`: both replay the same script of stores (a prompt in chunks, the first holding
 /// [`SPECIAL_VALUES`], decode steps, a rewind that overwrites) and reads, and every read must
 /// match the reference and a plain model of the cache exactly (each value as
@@ -826,7 +826,7 @@ macro_rules! conform_kv_cache_f32 {
     };
 }
 
-/// `kv_cache_bf16`: the check of `kv_cache`, each value as the nearest bfloat16.
+/// `kv_cache<bf16>`: the check of `kv_cache`, each value as the nearest bfloat16.
 #[macro_export]
 macro_rules! conform_kv_cache_bf16 {
     ($candidate:ident, $reference:ident) => {

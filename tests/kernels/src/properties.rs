@@ -207,7 +207,7 @@ mod sampler {
 }
 
 /// The int8 packing kernel stores each scale in binary16: exactly for the binary16 values that
-/// `matmul_q8`'s scales are, and otherwise rounded to nearest as F16C's `vcvtps2ph` rounds
+/// `matmul<q8>`'s scales are, and otherwise rounded to nearest as F16C's `vcvtps2ph` rounds
 /// (which this compares with, over every binary16 value and values near each).
 #[cfg(target_arch = "x86_64")]
 #[test]
