@@ -605,7 +605,7 @@ fn check_packed_len(path: &str, uses: &[String], shared: &BTreeMap<String, Share
     None
 }
 
-fn parse_fn_decl(signature: &str) -> syn::Result<syn::ForeignItemFn> {
+pub(crate) fn parse_fn_decl(signature: &str) -> syn::Result<syn::ForeignItemFn> {
     syn::parse_str::<syn::ForeignItemFn>(&format!("{signature};"))
 }
 

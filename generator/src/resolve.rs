@@ -776,7 +776,6 @@ mod tests {
     use super::*;
     use crate::registry::{Constraints, ShapeBound};
     use crate::workload::{Dtype, WorkloadSource};
-    use std::sync::Arc;
 
     fn workload() -> Workload {
         WorkloadSource::from_text("w.toml", crate::workload::tests_support::GOOD).parse().unwrap()

@@ -43,11 +43,14 @@ struct ElementFile {
     reference: String,
 }
 
+/// An element type: its name, and the types it takes (`weights = "bf16"`, ...).
+type Element = (String, BTreeMap<String, String>);
+
 /// What the interfaces say of their families: family → reference, and interface → its element
-/// types (name, the types they take).
+/// types.
 struct Families {
     references: BTreeMap<String, String>,
-    elements: BTreeMap<String, Vec<(String, BTreeMap<String, String>)>>,
+    elements: BTreeMap<String, Vec<Element>>,
 }
 
 impl Families {

@@ -137,7 +137,7 @@ pub fn emit(plan: &Plan, registry: &Registry, templates: &Templates) -> Result<(
         Error::Template { name: passes_name.into(), message: format!("line {}: {}", e.line, e.message) }
     })?;
     files.insert(PathBuf::from("src/passes.rs"), rust_source::print(&passes));
-    files.insert(PathBuf::from("src/main.rs"), rust_source::print_tokens(main_rs(plan, &harness, &included)));
+    files.insert(PathBuf::from("src/main.rs"), rust_source::print_tokens(main_rs(plan, registry, &harness, &included)));
     // The crates the competing kernels use.
     let mut crates: Vec<&str> =
         included.values().flat_map(|i| i.dependencies.iter().map(String::as_str)).collect();
@@ -160,6 +160,7 @@ fn usize_lit(v: usize) -> Literal {
 
 fn main_rs(
     plan: &Plan,
+    registry: &Registry,
     harness: &[HarnessInterface],
     included: &BTreeMap<(String, String), Implementation>,
 ) -> TokenStream {
@@ -172,7 +173,7 @@ fn main_rs(
         Consts::Llama(c) => llama_consts(c),
         Consts::Bert(c) => bert_consts(c),
     };
-    let impls = included.values().map(trait_impl);
+    let impls = included.values().map(|imp| trait_impl(imp, registry));
     let calls = harness.iter().map(|h| format_ident!("{}", h.interface));
     let n_interfaces = usize_lit(harness.len());
     let benches = harness.iter().map(bench_fn);
@@ -291,21 +292,61 @@ fn bert_consts(c: &crate::plan::BertConsts) -> TokenStream {
 }
 
 /// The unit struct of one implementation and its trait impl, forwarding to the kernel.
-fn trait_impl(imp: &Implementation) -> TokenStream {
+fn trait_impl(imp: &Implementation, registry: &Registry) -> TokenStream {
     let ty = type_ident(imp);
     let m = module_ident(imp);
     let doc = format!(" {}/{} {}", imp.interface, imp.name, imp.version);
     let body = match imp.interface.as_str() {
         "matmul" => matmul_impl(imp, &ty, &m),
-        "embedding" | "layernorm" | "attention_encoder" | "gelu" | "mean_pooling" | "l2_normalize" => {
-            encoder_impl(imp, &ty, &m)
-        }
-        _ => decoder_impl(imp, &ty, &m),
+        "kv_cache" => kv_cache_impl(imp, &ty, &m),
+        _ => forwarding_impl(imp, registry, &ty, &m),
     };
     quote! {
         #[doc = #doc]
         struct #ty;
         #body
+    }
+}
+
+/// The trait of `templates/bench/llama.rs` or `bert.rs` that an interface's implementations
+/// implement (`passes::AttentionDecode` for `attention_decode`), with a method per function of
+/// the interface, as its element type declares it, that calls the kernel's. An interface over
+/// a KV cache's element type names it as the trait's `Kv`.
+fn forwarding_impl(
+    imp: &Implementation,
+    registry: &Registry,
+    ty: &proc_macro2::Ident,
+    m: &proc_macro2::Ident,
+) -> TokenStream {
+    let interface = &registry.interfaces[&imp.interface];
+    let element = interface.elements.iter().find(|e| imp.element.as_ref() == Some(&e.name));
+    let at = interface.at(element);
+    let trait_name = super::common::camel_ident(&imp.interface);
+    let kv = imp.elements.contains_key("kv").then(|| {
+        let kv = kv_element(imp);
+        quote!(type Kv = #kv;)
+    });
+    let methods = at.functions.iter().map(|f| {
+        let decl = crate::registry::parse_fn_decl(&f.signature).expect("checked when the interface loaded");
+        let sig = &decl.sig;
+        let name = &sig.ident;
+        let consts = sig.generics.const_params().map(|c| &c.ident);
+        let args = sig.inputs.iter().filter_map(|input| match input {
+            syn::FnArg::Typed(t) => Some(&t.pat),
+            syn::FnArg::Receiver(_) => None,
+        });
+        quote! {
+            #[inline]
+            #sig {
+                kernels::#m::#name::<#(#consts),*>(#(#args),*)
+            }
+        }
+    });
+    quote! {
+        impl passes::#trait_name for #ty {
+            #kv
+            #(#methods)*
+        }
     }
 }
 
@@ -419,161 +460,29 @@ fn matmul_impl(imp: &Implementation, ty: &proc_macro2::Ident, m: &proc_macro2::I
     }
 }
 
-/// The trait of `templates/bench/llama.rs` that a decoder's interface implements.
-fn decoder_impl(imp: &Implementation, ty: &proc_macro2::Ident, m: &proc_macro2::Ident) -> TokenStream {
-    match imp.interface.as_str() {
-        "rmsnorm" => quote! {
-            impl passes::Rmsnorm for #ty {
-                #[inline]
-                fn rmsnorm<const D: usize>(out: &mut [f32], x: &[f32], weight: &[f32], eps: f32, rows: usize) {
-                    kernels::#m::rmsnorm::<D>(out, x, weight, eps, rows)
-                }
+/// `passes::KvCache` for a cache of the element type the implementation takes.
+fn kv_cache_impl(imp: &Implementation, ty: &proc_macro2::Ident, m: &proc_macro2::Ident) -> TokenStream {
+    let kv = kv_element(imp);
+    quote! {
+        impl passes::KvCache for #ty {
+            type Kv = #kv;
+            type Cache = kernels::#m::KvCache<MAX_SEQ_LEN, KV_DIM>;
+            fn new() -> Self::Cache {
+                kernels::#m::KvCache::new()
             }
-        },
-        "rope" => quote! {
-            impl passes::Rope for #ty {
-                fn rope_table<const HD: usize>(theta: f32, positions: usize) -> (Vec<f32>, Vec<f32>) {
-                    kernels::#m::rope_table::<HD>(theta, positions)
-                }
-                fn rope_table_from<const HD: usize>(inv_freq: &[f32], positions: usize) -> (Vec<f32>, Vec<f32>) {
-                    kernels::#m::rope_table_from::<HD>(inv_freq, positions)
-                }
-                #[inline]
-                fn rope<const H: usize, const HD: usize>(x: &mut [f32], cos: &[f32], sin: &[f32], start: usize, rows: usize) {
-                    kernels::#m::rope::<H, HD>(x, cos, sin, start, rows)
-                }
+            #[inline]
+            fn store(cache: &mut Self::Cache, start: usize, k: &[f32], v: &[f32]) {
+                cache.store(start, k, v)
             }
-        },
-        "attention_prefill" => {
-            let kv = kv_element(imp);
-            quote! {
-                impl passes::AttentionPrefill for #ty {
-                    type Kv = #kv;
-                    #[inline]
-                    fn attention_prefill<const H: usize, const KVH: usize, const HD: usize>(
-                        out: &mut [f32], q: &[f32], keys: &[#kv], values: &[#kv], scores: &mut [f32], start: usize, rows: usize,
-                    ) {
-                        kernels::#m::attention_prefill::<H, KVH, HD>(out, q, keys, values, scores, start, rows)
-                    }
-                }
+            #[inline]
+            fn keys(cache: &Self::Cache, len: usize) -> &[#kv] {
+                cache.keys(len)
+            }
+            #[inline]
+            fn values(cache: &Self::Cache, len: usize) -> &[#kv] {
+                cache.values(len)
             }
         }
-        "attention_decode" => {
-            let kv = kv_element(imp);
-            quote! {
-                impl passes::AttentionDecode for #ty {
-                    type Kv = #kv;
-                    #[inline]
-                    fn attention_decode<const H: usize, const KVH: usize, const HD: usize>(
-                        out: &mut [f32], q: &[f32], keys: &[#kv], values: &[#kv], scores: &mut [f32],
-                    ) {
-                        kernels::#m::attention_decode::<H, KVH, HD>(out, q, keys, values, scores)
-                    }
-                }
-            }
-        }
-        "swiglu" => quote! {
-            impl passes::Swiglu for #ty {
-                #[inline]
-                fn swiglu<const HIDDEN: usize>(gate: &mut [f32], up: &[f32], rows: usize) {
-                    kernels::#m::swiglu::<HIDDEN>(gate, up, rows)
-                }
-            }
-        },
-        "kv_cache" => {
-            let kv = kv_element(imp);
-            quote! {
-                impl passes::KvCache for #ty {
-                    type Kv = #kv;
-                    type Cache = kernels::#m::KvCache<MAX_SEQ_LEN, KV_DIM>;
-                    fn new() -> Self::Cache {
-                        kernels::#m::KvCache::new()
-                    }
-                    #[inline]
-                    fn store(cache: &mut Self::Cache, start: usize, k: &[f32], v: &[f32]) {
-                        cache.store(start, k, v)
-                    }
-                    #[inline]
-                    fn keys(cache: &Self::Cache, len: usize) -> &[#kv] {
-                        cache.keys(len)
-                    }
-                    #[inline]
-                    fn values(cache: &Self::Cache, len: usize) -> &[#kv] {
-                        cache.values(len)
-                    }
-                }
-            }
-        }
-        "sampler" => quote! {
-            impl passes::Sampler for #ty {
-                #[inline]
-                fn sample<const VOCAB: usize>(
-                    logits: &[f32], temperature: f32, top_k: usize, top_p: f32, coin: f32, scratch: &mut Vec<(f32, u32)>,
-                ) -> u32 {
-                    kernels::#m::sample::<VOCAB>(logits, temperature, top_k, top_p, coin, scratch)
-                }
-            }
-        },
-        other => unreachable!("the harness has no trait for interface `{other}`"),
-    }
-}
-
-/// The trait of `templates/bench/bert.rs` that an encoder's interface implements.
-fn encoder_impl(imp: &Implementation, ty: &proc_macro2::Ident, m: &proc_macro2::Ident) -> TokenStream {
-    match imp.interface.as_str() {
-        "embedding" => quote! {
-            impl passes::Embedding for #ty {
-                #[inline]
-                fn embed<const D: usize>(
-                    out: &mut [f32], ids: &[u32], token_types: &[u32], words: &[f32], positions: &[f32], types: &[f32],
-                ) {
-                    kernels::#m::embed::<D>(out, ids, token_types, words, positions, types)
-                }
-            }
-        },
-        "layernorm" => quote! {
-            impl passes::Layernorm for #ty {
-                #[inline]
-                fn layernorm<const D: usize>(out: &mut [f32], x: &[f32], weight: &[f32], bias: &[f32], eps: f32, rows: usize) {
-                    kernels::#m::layernorm::<D>(out, x, weight, bias, eps, rows)
-                }
-            }
-        },
-        "attention_encoder" => quote! {
-            impl passes::AttentionEncoder for #ty {
-                #[inline]
-                fn attention_encoder<const H: usize, const HD: usize>(
-                    out: &mut [f32], q: &[f32], k: &[f32], v: &[f32], scores: &mut [f32], len: usize,
-                ) {
-                    kernels::#m::attention_encoder::<H, HD>(out, q, k, v, scores, len)
-                }
-            }
-        },
-        "gelu" => quote! {
-            impl passes::Gelu for #ty {
-                #[inline]
-                fn gelu<const N: usize>(x: &mut [f32], rows: usize) {
-                    kernels::#m::gelu::<N>(x, rows)
-                }
-            }
-        },
-        "mean_pooling" => quote! {
-            impl passes::MeanPooling for #ty {
-                #[inline]
-                fn mean_pool<const D: usize>(out: &mut [f32], x: &[f32], len: usize) {
-                    kernels::#m::mean_pool::<D>(out, x, len)
-                }
-            }
-        },
-        "l2_normalize" => quote! {
-            impl passes::L2Normalize for #ty {
-                #[inline]
-                fn l2_normalize<const D: usize>(x: &mut [f32], rows: usize) {
-                    kernels::#m::l2_normalize::<D>(x, rows)
-                }
-            }
-        },
-        other => unreachable!("the harness has no trait for interface `{other}`"),
     }
 }
 
