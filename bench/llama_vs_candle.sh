@@ -116,7 +116,7 @@ for shape in "${shapes[@]}"; do
     # prefill token (bench/weight_bytes.py says how each is counted).
     # An int8 crate whose matmul packs its weights holds their scales in binary16.
     held=$dtype
-    if [ "$dtype" = int8 ] && layout "${crates[0]}" | grep -q '^matmul_q8/avx512-vnni-packed-threads'; then
+    if [ "$dtype" = int8 ] && layout "${crates[0]}" | grep -q '^matmul/q8-avx512-vnni-packed-threads'; then
         held=int8-packed
     fi
     read -r bytes ops < <(python3 bench/weight_bytes.py "$model" "$held")

@@ -6,7 +6,7 @@ reads one row of (unless the classifier is tied to it, when it is read whole), a
 holds it: with DTYPE int8 a matrix takes a byte per value and an f32 scale per 32 (the norms stay
 f32), whatever the file holds (a directory that an int8 crate saved with `--save-model` holds
 them so already: its int8 matrices and their `_scale` tensors count as they are); with DTYPE
-int8-packed (a crate whose `matmul_q8` packs its weights, `avx512-vnni-packed-threads`), a byte
+int8-packed (a crate whose `matmul<q8>` packs its weights, `matmul/q8-avx512-vnni-packed-threads`), a byte
 per value and a binary16 scale per 32, as that kernel holds them; otherwise as the file holds it. The operations: two per weight of the layers' matrices (the classifier runs
 for the last token only).
 

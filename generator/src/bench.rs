@@ -445,7 +445,12 @@ pub fn bench(
     let shapes = rankings::shapes_signature(&w);
     let mut updated = project.rankings.clone();
     for &interface in &measured {
-        updated.replace(&class, interface, &shapes, records.get(interface).cloned().unwrap_or_default());
+        let element = plan.interface(interface).and_then(|i| i.element.as_deref());
+        let of_element = |name: &str| {
+            project.registry.implementation(interface, name).is_none_or(|i| i.element.as_deref() == element)
+        };
+        let new = records.get(interface).cloned().unwrap_or_default();
+        updated.replace(&class, interface, &shapes, new, of_element);
     }
     let mut written = Vec::new();
     if !options.dry_run {

@@ -164,9 +164,9 @@ pub struct InterfacePlan {
     pub unmeasured: Vec<String>,
 }
 
-/// Whether the chosen matmul (whichever interface the workload's weights take) reads weights
-/// that its `pack` rewrote at load: only an interface with `[[packing]]` functions lets an
-/// implementation pack (the registry checks), and only the matmul interfaces have one.
+/// Whether the chosen matmul (of whichever element type the workload's weights take) reads
+/// weights that its `pack` rewrote at load: only an interface with `[[packing]]` functions lets
+/// an implementation pack (the registry checks), and only `matmul` has one.
 pub fn matmul_packs_weights(interfaces: &[InterfacePlan]) -> bool {
     interfaces.iter().any(|i| i.chosen.packs_weights)
 }

@@ -321,12 +321,22 @@ impl Rankings {
         self.classes.get(class).and_then(|c| c.get(interface)).map_or(&[], Vec::as_slice)
     }
 
-    /// Replaces the records of `interface` on `class` for `shapes` with `new`, keeping the
-    /// records of other shapes.
-    pub fn replace(&mut self, class: &str, interface: &str, shapes: &str, new: Vec<Record>) {
+    /// Replaces the records of `interface` on `class` for `shapes` of the implementations that
+    /// `measured` says a run measured (those of the workload's element type, and any no longer
+    /// in the registry) with `new`, keeping the records of other shapes and of other element
+    /// types: the shape signature does not tell a workload with bfloat16 activations, or a
+    /// bfloat16 KV cache, from one without.
+    pub fn replace(
+        &mut self,
+        class: &str,
+        interface: &str,
+        shapes: &str,
+        new: Vec<Record>,
+        measured: impl Fn(&str) -> bool,
+    ) {
         let records =
             self.classes.entry(class.to_string()).or_default().entry(interface.to_string()).or_default();
-        records.retain(|r| r.shapes != shapes);
+        records.retain(|r| r.shapes != shapes || !measured(&r.implementation));
         records.extend(new);
         records.sort_by(|a, b| a.shapes.cmp(&b.shapes).then_with(|| a.implementation.cmp(&b.implementation)));
     }
@@ -669,7 +679,8 @@ mod tests {
         let mut r = Rankings::default();
         let packing =
             Record { load_ns: Some(31_000_000), load_max_ns: Some(33_000_000), ..record("b", "s1") };
-        r.replace("c-2c", "matmul", "s1", vec![packing, record("a", "s1")]);
+        let all = |_: &str| true;
+        r.replace("c-2c", "matmul", "s1", vec![packing, record("a", "s1")], all);
         let (path, packed_text) = r.render("c-2c", "matmul");
         assert!(
             packed_text.contains("load_ns = 31000000\nload_max_ns = 33000000\n")
@@ -677,11 +688,16 @@ mod tests {
             "{packed_text}"
         );
         assert_eq!(parse_file(&packed_text, &path).unwrap(), r.records("c-2c", "matmul"));
-        r.replace("c-2c", "matmul", "s0", vec![record("z", "s0")]);
-        r.replace("c-2c", "matmul", "s1", vec![record("c", "s1")]);
+        r.replace("c-2c", "matmul", "s0", vec![record("z", "s0")], all);
+        r.replace("c-2c", "matmul", "s1", vec![record("c", "s1")], all);
         let names: Vec<&str> =
             r.records("c-2c", "matmul").iter().map(|r| r.implementation.as_str()).collect();
         assert_eq!(names, ["z", "c"], "a re-measurement replaces the records of its shapes only");
+        // A run of one element type leaves the records of the others at the same shapes.
+        r.replace("c-2c", "matmul", "s1", vec![record("bf16-d", "s1")], |n| n.starts_with("bf16-"));
+        let names: Vec<&str> =
+            r.records("c-2c", "matmul").iter().map(|r| r.implementation.as_str()).collect();
+        assert_eq!(names, ["z", "bf16-d", "c"], "a re-measurement replaces its element type's records only");
         let (path, text) = r.render("c-2c", "matmul");
         assert_eq!(path, Path::new("rankings/c-2c/matmul.toml"));
         assert_eq!(parse_file(&text, &path).unwrap(), r.records("c-2c", "matmul"));

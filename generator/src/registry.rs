@@ -19,7 +19,7 @@ use sha2::{Digest, Sha256};
 use crate::cpu;
 use crate::diagnostics::{Diagnostic, nearest, offset_of};
 use crate::rust_source;
-use crate::workload::{Device, Dtype, Shape};
+use crate::workload::{Device, Dtype, ELEMENT_PARAMETERS, Shape};
 
 /// Folder of `implementations/` that holds shared helper modules instead of an interface.
 pub const SHARED_DIR: &str = "_shared";
@@ -81,7 +81,7 @@ pub struct FnDecl {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Element {
-    /// How code and docs name it: `matmul<bf16>`.
+    /// Its name (`bf16`); docs and `explain` write it after the interface's: `matmul<bf16>`.
     pub name: String,
     pub summary: String,
     /// Parameter → element type (`weights = "bf16"`, `activations = "f32"`, `kv = "bf16"`): an
@@ -110,8 +110,14 @@ impl Interface {
             return Ok(None);
         }
         self.elements.iter().find(|e| e.fits(types)).map(Some).ok_or_else(|| {
-            let offered: Vec<String> = self.elements.iter().map(|e| describe_takes(&e.takes)).collect();
-            format!("interface `{}` takes {}", self.name, offered.join(", or "))
+            let offered: Vec<String> =
+                self.elements.iter().map(|e| format!("{{ {} }}", describe_takes(&e.takes))).collect();
+            format!(
+                "interface `{}` takes {}; the workload has {}",
+                self.name,
+                offered.join(", or "),
+                describe_takes(types.iter().filter(|(k, _)| self.elements.iter().any(|e| e.takes.contains_key(**k))))
+            )
         })
     }
 
@@ -121,8 +127,8 @@ impl Interface {
         element.map_or_else(|| self.reference.as_deref().unwrap_or_default(), |e| e.reference.as_str())
     }
 
-    /// The interface as an implementation of `element` must expose it: the functions of that
-    /// element type, their placeholders filled.
+    /// The interface as an implementation of `element` must expose it, named `matmul<bf16>`:
+    /// the functions of that element type, their placeholders filled.
     pub fn at(&self, element: Option<&Element>) -> Interface {
         let Some(element) = element else { return self.clone() };
         let fill = |text: &str| {
@@ -136,7 +142,7 @@ impl Interface {
                 .collect()
         };
         Interface {
-            name: self.name.clone(),
+            name: format!("{}<{}>", self.name, element.name),
             summary: self.summary.clone(),
             description: self.description.clone(),
             reference: Some(element.reference.clone()),
@@ -484,11 +490,24 @@ fn check_interface(interface: &Interface) -> Vec<Diagnostic> {
         if names[..i].contains(&element.name.as_str()) {
             problems.push(diag(format!("interface `{name}` declares element type `{}` twice", element.name)));
         }
-        if interface.elements[..i].iter().any(|e| e.takes == element.takes) {
+        if element.takes.is_empty() {
+            problems.push(diag(format!("interface `{name}`: element type `{}` takes nothing", element.name)));
+        }
+        for key in element.takes.keys().filter(|k| !ELEMENT_PARAMETERS.contains(&k.as_str())) {
+            problems.push(
+                diag(format!("interface `{name}`: element type `{}` takes `{key}`, which no workload has", element.name))
+                    .hint(format!("a workload has element types {}", ELEMENT_PARAMETERS.join(", "))),
+            );
+        }
+        // A workload that fits one element type must fit no other: no `takes` within another's.
+        let within = |a: &Element, b: &Element| a.takes.iter().all(|(k, v)| b.takes.get(k) == Some(v));
+        if let Some(other) = interface.elements[..i].iter().find(|e| within(e, element) || within(element, e)) {
             problems.push(diag(format!(
-                "interface `{name}`: element types `{}` and another take the same types ({})",
+                "interface `{name}`: a workload that fits element type `{}` ({}) can fit `{}` ({}) too",
                 element.name,
-                describe_takes(&element.takes)
+                describe_takes(&element.takes),
+                other.name,
+                describe_takes(&other.takes)
             )));
         }
     }
@@ -506,14 +525,12 @@ fn check_interface(interface: &Interface) -> Vec<Diagnostic> {
         interface.elements.iter().map(|e| interface.at(Some(e))).collect()
     };
     for view in &views {
-        let label = match &view.reference {
-            Some(r) if !interface.elements.is_empty() => format!(" (the element type of `{r}`)"),
-            _ => String::new(),
-        };
+        // `matmul<bf16>` where the element type filled the placeholders.
+        let name = &view.name;
         for f in view.functions.iter().chain(&view.packing) {
             if let Err(e) = parse_fn_decl(&f.signature) {
                 problems.push(
-                    diag(format!("interface `{name}`{label}: signature does not parse: {e}"))
+                    diag(format!("interface `{name}`: signature does not parse: {e}"))
                         .note(f.signature.clone()),
                 );
             }
@@ -521,14 +538,14 @@ fn check_interface(interface: &Interface) -> Vec<Diagnostic> {
         for t in &view.types {
             if let Err(e) = syn::parse_str::<syn::ItemStruct>(&format!("{};", t.declaration)) {
                 problems.push(
-                    diag(format!("interface `{name}`{label}: type declaration does not parse: {e}"))
+                    diag(format!("interface `{name}`: type declaration does not parse: {e}"))
                         .note(t.declaration.clone()),
                 );
             }
             for m in &t.methods {
                 if let Err(e) = parse_fn_decl(m) {
                     problems.push(
-                        diag(format!("interface `{name}`{label}: method does not parse: {e}")).note(m.clone()),
+                        diag(format!("interface `{name}`: method does not parse: {e}")).note(m.clone()),
                     );
                 }
             }
@@ -682,7 +699,8 @@ fn load_implementation(
 }
 
 /// The element type of `interface` whose types the manifest declares (`None` for an interface
-/// without element types); why not, when it declares none of them or some without any.
+/// without element types); `Err` with why not: its `elements` are none of the interface's
+/// element types, or it declares some for an interface without any.
 fn element_of<'i>(m: &ManifestFile, interface: &'i Interface) -> Result<Option<&'i Element>, String> {
     let declared = describe_takes(&m.elements);
     if interface.elements.is_empty() {
@@ -1316,13 +1334,14 @@ mod tests {
         assert_eq!(interface.reference_of(q8), "q8-scalar");
         let at = interface.at(q8);
         assert_eq!(at.functions[0].signature, "pub fn matmul(out: &mut [f32], w: &[i8], scales: &[f32])");
+        assert_eq!(at.name, "matmul<q8>");
         assert_eq!(at.packing.len(), 1);
         let f32 = interface.at(interface.elements.first());
         assert_eq!(f32.functions[0].signature, "pub fn matmul(out: &mut [f32], w: &[f32])");
         assert!(f32.packing.is_empty(), "check_packed is q8's alone");
         // Weights no element type takes: the error says which it takes.
-        let why = interface.element_for(&BTreeMap::from([("weights", "bf16")])).unwrap_err();
-        assert_eq!(why, "interface `matmul` takes weights = f32, or weights = int8");
+        let why = interface.element_for(&BTreeMap::from([("weights", "bf16"), ("kv", "f32")])).unwrap_err();
+        assert_eq!(why, "interface `matmul` takes { weights = f32 }, or { weights = int8 }; the workload has weights = bf16");
         // An interface without element types has none to pick.
         assert!(matmul_interface().element_for(&types).unwrap().is_none());
     }
@@ -1344,7 +1363,20 @@ mod tests {
         let mut unfilled = typed_interface();
         unfilled.elements[0].types.clear();
         let found = check_interface(&unfilled);
-        assert!(found.iter().any(|d| d.message.contains("(the element type of `f32-scalar`): signature does not parse")), "{found:?}");
+        assert!(found.iter().any(|d| d.message.contains("interface `matmul<f32>`: signature does not parse")), "{found:?}");
+        let mut stray = typed_interface();
+        stray.elements[1].takes.insert("dtype".into(), "int8".into());
+        assert!(check_interface(&stray).iter().any(|d| d.message.contains("takes `dtype`, which no workload has")));
+        let mut within = typed_interface();
+        within.elements[1].takes = BTreeMap::from([("weights".to_string(), "f32".to_string()), ("kv".to_string(), "bf16".to_string())]);
+        assert!(
+            check_interface(&within).iter().any(|d| d.message.contains("a workload that fits element type `q8`")),
+            "{:?}",
+            check_interface(&within)
+        );
+        let mut empty = typed_interface();
+        empty.elements[0].takes.clear();
+        assert!(check_interface(&empty).iter().any(|d| d.message.contains("element type `f32` takes nothing")));
     }
 
     #[test]

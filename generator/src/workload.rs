@@ -1279,6 +1279,11 @@ impl Shape {
     }
 }
 
+/// The element types a workload has ([`Workload::element_types`]), by the names that an
+/// interface's `[[elements]]` take them by: the weights' dtype, the activations' and the KV
+/// cache's.
+pub const ELEMENT_PARAMETERS: [&str; 3] = ["weights", "activations", "kv"];
+
 impl Workload {
     /// The value of every shape parameter, in [`Shape::ALL`]'s order. An encoder's keys and
     /// values have as many heads as its queries: its `num_kv_heads` is its `num_heads`.
@@ -1312,10 +1317,11 @@ impl Workload {
     /// `[[elements]]` (`weights`, `activations`, `kv`): what picks an interface's
     /// implementations among those of other element types.
     pub fn element_types(&self) -> BTreeMap<&'static str, &'static str> {
+        let [weights, activations, kv] = ELEMENT_PARAMETERS;
         BTreeMap::from([
-            ("weights", self.weights.dtype.as_str()),
-            ("activations", self.weights.activations.as_str()),
-            ("kv", self.kv_cache.dtype.as_str()),
+            (weights, self.weights.dtype.as_str()),
+            (activations, self.weights.activations.as_str()),
+            (kv, self.kv_cache.dtype.as_str()),
         ])
     }
 

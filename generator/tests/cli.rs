@@ -241,6 +241,33 @@ fn explain_shows_the_packing_at_load_a_workload_counts() {
 
 #[test]
 fn a_workload_no_implementation_fits_is_refused_with_every_reason() {
+    // Without AVX2 the SIMD products need features the workload lacks, and a scratch registry's
+    // scalar product wants a wider model: each f32 candidate is named with its reason, and no
+    // implementation of another element type is (they never compete).
+    let repo = scratch_repo();
+    let manifest = repo.path().join("implementations/matmul/scalar/manifest.toml");
+    let text = std::fs::read_to_string(&manifest).unwrap();
+    std::fs::write(&manifest, format!("{text}\n[constraints.shapes]\nhidden_size = {{ min = 4096 }}\n")).unwrap();
+    let path = repo.path().join(WORKLOAD);
+    let text = std::fs::read_to_string(&path).unwrap();
+    let start = text.find("cpu_features = [").unwrap();
+    let end = start + text[start..].find(']').unwrap() + 1;
+    std::fs::write(&path, format!("{}cpu_features = [\"sse4.2\"]{}", &text[..start], &text[end..])).unwrap();
+    let out = monogen(repo.path(), &["build", WORKLOAD]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = stderr(&out);
+    for expected in [
+        "no implementation of `matmul` fits workload `stories260k-cpu-f32`",
+        "matmul/scalar: needs hidden_size >= 4096: the workload's hidden_size is 64, below the minimum 4096",
+        "matmul/avx2-fma: needs CPU features avx2, fma, which target.cpu_features does not list",
+    ] {
+        assert!(err.contains(expected), "missing {expected:?} in\n{err}");
+    }
+    assert!(!err.contains("matmul/bf16-") && !err.contains("matmul/q8-"), "{err}");
+}
+
+#[test]
+fn a_workload_no_element_type_fits_is_refused_with_the_types_it_takes() {
     let repo = scratch_repo();
     let path = repo.path().join(WORKLOAD);
     let text = std::fs::read_to_string(&path).unwrap().replace("dtype = \"f32\"", "dtype = \"f16\"");
@@ -249,10 +276,11 @@ fn a_workload_no_implementation_fits_is_refused_with_every_reason() {
     assert_eq!(out.status.code(), Some(2));
     let err = stderr(&out);
     assert!(
-        err.contains("no element type of `matmul` fits workload `stories260k-cpu-f32`: interface `matmul` takes activations = f32, weights = f32, or activations = f32, weights = bf16, or"),
+        err.contains("no element type of `matmul` fits workload `stories260k-cpu-f32`: interface `matmul` takes { activations = f32, weights = f32 }, or { activations = f32, weights = bf16 }, or"),
         "{err}"
     );
-    assert!(err.contains("change the workload's weights.dtype, weights.activations or kv_cache.dtype"), "{err}");
+    assert!(err.contains("; the workload has activations = f32, weights = f16"), "{err}");
+    assert!(err.contains("change the workload's dtypes to one the interface takes"), "{err}");
 }
 
 #[test]
@@ -281,7 +309,7 @@ fn a_kernel_that_breaks_its_interface_is_rejected() {
     let out = monogen(repo.path(), &["explain", WORKLOAD]);
     assert_eq!(out.status.code(), Some(2));
     let err = stderr(&out);
-    assert!(err.contains("`matmul` does not match the signature that interface `matmul` declares"), "{err}");
+    assert!(err.contains("`matmul` does not match the signature that interface `matmul<f32>` declares"), "{err}");
     assert!(err.contains("implementations/matmul/avx2-fma/kernel.rs:"), "{err}");
     assert!(err.contains("rows: usize") && err.contains("rows: u32"), "{err}");
 }
@@ -481,7 +509,7 @@ fn packing_kernels_are_checked_against_the_interface() {
             "manifest.toml",
             "packs_weights = true\n",
             "",
-            "`pack` is public but not part of interface `matmul`",
+            "`pack` is public but not part of interface `matmul<f32>`",
         ),
         // Says so without the function.
         (
@@ -489,7 +517,7 @@ fn packing_kernels_are_checked_against_the_interface() {
             "kernel.rs",
             "pub fn pack(",
             "fn pack_rows(",
-            "missing `pack`, which interface `matmul` requires",
+            "missing `pack`, which interface `matmul<f32>` requires",
         ),
         // Says so for an interface that has no packing function.
         (
@@ -620,7 +648,7 @@ fn element_types_are_checked() {
             "kernel.rs",
             "w: &[u16]",
             "w: &[f32]",
-            "`matmul` does not match the signature that interface `matmul` declares",
+            "`matmul` does not match the signature that interface `matmul<bf16>` declares",
         ),
     ];
     assert_each_slip_refused(&cases);

@@ -57,7 +57,10 @@ impl Families {
     /// The family of an implementation of `interface` that takes `takes`.
     fn of(&self, interface: &str, takes: &BTreeMap<String, String>, where_: &str) -> String {
         match self.elements.get(interface) {
-            None => interface.to_string(),
+            None => {
+                assert!(takes.is_empty(), "{where_}: `elements`, but interface {interface} has no element types");
+                interface.to_string()
+            }
             Some(elements) => {
                 let (name, _) = elements
                     .iter()
@@ -153,10 +156,13 @@ fn read_interfaces(dir: &Path) -> Families {
         assert_eq!(file.name, stem, "{}: the name differs from the file name", path.display());
         if file.elements.is_empty() {
             let reference = file.reference.unwrap_or_else(|| panic!("{}: no reference", path.display()));
-            families.references.insert(file.name, reference);
+            let twice = families.references.insert(file.name.clone(), reference);
+            assert!(twice.is_none(), "family {} is an interface and an element type", file.name);
         } else {
             for e in &file.elements {
-                families.references.insert(format!("{}_{}", file.name, e.name), e.reference.clone());
+                let family = format!("{}_{}", file.name, e.name);
+                let twice = families.references.insert(family.clone(), e.reference.clone());
+                assert!(twice.is_none(), "family {family} is an interface and an element type");
             }
             let elements = file.elements.into_iter().map(|e| (e.name, e.takes)).collect();
             families.elements.insert(file.name, elements);

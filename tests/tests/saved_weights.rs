@@ -121,7 +121,7 @@ fn a_bert_int8_crate_saves_its_quantized_matrices_and_encodes_the_same() {
     let (header, _) = header(&bytes);
     // Six layers of four linear layers' weights (query, key, value and two dense ones) plus
     // the attention output's: every linear layer's matrix in int8, packed as the crate's
-    // matmul (`avx2-packed-threads`) reads it, its binary16 scales among its values.
+    // matmul (`q8-avx2-packed-threads`) reads it, its binary16 scales among its values.
     assert_eq!(dtypes_ending(&header, ".weight.packed"), vec!["I8"; 36]);
     assert!(dtypes_ending(&header, ".weight_scale").is_empty());
     assert!(dtypes_ending(&header, ".weight").iter().all(|d| d != "I8"));

@@ -12,7 +12,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 
 use proc_macro2::{Literal, TokenStream};
-use quote::{format_ident, quote};
+use quote::{ToTokens, format_ident, quote};
 
 use super::{Output, Templates};
 use crate::Error;
@@ -176,7 +176,7 @@ fn main_rs(
     let impls = included.values().map(|imp| trait_impl(imp, registry));
     let calls = harness.iter().map(|h| format_ident!("{}", h.interface));
     let n_interfaces = usize_lit(harness.len());
-    let benches = harness.iter().map(bench_fn);
+    let benches = harness.iter().map(|h| bench_fn(h, registry));
     let amx = included
         .values()
         .any(|imp| super::common::needs_amx_fn(&imp.constraints.cpu_features))
@@ -298,7 +298,7 @@ fn trait_impl(imp: &Implementation, registry: &Registry) -> TokenStream {
     let doc = format!(" {}/{} {}", imp.interface, imp.name, imp.version);
     let body = match imp.interface.as_str() {
         "matmul" => matmul_impl(imp, &ty, &m),
-        "kv_cache" => kv_cache_impl(imp, &ty, &m),
+        "kv_cache" => kv_cache_impl(imp, registry, &ty, &m),
         _ => forwarding_impl(imp, registry, &ty, &m),
     };
     quote! {
@@ -323,7 +323,7 @@ fn forwarding_impl(
     let at = interface.at(element);
     let trait_name = super::common::camel_ident(&imp.interface);
     let kv = imp.elements.contains_key("kv").then(|| {
-        let kv = kv_element(imp);
+        let kv = kv_element(imp, registry);
         quote!(type Kv = #kv;)
     });
     let methods = at.functions.iter().map(|f| {
@@ -461,8 +461,13 @@ fn matmul_impl(imp: &Implementation, ty: &proc_macro2::Ident, m: &proc_macro2::I
 }
 
 /// `passes::KvCache` for a cache of the element type the implementation takes.
-fn kv_cache_impl(imp: &Implementation, ty: &proc_macro2::Ident, m: &proc_macro2::Ident) -> TokenStream {
-    let kv = kv_element(imp);
+fn kv_cache_impl(
+    imp: &Implementation,
+    registry: &Registry,
+    ty: &proc_macro2::Ident,
+    m: &proc_macro2::Ident,
+) -> TokenStream {
+    let kv = kv_element(imp, registry);
     quote! {
         impl passes::KvCache for #ty {
             type Kv = #kv;
@@ -486,13 +491,13 @@ fn kv_cache_impl(imp: &Implementation, ty: &proc_macro2::Ident, m: &proc_macro2:
     }
 }
 
-/// The Rust type of the KV cache's elements that an implementation stores or reads: f32, or
-/// bfloat16 bits.
-fn kv_element(imp: &Implementation) -> TokenStream {
-    match imp.elements.get("kv").map(String::as_str) {
-        Some("bf16") => quote!(u16),
-        _ => quote!(f32),
-    }
+/// The Rust type of the KV cache's elements that an implementation stores or reads, as its
+/// interface's element type names it (`KV`: `f32`, or `u16` for bfloat16 bits).
+fn kv_element(imp: &Implementation, registry: &Registry) -> TokenStream {
+    let interface = &registry.interfaces[&imp.interface];
+    let element = interface.elements.iter().find(|e| imp.element.as_ref() == Some(&e.name));
+    let kv = element.and_then(|e| e.types.get("KV")).expect("the cache and the attentions name their KV type");
+    syn::parse_str::<syn::Type>(kv).expect("an element type's KV is a Rust type").into_token_stream()
 }
 
 /// An expression that is `Ok(())` when this machine has `imp`'s CPU features.
@@ -508,7 +513,7 @@ fn availability(imp: &Implementation) -> TokenStream {
 }
 
 /// `fn <interface>(options)`: validate every candidate, then time them round by round.
-fn bench_fn(h: &HarnessInterface) -> TokenStream {
+fn bench_fn(h: &HarnessInterface, registry: &Registry) -> TokenStream {
     let name = format_ident!("{}", h.interface);
     let interface = &h.interface;
     let names: Vec<&str> = h.candidates.iter().map(|c| c.name.as_str()).collect();
@@ -522,11 +527,11 @@ fn bench_fn(h: &HarnessInterface) -> TokenStream {
         "rmsnorm" => (quote!(passes::RmsnormPass::new()), quote!(passes::RmsnormPass)),
         "rope" => (quote!(passes::RopePass::new::<#reference>()), quote!(passes::RopePass)),
         "attention_prefill" => {
-            let kv = kv_element(&h.reference);
+            let kv = kv_element(&h.reference, registry);
             (quote!(passes::AttentionPrefillPass::<#kv>::new()), quote!(passes::AttentionPrefillPass::<#kv>))
         }
         "attention_decode" => {
-            let kv = kv_element(&h.reference);
+            let kv = kv_element(&h.reference, registry);
             (quote!(passes::AttentionDecodePass::<#kv>::new()), quote!(passes::AttentionDecodePass::<#kv>))
         }
         "swiglu" => (quote!(passes::SwigluPass::new()), quote!(passes::SwigluPass)),

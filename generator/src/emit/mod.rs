@@ -99,7 +99,7 @@ impl Templates {
         self.runtime_with(file, &[("__crate", crate_ident)])
     }
 
-    /// A runtime file with each placeholder ident (`__crate`, `__matmul`, ...) replaced.
+    /// A runtime file with each placeholder ident (`__crate`) replaced.
     pub fn runtime_with(&self, file: &str, replacements: &[(&str, &str)]) -> Result<syn::File, Error> {
         self.rust(&format!("runtime/{file}"), replacements)
     }

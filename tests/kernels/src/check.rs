@@ -1,4 +1,5 @@
-//! The conformance checks, one per interface.
+//! The conformance checks, one per family: an interface, or one element type of an interface
+//! with `[[elements]]` (`matmul_bf16`, `kv_cache_f32`).
 //!
 //! Each check runs a candidate implementation and the interface's reference on the same
 //! random inputs (never zeros) at many shapes, odd sizes included, and compares the outputs
@@ -9,7 +10,7 @@
 //! caught as well.
 //!
 //! Kernels are generic over const shapes, so every check has a macro,
-//! `conform_<interface>!(candidate_module, reference_module)`, that instantiates both
+//! `conform_<family>!(candidate_module, reference_module)`, that instantiates both
 //! implementations at a fixed list of shapes and hands them to the generic function of the
 //! same name here, which does the work.
 

@@ -4,9 +4,10 @@
 //! `kernels::<interface>__<name>`, with the helper modules of `implementations/_shared/` in
 //! `kernels::shared`, laid out so that a kernel's `super::shared::...` resolves as it does in
 //! a generated crate. It also writes one test per implementation, which runs the
-//! conformance check of the implementation's interface ([`check`], one per interface)
-//! against the interface's reference implementation, and a `for_each_<interface>!` macro per
-//! interface that lists its implementations for the benchmark (`benches/kernels.rs`).
+//! conformance check of the implementation's family ([`check`], one per family: an interface,
+//! or one element type of an interface with `[[elements]]`, `matmul_bf16`) against the
+//! family's reference implementation, and a `for_each_<family>!` macro per family that lists
+//! its implementations for the benchmark (`benches/kernels.rs`).
 
 /// The thread count multi-threaded kernels read as `crate::THREADS` (a generated crate bakes
 /// its workload's): 2, so that their conformance tests run them on several threads.
