@@ -196,11 +196,7 @@ fn explain_shows_every_candidate_and_why() {
     }
 
     // Without AVX2 the scalar kernels are chosen, and the reason is given.
-    let path = repo.path().join(WORKLOAD);
-    let text = std::fs::read_to_string(&path).unwrap();
-    let start = text.find("cpu_features = [").unwrap();
-    let end = start + text[start..].find(']').unwrap() + 1;
-    std::fs::write(&path, format!("{}cpu_features = [\"sse4.2\"]{}", &text[..start], &text[end..])).unwrap();
+    without_avx2(&repo.path().join(WORKLOAD));
     let out = monogen(repo.path(), &["explain", WORKLOAD]);
     let text = stdout(&out);
     assert!(text.contains("  avx2-fma 1.0.0 (priority 20): rejected: needs CPU features avx2, fma, which target.cpu_features does not list"), "{text}");
@@ -210,6 +206,14 @@ fn explain_shows_every_candidate_and_why() {
     let out = monogen(repo.path(), &["explain", WORKLOAD, "--json"]);
     let plan: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(plan["interfaces"][1]["chosen"]["name"], "scalar");
+}
+
+/// Makes the workload at `path` target a CPU with SSE4.2 alone.
+fn without_avx2(path: &Path) {
+    let text = std::fs::read_to_string(path).unwrap();
+    let start = text.find("cpu_features = [").unwrap();
+    let end = start + text[start..].find(']').unwrap() + 1;
+    std::fs::write(path, format!("{}cpu_features = [\"sse4.2\"]{}", &text[..start], &text[end..])).unwrap();
 }
 
 #[test]
@@ -248,11 +252,7 @@ fn a_workload_no_implementation_fits_is_refused_with_every_reason() {
     let manifest = repo.path().join("implementations/matmul/scalar/manifest.toml");
     let text = std::fs::read_to_string(&manifest).unwrap();
     std::fs::write(&manifest, format!("{text}\n[constraints.shapes]\nhidden_size = {{ min = 4096 }}\n")).unwrap();
-    let path = repo.path().join(WORKLOAD);
-    let text = std::fs::read_to_string(&path).unwrap();
-    let start = text.find("cpu_features = [").unwrap();
-    let end = start + text[start..].find(']').unwrap() + 1;
-    std::fs::write(&path, format!("{}cpu_features = [\"sse4.2\"]{}", &text[..start], &text[end..])).unwrap();
+    without_avx2(&repo.path().join(WORKLOAD));
     let out = monogen(repo.path(), &["build", WORKLOAD]);
     assert_eq!(out.status.code(), Some(2));
     let err = stderr(&out);
