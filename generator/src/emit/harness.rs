@@ -524,28 +524,21 @@ fn bench_fn(h: &HarnessInterface, registry: &Registry) -> TokenStream {
             quote!(passes::MatmulPass::new::<#reference>()),
             quote!(passes::MatmulPass::<<#reference as harness::Matmul>::Weights>),
         ),
-        "rmsnorm" => (quote!(passes::RmsnormPass::new()), quote!(passes::RmsnormPass)),
         "rope" => (quote!(passes::RopePass::new::<#reference>()), quote!(passes::RopePass)),
-        "attention_prefill" => {
-            let kv = kv_element(&h.reference, registry);
-            (quote!(passes::AttentionPrefillPass::<#kv>::new()), quote!(passes::AttentionPrefillPass::<#kv>))
-        }
-        "attention_decode" => {
-            let kv = kv_element(&h.reference, registry);
-            (quote!(passes::AttentionDecodePass::<#kv>::new()), quote!(passes::AttentionDecodePass::<#kv>))
-        }
-        "swiglu" => (quote!(passes::SwigluPass::new()), quote!(passes::SwigluPass)),
-        "sampler" => (quote!(passes::SamplerPass::new()), quote!(passes::SamplerPass)),
         "kv_cache" => (quote!(()), quote!(())),
-        "embedding" => (quote!(passes::EmbeddingPass::new()), quote!(passes::EmbeddingPass)),
-        "layernorm" => (quote!(passes::LayernormPass::new()), quote!(passes::LayernormPass)),
-        "attention_encoder" => {
-            (quote!(passes::AttentionEncoderPass::new()), quote!(passes::AttentionEncoderPass))
+        // Every other interface's pass is named after it (`passes::MeanPoolingPass`), generic
+        // over the KV cache's element type where the interface reads the cache.
+        _ => {
+            let pass = format_ident!("{}Pass", super::common::camel_ident(interface));
+            let ty = match h.reference.elements.contains_key("kv") {
+                true => {
+                    let kv = kv_element(&h.reference, registry);
+                    quote!(passes::#pass::<#kv>)
+                }
+                false => quote!(passes::#pass),
+            };
+            (quote!(#ty::new()), ty)
         }
-        "gelu" => (quote!(passes::GeluPass::new()), quote!(passes::GeluPass)),
-        "mean_pooling" => (quote!(passes::MeanPoolingPass::new()), quote!(passes::MeanPoolingPass)),
-        "l2_normalize" => (quote!(passes::L2NormalizePass::new()), quote!(passes::L2NormalizePass)),
-        other => unreachable!("the harness has no pass for interface `{other}`"),
     };
     let validations = h.candidates.iter().enumerate().map(|(i, c)| {
         let ty = type_ident(c);
