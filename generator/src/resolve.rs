@@ -446,8 +446,13 @@ impl<'a> Field<'a> {
 
     /// The winner and its reason where at most one candidate is valid (no winner where none is).
     fn only_candidate(&self) -> (Option<&'a Implementation>, String) {
-        let (interface, failed_note) = (self.interface, &self.failed_note);
+        let failed_note = &self.failed_note;
         let only = self.valid.first().copied();
+        // `kv_cache<bf16>`: the only one of its element type.
+        let interface = match only.and_then(|i| i.element.as_deref()) {
+            Some(element) => format!("{}<{element}>", self.interface),
+            None => self.interface.to_string(),
+        };
         let reason = if self.compatible.len() > 1 && self.failed == 0 {
             format!("the only compatible implementation of `{interface}` that no other replaces")
         } else {
