@@ -61,14 +61,7 @@ pub fn workload(
             path.display()
         )));
     }
-    let text: &str = source;
-    let key_span = |key: &str| {
-        let needle = format!("\"{key}\"");
-        text.find(&needle).map_or(0..0, |i| i..i + needle.len())
-    };
-    let diag = |key: &str, message: String| {
-        Diagnostic::new(message).in_file(path, source).primary(key_span(key), "")
-    };
+    let diag = |key: &str, message: String| super::config_diag(path, source, key, message);
     let mut problems = Vec::new();
     for (key, value) in config {
         let key = key.as_str();
@@ -263,8 +256,8 @@ pub fn render(w: &Workload, m: &Bert, templates: &Templates, source: &Path) -> R
 
 #[cfg(test)]
 mod tests {
-    use crate::init::{CpuFeatures, InitOptions, workload_from_config};
-    use crate::workload::{Dtype, KvDtype, Pooling};
+    use crate::init::{InitOptions, workload_from_config};
+    use crate::workload::Pooling;
     use std::path::Path;
 
     const MINILM: &str = r#"{
@@ -275,20 +268,7 @@ mod tests {
 }"#;
 
     fn opts() -> InitOptions {
-        InitOptions {
-            name: "m".into(),
-            dtype: Dtype::F32,
-            activations: crate::workload::Activations::F32,
-            kv_cache: KvDtype::F32,
-            threads: Some(2),
-            cpu_features: CpuFeatures::parse("x86-64-v3").unwrap(),
-            max_seq_len: None,
-            typical_prompt_len: None,
-            typical_decode_len: None,
-            hardware: None,
-            max_batch: None,
-            requests_per_load: None,
-        }
+        InitOptions::for_tests("m")
     }
 
     #[test]

@@ -94,14 +94,7 @@ pub fn workload(
     source: &Arc<str>,
     opts: &InitOptions,
 ) -> Result<Workload, Error> {
-    let text: &str = source;
-    let key_span = |key: &str| {
-        let needle = format!("\"{key}\"");
-        text.find(&needle).map_or(0..0, |i| i..i + needle.len())
-    };
-    let diag = |key: &str, message: String| {
-        Diagnostic::new(message).in_file(path, source).primary(key_span(key), "")
-    };
+    let diag = |key: &str, message: String| super::config_diag(path, source, key, message);
     let mut problems = Vec::new();
     let qkv_bias = qkv_bias_of_model_type(config, path, &diag, &mut problems);
     let window = Window::of(config, &diag, &mut problems);

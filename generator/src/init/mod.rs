@@ -57,6 +57,13 @@ pub fn workload_from_config(path: &Path, text: &str, opts: &InitOptions) -> Resu
     }
 }
 
+/// A diagnostic of config.json (`source`, at `path`) pointing at the first `"key"` in it.
+fn config_diag(path: &Path, source: &Arc<str>, key: &str, message: String) -> Diagnostic {
+    let needle = format!("\"{key}\"");
+    let span = source.find(&needle).map_or(0..0, |i| i..i + needle.len());
+    Diagnostic::new(message).in_file(path, source).primary(span, "")
+}
+
 /// The workload as a commented TOML file; `source` says where it came from.
 pub fn render(w: &Workload, templates: &Templates, source: &Path) -> Result<String, Error> {
     match &w.model {
@@ -119,7 +126,6 @@ pub fn write_workload_file(path: &Path, text: &str, force: bool) -> Result<(), E
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::workload::{Activations, Dtype, KvDtype};
 
     const STORIES: &str = r#"{
   "architectures": ["LlamaForCausalLM"],
@@ -146,20 +152,7 @@ mod tests {
 }"#;
 
     fn opts() -> InitOptions {
-        InitOptions {
-            name: "t".into(),
-            dtype: Dtype::F32,
-            activations: Activations::F32,
-            kv_cache: KvDtype::F32,
-            threads: Some(2),
-            cpu_features: CpuFeatures::parse("x86-64-v3").unwrap(),
-            max_seq_len: None,
-            typical_prompt_len: None,
-            typical_decode_len: None,
-            hardware: Some("intel-xeon-2c".into()),
-            max_batch: None,
-            requests_per_load: None,
-        }
+        InitOptions { hardware: Some("intel-xeon-2c".into()), ..InitOptions::for_tests("t") }
     }
 
     fn from(text: &str) -> Result<Workload, String> {

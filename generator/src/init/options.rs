@@ -89,6 +89,25 @@ pub struct InitOptions {
 }
 
 impl InitOptions {
+    /// Options named `name`, f32 throughout, 2 threads on x86-64-v3, of no hardware class.
+    #[cfg(test)]
+    pub(crate) fn for_tests(name: &str) -> InitOptions {
+        InitOptions {
+            name: name.into(),
+            dtype: Dtype::F32,
+            activations: Activations::F32,
+            kv_cache: KvDtype::F32,
+            threads: Some(2),
+            cpu_features: CpuFeatures::parse("x86-64-v3").unwrap(),
+            max_seq_len: None,
+            typical_prompt_len: None,
+            typical_decode_len: None,
+            hardware: None,
+            max_batch: None,
+            requests_per_load: None,
+        }
+    }
+
     /// The `[weights]` table these options ask for, refused when `--activations bf16` comes
     /// without `--dtype bf16`.
     pub(crate) fn weights(&self) -> Result<Weights, Error> {
