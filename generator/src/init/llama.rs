@@ -208,15 +208,7 @@ fn check_keys(
             ));
             continue;
         }
-        match required_default(key, value) {
-            Some(Ok(())) => {}
-            Some(Err(why)) => problems.push(diag(key, format!("config.json field `{key}` cannot be honoured")).note(why)),
-            None => problems.push(
-                diag(key, format!("config.json field `{key}` is unknown to monogen"))
-                    .note("it might change what the model computes, so monogen will not guess")
-                    .hint("if this field does not affect inference, add it to the bookkeeping list in generator/src/init/options.rs"),
-            ),
-        }
+        problems.extend(super::unhonoured(key, required_default(key, value), &diag));
     }
 }
 

@@ -57,6 +57,24 @@ pub fn workload_from_config(path: &Path, text: &str, opts: &InitOptions) -> Resu
     }
 }
 
+/// Why config.json's field `key` stops the workload, if it does: `required` is what the
+/// architecture's `required_default` says of its value (`None`: a field monogen does not know).
+fn unhonoured(
+    key: &str,
+    required: Option<Result<(), String>>,
+    diag: &impl Fn(&str, String) -> Diagnostic,
+) -> Option<Diagnostic> {
+    match required {
+        Some(Ok(())) => None,
+        Some(Err(why)) => Some(diag(key, format!("config.json field `{key}` cannot be honoured")).note(why)),
+        None => Some(
+            diag(key, format!("config.json field `{key}` is unknown to monogen"))
+                .note("it might change what the model computes, so monogen will not guess")
+                .hint("if this field does not affect inference, add it to the bookkeeping list in generator/src/init/options.rs"),
+        ),
+    }
+}
+
 /// A diagnostic of config.json (`source`, at `path`) pointing at the first `"key"` in it.
 fn config_diag(path: &Path, source: &Arc<str>, key: &str, message: String) -> Diagnostic {
     let needle = format!("\"{key}\"");
