@@ -615,6 +615,44 @@ fn bench_measures_int8_and_bf16_matmuls_on_weights_as_their_crates_hold_them() {
 }
 
 #[test]
+fn bench_keeps_the_records_of_other_element_types() {
+    // A model's bf16 and bf16act products share a shape signature (it names the weights'
+    // dtype, not the activations'): measuring the bf16 ones must leave the others' records.
+    let repo = measured_repo();
+    let class = monogen::host::this_class();
+    let path = "workloads/stories260k-cpu-bf16.toml";
+    let text = std::fs::read_to_string(workspace_root().join(path)).unwrap();
+    let text = text.replace("threads = 2", &format!("threads = 2\nhardware = \"{class}\""));
+    std::fs::write(repo.path().join(path), text).unwrap();
+    let w = monogen::workload::WorkloadSource::read(&repo.path().join(path)).unwrap().parse().unwrap();
+    let shapes = monogen::rankings::shapes_signature(&w);
+    let rankings = repo.path().join(format!("rankings/{class}/matmul.toml"));
+    let before = std::fs::read_to_string(&rankings).unwrap_or_default();
+    let kept = format!(
+        "\n[[record]]\nimplementation = \"bf16act-scalar\"\nversion = \"1.0.0\"\nsource_sha256 = \"0\"\n\
+         shapes = {shapes:?}\ncpu = \"a\"\ncores = 2\ncpu_features = []\nrustc = \"r\"\nbuild_flags = \"f\"\n\
+         measured_at = \"2026-12-05T00:00:00Z\"\nstatus = \"ok\"\nmedian_ns = 1000\np90_ns = 1100\nsamples = 5\n\
+         prefill_median_ns = 0\ndecode_median_ns = 0\n"
+    );
+    std::fs::write(&rankings, format!("{before}{kept}")).unwrap();
+    let mut args = vec!["bench", path, "--interface", "matmul"];
+    args.extend_from_slice(QUICK);
+    let out = monogen(repo.path(), &args);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let file: toml::Table = toml::from_str(&std::fs::read_to_string(&rankings).unwrap()).unwrap();
+    let at_shapes: Vec<&str> = file["record"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["shapes"].as_str() == Some(shapes.as_str()))
+        .map(|r| r["implementation"].as_str().unwrap())
+        .collect();
+    assert!(at_shapes.contains(&"bf16act-scalar"), "the bf16act record went: {at_shapes:?}");
+    assert!(at_shapes.contains(&"bf16-scalar"), "the bf16 products were not recorded: {at_shapes:?}");
+    assert!(!at_shapes.contains(&"scalar"), "{at_shapes:?}");
+}
+
+#[test]
 fn bench_measures_encoder_workloads_too() {
     let repo = measured_repo();
     let bert = "workloads/all-minilm-l6-v2-cpu-f32.toml";
