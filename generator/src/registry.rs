@@ -116,7 +116,9 @@ impl Interface {
                 "interface `{}` takes {}; the workload has {}",
                 self.name,
                 offered.join(", or "),
-                describe_takes(types.iter().filter(|(k, _)| self.elements.iter().any(|e| e.takes.contains_key(**k))))
+                describe_takes(
+                    types.iter().filter(|(k, _)| self.elements.iter().any(|e| e.takes.contains_key(**k)))
+                )
             )
         })
     }
@@ -347,7 +349,9 @@ impl Registry {
             for element in elements {
                 let reference = interface.reference_of(element);
                 let has_reference = implementations.get(&interface.name).is_some_and(|imps| {
-                    imps.iter().any(|i| i.name == reference && i.element.as_deref() == element.map(|e| e.name.as_str()))
+                    imps.iter().any(|i| {
+                        i.name == reference && i.element.as_deref() == element.map(|e| e.name.as_str())
+                    })
                 });
                 if !has_reference {
                     let of = element.map(|e| format!(" of element type `{}`", e.name)).unwrap_or_default();
@@ -478,8 +482,10 @@ fn check_interface(interface: &Interface) -> Vec<Diagnostic> {
     let name = &interface.name;
     let diag = |message: String| Diagnostic::new(message).at_path(&interface.path);
     match (&interface.reference, interface.elements.is_empty()) {
-        (None, true) => problems.push(diag(format!("interface `{name}` names no reference"))
-            .hint("add `reference = \"<implementation>\"`, the one every other is checked against")),
+        (None, true) => problems.push(
+            diag(format!("interface `{name}` names no reference"))
+                .hint("add `reference = \"<implementation>\"`, the one every other is checked against"),
+        ),
         (Some(_), false) => problems.push(diag(format!(
             "interface `{name}` names a `reference` and `[[elements]]`: each element type names its own"
         ))),
@@ -495,13 +501,17 @@ fn check_interface(interface: &Interface) -> Vec<Diagnostic> {
         }
         for key in element.takes.keys().filter(|k| !ELEMENT_PARAMETERS.contains(&k.as_str())) {
             problems.push(
-                diag(format!("interface `{name}`: element type `{}` takes `{key}`, which no workload has", element.name))
-                    .hint(format!("a workload has element types {}", ELEMENT_PARAMETERS.join(", "))),
+                diag(format!(
+                    "interface `{name}`: element type `{}` takes `{key}`, which no workload has",
+                    element.name
+                ))
+                .hint(format!("a workload has element types {}", ELEMENT_PARAMETERS.join(", "))),
             );
         }
         // A workload that fits one element type must fit no other: no `takes` within another's.
         let within = |a: &Element, b: &Element| a.takes.iter().all(|(k, v)| b.takes.get(k) == Some(v));
-        if let Some(other) = interface.elements[..i].iter().find(|e| within(e, element) || within(element, e)) {
+        if let Some(other) = interface.elements[..i].iter().find(|e| within(e, element) || within(element, e))
+        {
             problems.push(diag(format!(
                 "interface `{name}`: a workload that fits element type `{}` ({}) can fit `{}` ({}) too",
                 element.name,
@@ -1316,7 +1326,10 @@ mod tests {
             elements,
         };
         Interface {
-            elements: vec![element("f32", "f32", "w: &[f32]"), element("q8", "int8", "w: &[i8], scales: &[f32]")],
+            elements: vec![
+                element("f32", "f32", "w: &[f32]"),
+                element("q8", "int8", "w: &[i8], scales: &[f32]"),
+            ],
             reference: None,
             functions: vec![decl("pub fn matmul(out: &mut [f32], {weights})", None)],
             packing: vec![decl("pub fn check_packed(packed: &[i8]) -> bool", Some(vec!["q8".into()]))],
@@ -1341,7 +1354,10 @@ mod tests {
         assert!(f32.packing.is_empty(), "check_packed is q8's alone");
         // Weights no element type takes: the error says which it takes.
         let why = interface.element_for(&BTreeMap::from([("weights", "bf16"), ("kv", "f32")])).unwrap_err();
-        assert_eq!(why, "interface `matmul` takes { weights = f32 }, or { weights = int8 }; the workload has weights = bf16");
+        assert_eq!(
+            why,
+            "interface `matmul` takes { weights = f32 }, or { weights = int8 }; the workload has weights = bf16"
+        );
         // An interface without element types has none to pick.
         assert!(matmul_interface().element_for(&types).unwrap().is_none());
     }
@@ -1352,7 +1368,9 @@ mod tests {
         assert!(check_interface(&both)[0].message.contains("names a `reference` and `[[elements]]`"));
         let mut twice = typed_interface();
         twice.elements[1].name = "f32".into();
-        assert!(check_interface(&twice).iter().any(|d| d.message.contains("declares element type `f32` twice")));
+        assert!(
+            check_interface(&twice).iter().any(|d| d.message.contains("declares element type `f32` twice"))
+        );
         let mut unknown = typed_interface();
         unknown.packing[0].elements = Some(vec!["int4".into()]);
         assert!(
@@ -1363,20 +1381,34 @@ mod tests {
         let mut unfilled = typed_interface();
         unfilled.elements[0].types.clear();
         let found = check_interface(&unfilled);
-        assert!(found.iter().any(|d| d.message.contains("interface `matmul<f32>`: signature does not parse")), "{found:?}");
+        assert!(
+            found.iter().any(|d| d.message.contains("interface `matmul<f32>`: signature does not parse")),
+            "{found:?}"
+        );
         let mut stray = typed_interface();
         stray.elements[1].takes.insert("dtype".into(), "int8".into());
-        assert!(check_interface(&stray).iter().any(|d| d.message.contains("takes `dtype`, which no workload has")));
-        let mut within = typed_interface();
-        within.elements[1].takes = BTreeMap::from([("weights".to_string(), "f32".to_string()), ("kv".to_string(), "bf16".to_string())]);
         assert!(
-            check_interface(&within).iter().any(|d| d.message.contains("a workload that fits element type `q8`")),
+            check_interface(&stray)
+                .iter()
+                .any(|d| d.message.contains("takes `dtype`, which no workload has"))
+        );
+        let mut within = typed_interface();
+        within.elements[1].takes = BTreeMap::from([
+            ("weights".to_string(), "f32".to_string()),
+            ("kv".to_string(), "bf16".to_string()),
+        ]);
+        assert!(
+            check_interface(&within)
+                .iter()
+                .any(|d| d.message.contains("a workload that fits element type `q8`")),
             "{:?}",
             check_interface(&within)
         );
         let mut empty = typed_interface();
         empty.elements[0].takes.clear();
-        assert!(check_interface(&empty).iter().any(|d| d.message.contains("element type `f32` takes nothing")));
+        assert!(
+            check_interface(&empty).iter().any(|d| d.message.contains("element type `f32` takes nothing"))
+        );
     }
 
     #[test]

@@ -107,7 +107,9 @@ pub fn rejections(imp: &Implementation, w: &Workload) -> Vec<String> {
         .elements
         .iter()
         .filter(|(k, v)| types.get(k.as_str()) != Some(&v.as_str()))
-        .map(|(k, v)| format!("{k} = {v} where the workload has {}", types.get(k.as_str()).unwrap_or(&"none")))
+        .map(|(k, v)| {
+            format!("{k} = {v} where the workload has {}", types.get(k.as_str()).unwrap_or(&"none"))
+        })
         .collect();
     if !other.is_empty() {
         reasons.push(format!("takes other element types: {}", other.join(", ")));
@@ -194,10 +196,7 @@ pub fn resolve(
                 reference: interface.reference_of(element).to_string(),
                 chosen,
                 candidates,
-                competitors: competitors(&imps, w)
-                    .into_iter()
-                    .map(|i| i.name.clone())
-                    .collect(),
+                competitors: competitors(&imps, w).into_iter().map(|i| i.name.clone()).collect(),
                 unmeasured,
             }),
             Err(candidates) => {

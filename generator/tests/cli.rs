@@ -227,7 +227,8 @@ fn explain_shows_the_packing_at_load_a_workload_counts() {
     assert!(text.contains("; each request loads the model (packing at load counted in full)"), "{text}");
     let q8 = &text[text.find("\nmatmul<q8>:").unwrap()..];
     let q8 = &q8[..q8[1..].find("\n\n").unwrap()];
-    let packed = q8.lines().skip_while(|l| !l.starts_with("  q8-avx512-vnni-packed-threads ")).nth(1).unwrap();
+    let packed =
+        q8.lines().skip_while(|l| !l.starts_with("  q8-avx512-vnni-packed-threads ")).nth(1).unwrap();
     assert!(
         packed.contains("; packing at load ")
             && packed.contains(" (slowest ")
@@ -251,7 +252,8 @@ fn a_workload_no_implementation_fits_is_refused_with_every_reason() {
     let repo = scratch_repo();
     let manifest = repo.path().join("implementations/matmul/scalar/manifest.toml");
     let text = std::fs::read_to_string(&manifest).unwrap();
-    std::fs::write(&manifest, format!("{text}\n[constraints.shapes]\nhidden_size = {{ min = 4096 }}\n")).unwrap();
+    std::fs::write(&manifest, format!("{text}\n[constraints.shapes]\nhidden_size = {{ min = 4096 }}\n"))
+        .unwrap();
     without_avx2(&repo.path().join(WORKLOAD));
     let out = monogen(repo.path(), &["build", WORKLOAD]);
     assert_eq!(out.status.code(), Some(2));
@@ -309,7 +311,10 @@ fn a_kernel_that_breaks_its_interface_is_rejected() {
     let out = monogen(repo.path(), &["explain", WORKLOAD]);
     assert_eq!(out.status.code(), Some(2));
     let err = stderr(&out);
-    assert!(err.contains("`matmul` does not match the signature that interface `matmul<f32>` declares"), "{err}");
+    assert!(
+        err.contains("`matmul` does not match the signature that interface `matmul<f32>` declares"),
+        "{err}"
+    );
     assert!(err.contains("implementations/matmul/avx2-fma/kernel.rs:"), "{err}");
     assert!(err.contains("rows: usize") && err.contains("rows: u32"), "{err}");
 }
@@ -641,7 +646,13 @@ fn element_types_are_checked() {
             "no `elements`, but interface `kv_cache` takes { kv = f32 }, or { kv = bf16 }",
         ),
         // Element types where the interface has none.
-        ("gelu/scalar", "manifest.toml", "shared = []\n", "shared = []\nelements = { kv = \"f32\" }\n", "`elements = { kv = f32 }`, but interface `gelu` has no element types"),
+        (
+            "gelu/scalar",
+            "manifest.toml",
+            "shared = []\n",
+            "shared = []\nelements = { kv = \"f32\" }\n",
+            "`elements = { kv = f32 }`, but interface `gelu` has no element types",
+        ),
         // A kernel whose signature has the types of another element type.
         (
             "matmul/bf16-scalar",

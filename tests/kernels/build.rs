@@ -58,7 +58,10 @@ impl Families {
     fn of(&self, interface: &str, takes: &BTreeMap<String, String>, where_: &str) -> String {
         match self.elements.get(interface) {
             None => {
-                assert!(takes.is_empty(), "{where_}: `elements`, but interface {interface} has no element types");
+                assert!(
+                    takes.is_empty(),
+                    "{where_}: `elements`, but interface {interface} has no element types"
+                );
                 interface.to_string()
             }
             Some(elements) => {
@@ -135,7 +138,10 @@ fn main() {
     let references = &families.references;
     for (family, reference) in references {
         let found = implementations.iter().any(|i| &i.family == family && &i.name == reference);
-        assert!(found, "family `{family}` names `{reference}` as its reference, which does not exist or takes other types");
+        assert!(
+            found,
+            "family `{family}` names `{reference}` as its reference, which does not exist or takes other types"
+        );
     }
 
     let out_dir = PathBuf::from(std::env::var("OUT_DIR").expect("cargo sets OUT_DIR"));

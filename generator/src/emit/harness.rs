@@ -137,7 +137,10 @@ pub fn emit(plan: &Plan, registry: &Registry, templates: &Templates) -> Result<(
         Error::Template { name: passes_name.into(), message: format!("line {}: {}", e.line, e.message) }
     })?;
     files.insert(PathBuf::from("src/passes.rs"), rust_source::print(&passes));
-    files.insert(PathBuf::from("src/main.rs"), rust_source::print_tokens(main_rs(plan, registry, &harness, &included)));
+    files.insert(
+        PathBuf::from("src/main.rs"),
+        rust_source::print_tokens(main_rs(plan, registry, &harness, &included)),
+    );
     // The crates the competing kernels use.
     let mut crates: Vec<&str> =
         included.values().flat_map(|i| i.dependencies.iter().map(String::as_str)).collect();
@@ -496,7 +499,8 @@ fn kv_cache_impl(
 fn kv_element(imp: &Implementation, registry: &Registry) -> TokenStream {
     let interface = &registry.interfaces[&imp.interface];
     let element = interface.elements.iter().find(|e| imp.element.as_ref() == Some(&e.name));
-    let kv = element.and_then(|e| e.types.get("KV")).expect("the cache and the attentions name their KV type");
+    let kv =
+        element.and_then(|e| e.types.get("KV")).expect("the cache and the attentions name their KV type");
     syn::parse_str::<syn::Type>(kv).expect("an element type's KV is a Rust type").into_token_stream()
 }
 

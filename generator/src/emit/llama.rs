@@ -211,10 +211,7 @@ fn model_rs(plan: &Plan, c: &LlamaConsts, templates: &Templates) -> Result<Strin
     slots.extend(product_slots(c, matrices));
     slots.extend(attention_slots(c));
     let n_layers = c.num_layers.to_string();
-    let replacements = [
-        ("__workload_name", plan.name.as_str()),
-        ("__n_layers", n_layers.as_str()),
-    ];
+    let replacements = [("__workload_name", plan.name.as_str()), ("__n_layers", n_layers.as_str())];
     templates.fill("llama/model.rs", &replacements, &slots)
 }
 

@@ -21,8 +21,8 @@ use std::time::{Duration, Instant};
 use monogen_kernel_tests::check::cached;
 use monogen_kernel_tests::rng::Rng;
 use monogen_kernel_tests::{
-    for_each_attention_decode_f32, for_each_attention_decode_bf16, for_each_attention_prefill_f32,
-    for_each_attention_prefill_bf16, for_each_kv_cache_f32, for_each_kv_cache_bf16, for_each_matmul_f32,
+    for_each_attention_decode_bf16, for_each_attention_decode_f32, for_each_attention_prefill_bf16,
+    for_each_attention_prefill_f32, for_each_kv_cache_bf16, for_each_kv_cache_f32, for_each_matmul_f32,
     for_each_rmsnorm, for_each_rope, for_each_sampler, for_each_swiglu, kernels,
 };
 
