@@ -16,7 +16,11 @@ fresh for the old source: the old and new sources differ by the substitutions al
 is what `--check REV` verifies against the tree at git revision REV. Stale records stay stale.
 
     python3 tools/migrations/2026-12-05-element-types.py migrate   # done once, at 2026-12-05
-    python3 tools/migrations/2026-12-05-element-types.py --check <revision before the migration>
+    python3 tools/migrations/2026-12-05-element-types.py locks     # the locks alone (part of migrate)
+    python3 tools/migrations/2026-12-05-element-types.py --check 300b66e1   # the revision before it
+
+The committed locks were carried over too (`locks`), so that each crate's choices stayed the
+incumbents of their interfaces when the crates were generated again.
 """
 
 import hashlib
