@@ -123,6 +123,12 @@ impl Interface {
         })
     }
 
+    /// The element type `imp` (an implementation of this interface) takes; `None` for an
+    /// interface without element types.
+    pub fn element_of(&self, imp: &Implementation) -> Option<&Element> {
+        self.elements.iter().find(|e| imp.element.as_ref() == Some(&e.name))
+    }
+
     /// The name of the reference implementation of `element` (of the interface itself when
     /// it has no element types).
     pub fn reference_of<'a>(&'a self, element: Option<&'a Element>) -> &'a str {

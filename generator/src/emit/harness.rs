@@ -322,8 +322,7 @@ fn forwarding_impl(
     m: &proc_macro2::Ident,
 ) -> TokenStream {
     let interface = &registry.interfaces[&imp.interface];
-    let element = interface.elements.iter().find(|e| imp.element.as_ref() == Some(&e.name));
-    let at = interface.at(element);
+    let at = interface.at(interface.element_of(imp));
     let trait_name = super::common::camel_ident(&imp.interface);
     let kv = imp.elements.contains_key("kv").then(|| {
         let kv = kv_element(imp, registry);
@@ -497,8 +496,7 @@ fn kv_cache_impl(
 /// The Rust type of the KV cache's elements that an implementation stores or reads, as its
 /// interface's element type names it (`KV`: `f32`, or `u16` for bfloat16 bits).
 fn kv_element(imp: &Implementation, registry: &Registry) -> TokenStream {
-    let interface = &registry.interfaces[&imp.interface];
-    let element = interface.elements.iter().find(|e| imp.element.as_ref() == Some(&e.name));
+    let element = registry.interfaces[&imp.interface].element_of(imp);
     let kv =
         element.and_then(|e| e.types.get("KV")).expect("the cache and the attentions name their KV type");
     syn::parse_str::<syn::Type>(kv).expect("an element type's KV is a Rust type").into_token_stream()
