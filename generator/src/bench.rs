@@ -148,9 +148,11 @@ pub fn records(
     let shapes = plan.shapes.clone();
     let mut out: BTreeMap<String, Vec<Record>> = BTreeMap::new();
     for o in outcomes {
-        let Some(imp) = registry.implementation(&o.interface, &o.implementation) else { continue };
+        let element = plan.interface(&o.interface).and_then(|i| i.element.as_deref());
+        let Some(imp) = registry.implementation(&o.interface, &o.implementation, element) else { continue };
         let base = Record {
             implementation: o.implementation.clone(),
+            element: rankings::element_key(imp),
             version: imp.version.clone(),
             source_sha256: rankings::measured_source_sha256(imp, registry),
             shapes: shapes.clone(),
@@ -433,9 +435,10 @@ pub fn bench(
     let outcomes: Vec<Outcome> = raw
         .iter()
         .map(|r| {
+            let element = plan.interface(&r.interface).and_then(|i| i.element.as_deref());
             let version = project
                 .registry
-                .implementation(&r.interface, &r.implementation)
+                .implementation(&r.interface, &r.implementation, element)
                 .map_or_else(String::new, |i| i.version.clone());
             summarize(r, &version)
         })
@@ -446,8 +449,16 @@ pub fn bench(
     let mut updated = project.rankings.clone();
     for &interface in &measured {
         let element = plan.interface(interface).and_then(|i| i.element.as_deref());
-        let of_element = |name: &str| {
-            project.registry.implementation(interface, name).is_none_or(|i| i.element.as_deref() == element)
+        // The records this run replaces: those of the element type it measured. Another
+        // element type's records of the same shapes stay (the shapes do not name it).
+        let of_element = |r: &Record| match &r.element {
+            Some(e) => Some(e.as_str()) == element,
+            None => project
+                .registry
+                .implementations_of(interface)
+                .iter()
+                .find(|i| i.name == r.implementation && !i.several_elements)
+                .is_none_or(|i| i.element.as_deref() == element),
         };
         let new = records.get(interface).cloned().unwrap_or_default();
         updated.replace(&class, interface, &shapes, new, of_element);

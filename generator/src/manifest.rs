@@ -43,11 +43,62 @@ pub struct Manifest<D = String, T = String> {
     pub team_job: Option<String>,
     /// The element types it takes, for an interface with `[[elements]]` (for example
     /// `{ weights = "bf16", activations = "f32" }` for a matmul): exactly those of one of the
-    /// interface's element types. Empty for an interface without.
+    /// interface's element types, or an array of several (`[{ kv = "f32" }, { kv = "bf16" }]`)
+    /// for a kernel that names the differing types by their placeholders (`keys: &[KV]`).
+    /// Empty for an interface without.
     #[serde(default)]
-    pub elements: BTreeMap<String, String>,
+    pub elements: Elements,
     #[serde(default = "Constraints::any")]
     pub constraints: Constraints<D, T>,
+}
+
+/// A manifest's `elements`: one table of element types, or an array of them.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(untagged, expecting = "a table of element types (`{ kv = \"bf16\" }`), or an array of such tables")]
+pub enum Elements {
+    One(BTreeMap<String, String>),
+    Several(Vec<BTreeMap<String, String>>),
+}
+
+impl Default for Elements {
+    fn default() -> Elements {
+        Elements::One(BTreeMap::new())
+    }
+}
+
+impl Elements {
+    /// Each element type's parameters, in the manifest's order: one (empty for an interface
+    /// without element types), or several.
+    pub fn each(&self) -> Vec<&BTreeMap<String, String>> {
+        match self {
+            Elements::One(takes) => vec![takes],
+            Elements::Several(list) => list.iter().collect(),
+        }
+    }
+
+    /// Whether the kernel serves several element types, naming their types by placeholder.
+    pub fn several(&self) -> bool {
+        matches!(self, Elements::Several(_))
+    }
+}
+
+/// `source`, a kernel of several element types, as compiled for one of them (`element`, whose
+/// `types` fill the interface's placeholders): each placeholder a type alias (`pub type KV =
+/// u16;`), placed after the kernel's module documentation.
+pub fn kernel_at_element(source: &str, element: &str, types: &BTreeMap<String, String>) -> String {
+    let doc_end = source
+        .lines()
+        .take_while(|l| l.starts_with("//!") || l.trim().is_empty())
+        .map(|l| l.len() + 1)
+        .sum::<usize>()
+        .min(source.len());
+    let mut aliases = String::new();
+    for (placeholder, ty) in types {
+        aliases.push_str(&format!(
+            "/// The interface's `{{{placeholder}}}` at element type `{element}`.\npub type {placeholder} = {ty};\n\n"
+        ));
+    }
+    format!("{}{aliases}{}", &source[..doc_end], &source[doc_end..])
 }
 
 /// What an implementation needs from a workload.
@@ -63,6 +114,10 @@ pub struct Constraints<D = String, T = String> {
     /// CPU features it needs, all of them.
     #[serde(default)]
     pub cpu_features: Vec<String>,
+    /// For a kernel of several element types: the CPU features it needs beyond
+    /// `cpu_features` at one of them, by element type name (`bf16 = ["avx512bw"]`).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub element_cpu_features: BTreeMap<String, Vec<String>>,
     /// Weight dtypes it supports; absent means any.
     #[serde(default = "none")]
     pub dtypes: Option<Vec<T>>,
@@ -82,6 +137,7 @@ impl<D, T> Constraints<D, T> {
             devices: None,
             arches: None,
             cpu_features: Vec::new(),
+            element_cpu_features: BTreeMap::new(),
             dtypes: None,
             shapes: BTreeMap::new(),
         }

@@ -56,6 +56,10 @@ pub const MAX_MARGIN: f64 = 1.0;
 pub struct Record {
     // The key: what the result depends on.
     pub implementation: String,
+    /// The element type it was measured at, for an implementation whose folder serves several
+    /// ([`Implementation::several_elements`]); absent for the others, whose name says it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub element: Option<String>,
     pub version: String,
     /// [`measured_source_sha256`]: the kernel and the shared modules it uses.
     pub source_sha256: String,
@@ -133,6 +137,12 @@ pub enum Status {
 }
 
 impl Record {
+    /// Whether this record is of `imp`: its name, and its element type where its folder serves
+    /// several.
+    pub fn measures(&self, imp: &Implementation) -> bool {
+        self.implementation == imp.name && self.element == element_key(imp)
+    }
+
     pub fn distribution(&self) -> Distribution {
         Distribution { median_ns: self.median_ns as f64, p90_ns: self.p90_ns as f64, samples: self.samples }
     }
@@ -332,13 +342,18 @@ impl Rankings {
         interface: &str,
         shapes: &str,
         new: Vec<Record>,
-        measured: impl Fn(&str) -> bool,
+        measured: impl Fn(&Record) -> bool,
     ) {
         let records =
             self.classes.entry(class.to_string()).or_default().entry(interface.to_string()).or_default();
-        records.retain(|r| r.shapes != shapes || !measured(&r.implementation));
+        records.retain(|r| r.shapes != shapes || !measured(r));
         records.extend(new);
-        records.sort_by(|a, b| a.shapes.cmp(&b.shapes).then_with(|| a.implementation.cmp(&b.implementation)));
+        records.sort_by(|a, b| {
+            a.shapes
+                .cmp(&b.shapes)
+                .then_with(|| a.implementation.cmp(&b.implementation))
+                .then_with(|| a.element.cmp(&b.element))
+        });
     }
 
     /// The path (relative to the project root) and text of the file for `interface` on `class`.
@@ -390,6 +405,12 @@ pub fn shapes_signature(w: &Workload) -> String {
     }
     parts.push(format!("threads={} dtype={}", w.target.threads, w.weights.dtype.as_str()));
     parts.join(" ")
+}
+
+/// The element type a record of `imp` carries: its element type where its folder serves
+/// several, else none.
+pub fn element_key(imp: &Implementation) -> Option<String> {
+    if imp.several_elements { imp.element.clone() } else { None }
 }
 
 /// The hash a record keeps of an implementation: its kernel.rs and every shared module it
@@ -447,7 +468,7 @@ pub fn evidence(
     candidates
         .iter()
         .map(|imp| {
-            let Some(record) = records.iter().find(|r| r.implementation == imp.name) else {
+            let Some(record) = records.iter().find(|r| r.measures(imp)) else {
                 return Evidence::Missing;
             };
             let mut why = Vec::new();
@@ -552,6 +573,7 @@ mod tests {
     fn timed(measured_at: &str, rounds: &[u64]) -> Record {
         let (median, p90) = median_p90(&rounds.iter().map(|&t| t as f64).collect::<Vec<_>>());
         Record {
+            element: None,
             implementation: "x".into(),
             version: "1.0.0".into(),
             source_sha256: "ab".into(),
@@ -653,6 +675,7 @@ mod tests {
     #[test]
     fn files_round_trip_sorted() {
         let record = |name: &str, shapes: &str| Record {
+            element: None,
             implementation: name.into(),
             version: "1.0.0".into(),
             source_sha256: "ab".into(),
@@ -679,7 +702,7 @@ mod tests {
         let mut r = Rankings::default();
         let packing =
             Record { load_ns: Some(31_000_000), load_max_ns: Some(33_000_000), ..record("b", "s1") };
-        let all = |_: &str| true;
+        let all = |_: &Record| true;
         r.replace("c-2c", "matmul", "s1", vec![packing, record("a", "s1")], all);
         let (path, packed_text) = r.render("c-2c", "matmul");
         assert!(
@@ -694,7 +717,9 @@ mod tests {
             r.records("c-2c", "matmul").iter().map(|r| r.implementation.as_str()).collect();
         assert_eq!(names, ["z", "c"], "a re-measurement replaces the records of its shapes only");
         // A run of one element type leaves the records of the others at the same shapes.
-        r.replace("c-2c", "matmul", "s1", vec![record("bf16-d", "s1")], |n| n.starts_with("bf16-"));
+        r.replace("c-2c", "matmul", "s1", vec![record("bf16-d", "s1")], |r| {
+            r.implementation.starts_with("bf16-")
+        });
         let names: Vec<&str> =
             r.records("c-2c", "matmul").iter().map(|r| r.implementation.as_str()).collect();
         assert_eq!(names, ["z", "bf16-d", "c"], "a re-measurement replaces its element type's records only");

@@ -18,6 +18,7 @@ use sha2::{Digest, Sha256};
 
 use crate::cpu;
 use crate::diagnostics::{Diagnostic, nearest, offset_of};
+use crate::manifest::{Elements, kernel_at_element};
 use crate::rust_source;
 use crate::workload::{Device, Dtype, ELEMENT_PARAMETERS, Shape};
 
@@ -135,6 +136,17 @@ impl Interface {
         element.map_or_else(|| self.reference.as_deref().unwrap_or_default(), |e| e.reference.as_str())
     }
 
+    /// The interface as a kernel of several element types exposes it at `element`: its
+    /// functions, each placeholder standing for itself (`keys: &[KV]`), which the kernel as
+    /// compiled for `element` declares as a type alias ([`kernel_at_element`]).
+    pub fn at_placeholders(&self, element: &Element) -> Interface {
+        let named = Element {
+            types: element.types.keys().map(|k| (k.clone(), k.clone())).collect(),
+            ..element.clone()
+        };
+        self.at(Some(&named))
+    }
+
     /// The interface as an implementation of `element` must expose it, named `matmul<bf16>`:
     /// the functions of that element type, their placeholders filled.
     pub fn at(&self, element: Option<&Element>) -> Interface {
@@ -231,6 +243,10 @@ pub struct Implementation {
     /// element type they make (`None` for an interface without element types).
     pub elements: BTreeMap<String, String>,
     pub element: Option<String>,
+    /// Whether its folder serves several element types (its manifest's `elements` is an
+    /// array): the registry holds one entry per element type, each with its own `source` (the
+    /// placeholders made type aliases), and its records and module names carry the element type.
+    pub several_elements: bool,
     pub constraints: Constraints,
     /// Folder relative to the project root.
     pub dir: PathBuf,
@@ -258,6 +274,7 @@ impl Implementation {
             team_job: None,
             elements: BTreeMap::new(),
             element: None,
+            several_elements: false,
             constraints: Constraints::default(),
             dir: format!("implementations/{interface}/{name}").into(),
             source: Arc::from(""),
@@ -318,7 +335,9 @@ impl Registry {
                 continue;
             }
             for dir in sorted_dirs(&interface_dir, &mut problems) {
-                if let Some(imp) = load_implementation(root, &dir, &interfaces, &shared, &mut problems) {
+                for imp in
+                    load_implementation(root, &dir, &interfaces, &shared, &mut problems).into_iter().flatten()
+                {
                     implementations.entry(imp.interface.clone()).or_default().push(imp);
                 }
             }
@@ -378,8 +397,15 @@ impl Registry {
         self.implementations.get(interface).map_or(&[], Vec::as_slice)
     }
 
-    pub fn implementation(&self, interface: &str, name: &str) -> Option<&Implementation> {
-        self.implementations_of(interface).iter().find(|i| i.name == name)
+    /// The implementation `name` of `interface` at element type `element` (`None` for an
+    /// interface without element types).
+    pub fn implementation(
+        &self,
+        interface: &str,
+        name: &str,
+        element: Option<&str>,
+    ) -> Option<&Implementation> {
+        self.implementations_of(interface).iter().find(|i| i.name == name && i.element.as_deref() == element)
     }
 }
 
@@ -642,15 +668,16 @@ pub(crate) fn parse_fn_decl(signature: &str) -> syn::Result<syn::ForeignItemFn> 
     syn::parse_str::<syn::ForeignItemFn>(&format!("{signature};"))
 }
 
-/// Loads the implementation in `dir` and checks its manifest and kernel; None, with every
-/// problem found added to `problems`, when it has any.
+/// Loads the implementation in `dir` and checks its manifest and kernel: one entry per element
+/// type it takes (one for an interface without element types); None, with every problem found
+/// added to `problems`, when it has any.
 fn load_implementation(
     root: &Path,
     dir: &Path,
     interfaces: &BTreeMap<String, Interface>,
     shared: &BTreeMap<String, SharedModule>,
     problems: &mut Vec<Diagnostic>,
-) -> Option<Implementation> {
+) -> Option<Vec<Implementation>> {
     let rel_dir = relative(root, dir);
     let manifest_path = dir.join("manifest.toml");
     let rel_manifest = rel_dir.join("manifest.toml");
@@ -676,51 +703,143 @@ fn load_implementation(
     let kernel_path = dir.join(KERNEL_FILE);
     let rel_kernel = rel_dir.join(KERNEL_FILE);
     let source = read_text(root, &kernel_path, problems)?;
-    let mut element = None;
-    if let Some(interface) = interfaces.get(&m.interface) {
-        match element_of(&m, interface) {
-            Ok(e) => {
-                element = e.map(|e| e.name.clone());
-                check_kernel(&m, &interface.at(e), &source, &rel_kernel, &diag, problems);
+    let interface = interfaces.get(&m.interface)?;
+    let several = m.elements.several();
+    check_element_list(&m, interface, &diag, problems);
+    let mut out = Vec::new();
+    for takes in m.elements.each() {
+        // The manifest as it reads at this element type: its types, and its CPU features.
+        let mut at = m.clone();
+        at.elements = Elements::One(takes.clone());
+        at.constraints.element_cpu_features.clear();
+        let element = match element_of(&at, interface) {
+            Ok(e) => e,
+            Err(why) => {
+                problems.push(diag(why, &["elements"]).hint(format!(
+                    "declare the element types it takes as one of the `[[elements]]` of {}",
+                    interface.path.display()
+                )));
+                continue;
             }
-            Err(why) => problems.push(diag(why, &["elements"]).hint(format!(
-                "declare the element types it takes as one of the `[[elements]]` of {}",
-                interface.path.display()
-            ))),
+        };
+        let extra = element.and_then(|e| m.constraints.element_cpu_features.get(&e.name));
+        at.constraints.cpu_features.extend(extra.into_iter().flatten().cloned());
+        let before_kernel = problems.len();
+        match (several, element) {
+            (true, Some(e)) => {
+                check_kernel(&at, &interface.at_placeholders(e), &source, &rel_kernel, &diag, problems)
+            }
+            _ => check_kernel(&at, &interface.at(element), &source, &rel_kernel, &diag, problems),
         }
+        if problems.len() > before_kernel {
+            // The other element types would only say the same of the same kernel.
+            break;
+        }
+        let compiled: Arc<str> = match (several, element) {
+            (true, Some(e)) => kernel_at_element(&source, &e.name, &e.types).into(),
+            _ => source.clone(),
+        };
+        out.push(Implementation {
+            interface: at.interface,
+            name: at.name,
+            version: at.version,
+            summary: at.summary,
+            priority: at.priority,
+            shadows: at.shadows,
+            shared: at.shared,
+            dependencies: at.dependencies,
+            packs_weights: at.packs_weights,
+            packed_len: at.packed_len,
+            team_job: at.team_job,
+            elements: takes.clone(),
+            element: element.map(|e| e.name.clone()),
+            several_elements: several,
+            constraints: at.constraints,
+            dir: rel_dir.clone(),
+            source: compiled,
+            source_sha256: sha256_hex(source.as_bytes()),
+        });
     }
     if problems.len() > before {
         return None;
     }
-    let source_sha256 = sha256_hex(source.as_bytes());
-    Some(Implementation {
-        interface: m.interface,
-        name: m.name,
-        version: m.version,
-        summary: m.summary,
-        priority: m.priority,
-        shadows: m.shadows,
-        shared: m.shared,
-        dependencies: m.dependencies,
-        packs_weights: m.packs_weights,
-        packed_len: m.packed_len,
-        team_job: m.team_job,
-        elements: m.elements,
-        element,
-        constraints: m.constraints,
-        dir: rel_dir,
-        source,
-        source_sha256,
-    })
+    Some(out)
+}
+
+/// A manifest's array of element types: an interface with element types, no element type
+/// twice, placeholders that are types (the kernel names them as types: `keys: &[KV]`), and
+/// `element_cpu_features` only for element types it takes.
+fn check_element_list(
+    m: &ManifestFile,
+    interface: &Interface,
+    diag: &ManifestDiag,
+    problems: &mut Vec<Diagnostic>,
+) {
+    let each = m.elements.each();
+    let names: Vec<&str> = each
+        .iter()
+        .filter_map(|takes| interface.elements.iter().find(|e| &&e.takes == takes))
+        .map(|e| e.name.as_str())
+        .collect();
+    if m.elements.several() {
+        if each.len() < 2 {
+            problems.push(
+                diag("`elements` is an array of fewer than two element types".into(), &["elements"])
+                    .hint("declare one element type as a table: `elements = { kv = \"bf16\" }`"),
+            );
+        }
+        if let Some(twice) = names.iter().enumerate().find(|(i, n)| names[..*i].contains(n)) {
+            problems.push(diag(format!("`elements` lists element type `{}` twice", twice.1), &["elements"]));
+        }
+        for element in interface.elements.iter().filter(|e| names.contains(&e.name.as_str())) {
+            for (placeholder, text) in &element.types {
+                if syn::parse_str::<syn::Type>(text).is_err() {
+                    problems.push(
+                        diag(
+                            format!(
+                                "`elements` lists several element types, but `{{{placeholder}}}` of `{}<{}>` stands for `{text}`, which is not a type",
+                                interface.name, element.name
+                            ),
+                            &["elements"],
+                        )
+                        .hint("a kernel of several element types names their types by placeholder (`keys: &[KV]`); write one folder per element type here"),
+                    );
+                }
+            }
+        }
+    }
+    for (name, features) in &m.constraints.element_cpu_features {
+        let at = ["constraints", "element_cpu_features", name.as_str()];
+        if !names.contains(&name.as_str()) {
+            problems.push(diag(
+                format!("`element_cpu_features` names `{name}`, which is not an element type it takes"),
+                &at,
+            ));
+        }
+        for f in features.iter().filter(|f| !cpu::X86_64_FEATURES.contains(&f.as_str())) {
+            problems.push(
+                diag(format!("unknown CPU feature `{f}`"), &at)
+                    .hint(format!("known: {}", cpu::X86_64_FEATURES.join(", "))),
+            );
+        }
+        if !features.is_empty() && m.constraints.arches.is_none() {
+            problems.push(
+                diag("CPU features are declared without `arches`".into(), &["constraints"])
+                    .hint("add `arches = [\"x86_64\"]`"),
+            );
+        }
+    }
 }
 
 /// The element type of `interface` whose types the manifest declares (`None` for an interface
 /// without element types); `Err` with why not: its `elements` are none of the interface's
 /// element types, or it declares some for an interface without any.
 fn element_of<'i>(m: &ManifestFile, interface: &'i Interface) -> Result<Option<&'i Element>, String> {
-    let declared = describe_takes(&m.elements);
+    let none = BTreeMap::new();
+    let takes = m.elements.each().first().copied().unwrap_or(&none);
+    let declared = describe_takes(takes);
     if interface.elements.is_empty() {
-        return match m.elements.is_empty() {
+        return match takes.is_empty() {
             true => Ok(None),
             false => Err(format!(
                 "`elements = {{ {declared} }}`, but interface `{}` has no element types",
@@ -728,14 +847,14 @@ fn element_of<'i>(m: &ManifestFile, interface: &'i Interface) -> Result<Option<&
             )),
         };
     }
-    match interface.elements.iter().find(|e| e.takes == m.elements) {
+    match interface.elements.iter().find(|e| &e.takes == takes) {
         Some(e) => Ok(Some(e)),
         None => {
             let offered: Vec<String> =
                 interface.elements.iter().map(|e| format!("{{ {} }}", describe_takes(&e.takes))).collect();
             Err(format!(
                 "{}, but interface `{}` takes {}",
-                if m.elements.is_empty() {
+                if takes.is_empty() {
                     "no `elements`".to_string()
                 } else {
                     format!("`elements = {{ {declared} }}`")
@@ -1414,6 +1533,94 @@ mod tests {
         empty.elements[0].takes.clear();
         assert!(
             check_interface(&empty).iter().any(|d| d.message.contains("element type `f32` takes nothing"))
+        );
+    }
+
+    #[test]
+    fn a_folder_of_several_element_types_is_an_entry_for_each() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let registry = Registry::load(&root).unwrap();
+        let entries: Vec<&Implementation> = registry
+            .implementations_of("attention_decode")
+            .iter()
+            .filter(|i| i.name == "avx512-threads")
+            .collect();
+        let elements: Vec<Option<&str>> = entries.iter().map(|i| i.element.as_deref()).collect();
+        assert_eq!(elements, [Some("f32"), Some("bf16")]);
+        let (f32, bf16) = (entries[0], entries[1]);
+        assert!(f32.several_elements && bf16.several_elements);
+        // Each compiles the kernel with its placeholder made a type alias, after the module's
+        // documentation, and needs the CPU features of its own element type.
+        assert!(
+            f32.source.contains("\npub type KV = f32;\n") && bf16.source.contains("\npub type KV = u16;\n")
+        );
+        assert!(bf16.source.starts_with("//! "));
+        let alias = bf16.source.find("pub type KV").unwrap();
+        assert!(!bf16.source[alias..].contains("//!"), "the alias goes after the module's documentation");
+        assert_eq!(f32.constraints.cpu_features, ["avx512f"]);
+        assert_eq!(bf16.constraints.cpu_features, ["avx512f", "avx512bw", "avx512vl"]);
+        assert_eq!(f32.source_sha256, bf16.source_sha256, "one kernel.rs");
+        // Lookups name the element type; both element types' reference is the one folder.
+        assert_eq!(
+            registry.implementation("attention_decode", "scalar", Some("bf16")).unwrap().element.as_deref(),
+            Some("bf16")
+        );
+        let interface = &registry.interfaces["attention_decode"];
+        assert!(interface.elements.iter().all(|e| e.reference == "scalar"));
+    }
+
+    /// The problems `load_implementation` finds in a folder `name` of `interface` with this
+    /// manifest (its `elements` and `[constraints]` tail) and kernel.
+    fn load_problems(interface: &str, elements: &str, constraints: &str, kernel: &str) -> Vec<String> {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let registry = Registry::load(&root).unwrap();
+        let temp = tempfile::tempdir().unwrap();
+        let dir = temp.path().join("implementations").join(interface).join("x");
+        std::fs::create_dir_all(&dir).unwrap();
+        let manifest = format!(
+            "interface = \"{interface}\"\nname = \"x\"\nversion = \"1.0.0\"\nsummary = \"s\"\npriority = 1\n\
+             elements = {elements}\n\n[constraints]\n{constraints}"
+        );
+        std::fs::write(dir.join("manifest.toml"), manifest).unwrap();
+        std::fs::write(dir.join(KERNEL_FILE), kernel).unwrap();
+        let mut problems = Vec::new();
+        let loaded =
+            load_implementation(temp.path(), &dir, &registry.interfaces, &registry.shared, &mut problems);
+        assert_eq!(loaded.is_none(), !problems.is_empty());
+        problems.iter().map(|d| d.render()).collect()
+    }
+
+    #[test]
+    fn several_element_types_need_types_for_placeholders_and_say_so() {
+        let decode = "pub fn attention_decode<const N_HEADS: usize, const N_KV_HEADS: usize, const HEAD_DIM: usize>(out: &mut [f32], q: &[f32], keys: &[KV], values: &[KV], scores: &mut [f32]) {}\n";
+        let both = r#"[{ kv = "f32" }, { kv = "bf16" }]"#;
+        assert_eq!(load_problems("attention_decode", both, "", decode), Vec::<String>::new());
+        // Written with one element type's own types, the kernel does not match the other's.
+        let u16_kernel = decode.replace("[KV]", "[u16]");
+        let problems = load_problems("attention_decode", both, "", &u16_kernel);
+        assert!(problems[0].contains("keys: &[KV]"), "{problems:?}");
+        // matmul's `{weights}` are parameters, not a type: one folder per element type there.
+        let matmul = "pub fn matmul<const N: usize, const K: usize>(out: &mut [f32], x: &[f32], weights, rows: usize) {}\n";
+        let problems = load_problems(
+            "matmul",
+            r#"[{ weights = "f32", activations = "f32" }, { weights = "bf16", activations = "f32" }]"#,
+            "",
+            matmul,
+        );
+        assert!(problems.iter().any(|p| p.contains("which is not a type")), "{problems:?}");
+        let twice = load_problems("attention_decode", r#"[{ kv = "f32" }, { kv = "f32" }]"#, "", decode);
+        assert!(twice.iter().any(|p| p.contains("lists element type `f32` twice")), "{twice:?}");
+        let one = load_problems("attention_decode", r#"[{ kv = "f32" }]"#, "", decode);
+        assert!(one.iter().any(|p| p.contains("fewer than two")), "{one:?}");
+        let stray = load_problems(
+            "attention_decode",
+            both,
+            "arches = [\"x86_64\"]\n[constraints.element_cpu_features]\nint8 = [\"avx2\"]\n",
+            decode,
+        );
+        assert!(
+            stray.iter().any(|p| p.contains("names `int8`, which is not an element type it takes")),
+            "{stray:?}"
         );
     }
 

@@ -827,7 +827,11 @@ mod tests {
                 assert_eq!(imp.element.as_deref(), Some(element), "{file}: {}", c.name);
             }
             assert_eq!(
-                registry.implementation("matmul", &matmul.reference).unwrap().element.as_deref(),
+                registry
+                    .implementation("matmul", &matmul.reference, Some(element))
+                    .unwrap()
+                    .element
+                    .as_deref(),
                 Some(element)
             );
         }
@@ -930,6 +934,7 @@ mod tests {
     /// A fresh record of `imp` for `w` on class `c-2c`.
     fn record(imp: &Implementation, w: &Workload, median: u64, p90: u64, ok: bool) -> rankings::Record {
         rankings::Record {
+            element: None,
             implementation: imp.name.clone(),
             version: imp.version.clone(),
             source_sha256: rankings::measured_source_sha256(imp, &Registry::default()),

@@ -561,8 +561,8 @@ fn bench_measures_int8_and_bf16_matmuls_on_weights_as_their_crates_hold_them() {
         // Only implementations of the workload's element type are measured.
         let project = monogen::Project::load(repo.path()).unwrap();
         for name in &names {
-            let imp = project.registry.implementation(interface, name).unwrap();
-            assert_eq!(imp.element.as_deref(), Some(element), "{name}");
+            let imp = project.registry.implementation(interface, name, Some(element));
+            assert!(imp.is_some(), "{name} does not take element type {element}");
         }
         let mut packed = 0;
         for r in results {
@@ -574,8 +574,10 @@ fn bench_measures_int8_and_bf16_matmuls_on_weights_as_their_crates_hold_them() {
             // A candidate that packs its weights at load has the packing's time beside its
             // requests' (the authority counts it where a workload says how many requests a
             // load serves); one that uses the weights as loaded has none.
-            let imp =
-                project.registry.implementation(interface, r["implementation"].as_str().unwrap()).unwrap();
+            let imp = project
+                .registry
+                .implementation(interface, r["implementation"].as_str().unwrap(), Some(element))
+                .unwrap();
             if r["status"] == "ok" {
                 assert_eq!(
                     r["load_ns"].as_f64().is_some_and(|ns| ns > 0.0),
@@ -614,26 +616,39 @@ fn bench_measures_int8_and_bf16_matmuls_on_weights_as_their_crates_hold_them() {
     }
 }
 
-#[test]
-fn bench_keeps_the_records_of_other_element_types() {
-    // A model's bf16 and bf16act products share a shape signature (it names the weights'
-    // dtype, not the activations'): measuring the bf16 ones must leave the others' records.
+/// A measured repository whose workload `path` names this machine's class, with the workload's
+/// shape signature, and the text of one ok record of `implementation` (at `element`, where its
+/// folder serves several) at those shapes, measured on another machine.
+fn repo_with_a_record(
+    path: &str,
+    implementation: &str,
+    element: Option<&str>,
+) -> (tempfile::TempDir, String, String) {
     let repo = measured_repo();
     let class = monogen::host::this_class();
-    let path = "workloads/stories260k-cpu-bf16.toml";
     let text = std::fs::read_to_string(workspace_root().join(path)).unwrap();
     let text = text.replace("threads = 2", &format!("threads = 2\nhardware = \"{class}\""));
     std::fs::write(repo.path().join(path), text).unwrap();
     let w = monogen::workload::WorkloadSource::read(&repo.path().join(path)).unwrap().parse().unwrap();
     let shapes = monogen::rankings::shapes_signature(&w);
-    let rankings = repo.path().join(format!("rankings/{class}/matmul.toml"));
-    let before = std::fs::read_to_string(&rankings).unwrap_or_default();
-    let kept = format!(
-        "\n[[record]]\nimplementation = \"bf16act-scalar\"\nversion = \"1.0.0\"\nsource_sha256 = \"0\"\n\
+    let element = element.map(|e| format!("element = \"{e}\"\n")).unwrap_or_default();
+    let record = format!(
+        "\n[[record]]\nimplementation = \"{implementation}\"\n{element}version = \"1.0.0\"\nsource_sha256 = \"0\"\n\
          shapes = {shapes:?}\ncpu = \"a\"\ncores = 2\ncpu_features = []\nrustc = \"r\"\nbuild_flags = \"f\"\n\
          measured_at = \"2026-12-05T00:00:00Z\"\nstatus = \"ok\"\nmedian_ns = 1000\np90_ns = 1100\nsamples = 5\n\
          prefill_median_ns = 0\ndecode_median_ns = 0\n"
     );
+    (repo, shapes, record)
+}
+
+#[test]
+fn bench_keeps_the_records_of_other_element_types() {
+    // A model's bf16 and bf16act products share a shape signature (it names the weights'
+    // dtype, not the activations'): measuring the bf16 ones must leave the others' records.
+    let path = "workloads/stories260k-cpu-bf16.toml";
+    let (repo, shapes, kept) = repo_with_a_record(path, "bf16act-scalar", None);
+    let rankings = repo.path().join(format!("rankings/{}/matmul.toml", monogen::host::this_class()));
+    let before = std::fs::read_to_string(&rankings).unwrap_or_default();
     std::fs::write(&rankings, format!("{before}{kept}")).unwrap();
     let mut args = vec!["bench", path, "--interface", "matmul"];
     args.extend_from_slice(QUICK);
@@ -650,6 +665,45 @@ fn bench_keeps_the_records_of_other_element_types() {
     assert!(at_shapes.contains(&"bf16act-scalar"), "the bf16act record went: {at_shapes:?}");
     assert!(at_shapes.contains(&"bf16-scalar"), "the bf16 products were not recorded: {at_shapes:?}");
     assert!(!at_shapes.contains(&"scalar"), "{at_shapes:?}");
+}
+
+#[test]
+fn a_kernel_of_several_element_types_keeps_a_record_for_each() {
+    // `attention_decode/scalar` serves the f32 and the bfloat16 cache from one folder, and a
+    // model's two caches share a shape signature: each element type's record names it, and
+    // measuring one leaves the other's.
+    let path = "workloads/stories260k-cpu-f32-kv-bf16.toml";
+    let (repo, shapes, kept) = repo_with_a_record(path, "scalar", Some("f32"));
+    // The file holds only an f32 record at these shapes, of the folder that serves both.
+    let rankings =
+        repo.path().join(format!("rankings/{}/attention_decode.toml", monogen::host::this_class()));
+    std::fs::create_dir_all(rankings.parent().unwrap()).unwrap();
+    std::fs::write(&rankings, kept).unwrap();
+    let mut args = vec!["bench", path, "--interface", "attention_decode"];
+    args.extend_from_slice(QUICK);
+    let out = monogen(repo.path(), &args);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let file: toml::Table = toml::from_str(&std::fs::read_to_string(&rankings).unwrap()).unwrap();
+    let at_shapes: Vec<(&str, Option<&str>)> = file["record"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["shapes"].as_str() == Some(shapes.as_str()))
+        .map(|r| (r["implementation"].as_str().unwrap(), r.get("element").and_then(|e| e.as_str())))
+        .collect();
+    assert!(at_shapes.contains(&("scalar", Some("f32"))), "the f32 record went: {at_shapes:?}");
+    assert!(at_shapes.contains(&("scalar", Some("bf16"))), "the bf16 cache was not recorded: {at_shapes:?}");
+    let f32_records = at_shapes.iter().filter(|(_, e)| *e != Some("bf16")).count();
+    assert_eq!(f32_records, 1, "only bf16 kernels were measured: {at_shapes:?}");
+    // The bf16 cache's kernel is chosen from its own element type's records, every competitor
+    // measured: the f32 record is never taken for a bf16 one.
+    let explain = monogen(repo.path(), &["explain", path]);
+    assert!(explain.status.success(), "{}", stderr(&explain));
+    let text = stdout(&explain);
+    let section =
+        text.split("\n\n").find(|s| s.starts_with("attention_decode<bf16>")).expect("a bf16 section");
+    assert!(section.contains("CHOSEN, fastest measured"), "{section}");
+    assert!(!section.contains("stale") && !section.contains("not measured"), "{section}");
 }
 
 #[test]

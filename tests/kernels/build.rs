@@ -41,10 +41,13 @@ struct ElementFile {
     name: String,
     takes: BTreeMap<String, String>,
     reference: String,
+    #[serde(default)]
+    types: BTreeMap<String, String>,
 }
 
-/// An element type: its name, and the types it takes (`weights = "bf16"`, ...).
-type Element = (String, BTreeMap<String, String>);
+/// An element type: its name, the types it takes (`weights = "bf16"`, ...), and the Rust its
+/// placeholders stand for (`KV = "u16"`).
+type Element = (String, BTreeMap<String, String>, BTreeMap<String, String>);
 
 /// What the interfaces say of their families: family → reference, and interface → its element
 /// types.
@@ -54,22 +57,28 @@ struct Families {
 }
 
 impl Families {
-    /// The family of an implementation of `interface` that takes `takes`.
-    fn of(&self, interface: &str, takes: &BTreeMap<String, String>, where_: &str) -> String {
+    /// The family of an implementation of `interface` that takes `takes`, with the element
+    /// type (`None` for an interface without element types).
+    fn of(
+        &self,
+        interface: &str,
+        takes: &BTreeMap<String, String>,
+        where_: &str,
+    ) -> (String, Option<&Element>) {
         match self.elements.get(interface) {
             None => {
                 assert!(
                     takes.is_empty(),
                     "{where_}: `elements`, but interface {interface} has no element types"
                 );
-                interface.to_string()
+                (interface.to_string(), None)
             }
             Some(elements) => {
-                let (name, _) = elements
+                let element = elements
                     .iter()
-                    .find(|(_, t)| t == takes)
+                    .find(|(_, t, _)| t == takes)
                     .unwrap_or_else(|| panic!("{where_}: `elements` are none of interface {interface}'s"));
-                format!("{interface}_{name}")
+                (format!("{interface}_{}", element.0), Some(element))
             }
         }
     }
@@ -134,7 +143,8 @@ fn main() {
 
     let families = read_interfaces(&interfaces_dir);
     let shared_modules = read_shared_modules(&shared_dir);
-    let implementations = read_implementations(&implementations_dir, &families, &shared_modules);
+    let out_dir = PathBuf::from(std::env::var("OUT_DIR").expect("cargo sets OUT_DIR"));
+    let implementations = read_implementations(&implementations_dir, &families, &shared_modules, &out_dir);
     let references = &families.references;
     for (family, reference) in references {
         let found = implementations.iter().any(|i| &i.family == family && &i.name == reference);
@@ -144,7 +154,6 @@ fn main() {
         );
     }
 
-    let out_dir = PathBuf::from(std::env::var("OUT_DIR").expect("cargo sets OUT_DIR"));
     write(&out_dir.join("kernels.rs"), &kernels_module(&implementations, &shared_modules));
     write(&out_dir.join("implementations.rs"), &for_each_macros(&implementations, references));
     write(&out_dir.join("conformance.rs"), &conformance_tests(&implementations, references));
@@ -170,7 +179,7 @@ fn read_interfaces(dir: &Path) -> Families {
                 let twice = families.references.insert(family.clone(), e.reference.clone());
                 assert!(twice.is_none(), "family {family} is an interface and an element type");
             }
-            let elements = file.elements.into_iter().map(|e| (e.name, e.takes)).collect();
+            let elements = file.elements.into_iter().map(|e| (e.name, e.takes, e.types)).collect();
             families.elements.insert(file.name, elements);
         }
     }
@@ -196,6 +205,7 @@ fn read_implementations(
     dir: &Path,
     families: &Families,
     shared_modules: &BTreeMap<String, PathBuf>,
+    out_dir: &Path,
 ) -> Vec<Implementation> {
     let mut implementations = Vec::new();
     for interface_dir in sorted_entries(dir).into_iter().filter(|p| p.is_dir()) {
@@ -231,19 +241,35 @@ fn read_implementations(
             }
             let kernel = impl_dir.join("kernel.rs");
             assert!(kernel.is_file(), "{where_}: kernel.rs is missing");
-            implementations.push(Implementation {
-                module: format!("{interface}__{}", manifest.name.replace('-', "_")),
-                family: families.of(&interface, &manifest.elements, &where_.to_string()),
-                interface: interface.clone(),
-                name: manifest.name,
-                kernel,
-                arches: manifest.constraints.arches,
-                cpu_features: manifest.constraints.cpu_features,
-                shared: manifest.shared,
-                packs_weights: manifest.packs_weights,
-                packed_len: manifest.packed_len,
-                team_job: manifest.team_job,
-            });
+            // A kernel of several element types is compiled once for each, as a generated
+            // crate compiles it: with its placeholders made type aliases.
+            for takes in manifest.elements.each() {
+                let (family, element) = families.of(&interface, takes, &where_.to_string());
+                let mut module = format!("{interface}__{}", manifest.name.replace('-', "_"));
+                let mut kernel = kernel.clone();
+                let mut cpu_features = manifest.constraints.cpu_features.clone();
+                if let (true, Some((name, _, types))) = (manifest.elements.several(), element) {
+                    module = format!("{module}__{name}");
+                    let source = fs::read_to_string(&kernel).expect("kernel.rs reads");
+                    kernel = out_dir.join("kernels").join(format!("{module}.rs"));
+                    write(&kernel, &manifest::kernel_at_element(&source, name, types));
+                    let extra = manifest.constraints.element_cpu_features.get(name);
+                    cpu_features.extend(extra.into_iter().flatten().cloned());
+                }
+                implementations.push(Implementation {
+                    module,
+                    family,
+                    interface: interface.clone(),
+                    name: manifest.name.clone(),
+                    kernel,
+                    arches: manifest.constraints.arches.clone(),
+                    cpu_features,
+                    shared: manifest.shared.clone(),
+                    packs_weights: manifest.packs_weights,
+                    packed_len: manifest.packed_len.clone(),
+                    team_job: manifest.team_job.clone(),
+                });
+            }
         }
     }
     implementations
@@ -431,7 +457,11 @@ fn conformance_tests(implementations: &[Implementation], references: &BTreeMap<S
     let mut out = String::new();
     for imp in implementations {
         let reference = &references[&imp.family];
-        let reference_module = format!("{}__{}", imp.interface, reference.replace('-', "_"));
+        let reference_module = &implementations
+            .iter()
+            .find(|i| i.family == imp.family && &i.name == reference)
+            .expect("main checks that every family's reference exists")
+            .module;
         let label = format!("{}/{}", imp.interface, imp.name);
         let check = format!("crate::conform_{}!({}, {reference_module});", imp.family, imp.module);
         writeln!(out, "/// `{label}` against the reference `{}/{reference}`.", imp.interface).unwrap();
@@ -509,5 +539,8 @@ fn parse_toml<T: serde::de::DeserializeOwned>(path: &Path) -> T {
 }
 
 fn write(path: &Path, text: &str) {
+    if let Some(dir) = path.parent() {
+        fs::create_dir_all(dir).unwrap_or_else(|e| panic!("cannot create {}: {e}", dir.display()));
+    }
     fs::write(path, text).unwrap_or_else(|e| panic!("cannot write {}: {e}", path.display()));
 }

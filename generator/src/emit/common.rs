@@ -188,7 +188,7 @@ pub fn kernel_files(plan: &Plan, registry: &Registry) -> Result<Vec<(String, Str
     let mut files = Vec::new();
     for i in &plan.interfaces {
         let imp = registry
-            .implementation(&i.interface, &i.chosen.name)
+            .implementation(&i.interface, &i.chosen.name, i.element.as_deref())
             .expect("the plan only names implementations of the registry it was resolved against");
         let file = rust_source::parse_with_comments(&imp.source).map_err(|e| Error::Template {
             name: imp.dir.join("kernel.rs").display().to_string(),

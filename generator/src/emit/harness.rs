@@ -40,10 +40,12 @@ pub fn interfaces(plan: &Plan, registry: &Registry) -> Vec<HarnessInterface> {
             let candidates = i
                 .competitors
                 .iter()
-                .filter_map(|name| imps.iter().find(|imp| &imp.name == name).cloned())
+                .filter_map(|name| {
+                    imps.iter().find(|imp| &imp.name == name && imp.element == i.element).cloned()
+                })
                 .collect();
             let reference = registry
-                .implementation(&i.interface, &i.reference)
+                .implementation(&i.interface, &i.reference, i.element.as_deref())
                 .expect("the registry checks that every interface's reference exists")
                 .clone();
             HarnessInterface { interface: i.interface.clone(), candidates, reference }

@@ -1,10 +1,9 @@
-//! Grouped-query attention of one new position over the f32 KV cache, with AVX2 and FMA on
-//! `THREADS` threads: for CPUs without AVX-512 (x86-64-v3). The attention of
-//! `shared/avx2_team_attention.rs`, its
+//! Grouped-query attention of one new position over the KV cache (f32, or bfloat16: `KV`), with
+//! AVX2 and FMA on `THREADS` threads: for CPUs without AVX-512 (x86-64-v3). The attention of
+//! `shared/avx2_team_attention.rs` (a bfloat16 key or value widened to f32 as it is loaded), its
 //! positions cut into `THREADS` chunks that the crate's team of `shared/team.rs` computes, the
-//! calling thread taking the first, so that every thread streams one contiguous piece of the
-//! cache, whole rows of it; the calling thread then merges the chunks' softmax parts
-//! (`Decode`).
+//! calling thread taking the first, so that every thread streams one contiguous piece of the cache,
+//! whole rows of it; the calling thread then merges the chunks' softmax parts (`Decode`).
 
 use std::ops::Range;
 
@@ -13,15 +12,15 @@ use super::shared::team::{self, Job};
 
 /// Attention of the query `q` of the newest position over all `len` cached positions.
 ///
-/// `q`, `out`: `[N_HEADS · HEAD_DIM]`; `keys`, `values`: `[len, N_KV_HEADS · HEAD_DIM]`.
-/// `scores` is not used: each thread keeps its chunk's scores in a buffer of its
-/// own. Query head h reads kv head `h / (N_HEADS / N_KV_HEADS)`.
+/// `q`, `out`: `[N_HEADS · HEAD_DIM]`; `keys`, `values`: `[len, N_KV_HEADS · HEAD_DIM]` of the
+/// cache's element type. `scores` is not used: each thread keeps its chunk's scores in a buffer of
+/// its own. Query head h reads kv head `h / (N_HEADS / N_KV_HEADS)`.
 #[inline]
 pub fn attention_decode<const N_HEADS: usize, const N_KV_HEADS: usize, const HEAD_DIM: usize>(
     out: &mut [f32],
     q: &[f32],
-    keys: &[f32],
-    values: &[f32],
+    keys: &[KV],
+    values: &[KV],
     scores: &mut [f32],
 ) {
     let kv_dim = N_KV_HEADS * HEAD_DIM;
@@ -44,7 +43,7 @@ pub fn attention_decode<const N_HEADS: usize, const N_KV_HEADS: usize, const HEA
 
 /// A call of this implementation, as the crate's team shares it: by chunks of positions.
 #[derive(Clone, Copy)]
-pub(crate) struct Shared(Decode<f32>);
+pub(crate) struct Shared(Decode<KV>);
 
 impl Job for Shared {
     fn n(&self) -> usize {

@@ -1,7 +1,8 @@
-//! Causal grouped-query attention of a chunk of new positions over the f32 KV cache, with AVX2
-//! and FMA on `THREADS` threads: for CPUs without AVX-512 (x86-64-v3). The attention of
-//! `shared/avx2_team_attention.rs` for the rows of the chunk in blocks (row r over positions
-//! `0..=start + r`), its kv heads cut into `THREADS` shares that the crate's team of
+//! Causal grouped-query attention of a chunk of new positions over the KV cache (f32, or
+//! bfloat16: `KV`), with AVX2 and FMA on `THREADS` threads: for CPUs without AVX-512
+//! (x86-64-v3). The attention of `shared/avx2_team_attention.rs` for the rows of the chunk in
+//! blocks (row r over positions `0..=start + r`, a bfloat16 key or value widened to f32 as it
+//! is loaded), its kv heads cut into `THREADS` shares that the crate's team of
 //! `shared/team.rs` computes, the calling thread taking the first. Unlike `avx2-fma`, which
 //! runs on the calling thread while the team's workers wait for the next product, every
 //! thread attends its own heads.
@@ -15,14 +16,14 @@ use super::shared::team::{self, Job};
 /// cache.
 ///
 /// `q`, `out`: `[rows, N_HEADS · HEAD_DIM]`; `keys`, `values`: `[start + rows, N_KV_HEADS ·
-/// HEAD_DIM]`. `scores` is not used: each thread keeps its heads' scores in a
-/// buffer of its own. Query head h reads kv head `h / (N_HEADS / N_KV_HEADS)`.
+/// HEAD_DIM]` of the cache's element type. `scores` is not used: each thread keeps its heads'
+/// scores in a buffer of its own. Query head h reads kv head `h / (N_HEADS / N_KV_HEADS)`.
 #[inline]
 pub fn attention_prefill<const N_HEADS: usize, const N_KV_HEADS: usize, const HEAD_DIM: usize>(
     out: &mut [f32],
     q: &[f32],
-    keys: &[f32],
-    values: &[f32],
+    keys: &[KV],
+    values: &[KV],
     scores: &mut [f32],
     start: usize,
     rows: usize,
@@ -37,7 +38,7 @@ pub fn attention_prefill<const N_HEADS: usize, const N_KV_HEADS: usize, const HE
 
 /// A call of this implementation, as the crate's team shares it: by kv heads.
 #[derive(Clone, Copy)]
-pub(crate) struct Shared(Attention<f32>);
+pub(crate) struct Shared(Attention<KV>);
 
 impl Job for Shared {
     fn n(&self) -> usize {

@@ -30,8 +30,8 @@ macro_rules! prefill_of_one_row_is_decode {
 #[test]
 fn scalar_prefill_of_one_row_is_decode() {
     prefill_of_one_row_is_decode!(
-        attention_prefill__scalar,
-        attention_decode__scalar,
+        attention_prefill__scalar__f32,
+        attention_decode__scalar__f32,
         (8, 4, 8)(9, 3, 12)(2, 1, 64)
     );
 }
