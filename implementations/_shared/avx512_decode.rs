@@ -1,7 +1,7 @@
 //! Grouped-query attention of one new position over the KV cache with AVX-512F, reading the
 //! cache row by row, for a range of kv heads: each thread's share of them on the crate's team
-//! (`attention_decode/avx512-threads`, and `attention_decode/bf16-avx512-threads` over a
-//! bfloat16 cache: [`Decode`] is generic over the cache's [`KvElement`]).
+//! (`attention_decode/avx512-threads`, over an f32 or a bfloat16 cache: [`Decode`] is generic
+//! over the cache's [`KvElement`]).
 //!
 //! The shapes are fields of [`Decode`], not consts: the team's `TeamJob` enum holds one job
 //! type per kernel, which therefore cannot be generic over the kernel's consts. The scores

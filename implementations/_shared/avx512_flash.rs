@@ -19,8 +19,8 @@
 //! new positions, 12 heads of 64, 2 threads) 1.98 ms against 3.40-3.46, the keys transposed
 //! whole by the calling thread before the team started taking 0.34 ms of that (bench/RESULTS.md).
 //!
-//! The cache may hold f32 (`attention_prefill/avx512-flash-threads`) or bfloat16
-//! (`attention_prefill/bf16-avx512-flash-threads`): [`Flash`] is generic over its
+//! The cache may hold f32 or bfloat16 (`attention_prefill/avx512-flash-threads` serves both):
+//! [`Flash`] is generic over its
 //! [`KvElement`]: the keys are widened as they are transposed and, from bfloat16, each thread
 //! widens its kv head's values into a buffer of its own ([`KvElement::head_values`]): 1.19-1.21x
 //! the attention's speed of widening the whole cache on the calling thread before the team
