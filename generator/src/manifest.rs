@@ -82,9 +82,17 @@ impl Elements {
     }
 }
 
+/// Whether an interface's placeholder stands for a type: its name is in capitals (`KV`, `W`),
+/// as against the parameters (`weights`) or words of documentation (`w`) the others stand for.
+/// A kernel of several element types names these types as they are named here.
+pub fn is_type_placeholder(name: &str) -> bool {
+    name.starts_with(|c: char| c.is_ascii_uppercase())
+        && name.chars().all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_')
+}
+
 /// `source`, a kernel of several element types, as compiled for one of them (`element`, whose
-/// `types` fill the interface's placeholders): each placeholder a type alias (`pub type KV =
-/// u16;`), placed after the kernel's module documentation.
+/// `types` fill the interface's placeholders): each type placeholder a type alias (`pub type
+/// KV = u16;`), placed after the kernel's module documentation.
 pub fn kernel_at_element(source: &str, element: &str, types: &BTreeMap<String, String>) -> String {
     let doc_end = source
         .lines()
@@ -93,7 +101,7 @@ pub fn kernel_at_element(source: &str, element: &str, types: &BTreeMap<String, S
         .sum::<usize>()
         .min(source.len());
     let mut aliases = String::new();
-    for (placeholder, ty) in types {
+    for (placeholder, ty) in types.iter().filter(|(p, _)| is_type_placeholder(p)) {
         aliases.push_str(&format!(
             "/// The interface's `{{{placeholder}}}` at element type `{element}`.\npub type {placeholder} = {ty};\n\n"
         ));

@@ -18,7 +18,7 @@ use sha2::{Digest, Sha256};
 
 use crate::cpu;
 use crate::diagnostics::{Diagnostic, nearest, offset_of};
-use crate::manifest::{Elements, kernel_at_element};
+use crate::manifest::{Elements, is_type_placeholder, kernel_at_element};
 use crate::rust_source;
 use crate::workload::{Device, Dtype, ELEMENT_PARAMETERS, Shape};
 
@@ -97,6 +97,27 @@ pub struct Element {
 }
 
 impl Element {
+    /// This element type with each type placeholder standing for its own name (`W = "W"`),
+    /// the others as they are (`weights = "w: &[{W}]"`).
+    pub fn with_type_names(&self) -> Element {
+        let types = self
+            .types
+            .iter()
+            .map(|(k, v)| (k.clone(), if is_type_placeholder(k) { k.clone() } else { v.clone() }))
+            .collect();
+        Element { types, ..self.clone() }
+    }
+
+    /// `text` with this element type's placeholders filled, those inside a placeholder's own
+    /// text too (`{weights}` is `w: &[{W}]`).
+    pub fn fill(&self, text: &str) -> String {
+        let mut out = text.to_string();
+        for _ in 0..3 {
+            out = self.types.iter().fold(out, |t, (k, v)| t.replace(&format!("{{{k}}}"), v));
+        }
+        out
+    }
+
     /// Whether a workload with these element types uses this one.
     pub fn fits(&self, types: &BTreeMap<&str, &str>) -> bool {
         self.takes.iter().all(|(k, v)| types.get(k.as_str()) == Some(&v.as_str()))
@@ -137,23 +158,17 @@ impl Interface {
     }
 
     /// The interface as a kernel of several element types exposes it at `element`: its
-    /// functions, each placeholder standing for itself (`keys: &[KV]`), which the kernel as
-    /// compiled for `element` declares as a type alias ([`kernel_at_element`]).
+    /// functions, each type placeholder standing for itself (`keys: &[KV]`, `w: &[W]`), which
+    /// the kernel as compiled for `element` declares as a type alias ([`kernel_at_element`]).
     pub fn at_placeholders(&self, element: &Element) -> Interface {
-        let named = Element {
-            types: element.types.keys().map(|k| (k.clone(), k.clone())).collect(),
-            ..element.clone()
-        };
-        self.at(Some(&named))
+        self.at(Some(&element.with_type_names()))
     }
 
     /// The interface as an implementation of `element` must expose it, named `matmul<bf16>`:
     /// the functions of that element type, their placeholders filled.
     pub fn at(&self, element: Option<&Element>) -> Interface {
         let Some(element) = element else { return self.clone() };
-        let fill = |text: &str| {
-            element.types.iter().fold(text.to_string(), |t, (k, v)| t.replace(&format!("{{{k}}}"), v))
-        };
+        let fill = |text: &str| element.fill(text);
         let specialize = |decls: &[FnDecl]| -> Vec<FnDecl> {
             decls
                 .iter()
@@ -791,19 +806,40 @@ fn check_element_list(
         if let Some(twice) = names.iter().enumerate().find(|(i, n)| names[..*i].contains(n)) {
             problems.push(diag(format!("`elements` lists element type `{}` twice", twice.1), &["elements"]));
         }
-        for element in interface.elements.iter().filter(|e| names.contains(&e.name.as_str())) {
+        let listed: Vec<&Element> =
+            interface.elements.iter().filter(|e| names.contains(&e.name.as_str())).collect();
+        let hint = "a kernel of several element types names their types by placeholder (`keys: &[KV]`); \
+                    write one folder per element type here";
+        let in_signatures = |placeholder: &str| {
+            let token = format!("{{{placeholder}}}");
+            interface.functions.iter().chain(&interface.packing).any(|d| d.signature.contains(&token))
+        };
+        for element in &listed {
             for (placeholder, text) in &element.types {
-                if syn::parse_str::<syn::Type>(text).is_err() {
-                    problems.push(
-                        diag(
-                            format!(
-                                "`elements` lists several element types, but `{{{placeholder}}}` of `{}<{}>` stands for `{text}`, which is not a type",
-                                interface.name, element.name
-                            ),
-                            &["elements"],
-                        )
-                        .hint("a kernel of several element types names their types by placeholder (`keys: &[KV]`); write one folder per element type here"),
+                if is_type_placeholder(placeholder) && syn::parse_str::<syn::Type>(text).is_err() {
+                    let message = format!(
+                        "`elements` lists several element types, but `{{{placeholder}}}` of `{}<{}>` stands for `{text}`, which is not a type",
+                        interface.name, element.name
                     );
+                    problems.push(diag(message, &["elements"]).hint(hint));
+                }
+            }
+        }
+        // The other placeholders of the signatures (`{weights}`) must read the same at every
+        // element type, their types named: the kernel has one signature for all of them.
+        if let Some((first, rest)) = listed.split_first() {
+            for placeholder in first.types.keys().filter(|p| in_signatures(p)) {
+                let token = format!("{{{placeholder}}}");
+                let text = first.with_type_names().fill(&token);
+                for other in rest {
+                    let theirs = other.with_type_names().fill(&token);
+                    if theirs != text {
+                        let message = format!(
+                            "`elements` lists several element types, but `{{{placeholder}}}` differs between them: `{text}` at `{}`, `{theirs}` at `{}`",
+                            first.name, other.name
+                        );
+                        problems.push(diag(message, &["elements"]).hint(hint));
+                    }
                 }
             }
         }
@@ -1591,7 +1627,7 @@ mod tests {
     }
 
     #[test]
-    fn several_element_types_need_types_for_placeholders_and_say_so() {
+    fn several_element_types_need_one_signature_and_say_so() {
         let decode = "pub fn attention_decode<const N_HEADS: usize, const N_KV_HEADS: usize, const HEAD_DIM: usize>(out: &mut [f32], q: &[f32], keys: &[KV], values: &[KV], scores: &mut [f32]) {}\n";
         let both = r#"[{ kv = "f32" }, { kv = "bf16" }]"#;
         assert_eq!(load_problems("attention_decode", both, "", decode), Vec::<String>::new());
@@ -1599,15 +1635,22 @@ mod tests {
         let u16_kernel = decode.replace("[KV]", "[u16]");
         let problems = load_problems("attention_decode", both, "", &u16_kernel);
         assert!(problems[0].contains("keys: &[KV]"), "{problems:?}");
-        // matmul's `{weights}` are parameters, not a type: one folder per element type there.
-        let matmul = "pub fn matmul<const N: usize, const K: usize>(out: &mut [f32], x: &[f32], weights, rows: usize) {}\n";
-        let problems = load_problems(
-            "matmul",
-            r#"[{ weights = "f32", activations = "f32" }, { weights = "bf16", activations = "f32" }]"#,
-            "",
-            matmul,
+        // matmul's `{weights}` are parameters, `w: &[{W}]`: the same at f32 and bf16, whose
+        // kernel names `W`; int8's add scales, so one of its kernels is a folder of its own.
+        let matmul = "pub fn matmul<const N: usize, const K: usize>(out: &mut [f32], x: &[f32], w: &[W], rows: usize) {}\n";
+        let f32_and = |other: &str| {
+            format!(
+                r#"[{{ weights = "f32", activations = "f32" }}, {{ weights = "{other}", activations = "f32" }}]"#
+            )
+        };
+        assert_eq!(load_problems("matmul", &f32_and("bf16"), "", matmul), Vec::<String>::new());
+        let problems = load_problems("matmul", &f32_and("int8"), "", matmul);
+        assert!(
+            problems.iter().any(|p| p.contains(
+                "`{weights}` differs between them: `w: &[W]` at `f32`, `w: &[W], scales: &[f32]` at `q8`"
+            )),
+            "{problems:?}"
         );
-        assert!(problems.iter().any(|p| p.contains("which is not a type")), "{problems:?}");
         let twice = load_problems("attention_decode", r#"[{ kv = "f32" }, { kv = "f32" }]"#, "", decode);
         assert!(twice.iter().any(|p| p.contains("lists element type `f32` twice")), "{twice:?}");
         let one = load_problems("attention_decode", r#"[{ kv = "f32" }]"#, "", decode);

@@ -820,12 +820,19 @@ mod tests {
             let plan = resolve(&w, &registry, &Selection::default(), &path).unwrap();
             let matmul = plan.interfaces.iter().find(|i| i.interface == "matmul").unwrap();
             assert_eq!(matmul.element.as_deref(), Some(element), "{file}");
-            // Only implementations of that element type compete, and its reference is theirs.
-            let imps = registry.implementations_of("matmul");
+            // Only implementations of that element type compete (a folder of several at that
+            // one), and its reference is theirs.
             for c in &matmul.candidates {
-                let imp = imps.iter().find(|i| i.name == c.name).unwrap();
-                assert_eq!(imp.element.as_deref(), Some(element), "{file}: {}", c.name);
+                let imp = registry.implementation("matmul", &c.name, Some(element));
+                assert!(imp.is_some(), "{file}: {} does not take {element}", c.name);
             }
+            let others: Vec<&str> = registry
+                .implementations_of("matmul")
+                .iter()
+                .filter(|i| i.element.as_deref() != Some(element) && !i.several_elements)
+                .map(|i| i.name.as_str())
+                .collect();
+            assert!(matmul.candidates.iter().all(|c| !others.contains(&c.name.as_str())), "{file}");
             assert_eq!(
                 registry
                     .implementation("matmul", &matmul.reference, Some(element))

@@ -532,10 +532,9 @@ fn bench_measures_int8_and_bf16_matmuls_on_weights_as_their_crates_hold_them() {
     // rounding, blockwise int8), and every candidate must match the reference on them.
     let repo = measured_repo();
     let class = monogen::host::this_class();
-    for (workload, element, simd) in [
-        ("stories260k-cpu-int8", "q8", "q8-avx2-threads"),
-        ("stories260k-cpu-bf16", "bf16", "bf16-avx2-fma-threads"),
-    ] {
+    for (workload, element, simd) in
+        [("stories260k-cpu-int8", "q8", "q8-avx2-threads"), ("stories260k-cpu-bf16", "bf16", "avx2-fma-team")]
+    {
         let interface = "matmul";
         let path = format!("workloads/{workload}.toml");
         let text = std::fs::read_to_string(workspace_root().join(&path)).unwrap();

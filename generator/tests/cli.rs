@@ -631,7 +631,7 @@ fn element_types_are_checked() {
     let cases: [(&str, &str, &str, &str, &str); 4] = [
         // Types that no element type of `matmul` takes.
         (
-            "matmul/bf16-avx512",
+            "matmul/bf16-avx512-repack-threads",
             "manifest.toml",
             "elements = { weights = \"bf16\", activations = \"f32\" }",
             "elements = { weights = \"f16\", activations = \"f32\" }",

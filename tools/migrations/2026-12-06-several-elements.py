@@ -26,6 +26,14 @@ at git revision REV: what a crate compiles at either element type is what it com
 
     python3 tools/migrations/2026-12-06-several-elements.py migrate        # done once, 2026-12-06
     python3 tools/migrations/2026-12-06-several-elements.py comments REV   # done once, after it
+    python3 tools/migrations/2026-12-06-several-elements.py migrate matmul # done once, after that
+    python3 tools/migrations/2026-12-06-several-elements.py --check REV matmul
+
+The second set, `matmul`, merged three matmul kernels whose bf16-weight twin differed in `u16`
+alone (`avx2-fma-team` and `bf16-avx2-fma-threads`, `avx512` and `bf16-avx512`,
+`avx512-threads` and `bf16-avx512-threads`); the merged kernel names the weights' type `W`.
+The merged `avx2-fma-team` keeps its priority (32; its twin had 20): among the bf16 kernels it
+stays above `bf16-avx2-packed-threads` (19) and below the AVX-512 ones that shadow it.
 
 `comments REV` carried the records over a change of comments alone: two shared modules'
 documentation named the twins. It verifies that every kernel and shared module has the code
@@ -43,20 +51,48 @@ import sys
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 IMPL = os.path.join(ROOT, "implementations")
 
-# (interface, merged name, bf16 twin)
-MERGES = [
-    ("attention_decode", "avx2-fma-threads", "bf16-avx2-fma-threads"),
-    ("attention_decode", "avx512-threads", "bf16-avx512-threads"),
-    ("attention_decode", "scalar", "bf16-scalar"),
-    ("attention_prefill", "avx2-fma-threads", "bf16-avx2-fma-threads"),
-    ("attention_prefill", "avx512-flash-threads", "bf16-avx512-flash-threads"),
-    ("attention_prefill", "scalar", "bf16-scalar"),
-]
-RENAMED = {(i, twin): merged for i, merged, twin in MERGES}
-MERGED = {(i, merged) for i, merged, _ in MERGES}
+# The merges, in two sets done one after the other: (interface, merged name, bf16 twin), the
+# placeholder the merged kernel names its type by, how the old kernels spelled that type at
+# each element type, and the manifests' `elements` before and after.
+SETS = {
+    "attention": {
+        "merges": [
+            ("attention_decode", "avx2-fma-threads", "bf16-avx2-fma-threads"),
+            ("attention_decode", "avx512-threads", "bf16-avx512-threads"),
+            ("attention_decode", "scalar", "bf16-scalar"),
+            ("attention_prefill", "avx2-fma-threads", "bf16-avx2-fma-threads"),
+            ("attention_prefill", "avx512-flash-threads", "bf16-avx512-flash-threads"),
+            ("attention_prefill", "scalar", "bf16-scalar"),
+        ],
+        "as": {"f32": [("KV", "f32"), ("Flash<f32>", "Flash")], "bf16": [("KV", "u16")]},
+        "elements": ('elements = { kv = "f32" }', 'elements = [{ kv = "f32" }, { kv = "bf16" }]'),
+    },
+    # bf16 weights beside f32 ones: the kernels whose bf16 twin differed in `u16` alone.
+    "matmul": {
+        "merges": [
+            ("matmul", "avx2-fma-team", "bf16-avx2-fma-threads"),
+            ("matmul", "avx512", "bf16-avx512"),
+            ("matmul", "avx512-threads", "bf16-avx512-threads"),
+        ],
+        "as": {"f32": [("W", "f32")], "bf16": [("W", "u16")]},
+        "elements": (
+            'elements = { weights = "f32", activations = "f32" }',
+            'elements = [{ weights = "f32", activations = "f32" }, { weights = "bf16", activations = "f32" }]',
+        ),
+    },
+}
 
-# What `KV` stands for at each element type, and how the old kernels spelled it.
-AS = {"f32": [("KV", "f32"), ("Flash<f32>", "Flash")], "bf16": [("KV", "u16")]}
+
+def use_set(name):
+    global MERGES, RENAMED, MERGED, AS, ELEMENTS
+    MERGES = SETS[name]["merges"]
+    RENAMED = {(i, twin): merged for i, merged, twin in MERGES}
+    MERGED = {(i, merged) for i, merged, _ in MERGES}
+    AS = SETS[name]["as"]
+    ELEMENTS = SETS[name]["elements"]
+
+
+use_set("attention")
 
 
 def sha(data):
@@ -132,7 +168,8 @@ def merge_manifests():
         old[(interface, twin)] = field(theirs, "version").strip('"')
         version = max(field(mine, "version"), field(theirs, "version"), key=version_key)
         text = re.sub(r"^version = .*$", "version = %s" % version, mine, count=1, flags=re.M)
-        text = text.replace('elements = { kv = "f32" }', 'elements = [{ kv = "f32" }, { kv = "bf16" }]')
+        assert ELEMENTS[0] in text, mine_path
+        text = text.replace(*ELEMENTS)
         extra = [f for f in list_field(theirs, "cpu_features") if f not in list_field(mine, "cpu_features")]
         if extra:
             text = text.rstrip("\n") + "\n\n[constraints.element_cpu_features]\nbf16 = [%s]\n" % ", ".join(
@@ -154,7 +191,9 @@ def merge_manifests():
                 open(path, "w", encoding="utf-8").write(new)
         path = os.path.join(ROOT, "interfaces", interface + ".toml")
         text = open(path, encoding="utf-8").read()
-        text = text.replace('reference = "bf16-scalar"', 'reference = "scalar"')
+        # The bf16 references that merged (the attentions' `scalar`) are the merged folder's.
+        if (interface, "bf16-scalar") in RENAMED:
+            text = text.replace('reference = "bf16-scalar"', 'reference = "scalar"')
         open(path, "w", encoding="utf-8").write(text)
     return old
 
@@ -263,10 +302,12 @@ def comments(revision):
 
 def main():
     if sys.argv[1:2] == ["--check"]:
+        use_set(sys.argv[3] if len(sys.argv) > 3 else "attention")
         check(sys.argv[2])
     elif sys.argv[1:2] == ["comments"]:
         comments(sys.argv[2])
-    elif sys.argv[1:] == ["migrate"]:
+    elif sys.argv[1:2] == ["migrate"]:
+        use_set(sys.argv[2] if len(sys.argv) > 2 else "attention")
         # The hashes the records of the old folders were measured against: the old kernels are
         # those of git's HEAD (the merged kernels are written in the working tree already).
         old_hashes = {}

@@ -221,11 +221,11 @@ fn main() {
         ("f32 (matmul/avx512-panels-threads)", params * 4, over(&f32, f32_panels)),
         ("f32 (matmul/avx512-packed-threads)", params * 4, over(&packed, f32_packed)),
         ("f32 (matmul/avx512-repack-threads)", params * 4, over(&f32, f32_repack)),
-        ("bf16 (matmul/bf16-avx512-threads)", params * 2, over(&bf16, bf16_product)),
+        ("bf16 (matmul/avx512-threads)", params * 2, over(&bf16, bf16_product)),
         ("bf16 (matmul/bf16-avx512-repack-threads)", params * 2, over(&bf16, bf16_repack)),
         ("bf16 (matmul/bf16-avx512-packed-threads)", params * 2, over(&packed_bf16, bf16_packed)),
         // The AVX2 bf16 products too, which CPUs without AVX-512 take.
-        ("bf16 (matmul/bf16-avx2-fma-threads)", params * 2, over(&bf16, bf16_avx2)),
+        ("bf16 (matmul/avx2-fma-team)", params * 2, over(&bf16, bf16_avx2)),
         ("bf16 (matmul/bf16-avx2-packed-threads)", params * 2, over(&avx2_bf16, bf16_avx2_packed)),
         ("int8 (matmul/q8-avx512-vnni-threads)", q8_bytes, over(&int8, q8_product)),
         ("int8 (matmul/q8-avx512-vnni-repack-threads)", q8_bytes, over(&int8, q8_repack)),
@@ -237,14 +237,14 @@ fn main() {
         // The same tiles as the threaded f32 and bf16 products, on one thread: with the quick
         // run's one layer, from L3, they show whether memory or the instructions set the pace.
         ("f32 (matmul/avx512, 1 thread)", params * 4, over(&f32, f32_one)),
-        ("bf16 (matmul/bf16-avx512, 1 thread)", params * 2, over(&bf16, bf16_one)),
+        ("bf16 (matmul/avx512, 1 thread)", params * 2, over(&bf16, bf16_one)),
     ];
     // Without AVX-512 (x86-64-v3 CPUs such as AMD's Zen 3), the AVX2 products instead.
     if !avx512 {
         println!("(no AVX-512 on this CPU: the AVX2 products measured instead)");
         runs = vec![
             ("f32 (matmul/avx2-fma-team)", params * 4, over(&f32, f32_avx2)),
-            ("bf16 (matmul/bf16-avx2-fma-threads)", params * 2, over(&bf16, bf16_avx2)),
+            ("bf16 (matmul/avx2-fma-team)", params * 2, over(&bf16, bf16_avx2)),
             ("bf16 (matmul/bf16-avx2-packed-threads)", params * 2, over(&avx2_bf16, bf16_avx2_packed)),
             ("int8 (matmul/q8-avx2-threads)", q8_bytes, over(&int8, q8_avx2)),
             ("int8 (matmul/q8-avx2-packed-threads)", packed_q8_bytes, over(&avx2_q8, q8_avx2_packed)),
@@ -518,11 +518,11 @@ macro_rules! dispatch {
     };
 }
 
-dispatch!(f32_product, matmul__avx512_threads, matmul, Vec<f32>);
+dispatch!(f32_product, matmul__avx512_threads__f32, matmul, Vec<f32>);
 dispatch!(f32_panels, matmul__avx512_panels_threads, matmul, Vec<f32>);
 dispatch!(f32_packed, matmul__avx512_packed_threads, matmul, Vec<f32>);
 dispatch!(f32_repack, matmul__avx512_repack_threads, matmul, Vec<f32>);
-dispatch!(bf16_product, matmul__bf16_avx512_threads, matmul, Vec<u16>);
+dispatch!(bf16_product, matmul__avx512_threads__bf16, matmul, Vec<u16>);
 dispatch!(bf16_repack, matmul__bf16_avx512_repack_threads, matmul, Vec<u16>);
 dispatch!(bf16_avx2_packed, matmul__bf16_avx2_packed_threads, matmul, Tiles);
 dispatch!(bf16_packed, matmul__bf16_avx512_packed_threads, matmul, Tiles);
@@ -533,10 +533,10 @@ dispatch!(rounded_amx, matmul__bf16act_amx_threads, matmul, Tiles);
 dispatch!(q8_product, matmul__q8_avx512_vnni_threads, matmul, int8);
 dispatch!(q8_repack, matmul__q8_avx512_vnni_repack_threads, matmul, int8);
 dispatch!(q8_one, matmul__q8_avx512_vnni, matmul, int8);
-dispatch!(f32_one, matmul__avx512, matmul, Vec<f32>);
-dispatch!(bf16_one, matmul__bf16_avx512, matmul, Vec<u16>);
-dispatch!(f32_avx2, matmul__avx2_fma_team, matmul, Vec<f32>);
-dispatch!(bf16_avx2, matmul__bf16_avx2_fma_threads, matmul, Vec<u16>);
+dispatch!(f32_one, matmul__avx512__f32, matmul, Vec<f32>);
+dispatch!(bf16_one, matmul__avx512__bf16, matmul, Vec<u16>);
+dispatch!(f32_avx2, matmul__avx2_fma_team__f32, matmul, Vec<f32>);
+dispatch!(bf16_avx2, matmul__avx2_fma_team__bf16, matmul, Vec<u16>);
 dispatch!(q8_avx2, matmul__q8_avx2_threads, matmul, int8);
 
 /// One thread's AVX2 f32 product over all `n` columns: the dot tiles alone, or (`repack`) the
