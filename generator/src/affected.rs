@@ -261,7 +261,8 @@ impl Impact<'_> {
 
     /// A shared module affects what every implementation that includes it affects.
     fn shared_module_changed(&mut self, module: &str) {
-        let users: Vec<(String, String)> = self
+        // One entry per implementation: a folder of several element types is one user.
+        let users: std::collections::BTreeSet<(String, String)> = self
             .project
             .registry
             .implementations

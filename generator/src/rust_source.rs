@@ -203,33 +203,29 @@ fn misplaced_marker(file: &syn::File) -> Option<proc_macro2::LineColumn> {
     fn is_marker(mac: &syn::Macro) -> bool {
         mac.path.is_ident(MARKER) || mac.path.is_ident(BLANK)
     }
+    impl Finder {
+        /// Whether `mac` is a marker standing as a whole statement or item, counted if so.
+        fn place(&mut self, mac: &syn::Macro) -> bool {
+            let marker = is_marker(mac);
+            self.placed += usize::from(marker);
+            marker
+        }
+    }
     impl<'ast> Visit<'ast> for Finder {
         fn visit_stmt(&mut self, stmt: &'ast syn::Stmt) {
-            if let syn::Stmt::Macro(m) = stmt
-                && is_marker(&m.mac)
-            {
-                self.placed += 1;
-                return;
+            if !matches!(stmt, syn::Stmt::Macro(m) if self.place(&m.mac)) {
+                syn::visit::visit_stmt(self, stmt);
             }
-            syn::visit::visit_stmt(self, stmt);
         }
         fn visit_item(&mut self, item: &'ast syn::Item) {
-            if let syn::Item::Macro(m) = item
-                && is_marker(&m.mac)
-            {
-                self.placed += 1;
-                return;
+            if !matches!(item, syn::Item::Macro(m) if self.place(&m.mac)) {
+                syn::visit::visit_item(self, item);
             }
-            syn::visit::visit_item(self, item);
         }
         fn visit_impl_item(&mut self, item: &'ast syn::ImplItem) {
-            if let syn::ImplItem::Macro(m) = item
-                && is_marker(&m.mac)
-            {
-                self.placed += 1;
-                return;
+            if !matches!(item, syn::ImplItem::Macro(m) if self.place(&m.mac)) {
+                syn::visit::visit_impl_item(self, item);
             }
-            syn::visit::visit_impl_item(self, item);
         }
         fn visit_macro(&mut self, mac: &'ast syn::Macro) {
             if is_marker(mac) && self.misplaced.is_none() {

@@ -358,60 +358,53 @@ fn forwarding_impl(
 /// (with f32 or bfloat16 activations) or blockwise int8, each as read or packed.
 fn matmul_impl(imp: &Implementation, ty: &proc_macro2::Ident, m: &proc_macro2::Ident) -> TokenStream {
     match imp.elements.get("weights").map(String::as_str) {
-        Some("f32") => {
+        Some(dtype @ ("f32" | "bf16")) => {
+            // bfloat16 weights are rounded to the nearest bfloat16 first, as the crate converts
+            // an F32 file; f32 ones are placed as they are.
+            let (elem, convert, src, rounded) = if dtype == "f32" {
+                (quote!(f32), quote!(), quote!(w), None)
+            } else {
+                let convert =
+                    quote! { let bits: Vec<u16> = w.iter().map(|&v| harness::bf16_bits(v)).collect(); };
+                let rounded = " Rounded to the nearest bfloat16, as the crate converts an F32 file";
+                (quote!(u16), convert, quote!(&bits), Some(rounded))
+            };
             let weights = if imp.packs_weights {
+                let doc = match rounded {
+                    Some(r) => {
+                        format!("{r}, then packed by the kernel, as the crate packs them at load (timed).")
+                    }
+                    None => " Packed by the kernel, as the crate packs them at load (timed).".to_string(),
+                };
                 quote! {
-                    /// Packed by the kernel, as the crate packs them at load (timed).
-                    fn weights(storage: &mut harness::Storage, w: &[f32], n: usize, k: usize) -> harness::Placed<f32> {
-                        storage.place_packed(|| kernels::#m::pack(w, n, k))
+                    #[doc = #doc]
+                    fn weights(storage: &mut harness::Storage, w: &[f32], n: usize, k: usize) -> harness::Placed<#elem> {
+                        #convert
+                        storage.place_packed(|| kernels::#m::pack(#src, n, k))
                     }
                 }
             } else {
+                let doc = rounded.map(|r| {
+                    let r = format!("{r}.");
+                    quote!(#[doc = #r])
+                });
                 quote! {
-                    fn weights(storage: &mut harness::Storage, w: &[f32], _n: usize, _k: usize) -> harness::Placed<f32> {
-                        storage.place(w)
+                    #doc
+                    fn weights(storage: &mut harness::Storage, w: &[f32], _n: usize, _k: usize) -> harness::Placed<#elem> {
+                        #convert
+                        storage.place(#src)
                     }
                 }
             };
             quote! {
                 impl harness::Matmul for #ty {
-                    type Weights = harness::Placed<f32>;
+                    type Weights = harness::Placed<#elem>;
                     #weights
                     #[inline]
-                    fn matmul<const N: usize, const K: usize>(out: &mut [f32], x: &[f32], w: &harness::Placed<f32>, rows: usize) {
+                    fn matmul<const N: usize, const K: usize>(out: &mut [f32], x: &[f32], w: &harness::Placed<#elem>, rows: usize) {
                         kernels::#m::matmul::<N, K>(out, x, w, rows)
                     }
                 }
-            }
-        }
-        Some("bf16") => {
-            let weights = if imp.packs_weights {
-                quote! {
-                    /// Rounded to the nearest bfloat16, as the crate converts an F32 file, then
-                    /// packed by the kernel, as the crate packs them at load (timed).
-                    fn weights(storage: &mut harness::Storage, w: &[f32], n: usize, k: usize) -> harness::Placed<u16> {
-                        let bits: Vec<u16> = w.iter().map(|&v| harness::bf16_bits(v)).collect();
-                        storage.place_packed(|| kernels::#m::pack(&bits, n, k))
-                    }
-                }
-            } else {
-                quote! {
-                    /// Rounded to the nearest bfloat16, as the crate converts an F32 file.
-                    fn weights(storage: &mut harness::Storage, w: &[f32], _n: usize, _k: usize) -> harness::Placed<u16> {
-                        let bits: Vec<u16> = w.iter().map(|&v| harness::bf16_bits(v)).collect();
-                        storage.place(&bits)
-                    }
-                }
-            };
-            quote! {
-            impl harness::Matmul for #ty {
-                type Weights = harness::Placed<u16>;
-                #weights
-                #[inline]
-                fn matmul<const N: usize, const K: usize>(out: &mut [f32], x: &[f32], w: &harness::Placed<u16>, rows: usize) {
-                    kernels::#m::matmul::<N, K>(out, x, w, rows)
-                }
-            }
             }
         }
         Some("int8") => {
