@@ -451,8 +451,12 @@ pub fn bench(
         let element = plan.interface(interface).and_then(|i| i.element.as_deref());
         // The records this run replaces: those of the element type it measured. Another
         // element type's records of the same shapes stay (the shapes do not name it).
+        // Records of an implementation or element type the registry no longer has go too.
         let of_element = |r: &Record| match &r.element {
-            Some(e) => Some(e.as_str()) == element,
+            Some(e) => {
+                Some(e.as_str()) == element
+                    || project.registry.implementation(interface, &r.implementation, Some(e)).is_none()
+            }
             None => project
                 .registry
                 .implementations_of(interface)

@@ -94,19 +94,25 @@ pub fn is_type_placeholder(name: &str) -> bool {
 /// `types` fill the interface's placeholders): each type placeholder a type alias (`pub type
 /// KV = u16;`), placed after the kernel's module documentation.
 pub fn kernel_at_element(source: &str, element: &str, types: &BTreeMap<String, String>) -> String {
-    let doc_end = source
-        .lines()
-        .take_while(|l| l.starts_with("//!") || l.trim().is_empty())
-        .map(|l| l.len() + 1)
-        .sum::<usize>()
-        .min(source.len());
+    // The file's head: comments (its module documentation), blank lines and inner attributes,
+    // which must stay before any item.
+    let head_end = source
+        .split_inclusive('\n')
+        .take_while(|l| {
+            let l = l.trim_start();
+            l.is_empty() || l.starts_with("//") || l.starts_with("#![")
+        })
+        .map(str::len)
+        .sum::<usize>();
     let mut aliases = String::new();
     for (placeholder, ty) in types.iter().filter(|(p, _)| is_type_placeholder(p)) {
         aliases.push_str(&format!(
             "/// The interface's `{{{placeholder}}}` at element type `{element}`.\npub type {placeholder} = {ty};\n\n"
         ));
     }
-    format!("{}{aliases}{}", &source[..doc_end], &source[doc_end..])
+    let (head, rest) = source.split_at(head_end);
+    let newline = if head.is_empty() || head.ends_with('\n') { "" } else { "\n" };
+    format!("{head}{newline}{aliases}{rest}")
 }
 
 /// What an implementation needs from a workload.
@@ -183,5 +189,25 @@ impl ShapeBound {
             return Some(format!("is {value}, not a multiple of {m}"));
         }
         None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_aliases_go_after_the_head_of_the_kernel() {
+        let types =
+            BTreeMap::from([("KV".to_string(), "u16".to_string()), ("w".to_string(), "words".to_string())]);
+        let alias = "/// The interface's `{KV}` at element type `bf16`.\npub type KV = u16;\n\n";
+        // After the module's documentation, a licence line, inner attributes and blank lines;
+        // only the type placeholders (in capitals) become aliases.
+        let kernel = "// Licence.\r\n//! Σ · docs.\r\n#![allow(unused)]\r\n\r\nuse std::ops::Range;\r\n";
+        let at = kernel_at_element(kernel, "bf16", &types);
+        assert_eq!(at, kernel.replace("use std", &format!("{alias}use std")));
+        // A kernel without a head, and one that is all head, without a final newline.
+        assert_eq!(kernel_at_element("fn f() {}\n", "bf16", &types), format!("{alias}fn f() {{}}\n"));
+        assert_eq!(kernel_at_element("//! Docs.", "bf16", &types), format!("//! Docs.\n{alias}"));
     }
 }

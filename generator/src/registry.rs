@@ -367,7 +367,9 @@ impl Registry {
                 .hint("shadowing says which implementation replaces which; it must not go round in a circle"));
             }
             let names: BTreeSet<&str> = imps.iter().map(|i| i.name.as_str()).collect();
-            for imp in imps {
+            // A folder of several element types is one entry per type: judge its manifest once.
+            let mut judged = BTreeSet::new();
+            for imp in imps.iter().filter(|i| judged.insert(i.name.as_str())) {
                 for shadowed in &imp.shadows {
                     if shadowed == &imp.name || !names.contains(shadowed.as_str()) {
                         problems.push(
@@ -734,7 +736,7 @@ fn load_implementation(
                     "declare the element types it takes as one of the `[[elements]]` of {}",
                     interface.path.display()
                 )));
-                continue;
+                break;
             }
         };
         let extra = element.and_then(|e| m.constraints.element_cpu_features.get(&e.name));
@@ -846,7 +848,12 @@ fn check_element_list(
     }
     for (name, features) in &m.constraints.element_cpu_features {
         let at = ["constraints", "element_cpu_features", name.as_str()];
-        if !names.contains(&name.as_str()) {
+        if !m.elements.several() {
+            problems.push(
+                diag("`element_cpu_features`, but `elements` names one element type".into(), &at)
+                    .hint("declare the CPU features of a kernel of one element type in `cpu_features`"),
+            );
+        } else if !names.contains(&name.as_str()) {
             problems.push(diag(
                 format!("`element_cpu_features` names `{name}`, which is not an element type it takes"),
                 &at,
@@ -858,7 +865,8 @@ fn check_element_list(
                     .hint(format!("known: {}", cpu::X86_64_FEATURES.join(", "))),
             );
         }
-        if !features.is_empty() && m.constraints.arches.is_none() {
+        // (`check_constraints` says so already where `cpu_features` lists some.)
+        if !features.is_empty() && m.constraints.arches.is_none() && m.constraints.cpu_features.is_empty() {
             problems.push(
                 diag("CPU features are declared without `arches`".into(), &["constraints"])
                     .hint("add `arches = [\"x86_64\"]`"),
@@ -1377,8 +1385,11 @@ fn check_target_features(
 /// with both compatible, neither could be chosen.
 fn shadow_cycles(imps: &[Implementation]) -> Vec<String> {
     let shadows = |name: &str| imps.iter().find(|i| i.name == name).map_or(&[][..], |i| i.shadows.as_slice());
-    let mut in_cycle = Vec::new();
+    let mut in_cycle: Vec<String> = Vec::new();
     for start in imps {
+        if in_cycle.contains(&start.name) {
+            continue;
+        }
         let mut seen = BTreeSet::new();
         let mut frontier: Vec<&str> = start.shadows.iter().map(String::as_str).collect();
         while let Some(name) = frontier.pop() {
@@ -1608,8 +1619,20 @@ mod tests {
     /// The problems `load_implementation` finds in a folder `name` of `interface` with this
     /// manifest (its `elements` and `[constraints]` tail) and kernel.
     fn load_problems(interface: &str, elements: &str, constraints: &str, kernel: &str) -> Vec<String> {
+        load_problems_with(|_| {}, interface, elements, constraints, kernel)
+    }
+
+    /// [`load_problems`] against the project's interfaces as `edit` leaves them.
+    fn load_problems_with(
+        edit: impl FnOnce(&mut BTreeMap<String, Interface>),
+        interface: &str,
+        elements: &str,
+        constraints: &str,
+        kernel: &str,
+    ) -> Vec<String> {
         let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-        let registry = Registry::load(&root).unwrap();
+        let mut registry = Registry::load(&root).unwrap();
+        edit(&mut registry.interfaces);
         let temp = tempfile::tempdir().unwrap();
         let dir = temp.path().join("implementations").join(interface).join("x");
         std::fs::create_dir_all(&dir).unwrap();
@@ -1653,6 +1676,31 @@ mod tests {
         );
         let twice = load_problems("attention_decode", r#"[{ kv = "f32" }, { kv = "f32" }]"#, "", decode);
         assert!(twice.iter().any(|p| p.contains("lists element type `f32` twice")), "{twice:?}");
+        // A capital placeholder stands for a type, which the kernel names: one that does not
+        // parse as a type cannot be an alias.
+        let not_a_type = load_problems_with(
+            |interfaces| {
+                let decode = interfaces.get_mut("attention_decode").unwrap();
+                decode.elements[1].types.insert("KV".into(), "u16 bits".into());
+            },
+            "attention_decode",
+            both,
+            "",
+            decode,
+        );
+        assert!(
+            not_a_type.iter().any(|p| p
+                .contains("`{KV}` of `attention_decode<bf16>` stands for `u16 bits`, which is not a type")),
+            "{not_a_type:?}"
+        );
+        // Features of one element type need several element types.
+        let single = load_problems(
+            "attention_decode",
+            r#"{ kv = "bf16" }"#,
+            "arches = [\"x86_64\"]\n[constraints.element_cpu_features]\nbf16 = [\"avx2\"]\n",
+            &decode.replace("[KV]", "[u16]"),
+        );
+        assert!(single.iter().any(|p| p.contains("but `elements` names one element type")), "{single:?}");
         let one = load_problems("attention_decode", r#"[{ kv = "f32" }]"#, "", decode);
         assert!(one.iter().any(|p| p.contains("fewer than two")), "{one:?}");
         let stray = load_problems(
@@ -1675,6 +1723,9 @@ mod tests {
         };
         assert!(shadow_cycles(&[imp("a", &["b"]), imp("b", &[])]).is_empty());
         assert_eq!(shadow_cycles(&[imp("a", &["b"]), imp("b", &["c"]), imp("c", &["a"])]), ["a", "b", "c"]);
+        // A folder of several element types is an entry per type, named once in a cycle.
+        let twice = [imp("a", &["b"]), imp("a", &["b"]), imp("b", &["a"])];
+        assert_eq!(shadow_cycles(&twice), ["a", "b"]);
     }
 
     #[test]

@@ -4,7 +4,8 @@
 //! OUT_DIR:
 //! - `kernels.rs`: `pub mod kernels`, with the helper modules of `implementations/_shared/`
 //!   in `kernels::shared` and every implementation as `kernels::<interface>__<name>` (dashes
-//!   become underscores), so that a kernel's `super::shared::...` resolves as it does in a
+//!   become underscores; `__<element type>` added for a folder of several, compiled once for
+//!   each with its type aliases), so that a kernel's `super::shared::...` resolves as it does in a
 //!   generated crate;
 //! - `implementations.rs`: a `for_each_<family>!` macro per family that lists its
 //!   implementations, the reference first, for the benchmark;
@@ -99,8 +100,11 @@ struct Implementation {
     family: String,
     name: String,
     kernel: PathBuf,
-    /// `<interface>__<name>`, dashes as underscores.
+    /// `<interface>__<name>`, dashes as underscores (`__<element type>` added for a folder of
+    /// several).
     module: String,
+    /// `<interface>/<name>`, with ` at <element type>` for a folder of several.
+    label: String,
     arches: Option<Vec<String>>,
     cpu_features: Vec<String>,
     shared: Vec<String>,
@@ -246,10 +250,12 @@ fn read_implementations(
             for takes in manifest.elements.each() {
                 let (family, element) = families.of(&interface, takes, &where_.to_string());
                 let mut module = format!("{interface}__{}", manifest.name.replace('-', "_"));
+                let mut label = format!("{interface}/{}", manifest.name);
                 let mut kernel = kernel.clone();
                 let mut cpu_features = manifest.constraints.cpu_features.clone();
                 if let (true, Some((name, _, types))) = (manifest.elements.several(), element) {
                     module = format!("{module}__{name}");
+                    label = format!("{label} at {name}");
                     let source = fs::read_to_string(&kernel).expect("kernel.rs reads");
                     kernel = out_dir.join("kernels").join(format!("{module}.rs"));
                     write(&kernel, &manifest::kernel_at_element(&source, name, types));
@@ -258,6 +264,7 @@ fn read_implementations(
                 }
                 implementations.push(Implementation {
                     module,
+                    label,
                     family,
                     interface: interface.clone(),
                     name: manifest.name.clone(),
@@ -277,7 +284,9 @@ fn read_implementations(
 
 fn kernels_module(implementations: &[Implementation], shared_modules: &BTreeMap<String, PathBuf>) -> String {
     let mut out = String::new();
-    out.push_str("/// Every implementation of `implementations/`, as `<interface>__<name>`.\n");
+    out.push_str(
+        "/// Every implementation of `implementations/`, as `<interface>__<name>[__<element type>]`.\n",
+    );
     // A generated crate's kernels are private to it; public here, where they are tested,
     // clippy would ask each `#[target_feature]` function for a `# Safety` section.
     out.push_str("#[allow(clippy::missing_safety_doc)]\n");
@@ -462,7 +471,7 @@ fn conformance_tests(implementations: &[Implementation], references: &BTreeMap<S
             .find(|i| i.family == imp.family && &i.name == reference)
             .expect("main checks that every family's reference exists")
             .module;
-        let label = format!("{}/{}", imp.interface, imp.name);
+        let label = &imp.label;
         let check = format!("crate::conform_{}!({}, {reference_module});", imp.family, imp.module);
         writeln!(out, "/// `{label}` against the reference `{}/{reference}`.", imp.interface).unwrap();
         out.push_str("#[test]\n#[allow(non_snake_case)]\n");
@@ -471,7 +480,7 @@ fn conformance_tests(implementations: &[Implementation], references: &BTreeMap<S
             Some(cfg) => {
                 writeln!(out, "    {cfg}").unwrap();
                 out.push_str("    {\n");
-                write_feature_gate(&mut out, imp, &label, "        ");
+                write_feature_gate(&mut out, imp, label, "        ");
                 writeln!(out, "        {check}").unwrap();
                 out.push_str("    }\n");
                 let arches = imp.arches.as_deref().unwrap_or_default().join(", ");
@@ -481,7 +490,7 @@ fn conformance_tests(implementations: &[Implementation], references: &BTreeMap<S
                 writeln!(out, "    eprintln!(\"skipped {label}: it is for {arches} only\");").unwrap();
             }
             None => {
-                write_feature_gate(&mut out, imp, &label, "    ");
+                write_feature_gate(&mut out, imp, label, "    ");
                 writeln!(out, "    {check}").unwrap();
             }
         }
