@@ -30,50 +30,10 @@ for name in "$@"; do
     CARGO_TARGET_DIR="$dir/target-$v" cargo build --release --quiet --manifest-path "$dir/$v/generated/$name/Cargo.toml"
     objdump -d --no-show-raw-insn -C "$dir/target-$v/release/$name" >"$dir/$name-$v.asm"
   done
-  python3 - "$dir/$name-old.asm" "$dir/$name-new.asm" "$ident" "${RENAMES:-}" <<'EOF' || status=1
-import hashlib, re, sys
-
-old_path, new_path, crate, renames = sys.argv[1:]
-pairs = [r.split("=", 1) for r in renames.split(",") if r]
-
-
-def functions(path, undo):
-    """Function name -> the sorted hashes of the bodies of that name (monomorphized copies of
-    one generic function share a name once its hash is cut)."""
-    bodies, current = [], None
-    for line in open(path, encoding="utf-8", errors="replace"):
-        head = re.match(r"^[0-9a-f]+ <(.*)>:$", line)
-        if head:
-            name = re.sub(r"::h[0-9a-f]{16}$", "", head.group(1))
-            if undo:
-                for old, new in pairs:
-                    name = re.sub(r"\b%s\b" % re.escape(old), new, name)
-            current = [] if crate + "::" in name else None
-            if current is not None:
-                bodies.append((name, current))
-            continue
-        if current is not None and "\t" in line:
-            ins = line.split("\t", 1)[1].strip()
-            current.append(re.sub(r"0x[0-9a-f]+|\b[0-9a-f]{5,}\b|<[^>]*>", "_", ins))
-    out = {}
-    for name, body in bodies:
-        out.setdefault(name, []).append(hashlib.sha256("\n".join(body).encode()).hexdigest())
-    return {k: sorted(v) for k, v in out.items()}
-
-
-old, new = functions(old_path, True), functions(new_path, False)
-# Tokenizing the prompt and printing the text run once a request and a token, and inline the
-# tokenizers crate, whose code ThinLTO places differently after unrelated edits: listed, not
-# counted.
-text = re.compile(r"::(tokenizer|tokenizer_file|detokenizer)::")
-differ = sorted(k for k in old.keys() & new.keys() if old[k] != new[k])
-only = sorted(old.keys() ^ new.keys())
-hot = [k for k in differ + only if not text.search(k)]
-print("%s: %d functions of the crate compared, %d differ (%d outside tokenization), %d in one build only"
-      % (crate, len(old.keys() & new.keys()), len(differ), len(hot), len(only)))
-for k in differ + only:
-    print("  %s%s" % (k, "" if k in hot else " (tokenization)"))
-sys.exit(1 if hot else 0)
-EOF
+  # Tokenizing the prompt and printing the text run once a request and a token, and inline the
+  # tokenizers crate, whose code ThinLTO places differently after unrelated edits: listed, not
+  # counted.
+  python3 bench/compare_functions.py "$dir/$name-old.asm" "$dir/$name-new.asm" --label "$ident" \
+    --crate "\b$ident::" --listed "::(tokenizer|tokenizer_file|detokenizer)::" --renames "${RENAMES:-}" || status=1
 done
 exit $status

@@ -219,6 +219,17 @@ pub fn bench_target_dir(project: &Project) -> PathBuf {
         .map_or_else(|| bench_dir(project).join("target"), PathBuf::from)
 }
 
+/// Writes and compiles the harness that `bench` would run for the workload at `path` on this
+/// machine, and returns its executable without running it: what `bench/same_harness.sh`
+/// compares between two trees, candidate by candidate.
+pub fn build_only(project: &Project, path: &Path) -> Result<PathBuf, Error> {
+    let mut here = project.read_workload(path)?;
+    here.target.hardware = Some(Host::detect().map_err(Error::Refused)?.class);
+    let plan = project.plan(&here, path)?;
+    let (crate_dir, name) = write_harness(project, &plan, &bench_dir(project))?;
+    build_harness(&crate_dir, &bench_target_dir(project), &name)
+}
+
 /// Writes the harness crate of `plan` under `dir/<workload>/` (files that did not change are
 /// left alone, so cargo rebuilds only what it must); returns its folder and crate name.
 pub fn write_harness(project: &Project, plan: &Plan, dir: &Path) -> Result<(PathBuf, String), Error> {

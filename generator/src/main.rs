@@ -79,6 +79,10 @@ enum Command {
         /// Measure and report, but do not write rankings/.
         #[arg(long)]
         dry_run: bool,
+        /// Only write and compile each workload's benchmark harness and print the path of its
+        /// executable; measure nothing (bench/same_harness.sh compares two trees' harnesses).
+        #[arg(long, conflicts_with_all = ["dry_run", "json", "interfaces"])]
+        build_only: bool,
         /// Measure only this interface of each workload (repeat it, or separate names with
         /// commas); the records of its other interfaces stay as they are. `monogen affected`
         /// names the interfaces a change needs measured again.
@@ -276,7 +280,14 @@ fn run(cli: Cli) -> Result<ExitCode, Error> {
             }
             Ok(ExitCode::SUCCESS)
         }
-        Command::Bench { workloads, json, samples, warm_up, min_sample_us, dry_run, interfaces } => {
+        Command::Bench { workloads, build_only: true, .. } => {
+            let project = project(cli.root)?;
+            for path in &workloads {
+                println!("{}", monogen::bench::build_only(&project, path)?.display());
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Bench { workloads, json, samples, warm_up, min_sample_us, dry_run, interfaces, .. } => {
             let options = monogen::bench::Options {
                 timing: monogen::bench::Timing {
                     samples: samples as usize,

@@ -706,6 +706,23 @@ fn a_kernel_of_several_element_types_keeps_a_record_for_each() {
 }
 
 #[test]
+fn bench_build_only_compiles_the_harness_and_measures_nothing() {
+    // What bench/same_harness.sh compares between two trees: the harness's executable, built
+    // and not run, rankings/ untouched.
+    let repo = measured_repo();
+    let before = common::read_tree(&repo.path().join("rankings"));
+    let out = monogen(repo.path(), &["bench", WORKLOAD, "--build-only"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let exe = std::path::PathBuf::from(stdout(&out).trim());
+    assert!(exe.is_file(), "{}", exe.display());
+    assert!(exe.file_name().unwrap().to_string_lossy().starts_with("monogen-bench-stories260k-cpu-f32-"));
+    assert_eq!(common::read_tree(&repo.path().join("rankings")), before, "nothing measured, nothing written");
+    // Measuring options do not go with it.
+    let out = monogen(repo.path(), &["bench", WORKLOAD, "--build-only", "--dry-run"]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+}
+
+#[test]
 fn bench_measures_encoder_workloads_too() {
     let repo = measured_repo();
     let bert = "workloads/all-minilm-l6-v2-cpu-f32.toml";
