@@ -79,10 +79,16 @@ old, new = functions(a.old, True), functions(a.new, False)
 listed = re.compile(a.listed) if a.listed else None
 differ = sorted(k for k in old.keys() & new.keys() if old[k] != new[k])
 only = sorted(old.keys() ^ new.keys())
-counted = [k for k in differ + only if not (listed and listed.search(k))]
+# A body that one build names one way and the other another (identical functions the linker
+# folded into one, keeping either name) is the same code: shown, not counted.
+old_only = sorted(h for k in only if k in old for h in old[k])
+new_only = sorted(h for k in only if k in new for h in new[k])
+folded = set(only) if old_only == new_only else set()
+counted = [k for k in differ + only if not (listed and listed.search(k)) and k not in folded]
 print("%s: %d functions compared, %d differ, %d in one build only (%d counted)"
       % (a.label, len(old.keys() & new.keys()), len(differ), len(only), len(counted)))
 for k in differ + only:
     where = "differs" if k in differ else ("old only" if k in old else "new only")
-    print("  %s: %s%s" % (k, where, "" if k in counted else " (listed, not counted)"))
+    why = " (the same code as the other build's, under another name)" if k in folded else " (listed, not counted)"
+    print("  %s: %s%s" % (k, where, "" if k in counted else why))
 sys.exit(1 if counted else 0)

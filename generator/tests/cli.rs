@@ -639,7 +639,7 @@ fn element_types_are_checked() {
         ),
         // No element types at all.
         (
-            "kv_cache/bf16-contiguous",
+            "kv_cache/bf16-avx512",
             "manifest.toml",
             "elements = { kv = \"bf16\" }",
             "",

@@ -28,6 +28,12 @@ at git revision REV: what a crate compiles at either element type is what it com
     python3 tools/migrations/2026-12-06-several-elements.py comments REV   # done once, after it
     python3 tools/migrations/2026-12-06-several-elements.py migrate matmul # done once, after that
     python3 tools/migrations/2026-12-06-several-elements.py --check REV matmul
+    python3 tools/migrations/2026-12-06-several-elements.py migrate kv_cache   # done once, last
+
+The third set, `kv_cache`, made the cache's two references one folder of a new name,
+`kv_cache/contiguous`, whose store is its element type's (`_shared/kv_store.rs`: a copy, or a
+rounding loop). Its code is not the old kernels' in text, so there is no `--check` for it:
+`bench/same_harness.sh` showed that every harness compiles to what it did.
 
 The second set, `matmul`, merged three matmul kernels whose bf16-weight twin differed in `u16`
 alone (`avx2-fma-team` and `bf16-avx2-fma-threads`, `avx512` and `bf16-avx512`,
@@ -67,6 +73,16 @@ SETS = {
         "as": {"f32": [("KV", "f32"), ("Flash<f32>", "Flash")], "bf16": [("KV", "u16")]},
         "elements": ('elements = { kv = "f32" }', 'elements = [{ kv = "f32" }, { kv = "bf16" }]'),
     },
+    # The KV cache's references, whose stores differed too (a copy, or a rounding loop): one
+    # kernel whose store is its element type's (`_shared/kv_store.rs`), in a folder of a new
+    # name. Its code is not the old kernels' in text; bench/same_harness.sh showed it compiles
+    # to theirs.
+    "kv_cache": {
+        "merges": [("kv_cache", "contiguous", "bf16-contiguous")],
+        "f32_old": {"contiguous": "f32-contiguous"},
+        "as": {},
+        "elements": None,
+    },
     # bf16 weights beside f32 ones: the kernels whose bf16 twin differed in `u16` alone.
     "matmul": {
         "merges": [
@@ -84,10 +100,15 @@ SETS = {
 
 
 def use_set(name):
-    global MERGES, RENAMED, MERGED, AS, ELEMENTS
+    global MERGES, RENAMED, ELEMENT_OF, AS, ELEMENTS
     MERGES = SETS[name]["merges"]
+    # (interface, old name) -> the merged name, and the element type its records were of.
     RENAMED = {(i, twin): merged for i, merged, twin in MERGES}
-    MERGED = {(i, merged) for i, merged, _ in MERGES}
+    ELEMENT_OF = {(i, twin): "bf16" for i, _, twin in MERGES}
+    for i, merged, _ in MERGES:
+        old = SETS[name].get("f32_old", {}).get(merged, merged)
+        RENAMED[(i, old)] = merged
+        ELEMENT_OF[(i, old)] = "f32"
     AS = SETS[name]["as"]
     ELEMENTS = SETS[name]["elements"]
 
@@ -211,12 +232,11 @@ def rewrite_rankings(old_hashes, old_versions):
             records = []
             for block in blocks:
                 name = re.search(r'^implementation = "(.*)"$', block, re.M).group(1)
-                merged = RENAMED.get((interface, name))
-                element = "bf16" if merged else ("f32" if (interface, name) in MERGED else None)
+                element = ELEMENT_OF.get((interface, name))
                 if element is None:
                     records.append((re.search(r'^shapes = "(.*)"$', block, re.M).group(1), name, "", block))
                     continue
-                new_name = merged or name
+                new_name = RENAMED[(interface, name)]
                 source = re.search(r'^source_sha256 = "(.*)"$', block, re.M).group(1)
                 version = re.search(r'^version = "(.*)"$', block, re.M).group(1)
                 fresh = old_hashes[(interface, name)] == source and old_versions[(interface, name)] == version
@@ -310,16 +330,25 @@ def main():
         use_set(sys.argv[2] if len(sys.argv) > 2 else "attention")
         # The hashes the records of the old folders were measured against: the old kernels are
         # those of git's HEAD (the merged kernels are written in the working tree already).
-        old_hashes = {}
-        for interface, merged, twin in MERGES:
-            for name in (merged, twin):
-                kernel = git_show("HEAD", "implementations/%s/%s/kernel.rs" % (interface, name)).encode()
-                manifest = git_show("HEAD", "implementations/%s/%s/manifest.toml" % (interface, name))
-                text = "kernel %s\n" % sha(kernel)
-                for module in list_field(manifest, "shared"):
-                    text += "shared %s %s\n" % (module, sha(open(os.path.join(IMPL, "_shared", module + ".rs"), "rb").read()))
-                old_hashes[(interface, name)] = sha(text.encode())
-        old_versions = merge_manifests()
+        old_hashes, old_versions = {}, {}
+        for interface, name in RENAMED:
+            kernel = git_show("HEAD", "implementations/%s/%s/kernel.rs" % (interface, name)).encode()
+            manifest = git_show("HEAD", "implementations/%s/%s/manifest.toml" % (interface, name))
+            text = "kernel %s\n" % sha(kernel)
+            for module in list_field(manifest, "shared"):
+                text += "shared %s %s\n" % (module, sha(open(os.path.join(IMPL, "_shared", module + ".rs"), "rb").read()))
+            old_hashes[(interface, name)] = sha(text.encode())
+            old_versions[(interface, name)] = field(manifest, "version").strip('"')
+        if ELEMENTS:
+            merge_manifests()
+        else:
+            # A folder of a new name, its manifest written by hand: the old folders go, and the
+            # interface's references are the new folder.
+            for (interface, name), merged in RENAMED.items():
+                shutil.rmtree(os.path.join(IMPL, interface, name))
+                path = os.path.join(ROOT, "interfaces", interface + ".toml")
+                text = open(path, encoding="utf-8").read().replace('reference = "%s"' % name, 'reference = "%s"' % merged)
+                open(path, "w", encoding="utf-8").write(text)
         rewrite_rankings(old_hashes, old_versions)
         rewrite_locks()
     else:
