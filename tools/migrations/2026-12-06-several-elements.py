@@ -42,7 +42,8 @@ The merged `avx2-fma-team` keeps its priority (32; its twin had 20): among the b
 stays above `bf16-avx2-packed-threads` (19) and below the AVX-512 ones that shadow it.
 
 `comments REV` carried the records over a change of comments alone: two shared modules'
-documentation named the twins. It verifies that every kernel and shared module has the code
+documentation named the twins (after the attention merge), and two KV cache kernels' named the
+old references (after the kv_cache merge). It verifies that every kernel and shared module has the code
 it had at REV, then gives each record that was fresh for the tree at REV the current hash.
     python3 tools/migrations/2026-12-06-several-elements.py --check 11cd9a47   # the revision before it
 """

@@ -1,4 +1,4 @@
-//! One layer's KV cache in bfloat16, as `kv_cache/bf16-contiguous` lays it out (two
+//! One layer's KV cache in bfloat16, as `kv_cache/contiguous` lays it out at bf16 (two
 //! position-major buffers of `[MAX_SEQ, KV_DIM]` bfloat16 bit patterns), with the rounding of
 //! `store` done 16 values at a time with AVX-512F (`shared/avx512_bf16_round.rs`). The portable
 //! loop runs scalar (a crate is not compiled for AVX-512 as a whole), 3.5x slower than the f32

@@ -1,4 +1,4 @@
-//! One layer's KV cache as `kv_cache/f32-contiguous` lays it out (two position-major f32
+//! One layer's KV cache as `kv_cache/contiguous` lays it out at f32 (two position-major f32
 //! buffers of `[MAX_SEQ, KV_DIM]`), whose `store` of several positions the crate's team shares:
 //! the keys on one thread, the values on another (`shared/kv_split.rs` says why).
 
