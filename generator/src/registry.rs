@@ -109,11 +109,16 @@ impl Element {
     }
 
     /// `text` with this element type's placeholders filled, those inside a placeholder's own
-    /// text too (`{weights}` is `w: &[{W}]`).
+    /// text too (`{weights}` is `w: &[{W}]`): filled again until nothing changes, at most once
+    /// per placeholder.
     pub fn fill(&self, text: &str) -> String {
         let mut out = text.to_string();
-        for _ in 0..3 {
-            out = self.types.iter().fold(out, |t, (k, v)| t.replace(&format!("{{{k}}}"), v));
+        for _ in 0..=self.types.len() {
+            let next = self.types.iter().fold(out.clone(), |t, (k, v)| t.replace(&format!("{{{k}}}"), v));
+            if next == out {
+                break;
+            }
+            out = next;
         }
         out
     }
@@ -741,21 +746,20 @@ fn load_implementation(
         };
         let extra = element.and_then(|e| m.constraints.element_cpu_features.get(&e.name));
         at.constraints.cpu_features.extend(extra.into_iter().flatten().cloned());
-        let before_kernel = problems.len();
-        match (several, element) {
+        // A kernel of several element types names their types (`KV`), which the source it
+        // is compiled from declares as aliases.
+        let (view, compiled): (Interface, Arc<str>) = match (several, element) {
             (true, Some(e)) => {
-                check_kernel(&at, &interface.at_placeholders(e), &source, &rel_kernel, &diag, problems)
+                (interface.at_placeholders(e), kernel_at_element(&source, &e.name, &e.types).into())
             }
-            _ => check_kernel(&at, &interface.at(element), &source, &rel_kernel, &diag, problems),
-        }
+            _ => (interface.at(element), source.clone()),
+        };
+        let before_kernel = problems.len();
+        check_kernel(&at, &view, &source, &rel_kernel, &diag, problems);
         if problems.len() > before_kernel {
             // The other element types would only say the same of the same kernel.
             break;
         }
-        let compiled: Arc<str> = match (several, element) {
-            (true, Some(e)) => kernel_at_element(&source, &e.name, &e.types).into(),
-            _ => source.clone(),
-        };
         out.push(Implementation {
             interface: at.interface,
             name: at.name,
