@@ -38,7 +38,9 @@ pub struct Manifest<D = String, T = String> {
     /// the length of a packed `[n, k]` matrix.
     #[serde(default)]
     pub packed_len: Option<String>,
-    /// The type in which it hands work to the thread team (`_shared/team.rs`).
+    /// The type in which it hands work to the thread team (`_shared/team.rs`): a struct of its
+    /// kernel.rs (`Shared`), or the work type of one of its shared modules
+    /// (`avx512_matmul::Product<W>`, the element type placeholders standing for their types).
     #[serde(default)]
     pub team_job: Option<String>,
     /// The element types it takes, for an interface with `[[elements]]` (for example
@@ -113,6 +115,52 @@ pub fn kernel_at_element(source: &str, element: &str, types: &BTreeMap<String, S
     let (head, rest) = source.split_at(head_end);
     let newline = if head.is_empty() || head.ends_with('\n') { "" } else { "\n" };
     format!("{head}{newline}{aliases}{rest}")
+}
+
+/// A kernel's `team_job` as a path from the crate's `kernels` module, where the crate's
+/// `TeamJob` enum names it: a type of the kernel's own module (`Shared` →
+/// `matmul::Shared`), or a shared module's type, each shared module it names under `shared::`,
+/// each type placeholder replaced by its type at the kernel's element type (`types`) and each
+/// other type of one segment the kernel's own: `avx512_matmul::Product<W>` →
+/// `shared::avx512_matmul::Product<u16>`, `kv_split::Split<RoundBf16>` →
+/// `shared::kv_split::Split<kv_cache::RoundBf16>`. Kernels that hand
+/// the team the same shared type get the same path, and share one variant of the enum.
+pub fn team_job_path(
+    job: &str,
+    kernel_module: &str,
+    shared: &[String],
+    types: &BTreeMap<String, String>,
+) -> String {
+    if !job.contains("::") {
+        return format!("{kernel_module}::{job}");
+    }
+    let mut out = String::new();
+    let mut rest = job;
+    while let Some(c) = rest.chars().next() {
+        let word = rest.find(|c: char| !(c.is_ascii_alphanumeric() || c == '_')).unwrap_or(rest.len());
+        if word == 0 {
+            out.push(c);
+            rest = &rest[c.len_utf8()..];
+            continue;
+        }
+        let (ident, after) = rest.split_at(word);
+        // Only the first segment of a path is a shared module, a placeholder, or a type of
+        // the kernel's own (a path of one segment, in UpperCamelCase: `Split<RoundBf16>`).
+        let first_segment = !out.trim_end().ends_with("::");
+        let alone = !after.trim_start().starts_with("::");
+        match types.get(ident) {
+            Some(ty) if first_segment && is_type_placeholder(ident) => out.push_str(ty),
+            _ if first_segment && shared.iter().any(|m| m == ident) => {
+                out.push_str(&format!("shared::{ident}"))
+            }
+            _ if first_segment && alone && ident.starts_with(|c: char| c.is_ascii_uppercase()) => {
+                out.push_str(&format!("{kernel_module}::{ident}"))
+            }
+            _ => out.push_str(ident),
+        }
+        rest = after;
+    }
+    out
 }
 
 /// What an implementation needs from a workload.
@@ -209,5 +257,32 @@ mod tests {
         // A kernel without a head, and one that is all head, without a final newline.
         assert_eq!(kernel_at_element("fn f() {}\n", "bf16", &types), format!("{alias}fn f() {{}}\n"));
         assert_eq!(kernel_at_element("//! Docs.", "bf16", &types), format!("//! Docs.\n{alias}"));
+    }
+
+    #[test]
+    fn a_team_job_is_a_path_from_the_kernels_module_at_the_kernels_element_type() {
+        let types =
+            BTreeMap::from([("W".to_string(), "u16".to_string()), ("w".to_string(), "bits".to_string())]);
+        let shared = ["avx512_matmul".to_string(), "kv_split".to_string(), "team".to_string()];
+        let path = |job| team_job_path(job, "matmul__avx512_threads__bf16", &shared, &types);
+        // A type of the kernel's own.
+        assert_eq!(path("Shared"), "matmul__avx512_threads__bf16::Shared");
+        // A shared module's, its placeholders filled; a placeholder or module name elsewhere in
+        // a path stays as it is, as does a module the kernel does not use.
+        assert_eq!(path("avx512_matmul::Product<W>"), "shared::avx512_matmul::Product<u16>");
+        assert_eq!(
+            path("kv_split::Split<kv_split::AsIs>"),
+            "shared::kv_split::Split<shared::kv_split::AsIs>"
+        );
+        assert_eq!(path("avx512_matmul::W"), "shared::avx512_matmul::W");
+        assert_eq!(
+            path("other::Job<avx512_matmul::Product<W>, w>"),
+            "other::Job<shared::avx512_matmul::Product<u16>, w>"
+        );
+        // The kernel's own types, among a shared type's arguments; a primitive stays as it is.
+        assert_eq!(
+            path("kv_split::Split<RoundBf16, f32>"),
+            "shared::kv_split::Split<matmul__avx512_threads__bf16::RoundBf16, f32>"
+        );
     }
 }

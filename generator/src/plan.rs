@@ -186,7 +186,8 @@ pub struct Chosen {
     /// For a kernel that packs its weights, the layout a saved model's packed matrices must be
     /// in for the crate to map them.
     pub packing: Option<Packing>,
-    /// The type in which its kernel hands work to the crate's thread team, if it uses one.
+    /// The type in which its kernel hands work to the crate's thread team, if it uses one, as
+    /// a path from the crate's `kernels` module (`shared::avx512_matmul::Product<u16>`).
     pub team_job: Option<String>,
     /// Why it won, in one sentence, with the evidence (for `explain`).
     pub reason: String,

@@ -255,9 +255,11 @@ pub struct Implementation {
     /// gives the length of a packed `[n, k]` matrix (what `pack` returns), as
     /// `module::function`. A crate checks a saved model's packed matrices against it.
     pub packed_len: Option<String>,
-    /// The type (a `pub(crate)` struct of kernel.rs) in which the kernel hands work to the
-    /// crate's thread team, [`TEAM_MODULE`]; a crate with such kernels gets an enum of their
-    /// job types (`kernels::TeamJob`) for the team's workers to run.
+    /// The type in which the kernel hands work to the crate's thread team, [`TEAM_MODULE`]: a
+    /// `pub(crate)` struct of kernel.rs, or a shared module's work type
+    /// (`avx512_matmul::Product<W>`), as its manifest names it. A crate with such kernels gets
+    /// an enum of their job types (`kernels::TeamJob`) for the team's workers to run; see
+    /// [`Implementation::team_job_path`].
     pub team_job: Option<String>,
     /// The element types it takes (its manifest's `elements`), and the name of the interface's
     /// element type they make (`None` for an interface without element types).
@@ -267,6 +269,9 @@ pub struct Implementation {
     /// array): the registry holds one entry per element type, each with its own `source` (the
     /// placeholders made type aliases), and its records and module names carry the element type.
     pub several_elements: bool,
+    /// What its element type's type placeholders stand for (`W` → `u16`), which its compiled
+    /// `source` declares as aliases, where its folder serves several element types; else empty.
+    pub types: BTreeMap<String, String>,
     pub constraints: Constraints,
     /// Folder relative to the project root.
     pub dir: PathBuf,
@@ -274,6 +279,16 @@ pub struct Implementation {
     pub source: Arc<str>,
     /// sha256 of kernel.rs, hex.
     pub source_sha256: String,
+}
+
+impl Implementation {
+    /// The type it hands to the crate's thread team (`team_job`), as a path from the crate's
+    /// `kernels` module where its kernel is module `module`: `matmul::Shared`, or
+    /// `shared::avx512_matmul::Product<u16>` (its placeholders filled at its element type).
+    pub fn team_job_path(&self, module: &str) -> Option<String> {
+        let job = self.team_job.as_deref()?;
+        Some(crate::manifest::team_job_path(job, module, &self.shared, &self.types))
+    }
 }
 
 #[cfg(test)]
@@ -295,6 +310,7 @@ impl Implementation {
             elements: BTreeMap::new(),
             element: None,
             several_elements: false,
+            types: BTreeMap::new(),
             constraints: Constraints::default(),
             dir: format!("implementations/{interface}/{name}").into(),
             source: Arc::from(""),
@@ -775,6 +791,15 @@ fn load_implementation(
             elements: takes.clone(),
             element: element.map(|e| e.name.clone()),
             several_elements: several,
+            types: match (several, element) {
+                (true, Some(e)) => e
+                    .types
+                    .iter()
+                    .filter(|(p, _)| is_type_placeholder(p))
+                    .map(|(p, t)| (p.clone(), t.clone()))
+                    .collect(),
+                _ => BTreeMap::new(),
+            },
             constraints: at.constraints,
             dir: rel_dir.clone(),
             source: compiled,
@@ -1026,7 +1051,7 @@ fn check_shared_uses(
     match &m.team_job {
         None if uses_team => problems.push(
             diag(format!("uses shared module `{TEAM_MODULE}` but names no `team_job`"), &["shared"])
-                .hint("add `team_job = \"<type>\"`: the struct of kernel.rs that it hands to the team"),
+                .hint("add `team_job = \"<type>\"`: the type it hands to the team, a struct of kernel.rs or a shared module's"),
         ),
         Some(job) if !uses_team => problems.push(
             diag(
@@ -1035,8 +1060,45 @@ fn check_shared_uses(
             )
             .hint(format!("add \"{TEAM_MODULE}\" to `shared`, or remove `team_job`")),
         ),
+        Some(job) if job.contains("::") => {
+            if let Some(problem) = check_shared_team_job(job, m, shared) {
+                problems.push(diag(problem, &["team_job"]).hint(
+                    "name a type of kernel.rs (`Shared`), or a shared module's type that implements \
+                     `job::Job` (`avx512_matmul::Product<W>`)",
+                ));
+            }
+        }
         _ => {}
     }
+}
+
+/// Why `job` (a manifest's `team_job` that names a shared module's type) is not a type whose
+/// path starts at a shared module the manifest lists and names a public struct or alias of
+/// it, if it is not. (Its generic arguments are the compiler's to check.)
+fn check_shared_team_job(
+    job: &str,
+    m: &ManifestFile,
+    shared: &BTreeMap<String, SharedModule>,
+) -> Option<String> {
+    let Ok(syn::Type::Path(ty)) = syn::parse_str::<syn::Type>(job) else {
+        return Some(format!("`team_job = \"{job}\"` is not a type's path"));
+    };
+    let mut segments = ty.path.segments.iter();
+    let (Some(module), Some(name), None) = (segments.next(), segments.next(), segments.next()) else {
+        return Some(format!("`team_job = \"{job}\"` is not of the form `<module>::<Type>`"));
+    };
+    let module = module.ident.to_string();
+    if !m.shared.contains(&module) {
+        return Some(format!("`team_job` names shared module `{module}`, which `shared` does not list"));
+    }
+    // A missing module is reported with `shared`.
+    let file = rust_source::parse_with_comments(&shared.get(&module)?.source).ok()?;
+    let public = file.items.iter().any(|item| match item {
+        syn::Item::Struct(s) => s.ident == name.ident && matches!(s.vis, syn::Visibility::Public(_)),
+        syn::Item::Type(t) => t.ident == name.ident && matches!(t.vis, syn::Visibility::Public(_)),
+        _ => false,
+    });
+    (!public).then(|| format!("shared module `{module}` has no public struct or type `{}`", name.ident))
 }
 
 /// The kernel (`source`, at `rel_kernel`) must parse, expose exactly its interface's items
@@ -1066,7 +1128,7 @@ fn check_kernel(
     }
     match rust_source::parse_with_comments(source) {
         Ok(file) => {
-            if let Some(job) = &m.team_job {
+            if let Some(job) = m.team_job.as_ref().filter(|job| !job.contains("::")) {
                 problems.extend(check_team_job(&file, job, rel_kernel, source));
             }
             problems.extend(check_against_interface(&file, &interface, rel_kernel, source));
@@ -1663,7 +1725,8 @@ mod tests {
         let problems = load_problems("attention_decode", both, "", &u16_kernel);
         assert!(problems[0].contains("keys: &[KV]"), "{problems:?}");
         // matmul's `{weights}` are parameters, `w: &[{W}]`: the same at f32 and bf16, whose
-        // kernel names `W`; int8's add scales, so one of its kernels is a folder of its own.
+        // kernel names `W`; int8's are a pair with the scales, so one of its kernels is a folder
+        // of its own.
         let matmul = "pub fn matmul<const N: usize, const K: usize>(out: &mut [f32], x: &[f32], w: &[W], rows: usize) {}\n";
         let f32_and = |other: &str| {
             format!(
@@ -1674,7 +1737,7 @@ mod tests {
         let problems = load_problems("matmul", &f32_and("int8"), "", matmul);
         assert!(
             problems.iter().any(|p| p.contains(
-                "`{weights}` differs between them: `w: &[W]` at `f32`, `w: &[W], scales: &[f32]` at `q8`"
+                "`{weights}` differs between them: `w: &[W]` at `f32`, `w: (&[W], &[f32])` at `q8`"
             )),
             "{problems:?}"
         );

@@ -650,7 +650,7 @@ fn chosen(
                 crate::rankings::measured_source_sha256(win, registry)
             ),
         }),
-        team_job: win.team_job.clone(),
+        team_job: win.team_job_path(interface),
         reason,
         basis,
     }

@@ -325,7 +325,7 @@ fn build_writes_only_changes_refuses_hand_edits_and_check_says_why() {
     let out = monogen(repo.path(), &["build", WORKLOAD]);
     assert!(out.status.success(), "{}", stderr(&out));
     let crate_dir = repo.path().join("generated/stories260k-cpu-f32");
-    assert!(stderr(&out).contains("32 created"), "{}", stderr(&out));
+    assert!(stderr(&out).contains("33 created"), "{}", stderr(&out));
     assert_eq!(monogen(repo.path(), &["check", "--all"]).status.code(), Some(0));
     std::fs::write(crate_dir.join("Cargo.lock"), "# user's lock\n").unwrap();
     std::fs::create_dir_all(crate_dir.join("target/debug")).unwrap();
@@ -346,7 +346,7 @@ fn build_writes_only_changes_refuses_hand_edits_and_check_says_why() {
     assert!(report.contains("fix: monogen build workloads/stories260k-cpu-f32.toml"), "{report}");
     let out = monogen(repo.path(), &["build", WORKLOAD]);
     assert!(out.status.success());
-    assert!(stderr(&out).contains("0 created, 3 updated, 0 removed, 29 unchanged"), "{}", stderr(&out));
+    assert!(stderr(&out).contains("0 created, 3 updated, 0 removed, 30 unchanged"), "{}", stderr(&out));
     assert_eq!(std::fs::read_to_string(crate_dir.join("Cargo.lock")).unwrap(), "# user's lock\n");
     assert_eq!(std::fs::read_to_string(crate_dir.join("target/debug/x")).unwrap(), "artifact");
 
@@ -582,14 +582,15 @@ fn assert_each_slip_refused(cases: &[(&str, &str, &str, &str, &str)]) {
     }
 }
 
-/// A kernel on the crate's thread team names its job type, a `pub(crate)` struct of its
-/// kernel.rs, and only such a kernel names one; each slip is refused with the reason.
+/// A kernel on the crate's thread team names its job type, a shared module's public type or a
+/// `pub(crate)` struct of its kernel.rs, and only such a kernel names one; each slip is refused
+/// with the reason.
 #[test]
 fn team_jobs_are_checked() {
-    let cases: [(&str, &str, &str, &str, &str); 4] = [
+    let cases: [(&str, &str, &str, &str, &str); 7] = [
         // On the team without naming the job.
         (
-            "matmul/avx512-threads",
+            "swiglu/avx512-threads",
             "manifest.toml",
             "team_job = \"Shared\"\n",
             "",
@@ -605,19 +606,43 @@ fn team_jobs_are_checked() {
         ),
         // A job that kernel.rs does not define.
         (
-            "matmul/avx512-threads",
+            "swiglu/avx512-threads",
             "manifest.toml",
             "team_job = \"Shared\"\n",
             "team_job = \"Product\"\n",
-            "team job `Product` is not a struct or type alias of implementations/matmul/avx512-threads/kernel.rs",
+            "team job `Product` is not a struct or type alias of implementations/swiglu/avx512-threads/kernel.rs",
         ),
         // A job that the crate's `TeamJob` could not hold.
         (
-            "matmul/avx512-threads",
+            "swiglu/avx512-threads",
             "kernel.rs",
-            "pub(crate) struct Shared(",
-            "struct Shared(",
+            "pub(crate) struct Shared {",
+            "struct Shared {",
             "team job `Shared` must be `pub(crate)`",
+        ),
+        // A shared module's type, of a module that the kernel does not use.
+        (
+            "matmul/avx512-threads",
+            "manifest.toml",
+            "team_job = \"avx512_matmul::Product<W>\"",
+            "team_job = \"avx512_packed::Packed\"",
+            "`team_job` names shared module `avx512_packed`, which `shared` does not list",
+        ),
+        // A type that the shared module does not define.
+        (
+            "matmul/avx512-threads",
+            "manifest.toml",
+            "team_job = \"avx512_matmul::Product<W>\"",
+            "team_job = \"avx512_matmul::Products<W>\"",
+            "shared module `avx512_matmul` has no public struct or type `Products`",
+        ),
+        // Not a type.
+        (
+            "matmul/avx512-threads",
+            "manifest.toml",
+            "team_job = \"avx512_matmul::Product<W>\"",
+            "team_job = \"avx512_matmul::Product<\"",
+            "`team_job = \"avx512_matmul::Product<\"` is not a type's path",
         ),
     ];
     assert_each_slip_refused(&cases);

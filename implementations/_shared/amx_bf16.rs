@@ -58,7 +58,7 @@ use std::marker::PhantomData;
 use std::ops::Range;
 
 use super::avx512_transpose::transpose;
-use super::team::Job;
+use super::job::{Extent, Job};
 
 /// Rows from which a call runs on the tiles.
 pub const AMX_ROWS: usize = 32;
@@ -619,19 +619,10 @@ impl<M: Mode> Amx<M> {
 }
 
 /// A product as the crate's team shares it, by blocks of [`GRANULE`] weight rows: each
-/// implementation names its `Amx<Mode>` as its `team_job` (`pub(crate) type Shared`), one mode
-/// per implementation.
+/// implementation names its `Amx<Mode>` as its `team_job`, one mode per implementation.
 impl<M: Mode> Job for Amx<M> {
-    fn n(&self) -> usize {
-        self.n
-    }
-
-    fn granule(&self) -> usize {
-        GRANULE
-    }
-
-    fn work(&self) -> usize {
-        self.rows * self.n * self.k
+    fn extent(&self) -> Extent {
+        Extent::product(self.rows, self.n, self.k, GRANULE)
     }
 
     unsafe fn columns(&self, cols: Range<usize>) {

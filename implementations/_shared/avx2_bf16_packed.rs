@@ -29,6 +29,7 @@ use std::arch::x86_64::*;
 use std::ops::Range;
 
 use super::avx2_transpose::transpose;
+use super::job::{Extent, Job};
 
 /// The f32 lanes of an AVX2 register.
 const LANES: usize = 8;
@@ -224,5 +225,17 @@ impl Packed {
                 }
             }
         }
+    }
+}
+
+/// A product as a team shares it, by blocks of [`BLOCK`] weight rows.
+impl Job for Packed {
+    fn extent(&self) -> Extent {
+        Extent::product(self.rows, self.n, self.k, BLOCK)
+    }
+
+    unsafe fn columns(&self, cols: Range<usize>) {
+        // SAFETY: the caller's contract, which `team::run` keeps.
+        unsafe { self.columns(cols) }
     }
 }

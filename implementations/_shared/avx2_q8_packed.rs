@@ -46,6 +46,7 @@ use std::ops::Range;
 use super::avx2_math::lane_mask;
 use super::avx2_q8::{BLOCK, quantize_row};
 use super::q8_packed::Layout;
+use super::job::{Extent, Job};
 
 /// Weight rows per group: the lanes of a vector of i32.
 pub const GROUP: usize = 8;
@@ -461,5 +462,17 @@ impl Dot for Vnni {
     unsafe fn finish(acc: __m256i, weight_sums: __m256i) -> __m256i {
         // SAFETY: the caller's CPU has AVX2.
         unsafe { _mm256_sub_epi32(acc, _mm256_slli_epi32::<7>(weight_sums)) }
+    }
+}
+
+/// A product as a team shares it, by groups of [`GROUP`] weight rows, with AVX2 alone (a kernel with AVX-VNNI hands the team its own job, which calls [`Q8Packed::columns_vnni`]).
+impl Job for Q8Packed {
+    fn extent(&self) -> Extent {
+        Extent::product(self.rows, self.n, self.k, GROUP)
+    }
+
+    unsafe fn columns(&self, cols: Range<usize>) {
+        // SAFETY: the caller's contract, which `team::run` keeps.
+        unsafe { self.columns(cols) }
     }
 }

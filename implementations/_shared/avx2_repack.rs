@@ -52,6 +52,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use super::avx2_math::{LANES, lane_mask};
 use super::avx2_team_matmul::{Product, Weight};
 use super::avx2_transpose::transpose;
+use super::job::{Extent, Job};
 
 /// Weight rows (output columns) per block: 2 vectors.
 const BLOCK: usize = 16;
@@ -338,5 +339,17 @@ impl<O: Operands> Repack<O> {
                 }
             }
         }
+    }
+}
+
+/// A product as a team shares it, by multiples of [`GRANULE`] weight rows.
+impl<W: Weight + 'static> Job for Repack<Product<W>> {
+    fn extent(&self) -> Extent {
+        Extent::product(self.operands.rows, self.operands.n, self.operands.k, GRANULE)
+    }
+
+    unsafe fn columns(&self, cols: Range<usize>) {
+        // SAFETY: the caller's contract, which `team::run` keeps.
+        unsafe { self.columns(cols) }
     }
 }

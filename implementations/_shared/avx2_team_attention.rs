@@ -61,6 +61,7 @@ use std::ops::Range;
 
 use super::avx2_math::{LANES, exp, hmax, hsum, lane_mask, sum8};
 use super::avx2_transpose::transpose;
+use super::job::{Extent, Job};
 
 /// Query rows that the blocked path of a prefill attends together: each load of a transposed
 /// key vector or of a value vector serves all of them.
@@ -1153,4 +1154,30 @@ fn load_bf16(src: &[u16], at: usize) -> __m256 {
         unsafe { _mm_loadu_si128(last.as_ptr().cast()) }
     };
     _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(bits)))
+}
+
+/// A prefill as a team shares it: by kv heads, each thread the query heads of its own.
+impl<C: Cached + 'static> Job for Attention<C> {
+    fn extent(&self) -> Extent {
+        Extent { columns: self.n_kv_heads(), granule: 1, work: self.work() }
+    }
+
+    unsafe fn columns(&self, cols: Range<usize>) {
+        // SAFETY: the caller's contract, which `team::run` keeps.
+        unsafe { self.kv_heads(cols) }
+    }
+}
+
+/// A decode step as a team shares it: by chunks of positions (`Decode::n`).
+impl<C: Cached + 'static> Job for Decode<C> {
+    fn extent(&self) -> Extent {
+        Extent { columns: self.n(), granule: 1, work: self.work() }
+    }
+
+    unsafe fn columns(&self, cols: Range<usize>) {
+        // SAFETY: the caller's contract, which `team::run` keeps.
+        for chunk in cols {
+            unsafe { self.chunk(chunk) }
+        }
+    }
 }

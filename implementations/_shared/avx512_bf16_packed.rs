@@ -31,6 +31,7 @@ use std::arch::x86_64::*;
 use std::ops::Range;
 
 use super::avx512_transpose::transpose;
+use super::job::{Extent, Job};
 
 /// The f32 lanes of an AVX-512 register.
 const LANES: usize = 16;
@@ -299,5 +300,17 @@ impl Packed {
                 unsafe { _mm512_mask_storeu_ps(self.out.add(r * self.n + col), mask, sums) };
             }
         }
+    }
+}
+
+/// A product as a team shares it, by blocks of [`BLOCK`] weight rows.
+impl Job for Packed {
+    fn extent(&self) -> Extent {
+        Extent::product(self.rows, self.n, self.k, BLOCK)
+    }
+
+    unsafe fn columns(&self, cols: Range<usize>) {
+        // SAFETY: the caller's contract, which `team::run` keeps.
+        unsafe { self.columns(cols) }
     }
 }

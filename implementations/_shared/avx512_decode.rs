@@ -40,6 +40,7 @@ use std::ops::Range;
 
 use super::avx512_kv::KvElement;
 use super::avx512_math::exp;
+use super::job::{Extent, Job};
 
 /// f32 lanes of an AVX-512 register.
 const LANES: usize = 16;
@@ -432,4 +433,16 @@ fn prefetch_rows<E>(cache: &[E], first: usize, kv_dim: usize, span: Range<usize>
 #[inline]
 fn span_mask(remaining: usize) -> __mmask16 {
     if remaining >= LANES { u16::MAX } else { (1u16 << remaining) - 1 }
+}
+
+/// A decode step as a team shares it: by kv heads, each thread the query heads of its own.
+impl<E: KvElement> Job for Decode<E> {
+    fn extent(&self) -> Extent {
+        Extent { columns: self.n_kv_heads(), granule: 1, work: self.work() }
+    }
+
+    unsafe fn columns(&self, cols: Range<usize>) {
+        // SAFETY: the caller's contract, which `team::run` keeps.
+        unsafe { self.kv_heads(cols) }
+    }
 }

@@ -42,6 +42,7 @@ use std::ops::Range;
 use super::avx512_kv::KvElement;
 use super::avx512_math::exp;
 use super::avx512_transpose::transpose;
+use super::job::{Extent, Job};
 
 /// The f32 lanes of an AVX-512 register.
 const LANES: usize = 16;
@@ -404,4 +405,16 @@ struct Head {
 /// A mask of the first `n` (≤ 16) lanes.
 fn lanes(n: usize) -> __mmask16 {
     if n >= LANES { u16::MAX } else { (1u16 << n) - 1 }
+}
+
+/// A prefill as a team shares it: by kv heads, each thread the query heads of its own.
+impl<E: KvElement> Job for Flash<E> {
+    fn extent(&self) -> Extent {
+        Extent { columns: self.n_kv_heads(), granule: 1, work: self.work() }
+    }
+
+    unsafe fn columns(&self, cols: Range<usize>) {
+        // SAFETY: the caller's contract, which `team::run` keeps.
+        unsafe { self.kv_heads(cols) }
+    }
 }

@@ -44,6 +44,7 @@
 use std::arch::x86_64::*;
 use std::cell::RefCell;
 use std::ops::Range;
+use super::job::{Extent, Job};
 
 /// The f32 lanes of an AVX-512 register.
 const LANES: usize = 16;
@@ -675,4 +676,16 @@ fn sum16(v: [__m512; LANES]) -> __m512 {
         _mm512_shuffle_f32x4::<ODD>(quads[2], quads[3]),
     );
     _mm512_add_ps(_mm512_shuffle_f32x4::<EVEN>(q01, q23), _mm512_shuffle_f32x4::<ODD>(q01, q23))
+}
+
+/// A product as a team shares it, by weight rows.
+impl<W: Weight> Job for Product<W> {
+    fn extent(&self) -> Extent {
+        Extent::product(self.rows, self.n, self.k, 8)
+    }
+
+    unsafe fn columns(&self, cols: Range<usize>) {
+        // SAFETY: the caller's contract, which `team::run` keeps.
+        unsafe { self.columns(cols) }
+    }
 }

@@ -29,6 +29,7 @@
 
 use std::arch::x86_64::*;
 use std::ops::Range;
+use super::job::{Extent, Job};
 
 /// The f32 lanes of an AVX-512 register.
 const LANES: usize = 16;
@@ -312,4 +313,16 @@ struct Fetch {
 impl Fetch {
     /// Nothing to ask for.
     const NONE: Fetch = Fetch { first: std::ptr::null(), lines: 0..0, near: false };
+}
+
+/// A product as a team shares it, by blocks of [`BLOCK`] weight rows.
+impl Job for Packed {
+    fn extent(&self) -> Extent {
+        Extent::product(self.rows, self.n, self.k, BLOCK)
+    }
+
+    unsafe fn columns(&self, cols: Range<usize>) {
+        // SAFETY: the caller's contract, which `team::run` keeps.
+        unsafe { self.columns(cols) }
+    }
 }

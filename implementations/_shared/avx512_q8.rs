@@ -34,6 +34,7 @@
 use std::arch::x86_64::*;
 use std::cell::RefCell;
 use std::ops::Range;
+use super::job::{Extent, Job};
 
 /// Values of K that share one scale.
 pub const BLOCK: usize = 32;
@@ -486,4 +487,16 @@ pub fn quantize_row(x: &[f32], q: &mut [i8], d: &mut [f32]) {
 /// A mask of the first `len` (≤ 16) lanes.
 fn mask16(len: usize) -> __mmask16 {
     if len >= 16 { u16::MAX } else { (1u16 << len) - 1 }
+}
+
+/// A product as a team shares it, by weight rows.
+impl Job for Q8Product {
+    fn extent(&self) -> Extent {
+        Extent::product(self.rows, self.n, self.k, 8)
+    }
+
+    unsafe fn columns(&self, cols: Range<usize>) {
+        // SAFETY: the caller's contract, which `team::run` keeps.
+        unsafe { self.columns(cols) }
+    }
 }

@@ -35,6 +35,7 @@ use std::ops::Range;
 
 use super::avx512_q8::{BLOCK, STEP, quantize_row};
 use super::q8_packed::Layout;
+use super::job::{Extent, Job};
 
 /// Weight rows per group: the lanes of a vector of i32.
 pub const GROUP: usize = 16;
@@ -306,5 +307,17 @@ impl Q8Packed {
                 _mm512_mask_storeu_ps(self.out.add((first + i) * self.n + g * GROUP), mask, sums[i]);
             }
         }
+    }
+}
+
+/// A product as a team shares it, by groups of [`GROUP`] weight rows.
+impl Job for Q8Packed {
+    fn extent(&self) -> Extent {
+        Extent::product(self.rows, self.n, self.k, GROUP)
+    }
+
+    unsafe fn columns(&self, cols: Range<usize>) {
+        // SAFETY: the caller's contract, which `team::run` keeps.
+        unsafe { self.columns(cols) }
     }
 }

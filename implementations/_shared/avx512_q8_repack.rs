@@ -36,6 +36,7 @@ use std::ops::Range;
 
 use super::avx512_q8::{BLOCK, Q8Product, STEP, quantize_row};
 use super::avx512_transpose::transpose;
+use super::job::{Extent, Job};
 
 /// The 32-bit lanes of an AVX-512 register.
 const LANES: usize = 16;
@@ -307,4 +308,16 @@ struct Packed {
     weights: *mut __m512i,
     scales: *mut __m512,
     corrections: *mut __m512i,
+}
+
+/// A product as a team shares it, by multiples of [`GRANULE`] weight rows.
+impl Job for Q8Repack {
+    fn extent(&self) -> Extent {
+        Extent::product(self.product.rows, self.product.n, self.product.k, GRANULE)
+    }
+
+    unsafe fn columns(&self, cols: Range<usize>) {
+        // SAFETY: the caller's contract, which `team::run` keeps.
+        unsafe { self.columns(cols) }
+    }
 }

@@ -35,6 +35,7 @@ use std::ops::Range;
 
 use super::avx512_matmul::{Product, Weight};
 use super::avx512_transpose::transpose;
+use super::job::{Extent, Job};
 
 /// The f32 lanes of an AVX-512 register.
 const LANES: usize = 16;
@@ -238,5 +239,17 @@ impl<W: Weight> Repack<W> {
                 unsafe { _mm512_mask_storeu_ps(p.out.add((r + i) * p.n + col), mask, acc[i][v]) };
             }
         }
+    }
+}
+
+/// A product as a team shares it, by multiples of [`GRANULE`] weight rows.
+impl<W: Weight> Job for Repack<W> {
+    fn extent(&self) -> Extent {
+        Extent::product(self.0.rows, self.0.n, self.0.k, GRANULE)
+    }
+
+    unsafe fn columns(&self, cols: Range<usize>) {
+        // SAFETY: the caller's contract, which `team::run` keeps.
+        unsafe { self.columns(cols) }
     }
 }

@@ -13,6 +13,7 @@
 #![allow(dead_code)]
 
 use std::ops::Range;
+use super::job::{Extent, Job};
 
 /// How a cache writes the f32 values it is given into its elements.
 pub trait Write: Copy + Send + Sync + 'static {
@@ -101,5 +102,17 @@ impl<W: Write> Split<W> {
                 self.how.write(dst, src);
             }
         }
+    }
+}
+
+/// A cache write as a team shares it, by heads.
+impl<W: Write> Job for Split<W> {
+    fn extent(&self) -> Extent {
+        Extent { columns: self.n(), granule: 1, work: self.work() }
+    }
+
+    unsafe fn columns(&self, cols: Range<usize>) {
+        // SAFETY: the caller's contract, which `team::run` keeps.
+        unsafe { self.columns(cols) }
     }
 }

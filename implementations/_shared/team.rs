@@ -11,9 +11,10 @@
 //! baked thread count, and nothing is decided at run time but whether the call is large enough
 //! to share.
 //!
-//! The crate has one team, whatever kernels use it: each such kernel wraps its work in a
-//! [`Job`] type of its own, and the crate's `kernels::TeamJob` enum (which monogen writes,
-//! one variant per kernel) is what the workers run. So the matrix products and the attention
+//! The crate has one team, whatever kernels use it: each such kernel hands it a [`Job`]
+//! (`job.rs`; most are the work types of shared modules, which a kernel's manifest names as its
+//! `team_job`), and the crate's `kernels::TeamJob` enum (which monogen writes, one variant per
+//! job type) is what the workers run. So the matrix products and the attention
 //! of a forward pass take turns on the same two cores instead of bringing two sets of spinning
 //! workers onto them.
 //!
@@ -30,6 +31,7 @@ use std::sync::atomic::Ordering::{Acquire, Relaxed, Release, SeqCst};
 use std::sync::{Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
+pub use super::job::{Extent, Job};
 use crate::kernels::TeamJob;
 
 /// Work (multiply-adds, or as many of a kernel's steps) below which a call stays on the calling
@@ -38,28 +40,6 @@ const MIN_SHARED_WORK: usize = 1 << 16;
 
 /// How long an idle worker spins before it sleeps.
 const SPIN: Duration = Duration::from_micros(200);
-
-/// Work that the team can share: its operands, and the work of a range of its columns.
-pub trait Job: Copy + Send + 'static {
-    /// The columns of the work (a product's weight rows, an attention's kv heads).
-    fn n(&self) -> usize;
-
-    /// The multiple of columns a share starts at (all but the last share are whole multiples
-    /// of it).
-    fn granule(&self) -> usize {
-        8
-    }
-
-    /// The size of the whole call, in multiply-adds or steps of similar cost.
-    fn work(&self) -> usize;
-
-    /// Computes the columns `cols` of the output.
-    ///
-    /// # Safety
-    ///
-    /// As the job's type requires; the team calls it on disjoint ranges at once.
-    unsafe fn columns(&self, cols: Range<usize>);
-}
 
 /// The workers, and the job they share.
 struct Team {
@@ -107,8 +87,9 @@ where
 {
     let team = &TEAM;
     let threads = crate::THREADS;
-    let n = job.n();
-    let shared = threads > 1 && job.work() >= MIN_SHARED_WORK && !team.busy.swap(true, Acquire);
+    let extent = job.extent();
+    let n = extent.columns;
+    let shared = threads > 1 && extent.work >= MIN_SHARED_WORK && !team.busy.swap(true, Acquire);
     if !shared {
         // SAFETY: the caller's contract.
         unsafe { job.columns(0..n) };
@@ -132,7 +113,7 @@ where
     // would free them first.
     let abort = AbortOnUnwind;
     // SAFETY: the caller's contract; the shares are disjoint column ranges.
-    unsafe { job.columns(share(0, n, job.granule())) };
+    unsafe { job.columns(share(0, n, extent.granule)) };
     let mut spins = 0u32;
     while team.finished.load(Acquire) < threads - 1 {
         spins = spins.saturating_add(1);
@@ -184,8 +165,9 @@ fn work(index: usize) {
         // `next_generation`), and the job stays unchanged until this worker reports.
         let job = unsafe { *team.job.get() }.expect("a job is published before its generation");
         let abort = AbortOnUnwind;
+        let extent = job.extent();
         // SAFETY: the publisher's contract, and the workers' shares are disjoint.
-        unsafe { job.columns(share(index, job.n(), job.granule())) };
+        unsafe { job.columns(share(index, extent.columns, extent.granule)) };
         drop(abort);
         team.finished.fetch_add(1, Release);
     }

@@ -119,7 +119,7 @@ impl TensorFile {
         let unpacked = unpacked?;
         let packed: [Vec<i8>; M] = std::array::from_fn(|i| {
             let [rows, cols] = matrices[i].1;
-            crate::kernels::matmul::pack(unpacked[i].values(), unpacked[i].scales(), rows, cols)
+            crate::kernels::matmul::pack((unpacked[i].values(), unpacked[i].scales()), rows, cols)
         });
         // The quantized matrices point into these pages: both go together.
         drop((unpacked, quantized));

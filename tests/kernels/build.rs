@@ -113,7 +113,8 @@ struct Implementation {
     /// The shared module's function (`module::function`) that gives the length of what `pack`
     /// returns.
     packed_len: Option<String>,
-    /// The type in which it hands work to the thread team (`shared/team.rs`).
+    /// The type in which it hands work to the thread team (`shared/team.rs`), as a path from
+    /// `kernels` (`manifest::team_job_path`).
     team_job: Option<String>,
 }
 
@@ -253,15 +254,21 @@ fn read_implementations(
                 let mut label = format!("{interface}/{}", manifest.name);
                 let mut kernel = kernel.clone();
                 let mut cpu_features = manifest.constraints.cpu_features.clone();
-                if let (true, Some((name, _, types))) = (manifest.elements.several(), element) {
+                let mut types = BTreeMap::new();
+                if let (true, Some((name, _, element_types))) = (manifest.elements.several(), element) {
+                    types = element_types.clone();
                     module = format!("{module}__{name}");
                     label = format!("{label} at {name}");
                     let source = fs::read_to_string(&kernel).expect("kernel.rs reads");
                     kernel = out_dir.join("kernels").join(format!("{module}.rs"));
-                    write(&kernel, &manifest::kernel_at_element(&source, name, types));
+                    write(&kernel, &manifest::kernel_at_element(&source, name, &types));
                     let extra = manifest.constraints.element_cpu_features.get(name);
                     cpu_features.extend(extra.into_iter().flatten().cloned());
                 }
+                let team_job = manifest
+                    .team_job
+                    .as_ref()
+                    .map(|job| manifest::team_job_path(job, &module, &manifest.shared, &types));
                 implementations.push(Implementation {
                     module,
                     label,
@@ -274,7 +281,7 @@ fn read_implementations(
                     shared: manifest.shared.clone(),
                     packs_weights: manifest.packs_weights,
                     packed_len: manifest.packed_len.clone(),
-                    team_job: manifest.team_job.clone(),
+                    team_job,
                 });
             }
         }
@@ -328,9 +335,9 @@ fn kernels_module(implementations: &[Implementation], shared_modules: &BTreeMap<
         // A packing int8 kernel holds the scales among its bytes, and reads no `scales`.
         (
             "matmul_q8",
-            "w: &[i8], scales: &[f32]",
+            "(w, scales): (&[i8], &[f32])",
             "(Vec<i8>, Vec<f32>)",
-            "w, scales",
+            "(w, scales)",
             "(packed, Vec::new())",
             "(w.to_vec(), scales.to_vec())",
         ),
@@ -377,8 +384,14 @@ fn users_arches(implementations: &[Implementation], module: &str) -> Option<Vec<
 /// `kernels::TeamJob`, as monogen writes it into a crate, over every implementation that hands
 /// work to the thread team: the team's workers run it.
 fn team_job_enum(implementations: &[Implementation]) -> String {
-    let jobs: Vec<(&Implementation, &str)> =
-        implementations.iter().filter_map(|i| Some((i, i.team_job.as_deref()?))).collect();
+    // Kernels that hand the team the same type (a shared module's work at one element type)
+    // share its variant, as in a generated crate.
+    let mut seen = BTreeSet::new();
+    let jobs: Vec<(&Implementation, &str)> = implementations
+        .iter()
+        .filter_map(|i| Some((i, i.team_job.as_deref()?)))
+        .filter(|(_, job)| seen.insert(*job))
+        .collect();
     if jobs.is_empty() {
         return String::new();
     }
@@ -399,7 +412,7 @@ fn team_job_enum(implementations: &[Implementation]) -> String {
         if let Some(cfg) = imp.arch_cfg() {
             writeln!(out, "        {cfg}").unwrap();
         }
-        writeln!(out, "        {}({}::{job}),", imp.module, imp.module).unwrap();
+        writeln!(out, "        {}({job}),", imp.module).unwrap();
     }
     out.push_str("    }\n");
     for (imp, job) in &jobs {
@@ -408,7 +421,7 @@ fn team_job_enum(implementations: &[Implementation]) -> String {
         }
         writeln!(
             out,
-            "    impl From<{m}::{job}> for TeamJob {{ fn from(job: {m}::{job}) -> TeamJob {{ TeamJob::{m}(job) }} }}",
+            "    impl From<{job}> for TeamJob {{ fn from(job: {job}) -> TeamJob {{ TeamJob::{m}(job) }} }}",
             m = imp.module
         )
         .unwrap();
@@ -416,9 +429,7 @@ fn team_job_enum(implementations: &[Implementation]) -> String {
     writeln!(out, "    {module_cfg}").unwrap();
     out.push_str("    impl shared::team::Job for TeamJob {\n");
     for (method, body) in [
-        ("fn n(&self) -> usize", "job.n()"),
-        ("fn granule(&self) -> usize", "job.granule()"),
-        ("fn work(&self) -> usize", "job.work()"),
+        ("fn extent(&self) -> shared::team::Extent", "job.extent()"),
         ("unsafe fn columns(&self, cols: std::ops::Range<usize>)", "unsafe { job.columns(cols) }"),
     ] {
         writeln!(out, "        {method} {{\n            match self {{").unwrap();

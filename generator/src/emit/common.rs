@@ -2,7 +2,7 @@
 //! the kernels module, and literal helpers.
 
 use proc_macro2::{Literal, Span, TokenStream};
-use quote::{format_ident, quote};
+use quote::{ToTokens, format_ident, quote};
 
 use crate::Error;
 use crate::plan::Plan;
@@ -140,7 +140,7 @@ impl Matrices {
 
     /// The statement `out = x · wᵀ` over `rows` rows, for `[n, k]` weights `w`, with the
     /// crate's matmul (`kernels::matmul::matmul`, whose weights are one slice at every element
-    /// type but int8, which adds the scales).
+    /// type but int8, whose are a pair of the values and their scales).
     pub fn matmul_call(
         self,
         [n, k]: [&str; 2],
@@ -155,7 +155,7 @@ impl Matrices {
                 quote!(matmul::<#n, #k>(#out, #x, &#w, #rows);)
             }
             Matrices::Q8 | Matrices::Q8Packed => {
-                quote!(matmul::<#n, #k>(#out, #x, #w.values(), #w.scales(), #rows);)
+                quote!(matmul::<#n, #k>(#out, #x, (#w.values(), #w.scales()), #rows);)
             }
         }
     }
@@ -361,11 +361,7 @@ pub fn kernels_mod_rs(plan: &Plan) -> TokenStream {
     let jobs: Vec<TeamJob> = plan
         .interfaces
         .iter()
-        .filter_map(|i| {
-            let job = i.chosen.team_job.as_ref()?;
-            let (module, job) = (format_ident!("{}", i.interface), format_ident!("{job}"));
-            Some(TeamJob { variant: camel_ident(&i.interface), path: quote!(#module::#job) })
-        })
+        .filter_map(|i| TeamJob::new(camel_ident(&i.interface), i.chosen.team_job.as_ref()?))
         .collect();
     let team_job = team_job_enum(&jobs);
     let shared = (!plan.shared_modules.is_empty()).then(|| {
@@ -418,6 +414,15 @@ pub struct TeamJob {
     pub path: TokenStream,
 }
 
+impl TeamJob {
+    /// The job type at `path` (from the kernels module: `shared::avx512_matmul::Product<u16>`,
+    /// as the registry checked it parses), held by variant `variant`.
+    pub fn new(variant: proc_macro2::Ident, path: &str) -> Option<TeamJob> {
+        let path: syn::Type = syn::parse_str(path).ok()?;
+        Some(TeamJob { variant, path: path.into_token_stream() })
+    }
+}
+
 /// `UpperCamelCase` of a snake- or kebab-case name, as an identifier.
 pub fn camel_ident(name: &str) -> proc_macro2::Ident {
     let camel: String = name
@@ -432,12 +437,16 @@ pub fn camel_ident(name: &str) -> proc_macro2::Ident {
 }
 
 /// `TeamJob`, the work that the crate's thread team (`shared/team.rs`) runs: one variant per
-/// kernel that hands work to it, each delegating to the kernel's own job type. Nothing when no
-/// kernel uses the team.
+/// job type that kernels hand to it, each delegating to that type. Nothing when no kernel uses
+/// the team.
 pub fn team_job_enum(jobs: &[TeamJob]) -> Option<TokenStream> {
     if jobs.is_empty() {
         return None;
     }
+    // Kernels that hand the team the same type (a shared module's work, at one element type)
+    // share its variant: a type converts into the enum one way.
+    let mut seen = std::collections::BTreeSet::new();
+    let jobs: Vec<&TeamJob> = jobs.iter().filter(|j| seen.insert(j.path.to_string())).collect();
     let variants: Vec<_> = jobs.iter().map(|j| &j.variant).collect();
     let paths: Vec<_> = jobs.iter().map(|j| &j.path).collect();
     Some(quote! {
@@ -458,21 +467,9 @@ pub fn team_job_enum(jobs: &[TeamJob]) -> Option<TokenStream> {
         )*
 
         impl shared::team::Job for TeamJob {
-            fn n(&self) -> usize {
+            fn extent(&self) -> shared::team::Extent {
                 match self {
-                    #(TeamJob::#variants(job) => job.n(),)*
-                }
-            }
-
-            fn granule(&self) -> usize {
-                match self {
-                    #(TeamJob::#variants(job) => job.granule(),)*
-                }
-            }
-
-            fn work(&self) -> usize {
-                match self {
-                    #(TeamJob::#variants(job) => job.work(),)*
+                    #(TeamJob::#variants(job) => job.extent(),)*
                 }
             }
 

@@ -107,9 +107,8 @@ pub fn emit(plan: &Plan, registry: &Registry, templates: &Templates) -> Result<(
     let jobs: Vec<super::common::TeamJob> = included
         .values()
         .filter_map(|imp| {
-            let job = format_ident!("{}", imp.team_job.as_ref()?);
-            let module = module_ident(imp);
-            Some(super::common::TeamJob { variant: type_ident(imp), path: quote!(#module::#job) })
+            let path = imp.team_job_path(&module_ident(imp).to_string())?;
+            super::common::TeamJob::new(type_ident(imp), &path)
         })
         .collect();
     let team_job = super::common::team_job_enum(&jobs);
@@ -412,7 +411,7 @@ fn matmul_impl(imp: &Implementation, ty: &proc_macro2::Ident, m: &proc_macro2::I
                 quote! {
                     // Packed by the kernel, scales included, as the crate packs them at load
                     // (timed), and no scales apart.
-                    (storage.place_packed(|| kernels::#m::pack(&values, &scales, n, k)), storage.place(&[]))
+                    (storage.place_packed(|| kernels::#m::pack((&values, &scales), n, k)), storage.place(&[]))
                 }
             } else {
                 quote! { (storage.place(&values), storage.place(&scales)) }
@@ -448,7 +447,7 @@ fn matmul_impl(imp: &Implementation, ty: &proc_macro2::Ident, m: &proc_macro2::I
                     w: &(harness::Placed<i8>, harness::Placed<f32>),
                     rows: usize,
                 ) {
-                    kernels::#m::matmul::<N, K>(out, x, &w.0, &w.1, rows)
+                    kernels::#m::matmul::<N, K>(out, x, (&w.0, &w.1), rows)
                 }
             }
             }

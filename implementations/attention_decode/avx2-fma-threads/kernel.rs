@@ -5,10 +5,8 @@
 //! calling thread taking the first, so that every thread streams one contiguous piece of the cache,
 //! whole rows of it; the calling thread then merges the chunks' softmax parts (`Decode`).
 
-use std::ops::Range;
-
 use super::shared::avx2_team_attention::Decode;
-use super::shared::team::{self, Job};
+use super::shared::team;
 
 /// Attention of the query `q` of the newest position over all `len` cached positions.
 ///
@@ -36,33 +34,7 @@ pub fn attention_decode<const N_HEADS: usize, const N_KV_HEADS: usize, const HEA
     // `team::run` computes each chunk once, on one thread, before it returns.
     unsafe {
         Decode::attend::<N_HEADS, N_KV_HEADS, HEAD_DIM>(out, q, keys, values, crate::THREADS, |decode| {
-            team::run(Shared(decode))
+            team::run(decode)
         })
-    }
-}
-
-/// A call of this implementation, as the crate's team shares it: by chunks of positions.
-#[derive(Clone, Copy)]
-pub(crate) struct Shared(Decode<KV>);
-
-impl Job for Shared {
-    fn n(&self) -> usize {
-        self.0.n()
-    }
-
-    fn granule(&self) -> usize {
-        1
-    }
-
-    fn work(&self) -> usize {
-        self.0.work()
-    }
-
-    unsafe fn columns(&self, cols: Range<usize>) {
-        for chunk in cols {
-            // SAFETY: the caller's contract, which `run` keeps (each chunk on one thread); the
-            // kernel enters only on a CPU with AVX2 and FMA.
-            unsafe { self.0.chunk(chunk) }
-        }
     }
 }

@@ -6,10 +6,8 @@
 //! taking the first. Each thread reads its heads' piece of every cache row, so the cache
 //! streams at the read bandwidth of all the threads instead of one.
 
-use std::ops::Range;
-
 use super::shared::avx512_decode::Decode;
-use super::shared::team::{self, Job};
+use super::shared::team;
 
 /// Attends each query head of `q` to every cached position; see `shared/avx512_decode.rs`.
 ///
@@ -30,28 +28,5 @@ pub fn attention_decode<const N_HEADS: usize, const N_KV_HEADS: usize, const HEA
     // for a bfloat16 cache); `Decode::new`
     // checked the slices, which stay borrowed until every share is done, and the team gives
     // each thread its own kv heads.
-    unsafe { team::run(Shared(decode)) }
-}
-
-/// A call of this implementation, as the crate's team shares it: by kv heads.
-#[derive(Clone, Copy)]
-pub(crate) struct Shared(Decode<KV>);
-
-impl Job for Shared {
-    fn n(&self) -> usize {
-        self.0.n_kv_heads()
-    }
-
-    fn granule(&self) -> usize {
-        1
-    }
-
-    fn work(&self) -> usize {
-        self.0.work()
-    }
-
-    unsafe fn columns(&self, cols: Range<usize>) {
-        // SAFETY: the caller's contract, which `run` keeps.
-        unsafe { self.0.kv_heads(cols) }
-    }
+    unsafe { team::run(decode) }
 }

@@ -7,10 +7,8 @@
 //! runs on the calling thread while the team's workers wait for the next product, every
 //! thread attends its own heads.
 
-use std::ops::Range;
-
 use super::shared::avx2_team_attention::Attention;
-use super::shared::team::{self, Job};
+use super::shared::team;
 
 /// Causal attention of the `rows` queries of `q` (positions `start..start + rows`) over the
 /// cache.
@@ -33,29 +31,5 @@ pub fn attention_prefill<const N_HEADS: usize, const N_KV_HEADS: usize, const HE
     // SAFETY: the generated crate checks at start-up that the CPU has AVX2 and FMA;
     // `Attention::new` checked the slices, which stay borrowed until every share is done, and
     // the team gives each thread its own kv heads (and so its own query heads of `out`).
-    unsafe { team::run(Shared(attention)) }
-}
-
-/// A call of this implementation, as the crate's team shares it: by kv heads.
-#[derive(Clone, Copy)]
-pub(crate) struct Shared(Attention<KV>);
-
-impl Job for Shared {
-    fn n(&self) -> usize {
-        self.0.n_kv_heads()
-    }
-
-    fn granule(&self) -> usize {
-        1
-    }
-
-    fn work(&self) -> usize {
-        self.0.work()
-    }
-
-    unsafe fn columns(&self, cols: Range<usize>) {
-        // SAFETY: the caller's contract, which `run` keeps; the kernel enters only on a CPU
-        // with AVX2 and FMA.
-        unsafe { self.0.kv_heads(cols) }
-    }
+    unsafe { team::run(attention) }
 }

@@ -5,10 +5,8 @@
 //! taking the first; each thread transposes the keys of its own kv heads (and widens a
 //! bfloat16 cache's keys and values to f32 as it does, by `shared/avx512_kv.rs`).
 
-use std::ops::Range;
-
 use super::shared::avx512_flash::Flash;
-use super::shared::team::{self, Job};
+use super::shared::team;
 
 /// Causal attention of the queries of positions `start..start + rows` over the cache; see
 /// `shared/avx512_flash.rs`.
@@ -33,30 +31,7 @@ pub fn attention_prefill<const N_HEADS: usize, const N_KV_HEADS: usize, const HE
     // each thread its own kv heads.
     unsafe {
         Flash::prepared(out, q, keys, values, (N_HEADS, N_KV_HEADS, HEAD_DIM), start, rows, |flash| {
-            team::run(Shared(*flash))
+            team::run(*flash)
         })
-    }
-}
-
-/// A call of this implementation, as the crate's team shares it: by kv heads.
-#[derive(Clone, Copy)]
-pub(crate) struct Shared(Flash<KV>);
-
-impl Job for Shared {
-    fn n(&self) -> usize {
-        self.0.n_kv_heads()
-    }
-
-    fn granule(&self) -> usize {
-        1
-    }
-
-    fn work(&self) -> usize {
-        self.0.work()
-    }
-
-    unsafe fn columns(&self, cols: Range<usize>) {
-        // SAFETY: the caller's contract, which `run` keeps.
-        unsafe { self.0.kv_heads(cols) }
     }
 }

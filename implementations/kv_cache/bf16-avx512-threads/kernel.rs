@@ -3,11 +3,9 @@
 //! `shared/avx512_bf16_round.rs`), whose `store` of several positions the crate's team shares:
 //! the keys on one thread, the values on another (`shared/kv_split.rs` says why).
 
-use std::ops::Range;
-
 use super::shared::avx512_bf16_round::round_into;
 use super::shared::kv_split::{Split, Write};
-use super::shared::team::{self, Job};
+use super::shared::team;
 
 /// The keys and values of one layer for up to `MAX_SEQ` positions, as bfloat16 bits.
 pub struct KvCache<const MAX_SEQ: usize, const KV_DIM: usize> {
@@ -38,7 +36,7 @@ impl<const MAX_SEQ: usize, const KV_DIM: usize> KvCache<MAX_SEQ, KV_DIM> {
         // SAFETY: the generated crate checks at start-up that the CPU has AVX-512F; the slices
         // stay borrowed until every share is done, and the team gives the keys and the values
         // to one thread each.
-        unsafe { team::run(Shared(split)) }
+        unsafe { team::run(split) }
     }
 
     /// The keys of the first `len` positions, `[len, KV_DIM]` bfloat16 bits.
@@ -71,28 +69,5 @@ impl Write for RoundBf16 {
     unsafe fn write(self, dst: &mut [u16], src: &[f32]) {
         // SAFETY: the caller's contract: the CPU has AVX-512F.
         unsafe { round_into(dst, src) }
-    }
-}
-
-/// A store of this implementation, as the crate's team shares it.
-#[derive(Clone, Copy)]
-pub(crate) struct Shared(Split<RoundBf16>);
-
-impl Job for Shared {
-    fn n(&self) -> usize {
-        self.0.n()
-    }
-
-    fn granule(&self) -> usize {
-        1
-    }
-
-    fn work(&self) -> usize {
-        self.0.work()
-    }
-
-    unsafe fn columns(&self, cols: Range<usize>) {
-        // SAFETY: the caller's contract, which `run` keeps.
-        unsafe { self.0.columns(cols) }
     }
 }

@@ -2,10 +2,8 @@
 //! buffers of `[MAX_SEQ, KV_DIM]`), whose `store` of several positions the crate's team shares:
 //! the keys on one thread, the values on another (`shared/kv_split.rs` says why).
 
-use std::ops::Range;
-
 use super::shared::kv_split::{AsIs, Split};
-use super::shared::team::{self, Job};
+use super::shared::team;
 
 /// The keys and values of one layer for up to `MAX_SEQ` positions.
 pub struct KvCache<const MAX_SEQ: usize, const KV_DIM: usize> {
@@ -35,7 +33,7 @@ impl<const MAX_SEQ: usize, const KV_DIM: usize> KvCache<MAX_SEQ, KV_DIM> {
         let split = Split::new(AsIs, &mut self.keys[from..to], &mut self.values[from..to], k, v);
         // SAFETY: the slices stay borrowed until every share is done, and the team gives the
         // keys and the values to one thread each.
-        unsafe { team::run(Shared(split)) }
+        unsafe { team::run(split) }
     }
 
     /// The keys of the first `len` positions, `[len, KV_DIM]`.
@@ -54,28 +52,5 @@ impl<const MAX_SEQ: usize, const KV_DIM: usize> KvCache<MAX_SEQ, KV_DIM> {
 impl<const MAX_SEQ: usize, const KV_DIM: usize> Default for KvCache<MAX_SEQ, KV_DIM> {
     fn default() -> Self {
         Self::new()
-    }
-}
-
-/// A store of this implementation, as the crate's team shares it.
-#[derive(Clone, Copy)]
-pub(crate) struct Shared(Split<AsIs>);
-
-impl Job for Shared {
-    fn n(&self) -> usize {
-        self.0.n()
-    }
-
-    fn granule(&self) -> usize {
-        1
-    }
-
-    fn work(&self) -> usize {
-        self.0.work()
-    }
-
-    unsafe fn columns(&self, cols: Range<usize>) {
-        // SAFETY: the caller's contract, which `run` keeps.
-        unsafe { self.0.columns(cols) }
     }
 }

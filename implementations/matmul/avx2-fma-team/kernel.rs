@@ -8,12 +8,11 @@
 //! it starts for each call, a decode step's single row is shared too (each thread streams its part
 //! of the weights), and no call starts a thread.
 
-use std::ops::Range;
 use std::sync::atomic::AtomicUsize;
 
-use super::shared::avx2_repack::{GRANULE, Repack};
+use super::shared::avx2_repack::Repack;
 use super::shared::avx2_team_matmul::Product;
-use super::shared::team::{self, Job};
+use super::shared::team;
 
 /// Computes `out[r, n] = Σₖ x[r, k] · f32(w[n, k])` for `rows` rows.
 ///
@@ -25,29 +24,5 @@ pub fn matmul<const N: usize, const K: usize>(out: &mut [f32], x: &[f32], w: &[W
     let blocks = AtomicUsize::new(0);
     // SAFETY: the generated crate checks at start-up that the CPU has AVX2 and FMA;
     // `Product::new` checked the slices, and `out` stays borrowed until every share is done.
-    unsafe { team::run(Shared(Repack::new(product, &blocks))) }
-}
-
-/// A product of this implementation, as the crate's team shares it.
-#[derive(Clone, Copy)]
-pub(crate) struct Shared(Repack<Product<W>>);
-
-impl Job for Shared {
-    fn n(&self) -> usize {
-        self.0.operands.n
-    }
-
-    fn granule(&self) -> usize {
-        GRANULE
-    }
-
-    fn work(&self) -> usize {
-        self.0.operands.rows * self.0.operands.n * self.0.operands.k
-    }
-
-    unsafe fn columns(&self, cols: Range<usize>) {
-        // SAFETY: the caller's contract, which `run` keeps; `matmul` enters only on a CPU
-        // with AVX2 and FMA.
-        unsafe { self.0.columns(cols) }
-    }
+    unsafe { team::run(Repack::new(product, &blocks)) }
 }

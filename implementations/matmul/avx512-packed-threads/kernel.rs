@@ -3,10 +3,8 @@
 //! cut into `THREADS` shares that the persistent team of `shared/team.rs` computes,
 //! the calling thread taking the first. Each thread streams only its share of the weights.
 
-use std::ops::Range;
-
-use super::shared::avx512_packed::{self, BLOCK, Packed};
-use super::shared::team::{self, Job};
+use super::shared::avx512_packed::{self, Packed};
+use super::shared::team;
 
 /// The `[n, k]` row-major weights `w` in the layout [`matmul`] reads: blocks of 48 weight
 /// rows, each stored column by column.
@@ -22,28 +20,5 @@ pub fn matmul<const N: usize, const K: usize>(out: &mut [f32], x: &[f32], w: &[f
     // SAFETY: the generated crate checks at start-up that the CPU has AVX-512F, and the
     // product's pointers come from slices whose lengths `Packed::new` checked; `out` stays
     // borrowed until every share is done.
-    unsafe { team::run(Shared(Packed::new::<N, K>(out, x, w, rows))) }
-}
-
-/// A product of this implementation, as the crate's team shares it.
-#[derive(Clone, Copy)]
-pub(crate) struct Shared(Packed);
-
-impl Job for Shared {
-    fn granule(&self) -> usize {
-        BLOCK
-    }
-
-    fn n(&self) -> usize {
-        self.0.n
-    }
-
-    fn work(&self) -> usize {
-        self.0.rows * self.0.n * self.0.k
-    }
-
-    unsafe fn columns(&self, cols: Range<usize>) {
-        // SAFETY: the caller's contract, which `run` keeps; every share starts at a block.
-        unsafe { self.0.columns(cols) }
-    }
+    unsafe { team::run(Packed::new::<N, K>(out, x, w, rows)) }
 }

@@ -6,10 +6,8 @@
 //! Each thread reads only its share of the weights, which halves the memory traffic per
 //! thread of a decode step as well as the work of a prefill.
 
-use std::ops::Range;
-
 use super::shared::avx512_matmul::Product;
-use super::shared::team::{self, Job};
+use super::shared::team;
 
 /// Computes `out[r, n] = Σₖ x[r, k] · w[n, k]` for `rows` rows.
 ///
@@ -19,24 +17,5 @@ pub fn matmul<const N: usize, const K: usize>(out: &mut [f32], x: &[f32], w: &[f
     // SAFETY: the generated crate checks at start-up that the CPU has AVX-512F, and the
     // product's pointers come from slices whose lengths `Product::new` checked; `out` and the
     // transposed activations stay alive until every share is done.
-    unsafe { Product::new::<N, K>(out, x, w, rows).prepared::<true, _>(|product| team::run(Shared(*product))) }
-}
-
-/// A product of this implementation, as the crate's team shares it.
-#[derive(Clone, Copy)]
-pub(crate) struct Shared(Product<f32>);
-
-impl Job for Shared {
-    fn n(&self) -> usize {
-        self.0.n
-    }
-
-    fn work(&self) -> usize {
-        self.0.rows * self.0.n * self.0.k
-    }
-
-    unsafe fn columns(&self, cols: Range<usize>) {
-        // SAFETY: the caller's contract, which `run` keeps.
-        unsafe { self.0.columns(cols) }
-    }
+    unsafe { Product::new::<N, K>(out, x, w, rows).prepared::<true, _>(|product| team::run(*product)) }
 }

@@ -4,11 +4,9 @@
 //! weight rows as it reaches them. The weight rows are cut into `THREADS` equal shares that the
 //! persistent team of `shared/team.rs` computes, the calling thread taking the first.
 
-use std::ops::Range;
-
 use super::shared::avx512_matmul::Product;
-use super::shared::avx512_repack::{GRANULE, Repack};
-use super::shared::team::{self, Job};
+use super::shared::avx512_repack::Repack;
+use super::shared::team;
 
 /// Computes `out[r, n] = Σₖ x[r, k] · w[n, k]` for `rows` rows.
 ///
@@ -19,28 +17,5 @@ pub fn matmul<const N: usize, const K: usize>(out: &mut [f32], x: &[f32], w: &[f
     // SAFETY: the generated crate checks at start-up that the CPU has AVX-512F, and the
     // product's pointers come from slices whose lengths `Product::new` checked; `out` stays
     // borrowed until every share is done.
-    unsafe { team::run(Shared(Repack(product))) }
-}
-
-/// A product of this implementation, as the crate's team shares it.
-#[derive(Clone, Copy)]
-pub(crate) struct Shared(Repack<f32>);
-
-impl Job for Shared {
-    fn n(&self) -> usize {
-        self.0.0.n
-    }
-
-    fn granule(&self) -> usize {
-        GRANULE
-    }
-
-    fn work(&self) -> usize {
-        self.0.0.rows * self.0.0.n * self.0.0.k
-    }
-
-    unsafe fn columns(&self, cols: Range<usize>) {
-        // SAFETY: the caller's contract, which `run` keeps.
-        unsafe { self.0.columns(cols) }
-    }
+    unsafe { team::run(Repack(product)) }
 }

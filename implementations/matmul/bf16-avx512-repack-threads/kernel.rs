@@ -5,11 +5,9 @@
 //! are cut into `THREADS` equal shares that the persistent team of `shared/team.rs` computes,
 //! the calling thread taking the first.
 
-use std::ops::Range;
-
 use super::shared::avx512_matmul::Product;
-use super::shared::avx512_repack::{GRANULE, REPACK_ROWS, Repack};
-use super::shared::team::{self, Job};
+use super::shared::avx512_repack::{REPACK_ROWS, Repack};
+use super::shared::team;
 
 /// Computes `out[r, n] = Σₖ x[r, k] · f32(w[n, k])` for `rows` rows.
 ///
@@ -23,32 +21,9 @@ pub fn matmul<const N: usize, const K: usize>(out: &mut [f32], x: &[f32], w: &[u
     // read `x` as it is, so a call of `REPACK_ROWS` rows or more is not paired.
     unsafe {
         if rows >= REPACK_ROWS {
-            team::run(Shared(Repack(product)))
+            team::run(Repack(product))
         } else {
-            product.prepared::<false, _>(|product| team::run(Shared(Repack(*product))))
+            product.prepared::<false, _>(|product| team::run(Repack(*product)))
         }
-    }
-}
-
-/// A product of this implementation, as the crate's team shares it.
-#[derive(Clone, Copy)]
-pub(crate) struct Shared(Repack<u16>);
-
-impl Job for Shared {
-    fn n(&self) -> usize {
-        self.0.0.n
-    }
-
-    fn granule(&self) -> usize {
-        GRANULE
-    }
-
-    fn work(&self) -> usize {
-        self.0.0.rows * self.0.0.n * self.0.0.k
-    }
-
-    unsafe fn columns(&self, cols: Range<usize>) {
-        // SAFETY: the caller's contract, which `run` keeps.
-        unsafe { self.0.columns(cols) }
     }
 }

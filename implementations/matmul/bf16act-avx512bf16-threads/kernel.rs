@@ -28,6 +28,3 @@ pub fn matmul<const N: usize, const K: usize>(out: &mut [f32], x: &[f32], w: &[u
     // stay alive until every share is done.
     unsafe { Amx::<RoundedPairs>::prepared::<N, K, _>(out, x, w, rows, |product| team::run(*product)) }
 }
-
-/// A product of this implementation, as the crate's team shares it (`shared/amx_bf16.rs`).
-pub(crate) type Shared = Amx<RoundedPairs>;

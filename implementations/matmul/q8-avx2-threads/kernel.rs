@@ -31,7 +31,7 @@ use std::sync::atomic::AtomicUsize;
 use super::shared::avx2_math::{LANES, hsum, sum8};
 use super::shared::avx2_q8::{BLOCK, quantize_row};
 use super::shared::avx2_repack::{Operands, REPACK_ROWS, Repack};
-use super::shared::team::{self, Job};
+use super::shared::team::{self, Extent, Job};
 
 /// Bytes of weights per block that the activation rows pass over while it is in L1.
 const BLOCK_BYTES: usize = 16 * 1024;
@@ -39,16 +39,11 @@ const BLOCK_BYTES: usize = 16 * 1024;
 /// Computes `out[r, n] = Σ_b dx[r, b] · dw[n, b] · Σ_{k in b} qx[r, k] · w[n, k]` for `rows`
 /// rows.
 ///
-/// `x`: `[rows, K]`, `w`: `[N, K]` int8, `scales`: `[N, ⌈K/32⌉]`, `out`: `[rows, N]`, all
-/// row-major.
+/// `x`: `[rows, K]`, `w`: `[N, K]` int8 values and their `[N, ⌈K/32⌉]` scales, `out`:
+/// `[rows, N]`, all row-major.
 #[inline]
-pub fn matmul<const N: usize, const K: usize>(
-    out: &mut [f32],
-    x: &[f32],
-    w: &[i8],
-    scales: &[f32],
-    rows: usize,
-) {
+pub fn matmul<const N: usize, const K: usize>(out: &mut [f32], x: &[f32], w: (&[i8], &[f32]), rows: usize) {
+    let (w, scales) = w;
     let blocks = K.div_ceil(BLOCK);
     assert!(x.len() >= rows * K, "matmul: x is shorter than {rows} rows of {K}");
     assert!(w.len() >= N * K, "matmul: w is shorter than {N} rows of {K}");
@@ -421,21 +416,12 @@ pub(crate) enum Path {
 }
 
 impl Job for Shared {
-    fn n(&self) -> usize {
-        match self.0 {
-            Path::Tiles(product) => product.n,
-            Path::Packed(repack) => repack.operands.n,
-        }
-    }
-
-    fn work(&self) -> usize {
-        match self.0 {
-            Path::Tiles(p) => p.rows * p.n * p.k,
-            Path::Packed(repack) => {
-                let (rows, n, k) = repack.operands.shape();
-                rows * n * k
-            }
-        }
+    fn extent(&self) -> Extent {
+        let (rows, n, k) = match self.0 {
+            Path::Tiles(p) => (p.rows, p.n, p.k),
+            Path::Packed(repack) => repack.operands.shape(),
+        };
+        Extent::product(rows, n, k, 8)
     }
 
     unsafe fn columns(&self, cols: Range<usize>) {

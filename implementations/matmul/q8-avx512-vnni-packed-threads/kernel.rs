@@ -5,15 +5,14 @@
 //! groups are cut into `THREADS` equal shares that the persistent team of `shared/team.rs`
 //! computes, the calling thread taking the first.
 
-use std::ops::Range;
+use super::shared::avx512_q8_packed::{self, Q8Packed};
+use super::shared::team;
 
-use super::shared::avx512_q8_packed::{self, GROUP, Q8Packed};
-use super::shared::team::{self, Job};
-
-/// The `[n, k]` int8 weights `w` and their `[n, ⌈k/32⌉]` scales in the layout [`matmul<q8>`]
+/// The `[n, k]` int8 weights and their `[n, ⌈k/32⌉]` scales (`w`) in the layout [`matmul<q8>`]
 /// reads: groups of 16 weight rows, each value offset by 128, each group led by its scales in
 /// binary16.
-pub fn pack(w: &[i8], scales: &[f32], n: usize, k: usize) -> Vec<i8> {
+pub fn pack(w: (&[i8], &[f32]), n: usize, k: usize) -> Vec<i8> {
+    let (w, scales) = w;
     avx512_q8_packed::pack(w, scales, n, k)
 }
 
@@ -27,40 +26,12 @@ pub fn check_packed(packed: &[i8], n: usize, k: usize) -> Result<(), String> {
 /// rows.
 ///
 /// `x`: `[rows, K]` and `out`: `[rows, N]`, row-major; `w`: the `[N, K]` weights and their
-/// scales as [`pack`] wrote them; `scales`: empty.
+/// scales as [`pack`] wrote them, and no scales apart.
 #[inline]
-pub fn matmul<const N: usize, const K: usize>(
-    out: &mut [f32],
-    x: &[f32],
-    w: &[i8],
-    scales: &[f32],
-    rows: usize,
-) {
+pub fn matmul<const N: usize, const K: usize>(out: &mut [f32], x: &[f32], w: (&[i8], &[f32]), rows: usize) {
+    let (w, scales) = w;
     // SAFETY: the generated crate checks at start-up that the CPU has AVX-512F, AVX-512BW and
     // AVX-512 VNNI, and the product's pointers come from slices whose lengths `Q8Packed::new`
     // checked; `out` and the quantized activations stay alive until every share is done.
-    unsafe { Q8Packed::new::<N, K>(out, x, w, scales, rows).prepared(|product| team::run(Shared(*product))) }
-}
-
-/// A product of this implementation, as the crate's team shares it.
-#[derive(Clone, Copy)]
-pub(crate) struct Shared(Q8Packed);
-
-impl Job for Shared {
-    fn n(&self) -> usize {
-        self.0.n
-    }
-
-    fn granule(&self) -> usize {
-        GROUP
-    }
-
-    fn work(&self) -> usize {
-        self.0.rows * self.0.n * self.0.k
-    }
-
-    unsafe fn columns(&self, cols: Range<usize>) {
-        // SAFETY: the caller's contract, which `run` keeps.
-        unsafe { self.0.columns(cols) }
-    }
+    unsafe { Q8Packed::new::<N, K>(out, x, w, scales, rows).prepared(|product| team::run(*product)) }
 }

@@ -6,16 +6,11 @@ use super::shared::avx512_q8::Q8Product;
 /// Computes `out[r, n] = Σ_b dx[r, b] · dw[n, b] · Σ_{k in b} qx[r, k] · w[n, k]` for `rows`
 /// rows.
 ///
-/// `x`: `[rows, K]`, `w`: `[N, K]` int8, `scales`: `[N, ⌈K/32⌉]`, `out`: `[rows, N]`, all
-/// row-major.
+/// `x`: `[rows, K]`, `w`: `[N, K]` int8 values and their `[N, ⌈K/32⌉]` scales, `out`:
+/// `[rows, N]`, all row-major.
 #[inline]
-pub fn matmul<const N: usize, const K: usize>(
-    out: &mut [f32],
-    x: &[f32],
-    w: &[i8],
-    scales: &[f32],
-    rows: usize,
-) {
+pub fn matmul<const N: usize, const K: usize>(out: &mut [f32], x: &[f32], w: (&[i8], &[f32]), rows: usize) {
+    let (w, scales) = w;
     // SAFETY: the generated crate checks at start-up that the CPU has AVX-512F, AVX-512BW and
     // AVX-512 VNNI, and the product's pointers come from slices whose lengths
     // `Q8Product::new` checked.

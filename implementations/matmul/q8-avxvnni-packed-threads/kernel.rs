@@ -8,12 +8,13 @@
 use std::ops::Range;
 
 use super::shared::avx2_q8_packed::{self, GROUP, Q8Packed};
-use super::shared::team::{self, Job};
+use super::shared::team::{self, Extent, Job};
 
-/// The `[n, k]` int8 weights `w` and their `[n, ⌈k/32⌉]` scales in the layout [`matmul<q8>`]
+/// The `[n, k]` int8 weights and their `[n, ⌈k/32⌉]` scales (`w`) in the layout [`matmul<q8>`]
 /// reads, `avx2-packed-threads`' own: groups of 8 weight rows, each group led by its scales in
 /// binary16.
-pub fn pack(w: &[i8], scales: &[f32], n: usize, k: usize) -> Vec<i8> {
+pub fn pack(w: (&[i8], &[f32]), n: usize, k: usize) -> Vec<i8> {
+    let (w, scales) = w;
     avx2_q8_packed::pack(w, scales, n, k)
 }
 
@@ -27,15 +28,10 @@ pub fn check_packed(packed: &[i8], n: usize, k: usize) -> Result<(), String> {
 /// rows.
 ///
 /// `x`: `[rows, K]` and `out`: `[rows, N]`, row-major; `w`: the `[N, K]` weights and their
-/// scales as [`pack`] wrote them; `scales`: empty.
+/// scales as [`pack`] wrote them, and no scales apart.
 #[inline]
-pub fn matmul<const N: usize, const K: usize>(
-    out: &mut [f32],
-    x: &[f32],
-    w: &[i8],
-    scales: &[f32],
-    rows: usize,
-) {
+pub fn matmul<const N: usize, const K: usize>(out: &mut [f32], x: &[f32], w: (&[i8], &[f32]), rows: usize) {
+    let (w, scales) = w;
     // SAFETY: the generated crate checks at start-up that the CPU has AVX2, FMA, F16C and
     // AVX-VNNI, and the product's pointers come from slices whose lengths `Q8Packed::new`
     // checked; `out` and the quantized activations stay alive until every share is done.
@@ -51,16 +47,8 @@ pub fn matmul<const N: usize, const K: usize>(
 pub(crate) struct Shared(Q8Packed);
 
 impl Job for Shared {
-    fn n(&self) -> usize {
-        self.0.n
-    }
-
-    fn granule(&self) -> usize {
-        GROUP
-    }
-
-    fn work(&self) -> usize {
-        self.0.rows * self.0.n * self.0.k
+    fn extent(&self) -> Extent {
+        Extent::product(self.0.rows, self.0.n, self.0.k, GROUP)
     }
 
     unsafe fn columns(&self, cols: Range<usize>) {

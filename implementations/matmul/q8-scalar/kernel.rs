@@ -10,16 +10,16 @@ const BLOCK: usize = 32;
 /// Computes `out[r, n] = Σ_b dx[r, b] · dw[n, b] · Σ_{k in b} qx[r, k] · w[n, k]` for `rows`
 /// rows.
 ///
-/// `x`: `[rows, K]`, `w`: `[N, K]` int8, `scales`: `[N, ⌈K/32⌉]`, `out`: `[rows, N]`, all
-/// row-major.
+/// `x`: `[rows, K]`, `w`: `[N, K]` int8 values and their `[N, ⌈K/32⌉]` scales, `out`:
+/// `[rows, N]`, all row-major.
 #[inline]
-pub fn matmul<const N: usize, const K: usize>(
-    out: &mut [f32],
-    x: &[f32],
-    w: &[i8],
-    scales: &[f32],
-    rows: usize,
-) {
+pub fn matmul<const N: usize, const K: usize>(out: &mut [f32], x: &[f32], w: (&[i8], &[f32]), rows: usize) {
+    product::<N, K>(out, x, w.0, w.1, rows)
+}
+
+/// [`matmul`] of the values `w` and their `scales`.
+#[inline]
+fn product<const N: usize, const K: usize>(out: &mut [f32], x: &[f32], w: &[i8], scales: &[f32], rows: usize) {
     let blocks = K.div_ceil(BLOCK);
     assert!(x.len() >= rows * K, "matmul: x is shorter than {rows} rows of {K}");
     assert!(w.len() >= N * K, "matmul: w is shorter than {N} rows of {K}");

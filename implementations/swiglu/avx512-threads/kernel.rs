@@ -7,7 +7,7 @@
 use std::ops::Range;
 
 use super::shared::avx512_swiglu::swiglu_avx512;
-use super::shared::team::{self, Job};
+use super::shared::team::{self, Extent, Job};
 
 /// What a value costs, counted in the team's steps (its threshold is 65 536): an exp of about
 /// a dozen operations and a division. A decode step's row of stories110M (2048 values) or of
@@ -43,16 +43,8 @@ unsafe impl Send for Shared {}
 unsafe impl Sync for Shared {}
 
 impl Job for Shared {
-    fn n(&self) -> usize {
-        self.rows
-    }
-
-    fn granule(&self) -> usize {
-        1
-    }
-
-    fn work(&self) -> usize {
-        self.rows * self.hidden * STEPS_PER_VALUE
+    fn extent(&self) -> Extent {
+        Extent { columns: self.rows, granule: 1, work: self.rows * self.hidden * STEPS_PER_VALUE }
     }
 
     unsafe fn columns(&self, rows: Range<usize>) {

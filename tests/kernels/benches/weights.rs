@@ -196,7 +196,7 @@ fn main() {
         .map(|l| {
             std::array::from_fn(|i| {
                 let (n, k) = shapes()[i];
-                PackedQ8::new(kernels::matmul__q8_avx512_vnni_packed_threads::pack(&l[i].0, &l[i].1, n, k))
+                PackedQ8::new(kernels::matmul__q8_avx512_vnni_packed_threads::pack((&l[i].0, &l[i].1), n, k))
             })
         })
         .collect();
@@ -206,7 +206,7 @@ fn main() {
         .map(|l| {
             std::array::from_fn(|i| {
                 let (n, k) = shapes()[i];
-                PackedQ8::new(kernels::matmul__q8_avx2_packed_threads::pack(&l[i].0, &l[i].1, n, k))
+                PackedQ8::new(kernels::matmul__q8_avx2_packed_threads::pack((&l[i].0, &l[i].1), n, k))
             })
         })
         .collect();
@@ -479,7 +479,7 @@ macro_rules! packed_q8_pass {
             let values = unsafe { std::slice::from_raw_parts(w.lines.as_ptr().cast::<i8>(), w.len) };
             let (out, x, values) = (black_box(out), black_box(x), black_box(values));
             use kernels::$kernel::matmul;
-            at_shape!((n, k), |N, K| matmul::<N, K>(out, x, values, &[], rows))
+            at_shape!((n, k), |N, K| matmul::<N, K>(out, x, (values, &[]), rows))
         }
     };
 }
@@ -507,7 +507,7 @@ macro_rules! dispatch {
     ($name:ident, $module:ident, $kernel:ident, int8) => {
         fn $name(n: usize, k: usize, out: &mut [f32], x: &[f32], w: &(Vec<i8>, Vec<f32>), rows: usize) {
             let (out, x, (values, scales)) = (black_box(out), black_box(x), black_box(w));
-            at_shape!((n, k), |N, K| kernels::$module::$kernel::<N, K>(out, x, values, scales, rows))
+            at_shape!((n, k), |N, K| kernels::$module::$kernel::<N, K>(out, x, (values, scales), rows))
         }
     };
     ($name:ident, $module:ident, $kernel:ident, $w:ty) => {

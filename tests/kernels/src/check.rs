@@ -260,9 +260,9 @@ fn quantize_q8(x: &[f32]) -> (Vec<i8>, Vec<f32>) {
 /// candidate reads (`layout`: its `pack`, or a copy). Some activation blocks are all zeros, and
 /// the weights span −127..=127.
 pub fn matmul_q8<const N: usize, const K: usize>(
-    candidate: impl Fn(&mut [f32], &[f32], &[i8], &[f32], usize),
-    layout: impl Fn(&[i8], &[f32]) -> (Vec<i8>, Vec<f32>),
-    reference: impl Fn(&mut [f32], &[f32], &[i8], &[f32], usize),
+    candidate: impl Fn(&mut [f32], &[f32], (&[i8], &[f32]), usize),
+    layout: impl Fn((&[i8], &[f32])) -> (Vec<i8>, Vec<f32>),
+    reference: impl Fn(&mut [f32], &[f32], (&[i8], &[f32]), usize),
 ) {
     let mut rng = Rng::for_shape(&[N, K, 8]);
     let tolerance = TOLERANCE * (K as f32 / 64.0).max(1.0);
@@ -274,7 +274,7 @@ pub fn matmul_q8<const N: usize, const K: usize>(
         .iter()
         .map(|v| f32::from_bits((0.01 + v.abs() * 0.02).to_bits() & !0x1fff))
         .collect();
-    let (laid_out, laid_out_scales) = layout(&w, &scales);
+    let (laid_out, laid_out_scales) = layout((&w, &scales));
     for rows in [1, 2, 5, 7, 32, 100] {
         let mut x = rng.vec(rows * K, 1.0);
         if K > 32 {
@@ -282,8 +282,8 @@ pub fn matmul_q8<const N: usize, const K: usize>(
             x[..32].fill(0.0);
         }
         let what = format!("matmul<q8> N={N} K={K} rows={rows}");
-        let got = output_of(rows * N, |out| candidate(out, &x, &laid_out, &laid_out_scales, rows));
-        let want = output_of(rows * N, |out| reference(out, &x, &w, &scales, rows));
+        let got = output_of(rows * N, |out| candidate(out, &x, (&laid_out, &laid_out_scales), rows));
+        let want = output_of(rows * N, |out| reference(out, &x, (&w, &scales), rows));
         assert_close(&format!("{what}, against the reference"), &got, &want, tolerance);
         let quantized: Vec<(Vec<i8>, Vec<f32>)> = x.chunks(K).map(quantize_q8).collect();
         let (mut exact, mut plain, mut bound) = (Vec::new(), Vec::new(), Vec::new());
@@ -311,7 +311,7 @@ pub fn matmul_q8<const N: usize, const K: usize>(
             );
         }
     }
-    candidate(&mut [], &[], &laid_out, &laid_out_scales, 0);
+    candidate(&mut [], &[], (&laid_out, &laid_out_scales), 0);
 }
 
 #[macro_export]
@@ -325,7 +325,7 @@ macro_rules! conform_matmul_q8 {
         $(
             $crate::check::matmul_q8::<$n, $k>(
                 $crate::kernels::$candidate::matmul::<$n, $k>,
-                |w, scales| $crate::matmul_q8_weights::$candidate(w, scales, $n, $k),
+                |w| $crate::matmul_q8_weights::$candidate(w, $n, $k),
                 $crate::kernels::$reference::matmul::<$n, $k>,
             );
         )*
