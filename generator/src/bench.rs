@@ -388,6 +388,10 @@ pub struct Report {
     pub measurements: Vec<Measurement>,
     pub rankings_written: Vec<String>,
     pub choices_changed: Vec<Change>,
+    /// Interfaces not measured: one competing implementation each, and no pass in the
+    /// benchmark template to time it.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub untimed: Vec<String>,
     pub dry_run: bool,
     /// Whether generated/ holds a crate of the workload to compare the choices with.
     #[serde(skip)]
@@ -424,13 +428,21 @@ pub fn bench(
         Some(c) => Some(c.clone()),
     };
 
-    // The interfaces to measure, and the harness that measures them (and no others).
-    let measured: Vec<&str> = required
-        .iter()
-        .copied()
-        .filter(|i| options.only.is_empty() || options.only.iter().any(|o| o == i))
-        .collect();
+    // The interfaces to measure, and the harness that measures them (and no others): those
+    // that the benchmark template can time (an interface with one implementation and no pass,
+    // a new slot, has nothing to rank).
     let mut plan = project.plan(&here, path)?;
+    plan.interfaces.retain(|i| options.only.is_empty() || options.only.contains(&i.interface));
+    let timed = harness::timed(&plan, &project.templates)?;
+    let untimed: Vec<String> =
+        plan.interfaces.iter().map(|i| i.interface.clone()).filter(|i| !timed.contains(i)).collect();
+    if let Some(one) = options.only.iter().find(|o| untimed.contains(o)) {
+        return Err(Error::Refused(format!(
+            "`{one}` has one competing implementation for {} and no pass in the benchmark template: nothing to rank",
+            crate::shown(path)
+        )));
+    }
+    let measured: Vec<&str> = required.iter().copied().filter(|i| timed.iter().any(|t| t == i)).collect();
     plan.interfaces.retain(|i| measured.contains(&i.interface.as_str()));
     progress(Progress::Compiling);
     let dir = bench_dir(project);
@@ -535,6 +547,7 @@ pub fn bench(
         measurements,
         rankings_written: written,
         choices_changed,
+        untimed,
         dry_run: options.dry_run,
         has_crate: !locked.is_empty(),
     })
@@ -609,6 +622,11 @@ impl Report {
                 };
                 s.push_str(&format!(" {mark} {:<20} {line}\n", o.implementation));
             }
+        }
+        for interface in &self.untimed {
+            s.push_str(&format!(
+                "\n{interface}\n   not measured: one competing implementation, and no pass in the benchmark template to time it\n"
+            ));
         }
         s.push('\n');
         let class = &h.class;

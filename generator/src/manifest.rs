@@ -134,33 +134,81 @@ pub fn team_job_path(
     if !job.contains("::") {
         return format!("{kernel_module}::{job}");
     }
-    let mut out = String::new();
-    let mut rest = job;
-    while let Some(c) = rest.chars().next() {
-        let word = rest.find(|c: char| !(c.is_ascii_alphanumeric() || c == '_')).unwrap_or(rest.len());
-        if word == 0 {
-            out.push(c);
-            rest = &rest[c.len_utf8()..];
+    team_job_words(job, shared, types)
+        .into_iter()
+        .map(|word| match word {
+            JobWord::Type(ty) => ty.to_string(),
+            JobWord::Shared(module) => format!("shared::{module}"),
+            JobWord::Own(ident) => format!("{kernel_module}::{ident}"),
+            JobWord::Other(text) => text.to_string(),
+        })
+        .collect()
+}
+
+/// The types of its own kernel that a `team_job` naming a shared module's type takes as
+/// arguments (`RoundBf16` in `kv_split::Split<RoundBf16>`): the registry checks that kernel.rs
+/// defines them.
+pub fn team_job_own_types<'a>(
+    job: &'a str,
+    shared: &[String],
+    types: &BTreeMap<String, String>,
+) -> Vec<&'a str> {
+    if !job.contains("::") {
+        return Vec::new();
+    }
+    team_job_words(job, shared, types)
+        .into_iter()
+        .filter_map(|word| match word {
+            JobWord::Own(ident) => Some(ident),
+            _ => None,
+        })
+        .collect()
+}
+
+/// What a piece of a `team_job` that names a shared module's type stands for.
+enum JobWord<'a, 't> {
+    /// A type placeholder, as the type it stands for.
+    Type(&'t str),
+    /// A shared module, at the head of a path.
+    Shared(&'a str),
+    /// A type of the kernel's own: a path of one segment, in UpperCamelCase.
+    Own(&'a str),
+    /// Anything else: punctuation, a later segment of a path, a primitive type.
+    Other(&'a str),
+}
+
+/// `job` cut into its identifiers and the text between them, each classified. Only the first
+/// segment of a path is a shared module, a placeholder, or a type of the kernel's own.
+fn team_job_words<'a, 't>(
+    job: &'a str,
+    shared: &[String],
+    types: &'t BTreeMap<String, String>,
+) -> Vec<JobWord<'a, 't>> {
+    let mut words = Vec::new();
+    let mut at = 0;
+    while at < job.len() {
+        let rest = &job[at..];
+        let len = rest.find(|c: char| !(c.is_ascii_alphanumeric() || c == '_')).unwrap_or(rest.len());
+        if len == 0 {
+            let c = rest.chars().next().map_or(1, char::len_utf8);
+            words.push(JobWord::Other(&rest[..c]));
+            at += c;
             continue;
         }
-        let (ident, after) = rest.split_at(word);
-        // Only the first segment of a path is a shared module, a placeholder, or a type of
-        // the kernel's own (a path of one segment, in UpperCamelCase: `Split<RoundBf16>`).
-        let first_segment = !out.trim_end().ends_with("::");
-        let alone = !after.trim_start().starts_with("::");
-        match types.get(ident) {
-            Some(ty) if first_segment && is_type_placeholder(ident) => out.push_str(ty),
-            _ if first_segment && shared.iter().any(|m| m == ident) => {
-                out.push_str(&format!("shared::{ident}"))
-            }
+        let ident = &rest[..len];
+        let first_segment = !job[..at].trim_end().ends_with("::");
+        let alone = !rest[len..].trim_start().starts_with("::");
+        words.push(match types.get(ident) {
+            Some(ty) if first_segment && is_type_placeholder(ident) => JobWord::Type(ty),
+            _ if first_segment && shared.iter().any(|m| m == ident) => JobWord::Shared(ident),
             _ if first_segment && alone && ident.starts_with(|c: char| c.is_ascii_uppercase()) => {
-                out.push_str(&format!("{kernel_module}::{ident}"))
+                JobWord::Own(ident)
             }
-            _ => out.push_str(ident),
-        }
-        rest = after;
+            _ => JobWord::Other(ident),
+        });
+        at += len;
     }
-    out
+    words
 }
 
 /// What an implementation needs from a workload.
@@ -284,5 +332,10 @@ mod tests {
             path("kv_split::Split<RoundBf16, f32>"),
             "shared::kv_split::Split<matmul__avx512_threads__bf16::RoundBf16, f32>"
         );
+        // Which the registry checks the kernel defines; a placeholder without a type (a kernel
+        // of one element type) would be one.
+        assert_eq!(team_job_own_types("kv_split::Split<RoundBf16, W>", &shared, &types), ["RoundBf16"]);
+        assert_eq!(team_job_own_types("avx512_matmul::Product<W>", &shared, &BTreeMap::new()), ["W"]);
+        assert!(team_job_own_types("Shared", &shared, &types).is_empty());
     }
 }

@@ -770,8 +770,21 @@ fn load_implementation(
             }
             _ => (interface.at(element), source.clone()),
         };
+        // The types its element type's type placeholders stand for, which `compiled` declares.
+        let types: BTreeMap<String, String> = match (several, element) {
+            (true, Some(e)) => e
+                .types
+                .iter()
+                .filter(|(p, _)| is_type_placeholder(p))
+                .map(|(p, t)| (p.clone(), t.clone()))
+                .collect(),
+            _ => BTreeMap::new(),
+        };
         let before_kernel = problems.len();
         check_kernel(&at, &view, &source, &rel_kernel, &diag, problems);
+        if let Some(job) = &at.team_job {
+            check_own_job_types(job, &at.shared, &types, &source, &diag, problems);
+        }
         if problems.len() > before_kernel {
             // The other element types would only say the same of the same kernel.
             break;
@@ -791,15 +804,7 @@ fn load_implementation(
             elements: takes.clone(),
             element: element.map(|e| e.name.clone()),
             several_elements: several,
-            types: match (several, element) {
-                (true, Some(e)) => e
-                    .types
-                    .iter()
-                    .filter(|(p, _)| is_type_placeholder(p))
-                    .map(|(p, t)| (p.clone(), t.clone()))
-                    .collect(),
-                _ => BTreeMap::new(),
-            },
+            types,
             constraints: at.constraints,
             dir: rel_dir.clone(),
             source: compiled,
@@ -1069,6 +1074,40 @@ fn check_shared_uses(
             }
         }
         _ => {}
+    }
+}
+
+/// The kernel's own types that `job` (a `team_job` of a shared module's type) takes as
+/// arguments must be `pub(crate)` types of kernel.rs (a placeholder of a kernel of one element
+/// type is not a type).
+fn check_own_job_types(
+    job: &str,
+    shared: &[String],
+    types: &BTreeMap<String, String>,
+    source: &str,
+    diag: &ManifestDiag,
+    problems: &mut Vec<Diagnostic>,
+) {
+    let own = crate::manifest::team_job_own_types(job, shared, types);
+    let Ok(file) = syn::parse_file(source) else {
+        return; // check_kernel says why
+    };
+    for ident in own {
+        let defined = file.items.iter().any(|item| {
+            let (vis, name) = match item {
+                syn::Item::Struct(s) => (&s.vis, &s.ident),
+                syn::Item::Enum(e) => (&e.vis, &e.ident),
+                syn::Item::Type(t) => (&t.vis, &t.ident),
+                _ => return false,
+            };
+            name == ident && matches!(vis, syn::Visibility::Restricted(r) if r.path.is_ident("crate"))
+        });
+        if !defined {
+            problems.push(
+                diag(format!("`team_job = \"{job}\"` names `{ident}`, which is no `pub(crate)` type of kernel.rs"), &["team_job"])
+                    .hint("a type argument of a shared module's type is a shared module's type (`kv_split::AsIs`), a type placeholder of the kernel's element types, or a `pub(crate)` type of kernel.rs"),
+            );
+        }
     }
 }
 
@@ -1564,10 +1603,7 @@ mod tests {
             elements,
         };
         Interface {
-            elements: vec![
-                element("f32", "f32", "w: &[f32]"),
-                element("q8", "int8", "w: &[i8], scales: &[f32]"),
-            ],
+            elements: vec![element("f32", "f32", "w: &[f32]"), element("q8", "int8", "w: (&[i8], &[f32])")],
             reference: None,
             functions: vec![decl("pub fn matmul(out: &mut [f32], {weights})", None)],
             packing: vec![decl("pub fn check_packed(packed: &[i8]) -> bool", Some(vec!["q8".into()]))],
@@ -1584,7 +1620,7 @@ mod tests {
         assert_eq!(q8.map(|e| e.name.as_str()), Some("q8"));
         assert_eq!(interface.reference_of(q8), "q8-scalar");
         let at = interface.at(q8);
-        assert_eq!(at.functions[0].signature, "pub fn matmul(out: &mut [f32], w: &[i8], scales: &[f32])");
+        assert_eq!(at.functions[0].signature, "pub fn matmul(out: &mut [f32], w: (&[i8], &[f32]))");
         assert_eq!(at.name, "matmul<q8>");
         assert_eq!(at.packing.len(), 1);
         let f32 = interface.at(interface.elements.first());

@@ -587,7 +587,7 @@ fn assert_each_slip_refused(cases: &[(&str, &str, &str, &str, &str)]) {
 /// with the reason.
 #[test]
 fn team_jobs_are_checked() {
-    let cases: [(&str, &str, &str, &str, &str); 7] = [
+    let cases: [(&str, &str, &str, &str, &str); 8] = [
         // On the team without naming the job.
         (
             "swiglu/avx512-threads",
@@ -643,6 +643,14 @@ fn team_jobs_are_checked() {
             "team_job = \"avx512_matmul::Product<W>\"",
             "team_job = \"avx512_matmul::Product<\"",
             "`team_job = \"avx512_matmul::Product<\"` is not a type's path",
+        ),
+        // A type argument that the kernel does not define.
+        (
+            "kv_cache/bf16-avx512-threads",
+            "manifest.toml",
+            "team_job = \"kv_split::Split<RoundBf16>\"",
+            "team_job = \"kv_split::Split<RoundBf17>\"",
+            "names `RoundBf17`, which is no `pub(crate)` type of kernel.rs",
         ),
     ];
     assert_each_slip_refused(&cases);

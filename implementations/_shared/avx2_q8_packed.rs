@@ -45,8 +45,8 @@ use std::ops::Range;
 
 use super::avx2_math::lane_mask;
 use super::avx2_q8::{BLOCK, quantize_row};
-use super::q8_packed::Layout;
 use super::job::{Extent, Job};
+use super::q8_packed::Layout;
 
 /// Weight rows per group: the lanes of a vector of i32.
 pub const GROUP: usize = 8;
@@ -465,13 +465,16 @@ impl Dot for Vnni {
     }
 }
 
-/// A product as a team shares it, by groups of [`GROUP`] weight rows, with AVX2 alone (a kernel with AVX-VNNI hands the team its own job, which calls [`Q8Packed::columns_vnni`]).
+/// A product as a team shares it, by groups of [`GROUP`] weight rows, with AVX2 alone: a
+/// product prepared [`Q8Packed::with_vnni`] holds its activations for `vpdpbusd`, and its kernel
+/// hands the team a job of its own, which calls [`Q8Packed::columns_vnni`].
 impl Job for Q8Packed {
     fn extent(&self) -> Extent {
         Extent::product(self.rows, self.n, self.k, GROUP)
     }
 
     unsafe fn columns(&self, cols: Range<usize>) {
+        debug_assert!(!self.vnni, "Q8Packed: a product prepared with_vnni is shared by its kernel's own job");
         // SAFETY: the caller's contract, which `team::run` keeps.
         unsafe { self.columns(cols) }
     }

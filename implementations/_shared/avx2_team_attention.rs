@@ -1175,8 +1175,9 @@ impl<C: Cached + 'static> Job for Decode<C> {
     }
 
     unsafe fn columns(&self, cols: Range<usize>) {
-        // SAFETY: the caller's contract, which `team::run` keeps.
         for chunk in cols {
+            // SAFETY: the caller's contract, which `team::run` keeps (each chunk on one
+            // thread); a kernel hands the team a decode only on a CPU with AVX2 and FMA.
             unsafe { self.chunk(chunk) }
         }
     }

@@ -44,7 +44,8 @@
 use std::arch::x86_64::*;
 use std::cell::RefCell;
 use std::ops::Range;
-use super::job::{Extent, Job};
+
+use super::job::{self, Extent, Job};
 
 /// The f32 lanes of an AVX-512 register.
 const LANES: usize = 16;
@@ -681,7 +682,7 @@ fn sum16(v: [__m512; LANES]) -> __m512 {
 /// A product as a team shares it, by weight rows.
 impl<W: Weight> Job for Product<W> {
     fn extent(&self) -> Extent {
-        Extent::product(self.rows, self.n, self.k, 8)
+        Extent::product(self.rows, self.n, self.k, job::GRANULE)
     }
 
     unsafe fn columns(&self, cols: Range<usize>) {

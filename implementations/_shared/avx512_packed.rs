@@ -29,6 +29,7 @@
 
 use std::arch::x86_64::*;
 use std::ops::Range;
+
 use super::job::{Extent, Job};
 
 /// The f32 lanes of an AVX-512 register.

@@ -34,7 +34,8 @@
 use std::arch::x86_64::*;
 use std::cell::RefCell;
 use std::ops::Range;
-use super::job::{Extent, Job};
+
+use super::job::{self, Extent, Job};
 
 /// Values of K that share one scale.
 pub const BLOCK: usize = 32;
@@ -492,7 +493,7 @@ fn mask16(len: usize) -> __mmask16 {
 /// A product as a team shares it, by weight rows.
 impl Job for Q8Product {
     fn extent(&self) -> Extent {
-        Extent::product(self.rows, self.n, self.k, 8)
+        Extent::product(self.rows, self.n, self.k, job::GRANULE)
     }
 
     unsafe fn columns(&self, cols: Range<usize>) {

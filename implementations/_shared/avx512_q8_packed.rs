@@ -34,8 +34,8 @@ use std::cell::RefCell;
 use std::ops::Range;
 
 use super::avx512_q8::{BLOCK, STEP, quantize_row};
-use super::q8_packed::Layout;
 use super::job::{Extent, Job};
+use super::q8_packed::Layout;
 
 /// Weight rows per group: the lanes of a vector of i32.
 pub const GROUP: usize = 16;

@@ -1,5 +1,5 @@
 //! Work that can be cut into ranges of its columns: a matrix product's weight rows, an
-//! attention's kv heads, a cache's heads. The thread team of `team.rs` shares a [`Job`]
+//! attention's kv heads, a cache's keys and values. The thread team of `team.rs` shares a [`Job`]
 //! between its threads; the shared module that defines a kernel's work implements it, so that
 //! every kernel on that work (one implementation per thread count, per weight type) hands the
 //! same type to the team. A module that defines such work does not depend on the team: a
@@ -32,6 +32,9 @@ pub struct Extent {
     /// The size of the whole call, in multiply-adds or steps of similar cost.
     pub work: usize,
 }
+
+/// The granule of a product whose kernel has no block of weight rows of its own: 8 columns.
+pub const GRANULE: usize = 8;
 
 impl Extent {
     /// A matrix product's: `rows` activation rows by `n` weight rows of `k` values, shared by

@@ -13,6 +13,7 @@
 #![allow(dead_code)]
 
 use std::ops::Range;
+
 use super::job::{Extent, Job};
 
 /// How a cache writes the f32 values it is given into its elements.
@@ -105,7 +106,7 @@ impl<W: Write> Split<W> {
     }
 }
 
-/// A cache write as a team shares it, by heads.
+/// A cache's store as a team shares it: two columns, the keys and the values.
 impl<W: Write> Job for Split<W> {
     fn extent(&self) -> Extent {
         Extent { columns: self.n(), granule: 1, work: self.work() }

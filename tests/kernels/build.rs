@@ -10,7 +10,8 @@
 //! - `implementations.rs`: a `for_each_<family>!` macro per family that lists its
 //!   implementations, the reference first, for the benchmark;
 //! - `conformance.rs`: one `#[test]` per implementation that runs its family's conformance
-//!   check (`conform_<family>!`) against the family's reference.
+//!   check (`conform_<family>!`) against the family's reference; a family whose reference is
+//!   its only implementation (a new slot) may have no check yet, and gets no test.
 //!
 //! A family is an interface without element types (`rmsnorm`), or one element type of an
 //! interface that has them (`matmul_bf16`, the implementations of `matmul` whose manifests
@@ -94,6 +95,7 @@ mod manifest;
 use manifest::Manifest;
 
 /// One implementation, as this crate compiles it.
+#[derive(Clone)]
 struct Implementation {
     interface: String,
     /// The interface, or its element type that the implementation takes (`matmul_bf16`).
@@ -161,7 +163,32 @@ fn main() {
 
     write(&out_dir.join("kernels.rs"), &kernels_module(&implementations, &shared_modules));
     write(&out_dir.join("implementations.rs"), &for_each_macros(&implementations, references));
-    write(&out_dir.join("conformance.rs"), &conformance_tests(&implementations, references));
+    // The families whose conformance check (`conform_<family>!`) the crate defines. A family
+    // whose reference is its only implementation (a new slot) needs none yet: there is nothing
+    // to compare. Its second implementation needs one.
+    let sources = ["src/check.rs", "src/encoder.rs"].map(|f| {
+        println!("cargo::rerun-if-changed={}", manifest_dir.join(f).display());
+        fs::read_to_string(manifest_dir.join(f)).expect("the crate's check sources read")
+    });
+    let checked: BTreeSet<&String> = references
+        .keys()
+        .filter(|family| sources.iter().any(|s| s.contains(&format!("macro_rules! conform_{family} "))))
+        .collect();
+    for family in references.keys().filter(|f| !checked.contains(f)) {
+        let others: Vec<&str> = implementations
+            .iter()
+            .filter(|i| &i.family == family && i.name != references[family])
+            .map(|i| i.label.as_str())
+            .collect();
+        assert!(
+            others.is_empty(),
+            "{} compete with the reference of `{family}`, but tests/kernels/src/check.rs (or encoder.rs) has no `conform_{family}!` to check them against it: add it",
+            others.join(", ")
+        );
+    }
+    let tested: Vec<Implementation> =
+        implementations.iter().filter(|i| checked.contains(&i.family)).cloned().collect();
+    write(&out_dir.join("conformance.rs"), &conformance_tests(&tested, references));
 }
 
 /// Every family of the interfaces, with its reference.
@@ -332,7 +359,7 @@ fn kernels_module(implementations: &[Implementation], shared_modules: &BTreeMap<
         ("matmul_f32", "w: &[f32]", "Vec<f32>", "w", "packed", "w.to_vec()"),
         ("matmul_bf16", "w: &[u16]", "Vec<u16>", "w", "packed", "w.to_vec()"),
         ("matmul_bf16act", "w: &[u16]", "Vec<u16>", "w", "packed", "w.to_vec()"),
-        // A packing int8 kernel holds the scales among its bytes, and reads no `scales`.
+        // A packing int8 kernel holds the scales among its bytes: its pair's scales are empty.
         (
             "matmul_q8",
             "(w, scales): (&[i8], &[f32])",
@@ -385,20 +412,39 @@ fn users_arches(implementations: &[Implementation], module: &str) -> Option<Vec<
 /// work to the thread team: the team's workers run it.
 fn team_job_enum(implementations: &[Implementation]) -> String {
     // Kernels that hand the team the same type (a shared module's work at one element type)
-    // share its variant, as in a generated crate.
-    let mut seen = BTreeSet::new();
-    let jobs: Vec<(&Implementation, &str)> = implementations
-        .iter()
-        .filter_map(|i| Some((i, i.team_job.as_deref()?)))
-        .filter(|(_, job)| seen.insert(*job))
-        .collect();
+    // share its variant, as in a generated crate, named after the first of them and compiled
+    // wherever one of them is.
+    let mut jobs: Vec<(&Implementation, &str, Option<String>)> = Vec::new();
+    for imp in implementations {
+        let Some(job) = imp.team_job.as_deref() else { continue };
+        let path = job.replace(' ', "");
+        if jobs.iter().any(|(_, other, _)| other.replace(' ', "") == path) {
+            continue;
+        }
+        let sharers: Vec<&Implementation> = implementations
+            .iter()
+            .filter(|i| i.team_job.as_deref().map(|j| j.replace(' ', "")) == Some(path.clone()))
+            .collect();
+        let arches: Option<Vec<String>> = match sharers.iter().any(|i| i.arches.is_none()) {
+            true => None,
+            false => Some(
+                sharers
+                    .iter()
+                    .flat_map(|i| i.arches.iter().flatten().cloned())
+                    .collect::<BTreeSet<_>>()
+                    .into_iter()
+                    .collect(),
+            ),
+        };
+        jobs.push((imp, job, arch_cfg(arches.as_deref())));
+    }
     if jobs.is_empty() {
         return String::new();
     }
     let module_cfg = arch_cfg(users_arches(implementations, "team").as_deref()).unwrap_or_default();
     let mut out = String::new();
-    let arm = |out: &mut String, imp: &Implementation, body: &str| {
-        if let Some(cfg) = imp.arch_cfg() {
+    let arm = |out: &mut String, imp: &Implementation, cfg: &Option<String>, body: &str| {
+        if let Some(cfg) = cfg {
             writeln!(out, "            {cfg}").unwrap();
         }
         writeln!(out, "            TeamJob::{}(job) => {body},", imp.module).unwrap();
@@ -408,15 +454,15 @@ fn team_job_enum(implementations: &[Implementation]) -> String {
     out.push_str(
         "    #[derive(Clone, Copy)]\n    #[allow(non_camel_case_types)]\n    pub(crate) enum TeamJob {\n",
     );
-    for (imp, job) in &jobs {
-        if let Some(cfg) = imp.arch_cfg() {
+    for (imp, job, cfg) in &jobs {
+        if let Some(cfg) = cfg {
             writeln!(out, "        {cfg}").unwrap();
         }
         writeln!(out, "        {}({job}),", imp.module).unwrap();
     }
     out.push_str("    }\n");
-    for (imp, job) in &jobs {
-        if let Some(cfg) = imp.arch_cfg() {
+    for (imp, job, cfg) in &jobs {
+        if let Some(cfg) = cfg {
             writeln!(out, "    {cfg}").unwrap();
         }
         writeln!(
@@ -433,8 +479,8 @@ fn team_job_enum(implementations: &[Implementation]) -> String {
         ("unsafe fn columns(&self, cols: std::ops::Range<usize>)", "unsafe { job.columns(cols) }"),
     ] {
         writeln!(out, "        {method} {{\n            match self {{").unwrap();
-        for (imp, _) in &jobs {
-            arm(&mut out, imp, body);
+        for (imp, _, cfg) in &jobs {
+            arm(&mut out, imp, cfg, body);
         }
         out.push_str("            }\n        }\n");
     }

@@ -2,9 +2,10 @@
 """One-time migration (2026-12-06): the team's jobs are the shared modules' work types, and an
 int8 matmul takes its weights as one pair.
 
-Before it, each of 22 threaded kernels wrapped the work type of its shared module in a job of its
+Before it, 18 threaded kernels wrapped the work type of their shared module in a job of their
 own (`pub(crate) struct Shared(Product<W>)` and an `impl Job` that forwarded every method to it),
-and `Job` asked for `n`, `granule` and `work` one method each. After it:
+the 4 over `_shared/amx_bf16.rs` named theirs by an alias (`pub(crate) type Shared =
+Amx<Exact>`), and `Job` asked for `n`, `granule` and `work` one method each. After it:
 - `Job` lives in `_shared/job.rs`, which depends on nothing, and asks for one `extent()` (the
   columns, the granule and the work); `team.rs` re-exports it;
 - each shared module implements it for its work type once (`avx512_matmul::Product<W>`, ...),
@@ -28,6 +29,11 @@ So the records carry over: `migrate REV` gives each record that was fresh for th
 git revision REV (the kernel, its manifest's shared modules) the hash of the working tree's.
 
     python3 tools/migrations/2026-12-06-team-jobs.py migrate 7eb60256   # done once, 2026-12-06
+    python3 tools/migrations/2026-12-06-team-jobs.py migrate 092b8710   # done once, after it
+
+The second run carried the records over a review's edits to the same sources (comments, a
+`debug_assert!`, the product granule named `job::GRANULE`), after `bench/same_harness.sh
+092b8710` (the same eleven workloads) found every function of every harness the same.
 """
 
 import hashlib

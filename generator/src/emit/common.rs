@@ -361,7 +361,7 @@ pub fn kernels_mod_rs(plan: &Plan) -> TokenStream {
     let jobs: Vec<TeamJob> = plan
         .interfaces
         .iter()
-        .filter_map(|i| TeamJob::new(camel_ident(&i.interface), i.chosen.team_job.as_ref()?))
+        .filter_map(|i| Some(TeamJob::new(camel_ident(&i.interface), i.chosen.team_job.as_ref()?)))
         .collect();
     let team_job = team_job_enum(&jobs);
     let shared = (!plan.shared_modules.is_empty()).then(|| {
@@ -415,11 +415,11 @@ pub struct TeamJob {
 }
 
 impl TeamJob {
-    /// The job type at `path` (from the kernels module: `shared::avx512_matmul::Product<u16>`,
-    /// as the registry checked it parses), held by variant `variant`.
-    pub fn new(variant: proc_macro2::Ident, path: &str) -> Option<TeamJob> {
-        let path: syn::Type = syn::parse_str(path).ok()?;
-        Some(TeamJob { variant, path: path.into_token_stream() })
+    /// The job type at `path` (from the kernels module: `shared::avx512_matmul::Product<u16>`),
+    /// held by variant `variant`.
+    pub fn new(variant: proc_macro2::Ident, path: &str) -> TeamJob {
+        let path: syn::Type = syn::parse_str(path).expect("the registry checks that a `team_job` is a type");
+        TeamJob { variant, path: path.into_token_stream() }
     }
 }
 

@@ -1,6 +1,6 @@
 //! The benchmark harness of a workload: a generated crate that holds every competing
-//! implementation of every interface (and each interface's reference), checks each against
-//! the reference at the workload's shapes, then times them.
+//! implementation of every interface it times (see [`timed`]) and each one's reference, checks
+//! each against the reference at the workload's shapes, then times them.
 //!
 //! Like the crates `build` writes, it is monomorphized: the shapes are consts, every
 //! candidate is a unit struct implementing its interface's trait (`Matmul` of
@@ -53,6 +53,52 @@ pub fn interfaces(plan: &Plan, registry: &Registry) -> Vec<HarnessInterface> {
         .collect()
 }
 
+/// The benchmark template of `plan`'s architecture: the traits and passes that time each
+/// interface.
+fn passes_template(plan: &Plan) -> &'static str {
+    match plan.consts.architecture() {
+        Architecture::Llama => "bench/llama.rs",
+        Architecture::Bert => "bench/bert.rs",
+    }
+}
+
+/// The interfaces of `plan` that its harness times: those whose pass (`passes::<Interface>Pass`)
+/// the benchmark template defines. An interface without one is left out where only one
+/// implementation competes: there is nothing to rank (a new slot, with
+/// its reference alone, needs no pass until a second implementation comes). Where several
+/// compete, the harness could not rank them, and says so.
+pub fn timed(plan: &Plan, templates: &Templates) -> Result<Vec<String>, Error> {
+    let name = passes_template(plan);
+    let file = rust_source::parse_with_comments(templates.get(name)?).map_err(|e| Error::Template {
+        name: name.into(),
+        message: format!("line {}: {}", e.line, e.message),
+    })?;
+    let passes: BTreeSet<String> = file
+        .items
+        .iter()
+        .filter_map(|item| match item {
+            syn::Item::Struct(s) => Some(s.ident.to_string()),
+            _ => None,
+        })
+        .collect();
+    let mut timed = Vec::new();
+    for i in &plan.interfaces {
+        let pass = format!("{}Pass", super::common::camel_ident(&i.interface));
+        if passes.contains(&pass) {
+            timed.push(i.interface.clone());
+        } else if i.competitors.len() > 1 {
+            return Err(Error::Refused(format!(
+                "{} implementations of `{}` compete for {}, but templates/{name} has no `{pass}` to time \
+                 them: add its trait and pass (ARCHITECTURE.md, \"A second implementation of a new slot\")",
+                i.competitors.len(),
+                i.interface,
+                plan.name
+            )));
+        }
+    }
+    Ok(timed)
+}
+
 /// The crate name of a harness: the workload's name and a hash of the harness's sources, so
 /// that harnesses of different sources sharing one target folder never overwrite each other's
 /// executable.
@@ -76,7 +122,9 @@ fn type_ident(imp: &Implementation) -> proc_macro2::Ident {
 
 /// Emits the harness crate for `plan`; returns it and its crate name.
 pub fn emit(plan: &Plan, registry: &Registry, templates: &Templates) -> Result<(Output, String), Error> {
-    let harness = interfaces(plan, registry);
+    let timed = timed(plan, templates)?;
+    let mut harness = interfaces(plan, registry);
+    harness.retain(|h| timed.contains(&h.interface));
     let mut files = BTreeMap::new();
     let mut included: BTreeMap<(String, String), Implementation> = BTreeMap::new();
     for h in &harness {
@@ -108,7 +156,7 @@ pub fn emit(plan: &Plan, registry: &Registry, templates: &Templates) -> Result<(
         .values()
         .filter_map(|imp| {
             let path = imp.team_job_path(&module_ident(imp).to_string())?;
-            super::common::TeamJob::new(type_ident(imp), &path)
+            Some(super::common::TeamJob::new(type_ident(imp), &path))
         })
         .collect();
     let team_job = super::common::team_job_enum(&jobs);
@@ -130,10 +178,7 @@ pub fn emit(plan: &Plan, registry: &Registry, templates: &Templates) -> Result<(
         message: format!("line {}: {}", e.line, e.message),
     })?;
     files.insert(PathBuf::from("src/harness.rs"), rust_source::print(&harness_file));
-    let passes_name = match plan.consts.architecture() {
-        Architecture::Llama => "bench/llama.rs",
-        Architecture::Bert => "bench/bert.rs",
-    };
+    let passes_name = passes_template(plan);
     let passes = rust_source::parse_with_comments(templates.get(passes_name)?).map_err(|e| {
         Error::Template { name: passes_name.into(), message: format!("line {}: {}", e.line, e.message) }
     })?;
@@ -652,5 +697,39 @@ mod tests {
             assert!(line.contains("= match if "), "built before the check of the CPU: {line}");
         }
         assert!(main.contains("Some(passes::MatmulPass::new::<"), "{main}");
+    }
+
+    /// The harness times the interfaces whose pass the benchmark template defines. A slot
+    /// without one is left out while its reference is its only implementation (nothing to
+    /// rank), and refused once several compete.
+    #[test]
+    fn an_interface_is_timed_where_the_template_has_its_pass() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+        let project = crate::Project::load(root).unwrap();
+        let path = root.join("workloads/stories260k-cpu-f32.toml");
+        let plan = project.plan(&project.read_workload(&path).unwrap(), &path).unwrap();
+        let all: Vec<String> = plan.interfaces.iter().map(|i| i.interface.clone()).collect();
+        assert_eq!(super::timed(&plan, &project.templates).unwrap(), all);
+        let passes = project.templates.get("bench/llama.rs").unwrap();
+        let without = |pass: &str| {
+            assert!(passes.contains(&format!("pub struct {pass} ")), "bench/llama.rs defines {pass}");
+            let text = passes.replace(&format!("pub struct {pass} "), &format!("pub struct {pass}Gone "));
+            project.templates.clone().with_file("bench/llama.rs", text)
+        };
+        // The sampler has one implementation: without its pass, the harness leaves it out.
+        assert_eq!(plan.interface("sampler").unwrap().competitors.len(), 1);
+        let templates = without("SamplerPass");
+        let timed = super::timed(&plan, &templates).unwrap();
+        assert_eq!(timed, all.iter().filter(|i| *i != "sampler").cloned().collect::<Vec<_>>());
+        let (output, _) = super::emit(&plan, &project.registry, &templates).unwrap();
+        let main = &output.files[Path::new("src/main.rs")];
+        assert!(!main.contains("SamplerPass") && main.contains("RmsnormPass"), "{main}");
+        // Several rmsnorm kernels compete: without its pass, they could not be ranked.
+        assert!(plan.interface("rmsnorm").unwrap().competitors.len() > 1);
+        let refused = super::timed(&plan, &without("RmsnormPass")).unwrap_err().to_string();
+        assert!(
+            refused.contains("implementations of `rmsnorm` compete") && refused.contains("no `RmsnormPass`"),
+            "{refused}"
+        );
     }
 }

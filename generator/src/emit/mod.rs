@@ -66,6 +66,13 @@ impl Templates {
         Ok(Templates { files })
     }
 
+    /// These templates with `name` holding `text` instead: what a test of a template edit reads.
+    #[cfg(test)]
+    pub fn with_file(mut self, name: &str, text: String) -> Templates {
+        self.files.insert(name.to_string(), text);
+        self
+    }
+
     pub fn get(&self, name: &str) -> Result<&str, Error> {
         self.files
             .get(name)

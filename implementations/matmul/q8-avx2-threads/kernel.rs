@@ -31,6 +31,7 @@ use std::sync::atomic::AtomicUsize;
 use super::shared::avx2_math::{LANES, hsum, sum8};
 use super::shared::avx2_q8::{BLOCK, quantize_row};
 use super::shared::avx2_repack::{Operands, REPACK_ROWS, Repack};
+use super::shared::job;
 use super::shared::team::{self, Extent, Job};
 
 /// Bytes of weights per block that the activation rows pass over while it is in L1.
@@ -421,7 +422,7 @@ impl Job for Shared {
             Path::Tiles(p) => (p.rows, p.n, p.k),
             Path::Packed(repack) => repack.operands.shape(),
         };
-        Extent::product(rows, n, k, 8)
+        Extent::product(rows, n, k, job::GRANULE)
     }
 
     unsafe fn columns(&self, cols: Range<usize>) {
