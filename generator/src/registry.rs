@@ -781,10 +781,7 @@ fn load_implementation(
             _ => BTreeMap::new(),
         };
         let before_kernel = problems.len();
-        check_kernel(&at, &view, &source, &rel_kernel, &diag, problems);
-        if let Some(job) = &at.team_job {
-            check_own_job_types(job, &at.shared, &types, &source, &diag, problems);
-        }
+        check_kernel(&at, &view, &types, &source, &rel_kernel, &diag, problems);
         if problems.len() > before_kernel {
             // The other element types would only say the same of the same kernel.
             break;
@@ -1077,40 +1074,6 @@ fn check_shared_uses(
     }
 }
 
-/// The kernel's own types that `job` (a `team_job` of a shared module's type) takes as
-/// arguments must be `pub(crate)` types of kernel.rs (a placeholder of a kernel of one element
-/// type is not a type).
-fn check_own_job_types(
-    job: &str,
-    shared: &[String],
-    types: &BTreeMap<String, String>,
-    source: &str,
-    diag: &ManifestDiag,
-    problems: &mut Vec<Diagnostic>,
-) {
-    let own = crate::manifest::team_job_own_types(job, shared, types);
-    let Ok(file) = syn::parse_file(source) else {
-        return; // check_kernel says why
-    };
-    for ident in own {
-        let defined = file.items.iter().any(|item| {
-            let (vis, name) = match item {
-                syn::Item::Struct(s) => (&s.vis, &s.ident),
-                syn::Item::Enum(e) => (&e.vis, &e.ident),
-                syn::Item::Type(t) => (&t.vis, &t.ident),
-                _ => return false,
-            };
-            name == ident && matches!(vis, syn::Visibility::Restricted(r) if r.path.is_ident("crate"))
-        });
-        if !defined {
-            problems.push(
-                diag(format!("`team_job = \"{job}\"` names `{ident}`, which is no `pub(crate)` type of kernel.rs"), &["team_job"])
-                    .hint("a type argument of a shared module's type is a shared module's type (`kv_split::AsIs`), a type placeholder of the kernel's element types, or a `pub(crate)` type of kernel.rs"),
-            );
-        }
-    }
-}
-
 /// Why `job` (a manifest's `team_job` that names a shared module's type) is not a type whose
 /// path starts at a shared module the manifest lists and names a public struct or alias of
 /// it, if it is not. (Its generic arguments are the compiler's to check.)
@@ -1146,6 +1109,7 @@ fn check_shared_team_job(
 fn check_kernel(
     m: &ManifestFile,
     interface: &Interface,
+    types: &BTreeMap<String, String>,
     source: &Arc<str>,
     rel_kernel: &Path,
     diag: &ManifestDiag,
@@ -1167,8 +1131,8 @@ fn check_kernel(
     }
     match rust_source::parse_with_comments(source) {
         Ok(file) => {
-            if let Some(job) = m.team_job.as_ref().filter(|job| !job.contains("::")) {
-                problems.extend(check_team_job(&file, job, rel_kernel, source));
+            if let Some(job) = &m.team_job {
+                problems.extend(check_team_job(&file, job, &m.shared, types, rel_kernel, source));
             }
             problems.extend(check_against_interface(&file, &interface, rel_kernel, source));
             problems.extend(check_target_features(&file, &m.constraints.cpu_features, rel_kernel, source));
@@ -1408,27 +1372,49 @@ fn check_extra_items(
     }
 }
 
-/// The job type a kernel on the thread team names: a `pub(crate)` struct of kernel.rs, or a
-/// `pub(crate)` alias of a shared module's type (the generated `kernels::TeamJob` holds it).
-fn check_team_job(file: &syn::File, job: &str, rel: &Path, source: &Arc<str>) -> Vec<Diagnostic> {
-    let found = file.items.iter().find_map(|item| match item {
-        syn::Item::Struct(s) if s.ident == job => Some((&s.vis, s.ident.span())),
-        syn::Item::Type(t) if t.ident == job => Some((&t.vis, t.ident.span())),
-        _ => None,
-    });
-    match found {
-        Some((syn::Visibility::Restricted(r), _)) if r.path.is_ident("crate") => vec![],
-        Some((_, span)) => vec![
-            Diagnostic::new(format!("team job `{job}` must be `pub(crate)`"))
-                .in_file(rel, source)
-                .primary(span_offset(source, span), "declared here")
-                .hint("the crate's `kernels::TeamJob` holds it, and the team's `run` is `pub(crate)`"),
-        ],
-        None => vec![
-            Diagnostic::new(format!("team job `{job}` is not a struct or type alias of {}", rel.display()))
-                .hint("`team_job` names the type that the kernel hands to `team::run`"),
-        ],
+/// The types of kernel.rs that a kernel's team job names must be `pub(crate)` structs, enums or
+/// aliases there (the generated `kernels::TeamJob` holds them): the job itself (`Shared`), or
+/// the kernel's own type arguments of a shared module's type (`RoundBf16` in
+/// `kv_split::Split<RoundBf16>`; a type placeholder of a kernel of one element type is one).
+fn check_team_job(
+    file: &syn::File,
+    job: &str,
+    shared: &[String],
+    types: &BTreeMap<String, String>,
+    rel: &Path,
+    source: &Arc<str>,
+) -> Vec<Diagnostic> {
+    let own = match job.contains("::") {
+        true => crate::manifest::team_job_own_types(job, shared, types),
+        false => vec![job],
+    };
+    let mut problems = Vec::new();
+    for ident in own {
+        let found = file.items.iter().find_map(|item| match item {
+            syn::Item::Struct(s) if s.ident == ident => Some((&s.vis, s.ident.span())),
+            syn::Item::Enum(e) if e.ident == ident => Some((&e.vis, e.ident.span())),
+            syn::Item::Type(t) if t.ident == ident => Some((&t.vis, t.ident.span())),
+            _ => None,
+        });
+        let named = match ident == job {
+            true => format!("team job `{job}`"),
+            false => format!("`{ident}`, which team job `{job}` names,"),
+        };
+        match found {
+            Some((syn::Visibility::Restricted(r), _)) if r.path.is_ident("crate") => {}
+            Some((_, span)) => problems.push(
+                Diagnostic::new(format!("{named} must be `pub(crate)`"))
+                    .in_file(rel, source)
+                    .primary(span_offset(source, span), "declared here")
+                    .hint("the crate's `kernels::TeamJob` holds it, and the team's `run` is `pub(crate)`"),
+            ),
+            None => problems.push(
+                Diagnostic::new(format!("{named} is not a struct, enum or type alias of {}", rel.display()))
+                    .hint("`team_job` names the type that the kernel hands to `team::run`: a type of kernel.rs, or a shared module's type whose arguments are shared modules' types, the element type's placeholders, or types of kernel.rs"),
+            ),
+        }
     }
+    problems
 }
 
 fn is_pub(vis: &syn::Visibility) -> bool {

@@ -610,7 +610,7 @@ fn team_jobs_are_checked() {
             "manifest.toml",
             "team_job = \"Shared\"\n",
             "team_job = \"Product\"\n",
-            "team job `Product` is not a struct or type alias of implementations/swiglu/avx512-threads/kernel.rs",
+            "team job `Product` is not a struct, enum or type alias of implementations/swiglu/avx512-threads/kernel.rs",
         ),
         // A job that the crate's `TeamJob` could not hold.
         (
@@ -650,7 +650,7 @@ fn team_jobs_are_checked() {
             "manifest.toml",
             "team_job = \"kv_split::Split<RoundBf16>\"",
             "team_job = \"kv_split::Split<RoundBf17>\"",
-            "names `RoundBf17`, which is no `pub(crate)` type of kernel.rs",
+            "`RoundBf17`, which team job `kv_split::Split<RoundBf17>` names, is not a struct, enum or type alias of implementations/kv_cache/bf16-avx512-threads/kernel.rs",
         ),
     ];
     assert_each_slip_refused(&cases);

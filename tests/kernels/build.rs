@@ -414,28 +414,20 @@ fn team_job_enum(implementations: &[Implementation]) -> String {
     // Kernels that hand the team the same type (a shared module's work at one element type)
     // share its variant, as in a generated crate, named after the first of them and compiled
     // wherever one of them is.
+    let key = |job: &str| job.replace(' ', "");
     let mut jobs: Vec<(&Implementation, &str, Option<String>)> = Vec::new();
     for imp in implementations {
         let Some(job) = imp.team_job.as_deref() else { continue };
-        let path = job.replace(' ', "");
-        if jobs.iter().any(|(_, other, _)| other.replace(' ', "") == path) {
+        if jobs.iter().any(|(_, other, _)| key(other) == key(job)) {
             continue;
         }
-        let sharers: Vec<&Implementation> = implementations
-            .iter()
-            .filter(|i| i.team_job.as_deref().map(|j| j.replace(' ', "")) == Some(path.clone()))
-            .collect();
-        let arches: Option<Vec<String>> = match sharers.iter().any(|i| i.arches.is_none()) {
-            true => None,
-            false => Some(
-                sharers
-                    .iter()
-                    .flat_map(|i| i.arches.iter().flatten().cloned())
-                    .collect::<BTreeSet<_>>()
-                    .into_iter()
-                    .collect(),
-            ),
-        };
+        let sharers =
+            implementations.iter().filter(|i| i.team_job.as_deref().is_some_and(|j| key(j) == key(job)));
+        // Every arch where one of them compiles; none (everywhere) where one compiles everywhere.
+        let arches: Option<Vec<String>> = sharers
+            .map(|i| i.arches.as_ref())
+            .collect::<Option<Vec<_>>>()
+            .map(|lists| lists.into_iter().flatten().cloned().collect::<BTreeSet<_>>().into_iter().collect());
         jobs.push((imp, job, arch_cfg(arches.as_deref())));
     }
     if jobs.is_empty() {
