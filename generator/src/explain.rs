@@ -2,7 +2,7 @@
 
 use std::path::Path;
 
-use crate::plan::{Consts, InterfacePlan, Plan, Verdict, human_bytes, human_ns};
+use crate::plan::{Consts, InterfacePlan, LlamaConsts, Plan, Verdict, human_bytes, human_ns};
 use crate::rankings::Evidence;
 use crate::shown;
 
@@ -120,6 +120,16 @@ fn header(plan: &Plan, path: &Path) -> String {
         None => String::new(),
     };
     s.push_str(&format!("  request: {request}{load}\n"));
+    if let Consts::Llama(LlamaConsts { serving: Some(serving), request, .. }) = &plan.consts {
+        s.push_str(&format!(
+            "  serving: an OpenAI-compatible server (`serve`) batching up to {} sequences; classes {} (default {}); {} requests may wait; {} KV slots\n",
+            request.max_batch,
+            serving.priorities.join(" > "),
+            serving.default_priority,
+            serving.max_queue,
+            serving.kv_slots
+        ));
+    }
     s
 }
 
@@ -179,11 +189,22 @@ fn footer(plan: &Plan, out_dir: &Path) -> String {
         }
     ));
     let per_run = match &plan.consts {
-        Consts::Llama(c) => format!(
+        Consts::Llama(c) if c.request.max_batch == 1 => format!(
             "per session: KV cache {} ({}), activations {}",
             human_bytes(f.kv_cache_bytes),
             c.kv_dtype.as_str(),
             human_bytes(f.scratch_bytes)
+        ),
+        Consts::Llama(c) => format!(
+            "KV cache {} ({}) per sequence, {} in all for {} {} (taken as positions fill them); activations {} per batch of {} sequences, {} positions a step",
+            human_bytes(f.kv_cache_bytes),
+            c.kv_dtype.as_str(),
+            human_bytes(f.kv_cache_bytes * f.kv_caches),
+            f.kv_caches,
+            if c.serving.is_some() { "KV slots of the server" } else { "sequences, a full batch" },
+            human_bytes(f.scratch_bytes),
+            c.request.max_batch,
+            c.step_rows
         ),
         Consts::Bert(_) => {
             format!("per encoder: activations {} (a full batch)", human_bytes(f.scratch_bytes))

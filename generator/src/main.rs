@@ -160,9 +160,14 @@ struct InitArgs {
     /// Typical number of generated tokens (default: min(128, the rest of max_seq_len)).
     #[arg(long, value_name = "N")]
     decode_len: Option<usize>,
-    /// Encoders: most sentences per call (default 32).
+    /// Most sequences run at once: sentences per call of an encoder (default 32), sequences per
+    /// decode step of a decoder (default 1; 8 with --serve).
     #[arg(long, value_name = "N")]
     max_batch: Option<usize>,
+    /// Decoders: add a [serving] table, so that the crate's binary gets a `serve` subcommand
+    /// (an OpenAI-compatible HTTP server with continuous batching and priority classes).
+    #[arg(long)]
+    serve: bool,
     /// Requests a process serves per load of the model from its checkpoint, if the load
     /// should count in the choice of kernels (1: a process per request); default: not counted.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
@@ -364,6 +369,7 @@ fn init(root: Option<PathBuf>, args: InitArgs) -> Result<ExitCode, Error> {
         prompt_len,
         decode_len,
         max_batch,
+        serve,
         requests_per_load,
         hardware,
         force,
@@ -381,6 +387,7 @@ fn init(root: Option<PathBuf>, args: InitArgs) -> Result<ExitCode, Error> {
         typical_decode_len: decode_len,
         hardware: init::parse_hardware(&hardware)?,
         max_batch,
+        serve,
         requests_per_load,
     };
     let label = output.clone().unwrap_or_else(|| PathBuf::from("<standard output>"));

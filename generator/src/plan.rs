@@ -141,6 +141,35 @@ pub struct LlamaConsts {
     pub kv_dtype: crate::workload::KvDtype,
     /// The request pattern: longest sequence, typical prompt and decode lengths.
     pub request: DecoderRequest,
+    /// Positions one batched step runs at most: a prefill chunk beside a full batch's decode
+    /// rows (`PREFILL_CHUNK + MAX_BATCH`); the prefill chunk alone without batching.
+    pub step_rows: usize,
+    /// The HTTP server, when the workload has a `[serving]` table.
+    pub serving: Option<ServingPlan>,
+}
+
+impl LlamaConsts {
+    /// Whether the crate runs sequences in batches (`model::Batch`): it batches them
+    /// (request.max_batch above 1), or serves them (a batch of one still interleaves prompts
+    /// with decode steps).
+    pub fn batched(&self) -> bool {
+        self.request.max_batch > 1 || self.serving.is_some()
+    }
+}
+
+/// The generated server's settings, every default filled in.
+#[derive(Debug, Clone, Serialize)]
+pub struct ServingPlan {
+    /// Priority classes, most urgent first.
+    pub priorities: Vec<String>,
+    /// The class of a request that names none.
+    pub default_priority: String,
+    /// Requests that may wait for a place in the batch.
+    pub max_queue: usize,
+    /// KV caches the server holds: the running sequences' and the displaced ones'.
+    pub kv_slots: usize,
+    /// Largest request body accepted, in bytes.
+    pub max_body_bytes: usize,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -252,7 +281,11 @@ pub enum Verdict {
 pub struct Footprint {
     pub parameters: u64,
     pub weight_bytes: u64,
+    /// The KV cache of one sequence, full.
     pub kv_cache_bytes: u64,
+    /// KV caches the crate holds at most: 1 for one session, the server's KV slots, or a
+    /// batch's sequences.
+    pub kv_caches: u64,
     /// Activation buffers of one session.
     pub scratch_bytes: u64,
 }

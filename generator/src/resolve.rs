@@ -694,6 +694,18 @@ fn consts(w: &Workload) -> Consts {
                 resident_weights: false,
                 kv_dtype: w.kv_cache.dtype,
                 request: r.clone(),
+                step_rows: if r.max_batch > 1 || w.serving.is_some() {
+                    r.typical_prompt_len.min(r.max_seq_len) + r.max_batch
+                } else {
+                    r.typical_prompt_len.min(r.max_seq_len)
+                },
+                serving: w.serving.as_ref().map(|s| crate::plan::ServingPlan {
+                    priorities: s.priorities.clone(),
+                    default_priority: s.default_priority().to_string(),
+                    max_queue: s.max_queue,
+                    kv_slots: s.kv_slots(r.max_batch),
+                    max_body_bytes: s.max_body_bytes,
+                }),
             })
         }
         Model::Bert(m) => {
@@ -740,16 +752,17 @@ fn footprint(w: &Workload, consts: &Consts) -> Footprint {
             let classifier = if c.tie_word_embeddings { 0 } else { v * d };
             let matrices = v * d + c.num_layers as u64 * layer_matrices + classifier;
             let parameters = matrices + c.num_layers as u64 * (per_layer - layer_matrices) + d;
-            let chunk = c.prefill_chunk as u64;
+            let (rows, batch) = (c.step_rows as u64, c.request.max_batch as u64);
             let kv_cache_bytes =
                 2 * c.num_layers as u64 * c.max_seq_len as u64 * kv * w.kv_cache.dtype.size() as u64;
-            // x, xb: [chunk, HIDDEN_SIZE]; q, att: [chunk, Q_DIM]; k, v: [chunk, KV_DIM]; gate, up: [chunk, INTERMEDIATE_SIZE];
-            // scores: [MAX_SEQ_LEN]; logits: [VOCAB_SIZE]
-            let scratch = chunk * (2 * d + 2 * q + 2 * kv + 2 * h) + c.max_seq_len as u64 + v;
+            // x, xb: [rows, HIDDEN_SIZE]; q, att: [rows, Q_DIM]; k, v: [rows, KV_DIM]; gate, up: [rows, INTERMEDIATE_SIZE];
+            // scores: [MAX_SEQ_LEN]; logits: [MAX_BATCH, VOCAB_SIZE]
+            let scratch = rows * (2 * d + 2 * q + 2 * kv + 2 * h) + c.max_seq_len as u64 + batch * v;
             Footprint {
                 parameters,
                 weight_bytes: weight_bytes(matrices, parameters),
                 kv_cache_bytes,
+                kv_caches: c.serving.as_ref().map_or(batch, |s| s.kv_slots as u64),
                 scratch_bytes: scratch * f32_size,
             }
         }
@@ -769,6 +782,7 @@ fn footprint(w: &Workload, consts: &Consts) -> Footprint {
                 parameters,
                 weight_bytes: weight_bytes(matrices, parameters),
                 kv_cache_bytes: 0,
+                kv_caches: 0,
                 scratch_bytes: scratch * f32_size,
             }
         }

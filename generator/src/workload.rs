@@ -37,6 +37,59 @@ pub struct Workload {
     pub kv_cache: KvCache,
     pub target: Target,
     pub request: Request,
+    /// The `[serving]` table: the crate is also an HTTP server (its `serve` subcommand).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub serving: Option<Serving>,
+}
+
+/// How the generated server serves requests: the optional `[serving]` table of a decoder
+/// workload. docs/serving.md documents each field.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Serving {
+    /// Priority classes, most urgent first. A request names its class in its `priority`
+    /// field or its `X-Priority` header; a more urgent class is admitted first and may take a
+    /// running sequence's place in the batch.
+    #[serde(default = "Serving::default_priorities")]
+    pub priorities: Vec<String>,
+    /// The class of a request that names none: the first class unless set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub default_priority: Option<String>,
+    /// Requests that may wait for a place in the batch; one more is answered 429.
+    #[serde(default = "Serving::default_max_queue")]
+    pub max_queue: usize,
+    /// KV caches the server holds: the running sequences' and those of sequences a more
+    /// urgent request displaced, which resume from them. At least `request.max_batch`;
+    /// twice it unless set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kv_slots: Option<usize>,
+    /// Largest request body accepted, in bytes; a larger one is answered 413.
+    #[serde(default = "Serving::default_max_body_bytes")]
+    pub max_body_bytes: usize,
+}
+
+impl Serving {
+    fn default_priorities() -> Vec<String> {
+        vec!["interactive".into(), "batch".into()]
+    }
+
+    fn default_max_queue() -> usize {
+        64
+    }
+
+    fn default_max_body_bytes() -> usize {
+        1 << 20
+    }
+
+    /// The class of a request that names none.
+    pub fn default_priority(&self) -> &str {
+        self.default_priority.as_deref().unwrap_or(&self.priorities[0])
+    }
+
+    /// KV caches the server holds, for a batch of `max_batch`.
+    pub fn kv_slots(&self, max_batch: usize) -> usize {
+        self.kv_slots.unwrap_or(2 * max_batch)
+    }
 }
 
 /// The model architecture with all its shapes and constants.
@@ -394,7 +447,7 @@ impl Request {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct DecoderRequest {
-    /// Sequences processed together (1 until batching exists).
+    /// Sequences run through one decode step together (`MAX_BATCH`).
     pub max_batch: usize,
     /// Longest sequence (prompt plus generated tokens) a session holds.
     pub max_seq_len: usize,
@@ -445,6 +498,8 @@ struct WorkloadFile<M, R> {
     kv_cache: Option<KvCache>,
     target: Target,
     request: R,
+    #[serde(default)]
+    serving: Option<Serving>,
 }
 
 /// Stands for the `architecture` key inside an architecture's model table; the key is
@@ -552,6 +607,7 @@ impl WorkloadSource {
                     kv_cache: file.kv_cache.unwrap_or_default(),
                     target: file.target,
                     request: Request::Decoder(file.request),
+                    serving: file.serving,
                 }
             }
             "bert" => {
@@ -565,6 +621,14 @@ impl WorkloadSource {
                             .hint("remove the [kv_cache] table"),
                     ]);
                 }
+                if file.serving.is_some() {
+                    let span = span_of(&doc, &["serving"]).unwrap_or(0..0);
+                    return Err(vec![
+                        self.diag("a `bert` workload cannot have a [serving] table yet")
+                            .primary(span, "the generated server serves decoders (`llama`) only, so far")
+                            .hint("remove the [serving] table, and embed through the crate's library"),
+                    ]);
+                }
                 Workload {
                     name: file.name,
                     description: file.description,
@@ -573,6 +637,7 @@ impl WorkloadSource {
                     kv_cache: KvCache::default(),
                     target: file.target,
                     request: Request::Encoder(file.request),
+                    serving: None,
                 }
             }
             other => {
@@ -708,6 +773,9 @@ fn check(w: &Workload, span: &SpanOf, src: &WorkloadSource) -> Vec<Diagnostic> {
     }
     check_target(&w.target, span, src, &mut out, &mk);
     check_request(&w.request, &mut out, &mk);
+    if let (Some(serving), Request::Decoder(r)) = (&w.serving, &w.request) {
+        check_serving(serving, r, &mut out, &mk);
+    }
     out
 }
 
@@ -1134,8 +1202,16 @@ fn check_decoder_request(r: &DecoderRequest, out: &mut Vec<Diagnostic>, mk: &Mak
             "zero",
             "use 1".into(),
         ));
-    } else if r.max_batch > 1 {
-        out.push(mk(&["request", "max_batch"], format!("request.max_batch = {} is not supported yet", r.max_batch), "batching does not exist yet", "use max_batch = 1; generated crates serve one sequence per session (run several sessions to serve several requests)".into()));
+    } else if r.max_batch > 256 {
+        out.push(mk(
+            &["request", "max_batch"],
+            format!(
+                "request.max_batch ({}) is above 256, the most sequences one decode step runs",
+                r.max_batch
+            ),
+            "too large",
+            "use the most sequences you decode at once, e.g. 16".into(),
+        ));
     }
     if !check_max_seq_len(r.max_seq_len, out, mk) {
         return;
@@ -1160,6 +1236,77 @@ fn check_decoder_request(r: &DecoderRequest, out: &mut Vec<Diagnostic>, mk: &Mak
             ),
             "a typical request would not fit",
             format!("use at most {}", r.max_seq_len - r.typical_prompt_len),
+        ));
+    }
+}
+
+/// The `[serving]` table of a decoder workload: its classes, queue and KV caches.
+fn check_serving(s: &Serving, r: &DecoderRequest, out: &mut Vec<Diagnostic>, mk: &MakeDiagnostic) {
+    if s.priorities.is_empty() {
+        out.push(mk(
+            &["serving", "priorities"],
+            "serving.priorities is empty".into(),
+            "no class",
+            "name at least one class, most urgent first, e.g. [\"interactive\", \"batch\"]".into(),
+        ));
+    }
+    for (i, class) in s.priorities.iter().enumerate() {
+        let valid = !class.is_empty()
+            && class.len() <= 32
+            && class.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '_');
+        if !valid {
+            out.push(mk(
+                &["serving", "priorities"],
+                format!("serving.priorities: `{class}` cannot name a class"),
+                "not a class name",
+                "use lowercase letters, digits, `-` and `_` (at most 32 characters)".into(),
+            ));
+        } else if s.priorities[..i].contains(class) {
+            out.push(mk(
+                &["serving", "priorities"],
+                format!("serving.priorities names `{class}` twice"),
+                "repeated",
+                "name each class once, most urgent first".into(),
+            ));
+        }
+    }
+    if let Some(default) = &s.default_priority
+        && !s.priorities.contains(default)
+    {
+        out.push(mk(
+            &["serving", "default_priority"],
+            format!("serving.default_priority `{default}` is not one of serving.priorities"),
+            "unknown class",
+            format!("use one of: {}", s.priorities.join(", ")),
+        ));
+    }
+    if s.max_queue == 0 || s.max_queue > 1 << 16 {
+        out.push(mk(
+            &["serving", "max_queue"],
+            format!("serving.max_queue ({}) must be between 1 and {}", s.max_queue, 1 << 16),
+            "out of range",
+            "use the most requests that may wait for a place in the batch, e.g. 64".into(),
+        ));
+    }
+    if let Some(slots) = s.kv_slots
+        && (slots < r.max_batch || slots > 4096)
+    {
+        out.push(mk(
+            &["serving", "kv_slots"],
+            format!(
+                "serving.kv_slots ({slots}) must be between request.max_batch ({}) and 4096",
+                r.max_batch
+            ),
+            "out of range",
+            format!("use at least {}: every sequence in the batch holds one KV cache", r.max_batch),
+        ));
+    }
+    if s.max_body_bytes < 1024 || s.max_body_bytes > 1 << 30 {
+        out.push(mk(
+            &["serving", "max_body_bytes"],
+            format!("serving.max_body_bytes ({}) must be between 1024 and {}", s.max_body_bytes, 1u64 << 30),
+            "out of range",
+            "use 1048576 (1 MiB) unless prompts are longer".into(),
         ));
     }
 }
@@ -1467,8 +1614,39 @@ mod tests {
         let e = first_error(&GOOD.replace("threads = 2", "threads = 0"));
         assert!(e.contains("target.threads must be at least 1"), "{e}");
 
-        let e = first_error(&GOOD.replace("max_batch = 1", "max_batch = 4"));
-        assert!(e.contains("request.max_batch = 4 is not supported yet"), "{e}");
+        let e = first_error(&GOOD.replace("max_batch = 1", "max_batch = 300"));
+        assert!(e.contains("request.max_batch (300) is above 256"), "{e}");
+        assert!(parse(&GOOD.replace("max_batch = 1", "max_batch = 4")).is_ok());
+    }
+
+    #[test]
+    fn the_serving_table_is_checked() {
+        let served = parse(&format!("{GOOD}\n[serving]\n")).unwrap();
+        let serving = served.serving.as_ref().expect("a [serving] table");
+        assert_eq!(serving.priorities, ["interactive", "batch"]);
+        assert_eq!(
+            (serving.default_priority(), serving.max_queue, serving.kv_slots(4)),
+            ("interactive", 64, 8)
+        );
+        assert!(served.canonical_toml().contains("[serving]"), "{}", served.canonical_toml());
+        assert!(!parse(GOOD).unwrap().canonical_toml().contains("serving"));
+
+        let e = first_error(&format!("{GOOD}\n[serving]\npriorities = [\"a\", \"a\"]\n"));
+        assert!(e.contains("serving.priorities names `a` twice"), "{e}");
+        let e = first_error(&format!("{GOOD}\n[serving]\npriorities = [\"Fast lane\"]\n"));
+        assert!(e.contains("`Fast lane` cannot name a class"), "{e}");
+        let e = first_error(&format!("{GOOD}\n[serving]\ndefault_priority = \"bulk\"\n"));
+        assert!(e.contains("serving.default_priority `bulk` is not one of serving.priorities"), "{e}");
+        assert!(e.contains("use one of: interactive, batch"), "{e}");
+        let e = first_error(&format!("{GOOD}\n[serving]\nmax_queue = 0\n"));
+        assert!(e.contains("serving.max_queue (0) must be between 1 and 65536"), "{e}");
+        let e = first_error(&format!(
+            "{}\n[serving]\nkv_slots = 2\n",
+            GOOD.replace("max_batch = 1", "max_batch = 4")
+        ));
+        assert!(e.contains("serving.kv_slots (2) must be between request.max_batch (4) and 4096"), "{e}");
+        let e = first_error(&format!("{GOOD}\n[serving]\nqueue = 3\n"));
+        assert!(e.contains("unknown field `queue`"), "{e}");
     }
 
     #[test]

@@ -53,6 +53,13 @@ impl Tokenizer {
         Ok(encoding.get_ids().to_vec())
     }
 
+    /// Encodes `text` as it is, without the special tokens the post-processor adds: a chat
+    /// template writes its own.
+    pub fn encode_as_is(&self, text: &str) -> Result<Vec<u32>, Error> {
+        let encoding = self.encoder()?.encode(text, false).map_err(|e| self.error(e.to_string()))?;
+        Ok(encoding.get_ids().to_vec())
+    }
+
     /// Decodes `ids` to text, leaving out special tokens such as BOS and EOS.
     pub fn decode(&self, ids: &[u32]) -> Result<String, Error> {
         self.decode_text(ids).map_err(|reason| self.error(reason))

@@ -39,6 +39,7 @@ fn synthetic_weights_load_run_and_read_back() {
         typical_decode_len: None,
         hardware: None,
         max_batch: None,
+        serve: false,
         requests_per_load: None,
     };
     let back = workload_from_hf(dir.path(), &opts).unwrap();

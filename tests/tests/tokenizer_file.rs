@@ -39,6 +39,7 @@ fn tokenizer_files(synthetic: &Path) -> Vec<PathBuf> {
     let mut fixtures: Vec<PathBuf> = std::fs::read_dir(fixtures)
         .unwrap()
         .map(|entry| entry.unwrap().path().join("tokenizer.json"))
+        .filter(|file| file.is_file())
         .collect();
     fixtures.sort();
     files.extend(fixtures);

@@ -15,8 +15,20 @@ use crate::rust_source::{self, comment};
 use crate::workload::{KvDtype, RopeScaling};
 
 /// The crates every LLaMA crate depends on (versions in templates/dependencies.toml).
-pub const DEPENDENCIES: &[&str] =
+const DEPENDENCIES: &[&str] =
     &["clap", "memmap2", "safetensors", "serde", "serde_json", "thiserror", "tokenizers"];
+
+/// The crates the server of a crate that serves depends on.
+const SERVING_DEPENDENCIES: &[&str] = &["axum", "futures-util", "minijinja", "minijinja-contrib", "tokio"];
+
+/// The crates a LLaMA crate depends on, the server's included where it serves.
+pub fn dependencies(c: &LlamaConsts) -> Vec<&'static str> {
+    let serving = if c.serving.is_some() { SERVING_DEPENDENCIES } else { &[] };
+    DEPENDENCIES.iter().chain(serving).copied().collect()
+}
+
+/// The server's runtime files, copied as the others are.
+const SERVING_FILES: &[&str] = &["engine.rs", "metrics.rs", "serve.rs"];
 
 /// The fixed runtime files, copied through syn and prettyplease.
 const RUNTIME_FILES: &[&str] = &[
@@ -46,14 +58,22 @@ pub fn rust_files(
         ("src/kernels/mod.rs".to_string(), rust_source::print_tokens(common::kernels_mod_rs(plan))),
     ];
     let matrices = Matrices::of(plan);
-    for file in RUNTIME_FILES {
+    let serving = if c.serving.is_some() { SERVING_FILES } else { &[] };
+    for file in RUNTIME_FILES.iter().chain(serving) {
         let mut source = templates.runtime(file, &krate)?;
         if *file == "tensor_file.rs" {
             rust_source::remove_methods(&mut source, matrices.unused_tensor_file_methods());
         }
-        // Only an f32 KV cache is copied into from the scratch (see `model_rs`).
-        if *file == "scratch.rs" && c.kv_dtype == KvDtype::Bf16 {
+        // Only a session's own f32 KV cache is copied into from the scratch (see `model_rs`).
+        if *file == "scratch.rs" && (c.kv_dtype == KvDtype::Bf16 || c.batched()) {
             rust_source::remove_methods(&mut source, &["like"]);
+        }
+        // Only the server encodes a chat template's text as it is.
+        if *file == "tokenizer.rs" && c.serving.is_none() {
+            rust_source::remove_methods(&mut source, &["encode_as_is"]);
+        }
+        if *file == "main.rs" && c.serving.is_some() {
+            add_serve_command(&mut source, templates, &krate)?;
         }
         files.push((format!("src/{file}"), rust_source::print(&source)));
     }
@@ -65,6 +85,33 @@ pub fn rust_files(
     }
     files.extend(common::kernel_files(plan, registry)?);
     Ok(files)
+}
+
+/// Gives main.rs the `serve` subcommand of `templates/runtime/serve_main.rs`: its items (its
+/// `use`s after main.rs's), and a first statement of `main` that hands `serve ...` to it.
+fn add_serve_command(main: &mut syn::File, templates: &Templates, krate: &str) -> Result<(), Error> {
+    let serve = templates.runtime("serve_main.rs", krate)?;
+    let Some(main_fn) = main.items.iter_mut().find_map(|item| match item {
+        syn::Item::Fn(f) if f.sig.ident == "main" => Some(f),
+        _ => None,
+    }) else {
+        return Err(Error::Template {
+            name: "runtime/main.rs".into(),
+            message: "no `fn main` to add `serve` to".into(),
+        });
+    };
+    let dispatch: syn::Stmt = syn::parse_quote! {
+        if std::env::args_os().nth(1).is_some_and(|arg| arg == "serve") {
+            return serve();
+        }
+    };
+    main_fn.block.stmts.insert(0, dispatch);
+    let (uses, items): (Vec<syn::Item>, Vec<syn::Item>) =
+        serve.items.into_iter().partition(|item| matches!(item, syn::Item::Use(_)));
+    main.items.extend(items);
+    let last_use = main.items.iter().rposition(|item| matches!(item, syn::Item::Use(_))).map_or(0, |i| i + 1);
+    main.items.splice(last_use..last_use, uses);
+    Ok(())
 }
 
 fn lib_rs(plan: &Plan, c: &LlamaConsts) -> TokenStream {
@@ -128,6 +175,54 @@ fn lib_rs(plan: &Plan, c: &LlamaConsts) -> TokenStream {
     let cpu_features = &plan.cpu_features;
     let n_features = usize_lit(cpu_features.len());
     let (bf16_mod, q8_mod) = Matrices::of(plan).modules();
+    let batch = c.batched().then(|| {
+        let max_batch = usize_lit(c.request.max_batch);
+        let step_rows = usize_lit(c.step_rows);
+        quote! {
+            /// Sequences one batched step runs at most (`request.max_batch`).
+            pub const MAX_BATCH: usize = #max_batch;
+            /// Positions one batched step runs at most: a prefill chunk beside a full batch's
+            /// decode rows.
+            pub const STEP_ROWS: usize = #step_rows;
+        }
+    });
+    let batch_use = c.batched().then(|| {
+        quote!(
+            pub use model::{Batch, Run, Sequence};
+        )
+    });
+    let (serving_mods, serving_consts) = match &c.serving {
+        None => (None, None),
+        Some(s) => {
+            let classes = &s.priorities;
+            let n_classes = usize_lit(classes.len());
+            let default = Literal::u8_unsuffixed(
+                classes.iter().position(|p| *p == s.default_priority).expect("resolve checks it") as u8,
+            );
+            let (max_queue, kv_slots, max_body) =
+                (usize_lit(s.max_queue), usize_lit(s.kv_slots), usize_lit(s.max_body_bytes));
+            (
+                Some(quote! {
+                    pub mod engine;
+                    mod metrics;
+                    pub mod serve;
+                }),
+                Some(quote! {
+                    /// The server's priority classes, most urgent first (`serving.priorities`).
+                    pub const PRIORITIES: [&str; #n_classes] = [#(#classes),*];
+                    /// The class of a request that names none, as an index of [`PRIORITIES`].
+                    pub const DEFAULT_PRIORITY: u8 = #default;
+                    /// Requests that may wait for a place in the batch; one more is answered 429.
+                    pub const MAX_QUEUE: usize = #max_queue;
+                    /// KV caches the server holds: the running sequences' and those of sequences a more
+                    /// urgent request displaced (`serving.kv_slots`).
+                    pub const KV_SLOTS: usize = #kv_slots;
+                    /// Largest request body the server reads, in bytes.
+                    pub const MAX_BODY_BYTES: usize = #max_body;
+                }),
+            )
+        }
+    };
     let resident_mod = c.resident_weights.then(|| {
         quote!(
             mod huge_pages;
@@ -149,6 +244,7 @@ fn lib_rs(plan: &Plan, c: &LlamaConsts) -> TokenStream {
         pub mod model;
         #q8_mod
         #resident_mod
+        #serving_mods
         mod scratch;
         mod tensor_file;
         pub mod tokenizer;
@@ -158,6 +254,7 @@ fn lib_rs(plan: &Plan, c: &LlamaConsts) -> TokenStream {
         pub use error::Error;
         pub use generate::{GenerateParams, Generation, StopReason};
         pub use model::{Model, Session};
+        #batch_use
         pub use tokenizer::Tokenizer;
 
         /// The workload this crate was generated from.
@@ -184,6 +281,7 @@ fn lib_rs(plan: &Plan, c: &LlamaConsts) -> TokenStream {
         pub const MAX_SEQ_LEN: usize = #max_seq_len;
         /// Positions run through the layers at once during prefill (`request.typical_prompt_len`).
         pub const PREFILL_CHUNK: usize = #prefill_chunk;
+        #batch
         #window_const
         /// Base of the rotary embedding's frequencies.
         pub const ROPE_THETA: f32 = #rope_theta;
@@ -198,21 +296,52 @@ fn lib_rs(plan: &Plan, c: &LlamaConsts) -> TokenStream {
         pub const THREADS: usize = #threads;
         /// CPU features the chosen kernels were compiled for, checked by [`cpu::check`].
         pub const CPU_FEATURES: [&str; #n_features] = [#(#cpu_features),*];
+        #serving_consts
     }
 }
 
-/// src/model.rs: `templates/llama/model.rs` with its slots filled from the plan.
+/// src/model.rs: `templates/llama/model.rs` with its slots filled from the plan. A crate that
+/// batches (request.max_batch above 1) has `templates/llama/batched.rs`'s `Sequence`, `Batch`
+/// and `Session` in place of model.rs's `Session`, as has a crate that serves.
 fn model_rs(plan: &Plan, c: &LlamaConsts, templates: &Templates) -> Result<String, Error> {
     let matrices = Matrices::of(plan);
+    let batched = c.batched();
     let (rope_use, rope_tables, inv_freq_fn) = rope_parts(c.rope_scaling);
     let mut slots =
         BTreeMap::from([("rope_use", rope_use), ("rope_tables", rope_tables), ("inv_freq_fn", inv_freq_fn)]);
     slots.extend(embedding_slots(matrices));
-    slots.extend(product_slots(c, matrices));
+    slots.extend(product_slots(c, matrices, batched));
     slots.extend(attention_slots(c));
     let n_layers = c.num_layers.to_string();
     let replacements = [("__workload_name", plan.name.as_str()), ("__n_layers", n_layers.as_str())];
-    templates.fill("llama/model.rs", &replacements, &slots)
+    if !batched {
+        return templates.fill("llama/model.rs", &replacements, &slots);
+    }
+    // The batch's buffers are not tied to one sequence's cache.
+    slots.remove("new_keys");
+    slots.remove("new_values");
+    let mut file = templates.rust("llama/model.rs", &replacements)?;
+    let session = |item: &syn::Item| match item {
+        syn::Item::Struct(s) => s.ident == "Session",
+        syn::Item::Impl(i) => {
+            matches!(&*i.self_ty, syn::Type::Path(p) if p.path.segments.last().is_some_and(|s| s.ident == "Session"))
+        }
+        _ => false,
+    };
+    let at = file.items.iter().position(session).ok_or_else(|| Error::Template {
+        name: "llama/model.rs".into(),
+        message: "no `Session` to put the batched one in place of".into(),
+    })?;
+    file.items.retain(|item| !session(item));
+    let (uses, items): (Vec<syn::Item>, Vec<syn::Item>) = templates
+        .rust("llama/batched.rs", &replacements)?
+        .items
+        .into_iter()
+        .partition(|item| matches!(item, syn::Item::Use(_)));
+    file.items.splice(at..at, items);
+    let last_use = file.items.iter().rposition(|item| matches!(item, syn::Item::Use(_))).map_or(0, |i| i + 1);
+    file.items.splice(last_use..last_use, uses);
+    Templates::fill_file("llama/batched.rs", file, &slots)
 }
 
 /// How a token's embedding row enters the residual stream: copied (f32), widened (bfloat16)
@@ -244,7 +373,8 @@ fn embedding_slots(matrices: Matrices) -> [(&'static str, TokenStream); 2] {
 
 /// The linear layers' products with the crate's matmul (and the biases of a model whose q, k
 /// and v projections have them), and the classifier.
-fn product_slots(c: &LlamaConsts, matrices: Matrices) -> [(&'static str, TokenStream); 15] {
+/// With `batched`, the classifier runs the N rows of a batched step's last positions.
+fn product_slots(c: &LlamaConsts, matrices: Matrices, batched: bool) -> [(&'static str, TokenStream); 15] {
     let mm = |shape: [&str; 2], out: TokenStream, x: TokenStream, w: TokenStream| {
         matrices.matmul_call(shape, out, x, w, quote!(t))
     };
@@ -255,30 +385,27 @@ fn product_slots(c: &LlamaConsts, matrices: Matrices) -> [(&'static str, TokenSt
     let mm_gate = mm(["INTERMEDIATE_SIZE", "HIDDEN_SIZE"], quote!(gate), quote!(xb), quote!(layer.gate_proj));
     let mm_up = mm(["INTERMEDIATE_SIZE", "HIDDEN_SIZE"], quote!(up), quote!(xb), quote!(layer.up_proj));
     let mm_down = mm(["HIDDEN_SIZE", "INTERMEDIATE_SIZE"], quote!(xb), quote!(gate), quote!(layer.down_proj));
+    let (rows, shape) = if batched { (quote!(n), "[N, VOCAB_SIZE]") } else { (quote!(1), "[VOCAB_SIZE]") };
     let (classifier, classifier_comment) = if c.tie_word_embeddings && matrices.packed() {
         (
             quote!(w.classifier),
-            comment(
-                "logits = xb · embed_tokensᵀ (tied embeddings: the embedding matrix is the classifier, packed): [VOCAB_SIZE]",
+            format!(
+                "logits = xb · embed_tokensᵀ (tied embeddings: the embedding matrix is the classifier, packed): {shape}"
             ),
         )
     } else if c.tie_word_embeddings {
         (
             quote!(w.embed_tokens),
-            comment(
-                "logits = xb · embed_tokensᵀ (tied embeddings: the embedding matrix is the classifier): [VOCAB_SIZE]",
+            format!(
+                "logits = xb · embed_tokensᵀ (tied embeddings: the embedding matrix is the classifier): {shape}"
             ),
         )
     } else {
-        (quote!(w.lm_head), comment("logits = xb · lm_headᵀ: [VOCAB_SIZE]"))
+        (quote!(w.lm_head), format!("logits = xb · lm_headᵀ: {shape}"))
     };
-    let mm_classifier = matrices.matmul_call(
-        ["VOCAB_SIZE", "HIDDEN_SIZE"],
-        quote!(logits),
-        quote!(xb),
-        classifier,
-        quote!(1),
-    );
+    let classifier_comment = comment(&classifier_comment);
+    let mm_classifier =
+        matrices.matmul_call(["VOCAB_SIZE", "HIDDEN_SIZE"], quote!(logits), quote!(xb), classifier, rows);
 
     let (c_q, c_kv) = if c.qkv_bias {
         (

@@ -113,7 +113,7 @@ impl Templates {
 
     /// A Rust template of `templates/` (`name`, e.g. `llama/model.rs`) with each placeholder
     /// replaced, its lines starting with `//~` (notes on the template itself) left out.
-    fn rust(&self, name: &str, replacements: &[(&str, &str)]) -> Result<syn::File, Error> {
+    pub(crate) fn rust(&self, name: &str, replacements: &[(&str, &str)]) -> Result<syn::File, Error> {
         let mut source: String = self
             .get(name)?
             .lines()
@@ -137,7 +137,16 @@ impl Templates {
         replacements: &[(&str, &str)],
         slots: &BTreeMap<&str, proc_macro2::TokenStream>,
     ) -> Result<String, Error> {
-        let mut file = self.rust(name, replacements)?;
+        Templates::fill_file(name, self.rust(name, replacements)?, slots)
+    }
+
+    /// `file`, parsed from template `name` (or assembled from several), with its `__slot!(name)`s
+    /// filled, printed.
+    pub(crate) fn fill_file(
+        name: &str,
+        mut file: syn::File,
+        slots: &BTreeMap<&str, proc_macro2::TokenStream>,
+    ) -> Result<String, Error> {
         rust_source::fill_slots(&mut file, slots)
             .map_err(|message| Error::Template { name: name.into(), message })?;
         // Slots that stood last and came out empty leave their blank line behind.
@@ -280,11 +289,10 @@ impl<'a> ReadmeContext<'a> {
             packed: crate::plan::matmul_packs_weights(&plan.interfaces),
             dependencies: {
                 // The runtime's crates, and those of the chosen kernels.
-                let mut names: Vec<&str> = match plan.consts {
-                    Consts::Llama(_) => llama::DEPENDENCIES,
-                    Consts::Bert(_) => bert::DEPENDENCIES,
-                }
-                .to_vec();
+                let mut names: Vec<&str> = match &plan.consts {
+                    Consts::Llama(c) => llama::dependencies(c),
+                    Consts::Bert(_) => bert::DEPENDENCIES.to_vec(),
+                };
                 for i in &plan.interfaces {
                     names.extend(i.chosen.dependencies.iter().map(String::as_str));
                 }

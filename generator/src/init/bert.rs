@@ -158,6 +158,7 @@ pub fn workload(
             typical_batch: 1,
             requests_per_load: opts.requests_per_load,
         }),
+        serving: None,
     })
 }
 

@@ -369,12 +369,13 @@ fn build(
             hardware: opts.hardware.clone(),
         },
         request: Request::Decoder(DecoderRequest {
-            max_batch: 1,
+            max_batch: opts.max_batch.unwrap_or(if opts.serve { 8 } else { 1 }),
             max_seq_len,
             typical_prompt_len,
             typical_decode_len,
             requests_per_load: opts.requests_per_load,
         }),
+        serving: opts.serve.then(|| toml::from_str("").expect("every field of [serving] has a default")),
     })
 }
 

@@ -82,8 +82,11 @@ pub struct InitOptions {
     pub typical_decode_len: Option<usize>,
     /// The hardware class whose measurements choose the kernels (`target.hardware`).
     pub hardware: Option<String>,
-    /// Encoders only: most sentences per call (default 32).
+    /// Most sentences per call of an encoder (default 32), most sequences per decode step of a
+    /// decoder (default 1, or 8 when serving).
     pub max_batch: Option<usize>,
+    /// Decoders: write a `[serving]` table.
+    pub serve: bool,
     /// `request.requests_per_load`: when the load counts in the rankings.
     pub requests_per_load: Option<u64>,
 }
@@ -104,6 +107,7 @@ impl InitOptions {
             typical_decode_len: None,
             hardware: None,
             max_batch: None,
+            serve: false,
             requests_per_load: None,
         }
     }

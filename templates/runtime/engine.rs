@@ -1,0 +1,397 @@
+//! The server's engine: one thread that owns the batch and the KV caches and runs continuous
+//! batching. Each step passes every running sequence's next token, and a piece of at most
+//! PREFILL_CHUNK positions of the prompts being read, through the layers together
+//! ([`Batch::step`]), so that a long prompt delays the running sequences' next tokens by one
+//! chunk at a time, never by its whole length.
+//!
+//! A request holds one of KV_SLOTS KV caches from admission to its end. The running ones are the
+//! MAX_BATCH most urgent of them (by class, then by arrival); the others wait with their caches
+//! kept, and resume exactly where they stopped when a place frees up. When every KV slot is
+//! taken and a request arrives that is more urgent than the least urgent holder, that holder
+//! gives its cache up and waits again; when it is admitted anew, it reads its prompt and the
+//! tokens it had generated again, and goes on with the same random numbers.
+//!
+//! A sequence samples and stops exactly as [`Session::generate`](crate::Session::generate) does,
+//! so a request's tokens are those of the same prompt and parameters run alone.
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, mpsc};
+use std::thread::JoinHandle;
+use std::time::Instant;
+
+use tokio::sync::mpsc::UnboundedSender;
+
+use crate::generate::Rng;
+use crate::kernels::sampler::sample;
+use crate::metrics::Metrics;
+use crate::model::{Batch, Run, Sequence};
+use crate::{EOS_TOKEN_IDS, Error, GenerateParams, KV_SLOTS, MAX_BATCH, MAX_QUEUE, MAX_SEQ_LEN, Model, PREFILL_CHUNK, StopReason, VOCAB_SIZE};
+
+/// A request for the engine: a prompt of ids and how to continue it.
+pub struct Request {
+    pub prompt: Vec<u32>,
+    pub params: GenerateParams,
+    /// Its class, an index of [`PRIORITIES`](crate::PRIORITIES): 0 is the most urgent.
+    pub priority: u8,
+    /// Where its tokens go. Dropping the receiver cancels the request and frees its place.
+    pub events: UnboundedSender<Event>,
+}
+
+/// What the engine tells a request.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Event {
+    /// The next token.
+    Token(u32),
+    /// Generation ended; no event follows.
+    Done(StopReason),
+    /// The request cannot run; no event follows.
+    Failed(String),
+}
+
+/// Why a request was not taken.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Refused {
+    /// MAX_QUEUE requests are already waiting.
+    QueueFull,
+    /// The engine is shutting down.
+    Stopped,
+}
+
+/// The engine's thread, and the way to hand it requests.
+pub struct Engine {
+    sender: Mutex<Option<mpsc::Sender<Request>>>,
+    /// Requests handed over and not yet admitted.
+    queued: Arc<AtomicUsize>,
+    closed: AtomicBool,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl Engine {
+    /// Starts the engine's thread on `model`, recording what it does in `metrics`.
+    pub fn start(model: Arc<Model>, metrics: Arc<Metrics>) -> Engine {
+        let (sender, receiver) = mpsc::channel();
+        let queued = Arc::new(AtomicUsize::new(0));
+        let scheduler = Scheduler {
+            receiver,
+            queued: queued.clone(),
+            metrics,
+            waiting: Vec::new(),
+            held: Vec::new(),
+            free: Vec::new(),
+            arrivals: 0,
+        };
+        let thread = std::thread::Builder::new()
+            .name("engine".into())
+            .spawn(move || scheduler.run(&model))
+            .expect("the engine's thread starts");
+        Engine {
+            sender: Mutex::new(Some(sender)),
+            queued,
+            closed: AtomicBool::new(false),
+            thread: Mutex::new(Some(thread)),
+        }
+    }
+
+    /// Hands `request` to the engine, unless MAX_QUEUE requests already wait or the engine
+    /// takes no more.
+    pub fn submit(&self, request: Request) -> Result<(), Refused> {
+        let sender = self.sender.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(sender) = sender.as_ref() else { return Err(Refused::Stopped) };
+        if self.queued.fetch_add(1, Ordering::AcqRel) >= MAX_QUEUE {
+            self.queued.fetch_sub(1, Ordering::AcqRel);
+            return Err(Refused::QueueFull);
+        }
+        sender.send(request).map_err(|_| {
+            self.queued.fetch_sub(1, Ordering::AcqRel);
+            Refused::Stopped
+        })
+    }
+
+    /// Requests handed over and not yet admitted.
+    pub fn queued(&self) -> usize {
+        self.queued.load(Ordering::Acquire)
+    }
+
+    /// Takes no more requests; those taken run to their end.
+    pub fn close(&self) {
+        self.closed.store(true, Ordering::Release);
+        self.sender.lock().unwrap_or_else(|e| e.into_inner()).take();
+    }
+
+    /// Whether it takes no more requests.
+    pub fn closed(&self) -> bool {
+        self.closed.load(Ordering::Acquire)
+    }
+
+    /// Takes no more requests, and waits until those taken have run to their end.
+    pub fn stop(&self) {
+        self.close();
+        if let Some(thread) = self.thread.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// One request inside the engine.
+struct Active {
+    request: Request,
+    /// The order of arrival, which breaks ties between requests of one class.
+    arrival: u64,
+    /// Prompt and generated tokens, the last one generated not yet run.
+    tokens: Vec<u32>,
+    /// Tokens of `tokens` in the KV cache.
+    fed: usize,
+    generated: usize,
+    rng: Rng,
+    /// When it was handed over, and when its last token was sent.
+    arrived: Instant,
+    last_token: Option<Instant>,
+}
+
+impl Active {
+    /// The order in which requests get a place: class first, then arrival.
+    fn rank(&self) -> (u8, u64) {
+        (self.request.priority, self.arrival)
+    }
+}
+
+struct Scheduler {
+    receiver: mpsc::Receiver<Request>,
+    queued: Arc<AtomicUsize>,
+    metrics: Arc<Metrics>,
+    /// Requests without a KV cache: new ones, and those that gave theirs up.
+    waiting: Vec<Active>,
+    /// Requests that hold a KV cache, most urgent first: the first MAX_BATCH of them run.
+    held: Vec<(Active, Sequence)>,
+    /// KV caches no request holds.
+    free: Vec<Sequence>,
+    arrivals: u64,
+}
+
+impl Scheduler {
+    fn run(mut self, model: &Model) {
+        let mut batch = model.batch();
+        let mut open = true;
+        loop {
+            open = self.receive(open);
+            self.drop_cancelled();
+            self.admit();
+            self.publish();
+            if self.held.is_empty() {
+                if !open {
+                    return;
+                }
+                continue;
+            }
+            self.step(&mut batch);
+            self.publish();
+        }
+    }
+
+    /// Takes the requests handed over: waits for one when nothing runs (returning false when
+    /// the engine is stopping and none will come), takes what is there otherwise.
+    fn receive(&mut self, open: bool) -> bool {
+        let mut open = open;
+        if open && self.held.is_empty() && self.waiting.is_empty() {
+            match self.receiver.recv() {
+                Ok(request) => self.arrive(request),
+                Err(_) => return false,
+            }
+        }
+        while open {
+            match self.receiver.try_recv() {
+                Ok(request) => self.arrive(request),
+                Err(mpsc::TryRecvError::Empty) => break,
+                Err(mpsc::TryRecvError::Disconnected) => open = false,
+            }
+        }
+        open
+    }
+
+    fn arrive(&mut self, request: Request) {
+        self.arrivals += 1;
+        let rng = Rng::new(request.params.seed);
+        self.waiting.push(Active {
+            tokens: request.prompt.clone(),
+            request,
+            arrival: self.arrivals,
+            fed: 0,
+            generated: 0,
+            rng,
+            arrived: Instant::now(),
+            last_token: None,
+        });
+    }
+
+    /// Frees the place of every request whose client went away.
+    fn drop_cancelled(&mut self) {
+        let before = self.waiting.len();
+        self.waiting.retain(|a| !a.request.events.is_closed());
+        self.queued.fetch_sub(before - self.waiting.len(), Ordering::AcqRel);
+        let mut i = 0;
+        while i < self.held.len() {
+            if self.held[i].0.request.events.is_closed() {
+                let (_, sequence) = self.held.remove(i);
+                self.free.push(sequence);
+                self.metrics.cancelled.fetch_add(1, Ordering::Relaxed);
+            } else {
+                i += 1;
+            }
+        }
+    }
+
+    /// Gives KV caches to the most urgent waiting requests: free ones first, then those of
+    /// less urgent holders, which wait again.
+    fn admit(&mut self) {
+        self.waiting.sort_by_key(Active::rank);
+        while !self.waiting.is_empty() {
+            let sequence = if let Some(sequence) = self.free.pop() {
+                sequence
+            } else if self.held.len() < KV_SLOTS {
+                Sequence::new()
+            } else if self.held.last().is_some_and(|(last, _)| last.rank() > self.waiting[0].rank()) {
+                let (mut evicted, mut sequence) = self.held.pop().expect("held is not empty");
+                sequence.reset();
+                evicted.fed = 0;
+                self.metrics.evicted.fetch_add(1, Ordering::Relaxed);
+                self.queued.fetch_add(1, Ordering::AcqRel);
+                self.waiting.push(evicted);
+                self.waiting.sort_by_key(Active::rank);
+                sequence
+            } else {
+                break;
+            };
+            let active = self.waiting.remove(0);
+            self.queued.fetch_sub(1, Ordering::AcqRel);
+            let at = self.held.partition_point(|(held, _)| held.rank() < active.rank());
+            self.held.insert(at, (active, sequence));
+        }
+    }
+
+    fn publish(&self) {
+        let running = self.held.len().min(MAX_BATCH);
+        self.metrics.running.store(running, Ordering::Relaxed);
+        self.metrics.waiting.store(self.held.len() - running + self.waiting.len(), Ordering::Relaxed);
+        self.metrics.kv_slots_used.store(self.held.len(), Ordering::Relaxed);
+        let positions = self.held.iter().map(|(_, s)| s.position()).sum();
+        self.metrics.kv_positions.store(positions, Ordering::Relaxed);
+    }
+
+    /// One step of the MAX_BATCH most urgent holders: each runs its next token, or a piece of
+    /// the tokens it has not read yet, PREFILL_CHUNK positions at most in all; those whose
+    /// tokens are all read then pick their next.
+    fn step(&mut self, batch: &mut Batch<'_>) {
+        let started = Instant::now();
+        let running = self.held.len().min(MAX_BATCH);
+        // Decoding sequences first, whole; then pieces of prompts, most urgent first.
+        let mut ends = [0; MAX_BATCH];
+        let mut budget = PREFILL_CHUNK;
+        for ((active, _), end) in self.held[..running].iter().zip(ends.iter_mut()) {
+            let left = active.tokens.len() - active.fed;
+            if left == 1 {
+                *end = active.tokens.len();
+            }
+        }
+        for ((active, _), end) in self.held[..running].iter().zip(ends.iter_mut()) {
+            let left = active.tokens.len() - active.fed;
+            if left > 1 && budget > 0 {
+                let piece = left.min(budget);
+                budget -= piece;
+                *end = active.fed + piece;
+            }
+        }
+        let mut runs: Vec<Run<'_>> = Vec::with_capacity(running);
+        let mut members = [0; MAX_BATCH];
+        for (i, ((active, sequence), &end)) in self.held[..running].iter_mut().zip(ends.iter()).enumerate() {
+            if end > active.fed {
+                members[runs.len()] = i;
+                runs.push(Run { sequence, tokens: &active.tokens[active.fed..end] });
+            }
+        }
+        let rows: usize = runs.iter().map(|run| run.tokens.len()).sum();
+        let n = runs.len();
+        let result = batch.step(&mut runs).map(|logits| logits.to_vec());
+        drop(runs);
+        let logits = match result {
+            Ok(logits) => logits,
+            Err(e) => {
+                // The requests were checked on arrival; fail them rather than the server.
+                for &i in members[..n].iter().rev() {
+                    let (active, sequence) = self.held.remove(i);
+                    let _ = active.request.events.send(Event::Failed(e.to_string()));
+                    self.free.push(sequence);
+                }
+                return;
+            }
+        };
+        self.metrics.record_step(rows, started.elapsed());
+        let mut finished = Vec::new();
+        let mut scratch = Vec::with_capacity(VOCAB_SIZE);
+        for (r, &i) in members[..n].iter().enumerate() {
+            let (active, sequence) = &mut self.held[i];
+            active.fed = ends[i];
+            if active.fed < active.tokens.len() {
+                continue;
+            }
+            let params = &active.request.params;
+            let row = &logits[r * VOCAB_SIZE..(r + 1) * VOCAB_SIZE];
+            let token =
+                sample::<VOCAB_SIZE>(row, params.temperature, params.top_k, params.top_p, active.rng.next_f32(), &mut scratch);
+            active.tokens.push(token);
+            active.generated += 1;
+            let now = Instant::now();
+            match active.last_token {
+                None => self.metrics.time_to_first_token.observe(now - active.arrived),
+                Some(last) => self.metrics.inter_token_latency.observe(now - last),
+            }
+            active.last_token = Some(now);
+            self.metrics.generated_tokens.fetch_add(1, Ordering::Relaxed);
+            if active.request.events.send(Event::Token(token)).is_err() {
+                self.metrics.cancelled.fetch_add(1, Ordering::Relaxed);
+                finished.push(i);
+                continue;
+            }
+            let stop = if EOS_TOKEN_IDS.contains(&token) {
+                Some(StopReason::Eos)
+            } else if active.generated >= params.max_tokens {
+                Some(StopReason::MaxTokens)
+            } else if sequence.position() == MAX_SEQ_LEN {
+                Some(StopReason::ContextFull)
+            } else {
+                None
+            };
+            if let Some(stop) = stop {
+                let _ = active.request.events.send(Event::Done(stop));
+                self.metrics.finished.fetch_add(1, Ordering::Relaxed);
+                finished.push(i);
+            }
+        }
+        for &i in finished.iter().rev() {
+            let (_, mut sequence) = self.held.remove(i);
+            sequence.reset();
+            self.free.push(sequence);
+        }
+    }
+}
+
+/// Checks a request before it is handed over: a prompt that fits the context with room for at
+/// least one new token, ids in the vocabulary, and parameters in range.
+pub fn check(prompt: &[u32], params: &GenerateParams) -> Result<(), Error> {
+    params.validate()?;
+    if prompt.is_empty() {
+        return Err(Error::EmptyPrompt);
+    }
+    if let Some(&id) = prompt.iter().find(|&&id| id as usize >= VOCAB_SIZE) {
+        return Err(Error::TokenOutOfRange { id, vocab_size: VOCAB_SIZE });
+    }
+    if prompt.len() >= MAX_SEQ_LEN {
+        return Err(Error::SequenceTooLong { len: prompt.len() + 1, max: MAX_SEQ_LEN });
+    }
+    Ok(())
+}

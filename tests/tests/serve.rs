@@ -1,0 +1,890 @@
+//! Batched decoding and the generated server (`stories260k-serve-cpu-f32`, a batch of 4 and 8 KV
+//! slots), on the real stories260k model:
+//!
+//! - sequences run together in batched steps, through the engine's continuous batching and
+//!   through the HTTP server, give the tokens each gives alone, token for token, except after a
+//!   step where the two best logits of the lone run were within `TIE` of each other;
+//! - a more urgent class is served first, and a displaced sequence resumes unchanged;
+//! - the server speaks OpenAI's API (plain HTTP here, the `openai` Python client in
+//!   `openai_client.rs`): streaming framing, usage, stop strings, chat templates, and a 4xx
+//!   error object for every bad request; a full queue answers 429, a client that goes away frees
+//!   its place, SIGTERM lets running requests finish.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+use monogen_tests::{build_copy, model_dir, workspace_root};
+use serde_json::{Value, json};
+use served::engine::{Engine, Event, Request};
+use served::serve::{ChatTemplate, Options, Server};
+use served::{GenerateParams, MAX_BATCH, Model, Run, Sequence, StopReason, Tokenizer, VOCAB_SIZE, WORKLOAD};
+use stories260k_serve_cpu_f32 as served;
+
+/// Two logits closer than this are a tie, which a batched run may break the other way.
+const TIE: f32 = 1e-3;
+
+fn model() -> Option<&'static Arc<Model>> {
+    static MODEL: OnceLock<Option<Arc<Model>>> = OnceLock::new();
+    MODEL.get_or_init(|| model_dir("stories260k").map(|dir| Arc::new(Model::load(dir).unwrap()))).as_ref()
+}
+
+/// Greedy tokens of `prompt` run alone, each with the gap between the two best logits it was
+/// picked by; stops after EOS or `max_tokens`.
+fn alone(model: &Model, prompt: &[u32], max_tokens: usize) -> Vec<(u32, f32)> {
+    let mut session = model.session();
+    let mut logits = session.prefill(prompt).unwrap().to_vec();
+    let mut out = Vec::new();
+    loop {
+        let (best, gap) = top2(&logits);
+        out.push((best, gap));
+        if best == 2 || out.len() == max_tokens || session.position() == served::MAX_SEQ_LEN {
+            return out;
+        }
+        logits = session.decode(best).unwrap().to_vec();
+    }
+}
+
+fn top2(logits: &[f32]) -> (u32, f32) {
+    let mut best = (0, f32::NEG_INFINITY);
+    let mut second = f32::NEG_INFINITY;
+    for (i, &l) in logits.iter().enumerate() {
+        if l > best.1 {
+            second = best.1;
+            best = (i as u32, l);
+        } else if l > second {
+            second = l;
+        }
+    }
+    (best.0, best.1 - second)
+}
+
+/// `got` equals the lone run's tokens, or departs from them only at a tie.
+fn assert_same_tokens(got: &[u32], alone: &[(u32, f32)], what: &str) {
+    for (i, (&g, &(a, gap))) in got.iter().zip(alone).enumerate() {
+        if g != a {
+            assert!(gap < TIE, "{what}: token {i} is {g}, alone {a}, whose lead of {gap} is no tie");
+            return;
+        }
+    }
+    assert_eq!(got.len(), alone.len(), "{what}: {} tokens, alone {}", got.len(), alone.len());
+}
+
+fn prompts(model_dir: &std::path::Path) -> Vec<Vec<u32>> {
+    let tokenizer = Tokenizer::load_with_encoder(model_dir).unwrap();
+    [
+        "Once upon a time",
+        "Lily and Ben went to the park. They saw a big dog",
+        "The little bird",
+        "One day, a boy named Tim found a shiny red ball in the garden. He wanted to show it to his mom, so he ran",
+        "Sue had a cat",
+        "There was a tree",
+        "Mom said",
+        "The sun was hot and the children wanted to swim",
+    ]
+    .iter()
+    .map(|text| tokenizer.encode(text).unwrap())
+    .collect()
+}
+
+#[test]
+fn batched_steps_give_each_sequence_its_tokens_alone() {
+    let (Some(model), Some(dir)) = (model(), model_dir("stories260k")) else { return };
+    let prompts = &prompts(&dir)[..MAX_BATCH];
+    let steps = 40;
+    let lone: Vec<_> = prompts.iter().map(|p| alone(model, p, steps)).collect();
+
+    // The prompts read together in one step, then a decode step of all of them at a time;
+    // the second sequence joins a step late, beside the others' decode rows.
+    let mut batch = model.batch();
+    let mut sequences: Vec<Sequence> = prompts.iter().map(|_| Sequence::new()).collect();
+    let mut next: Vec<Vec<u32>> = prompts.to_vec();
+    let mut got: Vec<Vec<u32>> = vec![Vec::new(); prompts.len()];
+    for step in 0..steps + 1 {
+        let members: Vec<usize> = (0..prompts.len()).filter(|&i| step > 0 || i != 1).collect();
+        let mut runs: Vec<Run<'_>> = Vec::new();
+        let mut rest = sequences.iter_mut().enumerate().filter(|(i, _)| members.contains(i));
+        for (i, sequence) in &mut rest {
+            runs.push(Run { sequence, tokens: &next[i] });
+        }
+        let logits = batch.step(&mut runs).unwrap().to_vec();
+        for (r, &i) in members.iter().enumerate() {
+            let token = top2(&logits[r * VOCAB_SIZE..(r + 1) * VOCAB_SIZE]).0;
+            got[i].push(token);
+            next[i] = vec![token];
+        }
+    }
+    for (i, (got, lone)) in got.iter().zip(&lone).enumerate() {
+        let got = &got[..got.iter().position(|&t| t == 2).map_or(got.len(), |e| e + 1).min(steps)];
+        assert_same_tokens(got, lone, &format!("sequence {i}"));
+    }
+
+    // A step beyond its bounds is refused, not run.
+    let mut extra: Vec<Sequence> = (0..=MAX_BATCH).map(|_| Sequence::new()).collect();
+    let mut runs: Vec<Run<'_>> = extra.iter_mut().map(|sequence| Run { sequence, tokens: &[1] }).collect();
+    let e = batch.step(&mut runs).expect_err("too many runs").to_string();
+    assert!(e.contains(&format!("a step runs 1 to {MAX_BATCH} sequences, not {}", MAX_BATCH + 1)), "{e}");
+}
+
+/// Hands `requests` (prompt, max_tokens, class) to a new engine at once; returns each one's
+/// tokens and stop, and the order in which they ended.
+fn serve_on_engine(
+    model: &Arc<Model>,
+    requests: &[(Vec<u32>, usize, u8)],
+) -> (Vec<(Vec<u32>, StopReason)>, Vec<usize>) {
+    let engine = Engine::start(model.clone(), Default::default());
+    let receivers: Vec<_> = requests
+        .iter()
+        .map(|(prompt, max_tokens, priority)| {
+            let (events, receiver) = tokio::sync::mpsc::unbounded_channel();
+            let params =
+                GenerateParams { max_tokens: *max_tokens, temperature: 0.0, ..GenerateParams::default() };
+            engine.submit(Request { prompt: prompt.clone(), params, priority: *priority, events }).unwrap();
+            receiver
+        })
+        .collect();
+    collect(receivers)
+}
+
+fn collect(
+    receivers: Vec<tokio::sync::mpsc::UnboundedReceiver<Event>>,
+) -> (Vec<(Vec<u32>, StopReason)>, Vec<usize>) {
+    let mut out = vec![(Vec::new(), StopReason::Cancelled); receivers.len()];
+    let mut order = Vec::new();
+    let mut receivers: Vec<_> = receivers.into_iter().map(Some).collect();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while order.len() < out.len() {
+        assert!(Instant::now() < deadline, "the engine did not finish in time");
+        let mut idle = true;
+        for (i, receiver) in receivers.iter_mut().enumerate() {
+            let Some(r) = receiver else { continue };
+            while let Ok(event) = r.try_recv() {
+                idle = false;
+                match event {
+                    Event::Token(t) => out[i].0.push(t),
+                    Event::Done(stop) => {
+                        out[i].1 = stop;
+                        order.push(i);
+                        *receiver = None;
+                        break;
+                    }
+                    Event::Failed(e) => panic!("request {i} failed: {e}"),
+                }
+            }
+        }
+        if idle {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+    (out, order)
+}
+
+#[test]
+fn the_engine_serves_concurrent_requests_as_each_runs_alone() {
+    let (Some(model), Some(dir)) = (model(), model_dir("stories260k")) else { return };
+    // 8 requests for 4 places: the last ones wait with their KV caches, and run as places free.
+    let requests: Vec<_> = prompts(&dir).into_iter().enumerate().map(|(i, p)| (p, 10 + 13 * i, 0)).collect();
+    let (out, _) = serve_on_engine(model, &requests);
+    for (i, ((tokens, stop), (prompt, max_tokens, _))) in out.iter().zip(&requests).enumerate() {
+        let lone = alone(model, prompt, *max_tokens);
+        assert_same_tokens(tokens, &lone, &format!("request {i}"));
+        let want = if tokens.last() == Some(&2) { StopReason::Eos } else { StopReason::MaxTokens };
+        assert_eq!(*stop, want, "request {i}");
+    }
+}
+
+#[test]
+fn a_more_urgent_class_goes_first_and_the_displaced_resume_unchanged() {
+    let (Some(model), Some(dir)) = (model(), model_dir("stories260k")) else { return };
+    let prompts = prompts(&dir);
+    let engine = Engine::start(model.clone(), Default::default());
+    let submit = |prompt: &Vec<u32>, max_tokens, priority| {
+        let (events, receiver) = tokio::sync::mpsc::unbounded_channel();
+        let params = GenerateParams { max_tokens, temperature: 0.0, ..GenerateParams::default() };
+        engine.submit(Request { prompt: prompt.clone(), params, priority, events }).unwrap();
+        receiver
+    };
+    // 8 long `batch` requests take all 8 KV slots; once the running ones have a token, 2
+    // `interactive` ones arrive: they take the caches of the last two to arrive, and the places
+    // in the batch of two running ones, which resume later where they stopped.
+    // The first MAX_BATCH run; the others hold their caches and wait.
+    let mut receivers: Vec<_> = prompts.iter().map(|p| submit(p, 300, 1)).collect();
+    let mut first: Vec<Vec<u32>> = vec![Vec::new(); receivers.len()];
+    let deadline = Instant::now() + Duration::from_secs(60);
+    for (r, got) in receivers.iter_mut().zip(&mut first).take(MAX_BATCH) {
+        loop {
+            assert!(Instant::now() < deadline, "no first token");
+            match r.try_recv() {
+                Ok(Event::Token(t)) => {
+                    got.push(t);
+                    break;
+                }
+                Ok(other) => panic!("{other:?}"),
+                Err(_) => std::thread::sleep(Duration::from_millis(1)),
+            }
+        }
+    }
+    receivers.push(submit(&prompts[0], 20, 0));
+    receivers.push(submit(&prompts[2], 20, 0));
+    let (out, order) = collect(receivers);
+    // Both urgent requests end before any long one that ran to its limit (rather than to EOS).
+    let at = |i: usize| order.iter().position(|&o| o == i).unwrap();
+    let full: Vec<usize> = (0..8).filter(|&i| out[i].1 == StopReason::MaxTokens).collect();
+    assert!(full.len() >= 2, "long requests that ran to their limit: {full:?}");
+    for i in full {
+        assert!(at(8) < at(i) && at(9) < at(i), "{order:?}");
+    }
+    for (i, (tokens, _)) in out.iter().enumerate() {
+        let (prompt, max_tokens) =
+            if i < 8 { (&prompts[i], 300) } else { (&prompts[if i == 8 { 0 } else { 2 }], 20) };
+        let tokens: Vec<u32> =
+            if i < 8 { first[i].iter().chain(tokens).copied().collect() } else { tokens.clone() };
+        assert_same_tokens(&tokens, &alone(model, prompt, max_tokens), &format!("request {i}"));
+    }
+}
+
+// ---- HTTP ------------------------------------------------------------------------------------
+
+/// A server on a loopback port, stopped when dropped.
+struct Running(Option<Server>);
+
+impl Running {
+    fn start(dir: PathBuf, api_key: Option<&str>) -> Running {
+        let options =
+            Options { model: dir, host: "127.0.0.1".into(), port: 0, api_key: api_key.map(str::to_string) };
+        Running(Some(Server::start(&options).unwrap()))
+    }
+
+    fn addr(&self) -> SocketAddr {
+        self.0.as_ref().unwrap().addr()
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if let Some(server) = self.0.take() {
+            server.stop();
+        }
+    }
+}
+
+/// An HTTP/1.1 answer: status, headers (names in lower case) and body (chunks joined).
+struct Answer {
+    status: u16,
+    headers: Vec<(String, String)>,
+    body: String,
+}
+
+impl Answer {
+    fn json(&self) -> Value {
+        serde_json::from_str(&self.body).unwrap_or_else(|e| panic!("{e}: {}", self.body))
+    }
+
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers.iter().find(|(n, _)| n == name).map(|(_, v)| v.as_str())
+    }
+
+    /// The `data:` payloads of a stream of server-sent events.
+    fn events(&self) -> Vec<String> {
+        self.body
+            .split("\n\n")
+            .filter(|e| !e.trim().is_empty())
+            .map(|e| {
+                e.strip_prefix("data: ").unwrap_or_else(|| panic!("not a data event: {e:?}")).to_string()
+            })
+            .collect()
+    }
+}
+
+fn send(addr: SocketAddr, method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> Answer {
+    let mut stream = TcpStream::connect(addr).unwrap();
+    stream.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    let mut head = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Length: {}\r\n",
+        body.len()
+    );
+    for (name, value) in headers {
+        head.push_str(&format!("{name}: {value}\r\n"));
+    }
+    head.push_str("\r\n");
+    stream.write_all(head.as_bytes()).unwrap();
+    // A server may answer (413) and close before it has read a body it refuses.
+    let _ = stream.write_all(body);
+    let mut raw = Vec::new();
+    let mut buffer = [0; 65536];
+    while let Ok(n) = stream.read(&mut buffer) {
+        if n == 0 {
+            break;
+        }
+        raw.extend_from_slice(&buffer[..n]);
+    }
+    parse_answer(&raw)
+}
+
+fn parse_answer(raw: &[u8]) -> Answer {
+    let text = String::from_utf8_lossy(raw);
+    let (head, rest) = text.split_once("\r\n\r\n").unwrap_or_else(|| panic!("no header end: {text:?}"));
+    let mut lines = head.lines();
+    let status = lines.next().unwrap().split(' ').nth(1).unwrap().parse().unwrap();
+    let headers: Vec<(String, String)> = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(n, v)| (n.trim().to_ascii_lowercase(), v.trim().to_string()))
+        .collect();
+    let chunked = headers.iter().any(|(n, v)| n == "transfer-encoding" && v.contains("chunked"));
+    let body = if chunked { dechunk(rest) } else { rest.to_string() };
+    Answer { status, headers, body }
+}
+
+fn dechunk(mut rest: &str) -> String {
+    let mut body = String::new();
+    loop {
+        let (size, after) = rest.split_once("\r\n").expect("a chunk size");
+        let size = usize::from_str_radix(size.trim(), 16).expect("a hex chunk size");
+        if size == 0 {
+            return body;
+        }
+        body.push_str(&after[..size]);
+        rest = &after[size + 2..];
+    }
+}
+
+fn post(addr: SocketAddr, path: &str, body: &Value) -> Answer {
+    send(addr, "POST", path, &[("Content-Type", "application/json")], body.to_string().as_bytes())
+}
+
+/// stories260k with a ChatML chat template (tokenizer_config.json), under target/.
+fn chat_model() -> Option<PathBuf> {
+    static DIR: OnceLock<Option<PathBuf>> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let source = model_dir("stories260k")?;
+        let dir = workspace_root().join(format!("target/test-models/stories260k-chat-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        for file in ["config.json", "model.safetensors", "tokenizer.json"] {
+            std::fs::copy(source.join(file), dir.join(file)).unwrap();
+        }
+        let config = json!({
+            "bos_token": "<s>",
+            "eos_token": "</s>",
+            "chat_template": "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] | trim + '<|im_end|>\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}",
+        });
+        std::fs::write(dir.join("tokenizer_config.json"), config.to_string()).unwrap();
+        Some(dir)
+    })
+    .clone()
+}
+
+/// The text that `prompt_ids` run alone continues with, greedy.
+fn alone_text(tokenizer: &Tokenizer, prompt_ids: &[u32], max_tokens: usize) -> (String, usize, &'static str) {
+    let model = model().unwrap();
+    let tokens: Vec<u32> = alone(model, prompt_ids, max_tokens).into_iter().map(|(t, _)| t).collect();
+    let finish = if tokens.last() == Some(&2) { "stop" } else { "length" };
+    (tokenizer.decode(&tokens).unwrap(), tokens.len(), finish)
+}
+
+#[test]
+fn concurrent_greedy_completions_equal_the_sequences_run_alone() {
+    let Some(dir) = model_dir("stories260k") else { return };
+    let server = Running::start(dir.clone(), None);
+    let addr = server.addr();
+    let tokenizer = Tokenizer::load_with_encoder(&dir).unwrap();
+    let texts = [
+        "Once upon a time",
+        "Lily and Ben went to the park.",
+        "The little bird",
+        "Sue had a cat",
+        "Mom said",
+        "There was a tree",
+    ];
+    let answers: Vec<Answer> = std::thread::scope(|s| {
+        let handles: Vec<_> = texts
+            .iter()
+            .enumerate()
+            .map(|(i, text)| {
+                s.spawn(move || {
+                    let body = json!({ "model": WORKLOAD, "prompt": text, "max_tokens": 30 + 5 * i, "temperature": 0 });
+                    post(addr, "/v1/completions", &body)
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for (i, (answer, text)) in answers.iter().zip(texts).enumerate() {
+        assert_eq!(answer.status, 200, "{}", answer.body);
+        assert_eq!(answer.header("content-type"), Some("application/json"));
+        let body = answer.json();
+        let prompt = tokenizer.encode(text).unwrap();
+        let (want, n, finish) = alone_text(&tokenizer, &prompt, 30 + 5 * i);
+        assert_eq!(body["object"], "text_completion");
+        assert_eq!(body["model"], WORKLOAD);
+        assert_eq!(body["choices"][0]["text"], want, "prompt {text:?}");
+        assert_eq!(body["choices"][0]["finish_reason"], finish);
+        assert_eq!(
+            body["usage"],
+            json!({ "prompt_tokens": prompt.len(), "completion_tokens": n, "total_tokens": prompt.len() + n })
+        );
+    }
+
+    // Ids as the prompt, a seed with sampling, and a stop string.
+    let ids = tokenizer.encode("Once upon a time").unwrap();
+    let by_ids = post(
+        addr,
+        "/v1/completions",
+        &json!({ "model": WORKLOAD, "prompt": ids, "max_tokens": 30, "temperature": 0 }),
+    );
+    assert_eq!(by_ids.json()["choices"][0]["text"], answers[0].json()["choices"][0]["text"]);
+    let sampled = |seed: u64| {
+        let body = json!({ "model": WORKLOAD, "prompt": "Once upon a time", "max_tokens": 40, "temperature": 1.0, "top_p": 0.9, "seed": seed });
+        post(addr, "/v1/completions", &body).json()["choices"][0]["text"].as_str().unwrap().to_string()
+    };
+    assert_eq!(sampled(7), sampled(7), "the same seed gives the same text");
+    let stopped = post(
+        addr,
+        "/v1/completions",
+        &json!({ "model": WORKLOAD, "prompt": "Once upon a time", "max_tokens": 30, "temperature": 0, "stop": [" little", "zzz"] }),
+    );
+    let body = stopped.json();
+    assert_eq!(body["choices"][0]["text"], ", there was a", "{body}");
+    assert_eq!(body["choices"][0]["finish_reason"], "stop");
+}
+
+#[test]
+fn streams_are_server_sent_events_that_end_with_done() {
+    let (Some(dir), Some(chat)) = (model_dir("stories260k"), chat_model()) else { return };
+    let server = Running::start(chat, None);
+    let addr = server.addr();
+    let whole = post(
+        addr,
+        "/v1/completions",
+        &json!({ "model": WORKLOAD, "prompt": "Once upon a time", "max_tokens": 25, "temperature": 0 }),
+    );
+    let streamed = post(
+        addr,
+        "/v1/completions",
+        &json!({ "model": WORKLOAD, "prompt": "Once upon a time", "max_tokens": 25, "temperature": 0, "stream": true, "stream_options": { "include_usage": true } }),
+    );
+    assert_eq!(streamed.status, 200);
+    assert_eq!(streamed.header("content-type"), Some("text/event-stream"));
+    let events = streamed.events();
+    assert_eq!(events.last().map(String::as_str), Some("[DONE]"));
+    let chunks: Vec<Value> =
+        events[..events.len() - 1].iter().map(|e| serde_json::from_str(e).unwrap()).collect();
+    let text: String =
+        chunks.iter().filter_map(|c| c["choices"].get(0)).map(|c| c["text"].as_str().unwrap()).collect();
+    assert_eq!(text, whole.json()["choices"][0]["text"].as_str().unwrap());
+    let finish = &chunks[chunks.len() - 2];
+    assert_eq!(finish["choices"][0]["finish_reason"], "length");
+    let usage = chunks.last().unwrap();
+    assert_eq!(usage["choices"], json!([]));
+    assert_eq!(usage["usage"], whole.json()["usage"]);
+    assert!(chunks[..chunks.len() - 2].iter().all(|c| c["choices"][0]["finish_reason"].is_null()));
+    assert!(chunks.iter().all(|c| c["object"] == "text_completion" && c["id"] == chunks[0]["id"]));
+
+    // Chat: the model's template, the role in the first delta, and the same text streamed.
+    let messages = json!([{ "role": "system", "content": "Tell a story." }, { "role": "user", "content": "Once upon a time" }]);
+    let chat = post(
+        addr,
+        "/v1/chat/completions",
+        &json!({ "model": WORKLOAD, "messages": messages, "max_tokens": 20, "temperature": 0 }),
+    );
+    assert_eq!(chat.status, 200, "{}", chat.body);
+    let body = chat.json();
+    assert_eq!(body["object"], "chat.completion");
+    assert_eq!(body["choices"][0]["message"]["role"], "assistant");
+    let tokenizer = Tokenizer::load_with_encoder(&dir).unwrap();
+    let rendered = "<|im_start|>system\nTell a story.<|im_end|>\n<|im_start|>user\nOnce upon a time<|im_end|>\n<|im_start|>assistant\n";
+    let prompt = tokenizer.encode_as_is(rendered).unwrap();
+    let (want, n, _) = alone_text(&tokenizer, &prompt, 20);
+    assert_eq!(body["choices"][0]["message"]["content"], want);
+    assert_eq!(body["usage"]["prompt_tokens"], prompt.len());
+    assert_eq!(body["usage"]["completion_tokens"], n);
+    let streamed = post(
+        addr,
+        "/v1/chat/completions",
+        &json!({ "model": WORKLOAD, "messages": messages, "max_tokens": 20, "temperature": 0, "stream": true }),
+    );
+    let events = streamed.events();
+    assert_eq!(events.last().map(String::as_str), Some("[DONE]"));
+    let chunks: Vec<Value> =
+        events[..events.len() - 1].iter().map(|e| serde_json::from_str(e).unwrap()).collect();
+    assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
+    assert!(chunks.iter().all(|c| c["object"] == "chat.completion.chunk"));
+    let text: String = chunks.iter().filter_map(|c| c["choices"][0]["delta"]["content"].as_str()).collect();
+    assert_eq!(text, want);
+}
+
+#[test]
+fn every_bad_request_gets_an_openai_error_object() {
+    let (Some(dir), Some(chat)) = (model_dir("stories260k"), chat_model()) else { return };
+    let plain = Running::start(dir, None);
+    let server = Running::start(chat, None);
+    let addr = server.addr();
+    let ok = |extra: Value| {
+        let mut body = json!({ "model": WORKLOAD, "prompt": "Once upon a time", "max_tokens": 4 });
+        for (k, v) in extra.as_object().unwrap() {
+            body[k] = v.clone();
+        }
+        body.to_string()
+    };
+    let long_prompt = "Once upon a time there was a dog. ".repeat(60);
+    let cases: Vec<(&str, &str, String, u16, &str)> = vec![
+        ("POST", "/v1/completions", "{\"model\": ".into(), 400, "not valid JSON"),
+        ("POST", "/v1/completions", "[1, 2]".into(), 400, "must be a JSON object"),
+        (
+            "POST",
+            "/v1/completions",
+            ok(json!({ "max_tokens": "9" })),
+            400,
+            "`max_tokens` must be a positive integer",
+        ),
+        (
+            "POST",
+            "/v1/completions",
+            ok(json!({ "max_tokens": 0 })),
+            400,
+            "`max_tokens` is 0, and must be between 1 and",
+        ),
+        ("POST", "/v1/completions", ok(json!({ "max_tokens": 100000 })), 400, "`max_tokens` is 100000"),
+        (
+            "POST",
+            "/v1/completions",
+            ok(json!({ "temperature": "hot" })),
+            400,
+            "`temperature` must be a number",
+        ),
+        ("POST", "/v1/completions", ok(json!({ "temperature": 3 })), 400, "`temperature` is 3"),
+        ("POST", "/v1/completions", ok(json!({ "top_p": 0 })), 400, "`top_p` is 0"),
+        ("POST", "/v1/completions", ok(json!({ "stream": "yes" })), 400, "`stream` must be true or false"),
+        ("POST", "/v1/completions", ok(json!({ "stop": [1] })), 400, "`stop` must be a string"),
+        ("POST", "/v1/completions", ok(json!({ "seed": 1.5 })), 400, "`seed` must be an integer"),
+        ("POST", "/v1/completions", ok(json!({ "n": 2 })), 400, "`n` is not supported"),
+        (
+            "POST",
+            "/v1/completions",
+            ok(json!({ "frobnicate": true })),
+            400,
+            "unrecognized request argument supplied: `frobnicate`",
+        ),
+        ("POST", "/v1/completions", ok(json!({ "model": "gpt-4" })), 404, "the model `gpt-4` does not exist"),
+        ("POST", "/v1/completions", ok(json!({ "model": 3 })), 400, "`model` must be a string"),
+        ("POST", "/v1/completions", ok(json!({ "prompt": 42 })), 400, "`prompt` must be a string"),
+        (
+            "POST",
+            "/v1/completions",
+            ok(json!({ "prompt": [1, 99999] })),
+            400,
+            "token id 99999 is outside the vocabulary",
+        ),
+        ("POST", "/v1/completions", ok(json!({ "prompt": ["a", "b"] })), 400, "one prompt per request"),
+        (
+            "POST",
+            "/v1/completions",
+            ok(json!({ "prompt": long_prompt })),
+            400,
+            "this model's context holds 512",
+        ),
+        (
+            "POST",
+            "/v1/completions",
+            ok(json!({ "priority": "urgent" })),
+            400,
+            "unknown priority class `urgent`: this server has interactive, batch",
+        ),
+        (
+            "POST",
+            "/v1/completions",
+            format!("{{\"model\": \"{WORKLOAD}\", \"prompt\": \"{}\"}}", "a".repeat(2 << 20)),
+            413,
+            "larger than",
+        ),
+        (
+            "POST",
+            "/v1/chat/completions",
+            json!({ "model": WORKLOAD, "messages": [] }).to_string(),
+            400,
+            "`messages` is empty",
+        ),
+        (
+            "POST",
+            "/v1/chat/completions",
+            json!({ "model": WORKLOAD, "messages": [{ "role": "wizard", "content": "hi" }] }).to_string(),
+            400,
+            "messages[0].role `wizard`",
+        ),
+        (
+            "POST",
+            "/v1/chat/completions",
+            json!({ "model": WORKLOAD, "messages": [{ "role": "user", "content": 5 }] }).to_string(),
+            400,
+            "messages[0].content must be a string",
+        ),
+        ("GET", "/v1/completions", String::new(), 405, "does not take that method"),
+        ("GET", "/v2/anything", String::new(), 404, "no such route"),
+    ];
+    for (method, path, body, status, message) in &cases {
+        let answer = send(addr, method, path, &[("Content-Type", "application/json")], body.as_bytes());
+        assert_eq!(
+            answer.status,
+            *status,
+            "{method} {path} {}: {}",
+            &body[..body.len().min(80)],
+            answer.body
+        );
+        let error = &answer.json()["error"];
+        let text = error["message"].as_str().unwrap_or_default();
+        assert!(text.contains(message), "{path} {}: {text}", &body[..body.len().min(80)]);
+        assert!(error["type"].is_string(), "{error}");
+    }
+    // A model without a chat template says so.
+    let answer = post(
+        plain.addr(),
+        "/v1/chat/completions",
+        &json!({ "model": WORKLOAD, "messages": [{ "role": "user", "content": "hi" }] }),
+    );
+    assert_eq!(answer.status, 400);
+    assert!(answer.json()["error"]["message"].as_str().unwrap().contains("has no chat template"));
+    // After all of that, the server still answers.
+    let answer =
+        post(addr, "/v1/completions", &json!({ "model": WORKLOAD, "prompt": "Once", "max_tokens": 3 }));
+    assert_eq!(answer.status, 200, "{}", answer.body);
+    let health = send(addr, "GET", "/health", &[], b"");
+    assert_eq!((health.status, health.json()), (200, json!({ "status": "ok" })));
+    let models = send(addr, "GET", "/v1/models", &[], b"").json();
+    assert_eq!(models["data"][0]["id"], WORKLOAD);
+    let metrics = send(addr, "GET", "/metrics", &[], b"").body;
+    for name in [
+        "monogen_queue_depth",
+        "monogen_running_sequences",
+        "monogen_kv_cache_usage_ratio",
+        "monogen_generation_tokens_per_second",
+        "monogen_time_to_first_token_seconds_bucket",
+        "monogen_inter_token_latency_seconds_count",
+    ] {
+        assert!(metrics.contains(name), "{name} missing from\n{metrics}");
+    }
+    assert!(
+        metrics.contains("monogen_http_requests_total{endpoint=\"completions\",status=\"400\"}"),
+        "{metrics}"
+    );
+}
+
+#[test]
+fn an_api_key_is_required_when_set() {
+    let Some(dir) = model_dir("stories260k") else { return };
+    let server = Running::start(dir, Some("s3cret"));
+    let addr = server.addr();
+    let body = json!({ "model": WORKLOAD, "prompt": "Once", "max_tokens": 2 }).to_string();
+    let none = send(addr, "POST", "/v1/completions", &[], body.as_bytes());
+    assert_eq!(none.status, 401);
+    assert_eq!(none.json()["error"]["code"], "invalid_api_key");
+    let wrong = send(addr, "POST", "/v1/completions", &[("Authorization", "Bearer nope")], body.as_bytes());
+    assert_eq!(wrong.status, 401);
+    let right = send(addr, "POST", "/v1/completions", &[("Authorization", "Bearer s3cret")], body.as_bytes());
+    assert_eq!(right.status, 200, "{}", right.body);
+    assert_eq!(send(addr, "GET", "/v1/models", &[], b"").status, 401);
+    assert_eq!(send(addr, "GET", "/health", &[], b"").status, 200);
+}
+
+/// The value of an unlabelled metric.
+fn metric(addr: SocketAddr, name: &str) -> f64 {
+    let text = send(addr, "GET", "/metrics", &[], b"").body;
+    let line = text.lines().find(|l| l.split(' ').next() == Some(name)).unwrap_or_else(|| panic!("{name}"));
+    line.split(' ').nth(1).unwrap().parse().unwrap()
+}
+
+#[test]
+fn a_full_queue_answers_429_and_a_client_that_leaves_frees_its_place() {
+    let Some(dir) = model_dir("stories260k") else { return };
+    let server = Running::start(dir, None);
+    let addr = server.addr();
+    // 8 KV slots and 16 waiting places: of 40 long requests at once, some are turned away.
+    let body = json!({ "model": WORKLOAD, "prompt": "Once upon a time", "max_tokens": 500, "temperature": 0, "priority": "batch" });
+    let answers: Vec<Answer> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..40).map(|_| s.spawn(|| post(addr, "/v1/completions", &body))).collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let refused: Vec<&Answer> = answers.iter().filter(|a| a.status == 429).collect();
+    assert!(!refused.is_empty(), "no request was refused");
+    for answer in &refused {
+        assert_eq!(answer.header("retry-after"), Some("1"));
+        assert_eq!(answer.json()["error"]["type"], "rate_limit_error");
+    }
+    assert!(answers.iter().all(|a| a.status == 200 || a.status == 429));
+    // At least the places waiting are taken (more where the engine admits some first).
+    assert!(answers.iter().filter(|a| a.status == 200).count() >= served::MAX_QUEUE);
+
+    // A streaming client that reads one event and goes away.
+    let mut stream = TcpStream::connect(addr).unwrap();
+    let body = json!({ "model": WORKLOAD, "prompt": "Once upon a time", "max_tokens": 500, "temperature": 0, "stream": true }).to_string();
+    write!(
+        stream,
+        "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut reader = BufReader::new(stream);
+    let mut line = String::new();
+    while !line.starts_with("data: ") {
+        line.clear();
+        reader.read_line(&mut line).unwrap();
+    }
+    let cancelled = metric(addr, "monogen_requests_cancelled_total");
+    drop(reader);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while metric(addr, "monogen_requests_cancelled_total") == cancelled
+        || metric(addr, "monogen_running_sequences") > 0.0
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the request still runs after its client left: cancelled {} (before {cancelled}), running {}",
+            metric(addr, "monogen_requests_cancelled_total"),
+            metric(addr, "monogen_running_sequences")
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn chat_templates_render_as_transformers_renders_them() {
+    let dir = workspace_root().join("tests/fixtures/chat_templates");
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().path()).collect();
+    files.sort();
+    assert!(files.len() >= 3, "fixtures of at least three families in {}", dir.display());
+    let mut checked = 0;
+    for file in files {
+        let fixture: Value = serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
+        let string = |key: &str| fixture[key].as_str().unwrap_or_default().to_string();
+        let template = ChatTemplate::new(string("chat_template"), string("bos_token"), string("eos_token"))
+            .unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+        for (i, case) in fixture["cases"].as_array().unwrap().iter().enumerate() {
+            let extra = case["extra"].as_object().cloned().unwrap_or_default();
+            let agp = case["add_generation_prompt"].as_bool().unwrap_or(true);
+            let rendered = template.render_with(&case["messages"], agp, &extra);
+            if case["error"].as_bool() == Some(true) {
+                assert!(
+                    rendered.is_err(),
+                    "{} case {i}: transformers refused it, we rendered {rendered:?}",
+                    file.display()
+                );
+            } else {
+                assert_eq!(
+                    rendered.as_deref(),
+                    Ok(case["expected"].as_str().unwrap()),
+                    "{} case {i}",
+                    file.display()
+                );
+                checked += 1;
+            }
+        }
+    }
+    assert!(checked >= 9, "{checked} cases checked");
+}
+
+#[test]
+fn sigterm_lets_running_requests_finish_then_exits() {
+    let Some(dir) = model_dir("stories260k") else { return };
+    let binary = build_copy(WORKLOAD);
+    let mut child = Command::new(&binary)
+        .args(["serve", "--model", dir.to_str().unwrap(), "--port", "0"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdout = BufReader::new(child.stdout.take().unwrap());
+    let mut first = String::new();
+    stdout.read_line(&mut first).unwrap();
+    let addr: SocketAddr = first
+        .trim()
+        .strip_prefix("listening on http://")
+        .unwrap_or_else(|| panic!("{first:?}"))
+        .parse()
+        .unwrap();
+    assert!(addr.ip().is_loopback());
+
+    let body = json!({ "model": WORKLOAD, "prompt": "Once upon a time", "max_tokens": 400, "temperature": 0, "stream": true }).to_string();
+    let mut stream = TcpStream::connect(addr).unwrap();
+    write!(
+        stream,
+        "POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut reader = BufReader::new(stream);
+    let mut raw = Vec::new();
+    let mut line = String::new();
+    while !line.starts_with("data: ") {
+        line.clear();
+        reader.read_line(&mut line).unwrap();
+        raw.extend_from_slice(line.as_bytes());
+    }
+    let killed = Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();
+    assert!(killed.success());
+    reader.read_to_end(&mut raw).unwrap();
+    let answer = parse_answer(&raw);
+    let events = answer.events();
+    assert_eq!(events.last().map(String::as_str), Some("[DONE]"), "the running request finished");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(Instant::now() < deadline, "the server did not exit");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(status.success(), "{status}");
+    let mut stderr = String::new();
+    child.stderr.take().unwrap().read_to_string(&mut stderr).unwrap();
+    assert!(stderr.contains("stopping"), "{stderr}");
+    assert!(TcpStream::connect(addr).is_err(), "it no longer listens");
+}
+
+#[test]
+fn the_openai_python_client_talks_to_the_server() {
+    let (Some(dir), Some(chat)) = (model_dir("stories260k"), chat_model()) else { return };
+    let python = std::env::var("MONOGEN_PYTHON").unwrap_or_else(|_| "python3".into());
+    let has_openai = Command::new(&python).args(["-c", "import openai"]).status().is_ok_and(|s| s.success());
+    if !has_openai {
+        // .ci/run installs it; a developer's machine may not have it.
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "the `openai` Python package is missing: `pip install openai`"
+        );
+        eprintln!(
+            "skipped: no `openai` Python package for {python} (pip install openai, or set MONOGEN_PYTHON)"
+        );
+        return;
+    }
+    let server = Running::start(chat, Some("key-1"));
+    let script = workspace_root().join("tests/clients/openai_client.py");
+    let output = Command::new(&python)
+        .arg(&script)
+        .args([&format!("http://{}/v1", server.addr()), WORKLOAD, "key-1"])
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let got: Value = serde_json::from_slice(&output.stdout).unwrap();
+
+    let tokenizer = Tokenizer::load_with_encoder(&dir).unwrap();
+    let prompt = tokenizer.encode("Once upon a time").unwrap();
+    let (text, n, finish) = alone_text(&tokenizer, &prompt, 24);
+    let usage =
+        json!({ "prompt_tokens": prompt.len(), "completion_tokens": n, "total_tokens": prompt.len() + n });
+    assert_eq!(got["models"], json!([WORKLOAD]));
+    for key in ["completion", "completion_stream"] {
+        assert_eq!(got[key]["text"], text, "{key}");
+        assert_eq!(got[key]["finish_reason"], finish, "{key}");
+        assert_eq!(got[key]["usage"]["total_tokens"], usage["total_tokens"], "{key}: {}", got[key]);
+    }
+    let rendered = "<|im_start|>system\nTell a story.<|im_end|>\n<|im_start|>user\nOnce upon a time<|im_end|>\n<|im_start|>assistant\n";
+    let (content, _, _) = alone_text(&tokenizer, &tokenizer.encode_as_is(rendered).unwrap(), 20);
+    assert_eq!(got["chat"]["role"], "assistant");
+    assert_eq!(got["chat"]["content"], content);
+    assert_eq!(got["chat_stream"]["content"], content);
+    assert_eq!(got["chat_stream"]["roles"], json!(["assistant"]));
+    assert_eq!(got["errors"]["unknown_model"]["status"], 404);
+    assert_eq!(got["errors"]["max_tokens"]["status"], 400);
+    assert_eq!(got["errors"]["priority_header"]["status"], 400);
+    assert_eq!(got["wrong_key"], 401);
+}
