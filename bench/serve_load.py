@@ -13,7 +13,9 @@ greedy. For each level it prints, and writes as one JSON line to `--out`:
 - time to first token (TTFT) at p50 and p99 (from sending the request to its first streamed
   token),
 - inter-token latency (ITL) at p50 and p99 (between two streamed tokens of one request),
-- the requests answered, refused (429) or failed.
+- the requests answered, refused (429) or failed,
+- with `--probe CLASS` (and the load in `--priority` another class): the TTFT of requests of
+  CLASS sent one at a time into the loaded server.
 
 Standard library only. Servers listen on loopback; every request has a timeout, so a run ends.
 
@@ -101,6 +103,16 @@ def summarize(label, mode, level, results, wall):
 def closed_loop(args, prompts, concurrency):
     results, lock = [], threading.Lock()
     per_client = max(1, args.requests // concurrency)
+    probes = []
+
+    def probe():
+        # Requests of class --probe, one at a time, into the loaded server: their TTFT shows
+        # what a more urgent class waits for while the others saturate it.
+        time.sleep(0.5)
+        while len(probes) < args.probes and any(t.is_alive() for t in threads):
+            r = one_request(args.url, args.model, prompts[len(probes)], args.max_tokens, args.probe, args.timeout)
+            probes.append(r)
+            time.sleep(0.2)
 
     def client(c):
         for i in range(per_client):
@@ -113,9 +125,16 @@ def closed_loop(args, prompts, concurrency):
     threads = [threading.Thread(target=client, args=(c,)) for c in range(concurrency)]
     for t in threads:
         t.start()
+    prober = threading.Thread(target=probe)
+    if args.probe:
+        prober.start()
     for t in threads:
         t.join()
-    return results, time.perf_counter() - started
+    wall = time.perf_counter() - started
+    if args.probe:
+        prober.join()
+    closed_loop.probes = probes
+    return results, wall
 
 
 def open_loop(args, prompts, rate):
@@ -154,9 +173,19 @@ def run(args):
     for mode, level in levels:
         results, wall = closed_loop(args, prompts, level) if mode == "closed" else open_loop(args, prompts, level)
         s = summarize(args.label, mode, level, results, wall)
+        probes = getattr(closed_loop, "probes", []) if mode == "closed" else []
+        if args.probe:
+            ttfts = [r[0] for r in probes if r[3] == 200 and r[0] is not None]
+            s["probe"] = args.probe
+            s["probe_requests"] = len(ttfts)
+            s["probe_ttft_p50_ms"] = percentile(ttfts, 50) * 1e3
+            s["probe_ttft_max_ms"] = max(ttfts) * 1e3 if ttfts else float("nan")
         print(f"{s['label']:<16} {mode:<6} {level:>6} {s['requests']:>4} {s['refused']:>4} {s['tok_s']:>8.1f} "
               f"{s['ttft_p50_ms']:>8.1f}ms {s['ttft_p99_ms']:>8.1f}ms {s['itl_p50_ms']:>7.1f}ms {s['itl_p99_ms']:>7.1f}ms",
               flush=True)
+        if args.probe:
+            print(f"{'':<16} probes of class {args.probe}: {s['probe_requests']}, ttft p50 {s['probe_ttft_p50_ms']:.1f}ms, "
+                  f"max {s['probe_ttft_max_ms']:.1f}ms", flush=True)
         if out:
             out.write(json.dumps(s) + "\n")
             out.flush()
@@ -212,7 +241,9 @@ def main():
     p.add_argument("--prompt-len", type=int, default=64)
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--vocab", type=int, default=32000)
-    p.add_argument("--priority", default=None)
+    p.add_argument("--priority", default=None, help="the class of the load's requests")
+    p.add_argument("--probe", default=None, help="the class of probe requests sent into the load")
+    p.add_argument("--probes", type=int, default=8)
     p.add_argument("--timeout", type=float, default=600)
     p.add_argument("--out")
     p.add_argument("--plot")
