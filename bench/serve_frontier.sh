@@ -75,7 +75,7 @@ open('$OUT', 'a').write(json.dumps({'label': 'monogen $W', 'mode': 'single', 'de
     # An interactive request into a server saturated by the batch class, against an idle one's.
     python3 bench/serve_load.py --url http://127.0.0.1:18180 --model "$W" --label "monogen $W priority" \
         --requests "$REQUESTS" --prompt-len "$PROMPT_LEN" --max-tokens "$MAX_TOKENS" \
-        --concurrency 32 --priority batch --probe interactive --out "$OUT"
+        --concurrency 32 --priority batch --probe interactive --requests $((REQUESTS * 4)) --out "$OUT"
     kill "${PIDS[-1]}"; wait "${PIDS[-1]}" 2>/dev/null || true
 
     if [ -n "${LLAMA_SERVER:-}" ]; then

@@ -112,7 +112,7 @@ def closed_loop(args, prompts, concurrency):
         while len(probes) < args.probes and any(t.is_alive() for t in threads):
             r = one_request(args.url, args.model, prompts[len(probes)], args.max_tokens, args.probe, args.timeout)
             probes.append(r)
-            time.sleep(0.2)
+            time.sleep(0.1)
 
     def client(c):
         for i in range(per_client):

@@ -1298,6 +1298,23 @@ mod tests {
         // 512·64 embedding + 5 layers · (2·64 + 64·64 + 2·64·32 + 64·64 + 3·64·172) + 64
         assert_eq!(f.parameters, 32768 + 5 * (128 + 4096 + 4096 + 4096 + 33024) + 64);
         assert_eq!(f.kv_cache_bytes, 2 * 5 * 512 * 32 * 4);
+        assert_eq!(f.kv_caches, 1);
+    }
+
+    #[test]
+    fn a_server_holds_its_kv_slots_and_steps_a_chunk_beside_a_batch() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let path = root.join("workloads/stories260k-serve-cpu-f32.toml");
+        let w = WorkloadSource::read(&path).unwrap().parse().unwrap();
+        let consts = consts(&w);
+        let Consts::Llama(c) = &consts else { panic!("a llama workload") };
+        assert_eq!((c.request.max_batch, c.step_rows), (4, 128 + 4));
+        assert_eq!(c.serving.as_ref().map(|s| (s.kv_slots, s.max_queue)), Some((8, 16)));
+        let f = footprint(&w, &consts);
+        assert_eq!((f.kv_cache_bytes, f.kv_caches), (2 * 5 * 512 * 32 * 4, 8));
+        // x, xb: [rows, 64]; q, att: [rows, 64]; k, v: [rows, 32]; gate, up: [rows, 172];
+        // scores: [512]; logits: [4, 512]
+        assert_eq!(f.scratch_bytes, (132 * (2 * 64 + 2 * 64 + 2 * 32 + 2 * 172) + 512 + 4 * 512) * 4);
     }
 
     #[test]

@@ -782,3 +782,20 @@ fn a_workload_outside_the_repository_names_its_crate_folder() {
     assert!(out.status.success(), "{}", stderr(&out));
     assert!(dir.join("monogen.lock").is_file());
 }
+
+#[test]
+fn explain_shows_the_server_and_the_memory_of_its_kv_slots() {
+    let root = workspace_root();
+    let out = monogen(&root, &["explain", "workloads/stories260k-serve-cpu-f32.toml"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    assert!(
+        text.contains("serving: an OpenAI-compatible server (`serve`) batching up to 4 sequences; classes interactive > batch (default interactive); 16 requests may wait; 8 KV slots"),
+        "{text}"
+    );
+    assert!(
+        text.contains("KV cache 640.0 KiB (f32) per sequence, 5.0 MiB in all for 8 KV slots of the server (taken as positions fill them)"),
+        "{text}"
+    );
+    assert!(text.contains("per batch of 4 sequences, 132 positions a step"), "{text}");
+}

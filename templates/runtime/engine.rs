@@ -27,6 +27,12 @@ use crate::metrics::Metrics;
 use crate::model::{Batch, Run, Sequence};
 use crate::{EOS_TOKEN_IDS, Error, GenerateParams, KV_SLOTS, MAX_BATCH, MAX_QUEUE, MAX_SEQ_LEN, Model, PREFILL_CHUNK, StopReason, VOCAB_SIZE};
 
+/// Prompt positions a step reads beside decode rows: a quarter of a prefill chunk, so that a
+/// step with a piece of a prompt takes a few decode steps' time, not a whole chunk's, and the
+/// running sequences' next tokens are not held up by it (a step without decode rows reads a
+/// whole chunk).
+const PREFILL_BESIDE_DECODE: usize = PREFILL_CHUNK.div_ceil(4);
+
 /// A request for the engine: a prompt of ids and how to continue it.
 pub struct Request {
     pub prompt: Vec<u32>,
@@ -289,15 +295,24 @@ impl Scheduler {
     fn step(&mut self, batch: &mut Batch<'_>) {
         let started = Instant::now();
         let running = self.held.len().min(MAX_BATCH);
-        // Decoding sequences first, whole; then pieces of prompts, most urgent first.
+        // Decoding sequences first, whole; then pieces of prompts, most urgent first. A prompt
+        // of a more urgent class runs without the decode rows of less urgent ones, so that its
+        // first token comes as soon as on an idle server; they wait one step.
+        let urgent = self.held[..running]
+            .iter()
+            .filter(|(active, _)| active.tokens.len() - active.fed > 1)
+            .map(|(active, _)| active.request.priority)
+            .min();
         let mut ends = [0; MAX_BATCH];
-        let mut budget = PREFILL_CHUNK;
+        let mut decoding = false;
         for ((active, _), end) in self.held[..running].iter().zip(ends.iter_mut()) {
             let left = active.tokens.len() - active.fed;
-            if left == 1 {
+            if left == 1 && urgent.is_none_or(|u| active.request.priority <= u) {
                 *end = active.tokens.len();
+                decoding = true;
             }
         }
+        let mut budget = if decoding { PREFILL_BESIDE_DECODE } else { PREFILL_CHUNK };
         for ((active, _), end) in self.held[..running].iter().zip(ends.iter_mut()) {
             let left = active.tokens.len() - active.fed;
             if left > 1 && budget > 0 {
@@ -316,7 +331,8 @@ impl Scheduler {
         }
         let rows: usize = runs.iter().map(|run| run.tokens.len()).sum();
         let n = runs.len();
-        let result = batch.step(&mut runs).map(|logits| logits.to_vec());
+        // The logits borrow the batch, not the sequences.
+        let result = batch.step(&mut runs);
         drop(runs);
         let logits = match result {
             Ok(logits) => logits,
