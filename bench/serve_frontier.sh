@@ -15,7 +15,8 @@
 #     (bench/synth_gguf.py; needs sentencepiece, protobuf, torch, transformers).
 #   SCRATCH (default ../scratch/serve-frontier): synthetic weights, GGUF files, build output.
 #   REQUESTS (default 64), PROMPT_LEN (64), MAX_TOKENS (64), CONCURRENCY (1,2,4,8,16,32).
-# Writes bench/serve_frontier.jsonl (this run's figures) and bench/serve_frontier-<shape>.svg. Servers listen
+# Writes bench/serve_frontier.jsonl (this run's figures; OUT=FILE elsewhere) and
+# bench/serve_frontier-<workload>.svg. Servers listen
 # on 127.0.0.1 and are stopped when the script ends.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -25,7 +26,7 @@ REQUESTS=${REQUESTS:-64}
 PROMPT_LEN=${PROMPT_LEN:-64}
 MAX_TOKENS=${MAX_TOKENS:-64}
 CONCURRENCY=${CONCURRENCY:-1,2,4,8,16,32}
-OUT=$ROOT/bench/serve_frontier.jsonl
+OUT=${OUT:-$ROOT/bench/serve_frontier.jsonl}
 WORKLOADS=("$@")
 [ ${#WORKLOADS[@]} -gt 0 ] || WORKLOADS=(stories15m-serve-cpu-f32)
 mkdir -p "$SCRATCH"
@@ -92,13 +93,13 @@ open('$OUT', 'a').write(json.dumps({'label': 'monogen $W', 'mode': 'single', 'de
     fi
 done
 
-for shape in $(printf '%s\n' "${WORKLOADS[@]}" | sed 's/-serve-.*//' | sort -u); do
-    python3 - "$OUT" "$shape" <<'EOF'
+for W in "${WORKLOADS[@]}"; do
+    python3 - "$OUT" "$W" <<'EOF'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
-keep = [r for r in rows if sys.argv[2] + "-serve" in r["label"] and r["mode"] == "closed" and "priority" not in r["label"]]
+keep = [r for r in rows if r["label"] in ("monogen " + sys.argv[2], "llama-server " + sys.argv[2]) and r["mode"] == "closed"]
 open(f"/tmp/frontier-{sys.argv[2]}.jsonl", "w").write("".join(json.dumps(r) + "\n" for r in keep))
 EOF
-    python3 bench/serve_load.py --plot "/tmp/frontier-$shape.jsonl" --svg "bench/serve_frontier-$shape.svg" \
-        --title "$shape shapes, 2 threads: throughput against p99 inter-token latency (labels: concurrency)"
+    python3 bench/serve_load.py --plot "/tmp/frontier-$W.jsonl" --svg "bench/serve_frontier-$W.svg" \
+        --title "$W, 2 threads: throughput against p99 inter-token latency (labels: concurrency)"
 done
