@@ -46,18 +46,24 @@ impl Sequence {
     /// Whether `tokens` can run at the next positions: not empty, every id in the
     /// vocabulary, and room for all of them in the KV cache.
     pub fn check(&self, tokens: &[u32]) -> Result<(), Error> {
-        if tokens.is_empty() {
-            return Err(Error::EmptyPrompt);
-        }
-        if let Some(&id) = tokens.iter().find(|&&id| id as usize >= VOCAB_SIZE) {
-            return Err(Error::TokenOutOfRange { id, vocab_size: VOCAB_SIZE });
-        }
-        let len = self.pos + tokens.len();
-        if len > MAX_SEQ_LEN {
-            return Err(Error::SequenceTooLong { len, max: MAX_SEQ_LEN });
-        }
-        Ok(())
+        check_tokens(self.pos, tokens)
     }
+}
+
+/// Whether `tokens` can run at positions `start..`: not empty, every id in the vocabulary, and
+/// no position past MAX_SEQ_LEN.
+pub(crate) fn check_tokens(start: usize, tokens: &[u32]) -> Result<(), Error> {
+    if tokens.is_empty() {
+        return Err(Error::EmptyPrompt);
+    }
+    if let Some(&id) = tokens.iter().find(|&&id| id as usize >= VOCAB_SIZE) {
+        return Err(Error::TokenOutOfRange { id, vocab_size: VOCAB_SIZE });
+    }
+    let len = start + tokens.len();
+    if len > MAX_SEQ_LEN {
+        return Err(Error::SequenceTooLong { len, max: MAX_SEQ_LEN });
+    }
+    Ok(())
 }
 
 /// What one sequence runs in a step: its next tokens, at its next positions.

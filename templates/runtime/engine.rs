@@ -24,7 +24,7 @@ use tokio::sync::mpsc::UnboundedSender;
 use crate::generate::Rng;
 use crate::kernels::sampler::sample;
 use crate::metrics::Metrics;
-use crate::model::{Batch, Run, Sequence};
+use crate::model::{Batch, Run, Sequence, check_tokens};
 use crate::{EOS_TOKEN_IDS, Error, GenerateParams, KV_SLOTS, MAX_BATCH, MAX_QUEUE, MAX_SEQ_LEN, Model, PREFILL_CHUNK, StopReason, VOCAB_SIZE};
 
 /// Prompt positions a step reads beside decode rows: a quarter of a prefill chunk, so that a
@@ -111,11 +111,6 @@ impl Engine {
             self.queued.fetch_sub(1, Ordering::AcqRel);
             Refused::Stopped
         })
-    }
-
-    /// Requests handed over and not yet admitted.
-    pub fn queued(&self) -> usize {
-        self.queued.load(Ordering::Acquire)
     }
 
     /// Takes no more requests; those taken run to their end.
@@ -400,13 +395,8 @@ impl Scheduler {
 /// least one new token, ids in the vocabulary, and parameters in range.
 pub fn check(prompt: &[u32], params: &GenerateParams) -> Result<(), Error> {
     params.validate()?;
-    if prompt.is_empty() {
-        return Err(Error::EmptyPrompt);
-    }
-    if let Some(&id) = prompt.iter().find(|&&id| id as usize >= VOCAB_SIZE) {
-        return Err(Error::TokenOutOfRange { id, vocab_size: VOCAB_SIZE });
-    }
-    if prompt.len() >= MAX_SEQ_LEN {
+    check_tokens(0, prompt)?;
+    if prompt.len() == MAX_SEQ_LEN {
         return Err(Error::SequenceTooLong { len: prompt.len() + 1, max: MAX_SEQ_LEN });
     }
     Ok(())
