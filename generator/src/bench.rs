@@ -53,6 +53,9 @@ pub struct RawResult {
     pub reason: Option<String>,
     #[serde(default)]
     pub decode_steps: usize,
+    /// Sequences one timed decode step served (a batched step's rows); 1 unless batched.
+    #[serde(default = "one")]
+    pub decode_rows: usize,
     #[serde(default)]
     pub prefill_ns: Vec<f64>,
     #[serde(default)]
@@ -63,6 +66,10 @@ pub struct RawResult {
     pub load_ns: Option<f64>,
     #[serde(default)]
     pub load_max_ns: Option<f64>,
+}
+
+fn one() -> usize {
+    1
 }
 
 /// A candidate's outcome, summarized.
@@ -79,7 +86,8 @@ pub struct Outcome {
 #[serde(tag = "status", rename_all = "snake_case")]
 pub enum Measured {
     Ok {
-        /// Per request: one prefill pass plus `decode_steps` decode steps.
+        /// Per request: one prefill pass plus `decode_steps` decode steps (a sequence's share
+        /// of each, where a step serves a batch).
         median_ns: f64,
         p90_ns: f64,
         samples: usize,
@@ -104,23 +112,21 @@ pub enum Measured {
 }
 
 /// Turns the harness's samples into distributions of the time one typical request spends in
-/// the interface: each round's prefill pass plus `decode_steps` times its decode step.
+/// the interface: each round's prefill pass plus `decode_steps` times its share of a decode
+/// step (the whole step, or a batched step's time over the `decode_rows` sequences it served).
 pub fn summarize(raw: &RawResult, version: &str) -> Outcome {
     let result = match raw.status.as_str() {
         "ok" => {
-            let requests: Vec<f64> = raw
-                .prefill_ns
-                .iter()
-                .zip(&raw.decode_ns)
-                .map(|(p, d)| p + raw.decode_steps as f64 * d)
-                .collect();
+            let share: Vec<f64> = raw.decode_ns.iter().map(|d| d / raw.decode_rows.max(1) as f64).collect();
+            let requests: Vec<f64> =
+                raw.prefill_ns.iter().zip(&share).map(|(p, d)| p + raw.decode_steps as f64 * d).collect();
             let (median_ns, p90_ns) = median_p90(&requests);
             Measured::Ok {
                 median_ns,
                 p90_ns,
                 samples: requests.len(),
                 prefill_median_ns: median_p90(&raw.prefill_ns).0,
-                decode_median_ns: median_p90(&raw.decode_ns).0,
+                decode_median_ns: median_p90(&share).0,
                 rounds_ns: requests,
                 load_ns: raw.load_ns,
                 load_max_ns: raw.load_max_ns,
@@ -698,6 +704,7 @@ mod tests {
             status: "ok".into(),
             reason: None,
             decode_steps: 10,
+            decode_rows: 1,
             prefill_ns: vec![100.0, 300.0, 200.0],
             decode_ns: vec![1.0, 3.0, 2.0],
             load_ns: Some(5e6),
@@ -724,5 +731,28 @@ mod tests {
         }
         let failed = RawResult { status: "failed".into(), reason: Some("wrong".into()), ..raw };
         assert!(matches!(summarize(&failed, "1").result, Measured::Failed { reason } if reason == "wrong"));
+    }
+
+    #[test]
+    fn a_batched_step_is_shared_by_the_sequences_it_serves() {
+        let raw = RawResult {
+            interface: "matmul".into(),
+            implementation: "x".into(),
+            status: "ok".into(),
+            reason: None,
+            decode_steps: 10,
+            decode_rows: 16,
+            prefill_ns: vec![100.0, 300.0, 200.0],
+            decode_ns: vec![16.0, 48.0, 32.0],
+            load_ns: None,
+            load_max_ns: None,
+        };
+        let Measured::Ok { median_ns, decode_median_ns, rounds_ns, .. } = summarize(&raw, "1.0.0").result
+        else {
+            panic!("ok")
+        };
+        assert_eq!(decode_median_ns, 2.0, "a sequence's share of a step of 16");
+        assert_eq!(rounds_ns, [110.0, 330.0, 220.0]);
+        assert_eq!(median_ns, 220.0);
     }
 }

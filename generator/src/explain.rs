@@ -2,7 +2,7 @@
 
 use std::path::Path;
 
-use crate::plan::{Consts, InterfacePlan, LlamaConsts, Plan, Verdict, human_bytes, human_ns};
+use crate::plan::{BertConsts, Consts, InterfacePlan, LlamaConsts, Plan, Verdict, human_bytes, human_ns};
 use crate::rankings::Evidence;
 use crate::shown;
 
@@ -128,6 +128,12 @@ fn header(plan: &Plan, path: &Path) -> String {
             serving.default_priority,
             serving.max_queue,
             serving.kv_slots
+        ));
+    }
+    if let Consts::Bert(BertConsts { serving: Some(serving), max_batch, .. }) = &plan.consts {
+        s.push_str(&format!(
+            "  serving: an OpenAI-compatible embeddings server (`serve`) batching up to {max_batch} sentences, waiting up to {} ms for a batch to fill; {} requests may wait\n",
+            serving.batch_wait_ms, serving.max_queue
         ));
     }
     s

@@ -164,8 +164,9 @@ struct InitArgs {
     /// decode step of a decoder (default 1; 8 with --serve).
     #[arg(long, value_name = "N")]
     max_batch: Option<usize>,
-    /// Decoders: add a [serving] table, so that the crate's binary gets a `serve` subcommand
-    /// (an OpenAI-compatible HTTP server with continuous batching and priority classes).
+    /// Add a [serving] table, so that the crate's binary gets a `serve` subcommand: an
+    /// OpenAI-compatible HTTP server (a decoder's completions, with continuous batching and
+    /// priority classes; an encoder's embeddings, batching requests that arrive together).
     #[arg(long)]
     serve: bool,
     /// Requests a process serves per load of the model from its checkpoint, if the load

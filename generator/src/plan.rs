@@ -98,6 +98,19 @@ pub struct BertConsts {
     pub threads: usize,
     /// The request pattern: batch and sequence bounds, the typical call.
     pub request: EncoderRequest,
+    /// The embeddings server, where the workload has a `[serving]` table.
+    pub serving: Option<EmbeddingServingPlan>,
+}
+
+/// How an encoder's server batches: resolved from `[serving]`.
+#[derive(Debug, Clone, Serialize)]
+pub struct EmbeddingServingPlan {
+    /// Requests that may wait for a place in a batch; one more is answered 429.
+    pub max_queue: usize,
+    /// Largest request body accepted, in bytes.
+    pub max_body_bytes: usize,
+    /// How long the first sentence of a batch waits for others, in milliseconds.
+    pub batch_wait_ms: u64,
 }
 
 /// Shapes and constants of a LLaMA crate, all resolved.

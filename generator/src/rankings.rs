@@ -88,7 +88,8 @@ pub struct Record {
     pub p90_ns: u64,
     #[serde(default)]
     pub samples: usize,
-    /// Medians of the parts: one prefill pass, one decode step.
+    /// Medians of the parts: one prefill pass, one decode step (a sequence's share of a step
+    /// of `max_batch` sequences, where the workload batches).
     #[serde(default)]
     pub prefill_median_ns: u64,
     #[serde(default)]

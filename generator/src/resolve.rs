@@ -726,6 +726,11 @@ fn consts(w: &Workload) -> Consts {
                 normalize: m.normalize,
                 threads: w.target.threads,
                 request: r.clone(),
+                serving: w.serving.as_ref().map(|s| crate::plan::EmbeddingServingPlan {
+                    max_queue: s.max_queue,
+                    max_body_bytes: s.max_body_bytes,
+                    batch_wait_ms: s.batch_wait_ms(),
+                }),
             })
         }
     }
@@ -1315,6 +1320,20 @@ mod tests {
         // x, xb: [rows, 64]; q, att: [rows, 64]; k, v: [rows, 32]; gate, up: [rows, 172];
         // scores: [512]; logits: [4, 512]
         assert_eq!(f.scratch_bytes, (132 * (2 * 64 + 2 * 64 + 2 * 32 + 2 * 172) + 512 + 4 * 512) * 4);
+    }
+
+    #[test]
+    fn an_encoder_that_serves_waits_its_batch_wait_and_bounds_its_queue() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let path = root.join("workloads/all-minilm-l6-v2-serve-cpu-f32.toml");
+        let w = WorkloadSource::read(&path).unwrap().parse().unwrap();
+        let Consts::Bert(c) = consts(&w) else { panic!("a bert workload") };
+        let s = c.serving.expect("a [serving] table");
+        assert_eq!((s.batch_wait_ms, s.max_queue, s.max_body_bytes, c.max_batch), (2, 64, 1 << 20, 32));
+        let text = std::fs::read_to_string(&path).unwrap().replace("batch_wait_ms = 2\n", "");
+        let w = WorkloadSource::from_text("w.toml", &text).parse().unwrap();
+        let Consts::Bert(c) = consts(&w) else { panic!("a bert workload") };
+        assert_eq!(c.serving.map(|s| s.batch_wait_ms), Some(2), "2 ms unless set");
     }
 
     #[test]

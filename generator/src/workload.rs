@@ -42,8 +42,8 @@ pub struct Workload {
     pub serving: Option<Serving>,
 }
 
-/// How the generated server serves requests: the optional `[serving]` table of a decoder
-/// workload. docs/serving.md documents each field.
+/// How the generated server serves requests: the optional `[serving]` table of a workload (a
+/// decoder's completions, an encoder's embeddings). docs/serving.md documents each field.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Serving {
@@ -66,6 +66,10 @@ pub struct Serving {
     /// Largest request body accepted, in bytes; a larger one is answered 413.
     #[serde(default = "Serving::default_max_body_bytes")]
     pub max_body_bytes: usize,
+    /// An encoder's server: how long the first sentence of a batch waits for others to join it
+    /// (milliseconds); 2 unless set. Decoders batch continuously and have none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub batch_wait_ms: Option<u64>,
 }
 
 impl Serving {
@@ -89,6 +93,11 @@ impl Serving {
     /// KV caches the server holds, for a batch of `max_batch`.
     pub fn kv_slots(&self, max_batch: usize) -> usize {
         self.kv_slots.unwrap_or(2 * max_batch)
+    }
+
+    /// How long an encoder's batch waits for more sentences, in milliseconds.
+    pub fn batch_wait_ms(&self) -> u64 {
+        self.batch_wait_ms.unwrap_or(2)
     }
 }
 
@@ -621,12 +630,32 @@ impl WorkloadSource {
                             .hint("remove the [kv_cache] table"),
                     ]);
                 }
-                if file.serving.is_some() {
+                // An embeddings server has no classes and no KV caches: it batches what arrives.
+                let decoder_only: Vec<Diagnostic> = ["priorities", "default_priority", "kv_slots"]
+                    .iter()
+                    .filter_map(|key| {
+                        let span = span_of(&doc, &["serving", key])?;
+                        Some(
+                            self.diag(format!("serving.{key} applies to decoders (`llama`) only"))
+                                .primary(
+                                    span,
+                                    "an embeddings server batches requests in the order they arrive",
+                                )
+                                .hint(format!(
+                                    "remove `{key}`; `batch_wait_ms` sets how long a batch waits to fill"
+                                )),
+                        )
+                    })
+                    .collect();
+                if !decoder_only.is_empty() {
+                    return Err(decoder_only);
+                }
+                if file.serving.is_some() && file.model.pooling == Pooling::None {
                     let span = span_of(&doc, &["serving"]).unwrap_or(0..0);
                     return Err(vec![
-                        self.diag("a `bert` workload cannot have a [serving] table yet")
-                            .primary(span, "the generated server serves decoders (`llama`) only, so far")
-                            .hint("remove the [serving] table, and embed through the crate's library"),
+                        self.diag("an embeddings server needs pooling")
+                            .primary(span, "`/v1/embeddings` answers one vector per input")
+                            .hint("set model.pooling to \"mean\" or \"cls\", or remove the [serving] table"),
                     ]);
                 }
                 Workload {
@@ -637,7 +666,7 @@ impl WorkloadSource {
                     kv_cache: KvCache::default(),
                     target: file.target,
                     request: Request::Encoder(file.request),
-                    serving: None,
+                    serving: file.serving,
                 }
             }
             other => {
@@ -773,8 +802,10 @@ fn check(w: &Workload, span: &SpanOf, src: &WorkloadSource) -> Vec<Diagnostic> {
     }
     check_target(&w.target, span, src, &mut out, &mk);
     check_request(&w.request, &mut out, &mk);
-    if let (Some(serving), Request::Decoder(r)) = (&w.serving, &w.request) {
-        check_serving(serving, r, &mut out, &mk);
+    match (&w.serving, &w.request) {
+        (Some(serving), Request::Decoder(r)) => check_serving(serving, r, &mut out, &mk),
+        (Some(serving), Request::Encoder(_)) => check_embedding_serving(serving, &mut out, &mk),
+        (None, _) => {}
     }
     out
 }
@@ -1280,12 +1311,12 @@ fn check_serving(s: &Serving, r: &DecoderRequest, out: &mut Vec<Diagnostic>, mk:
             format!("use one of: {}", s.priorities.join(", ")),
         ));
     }
-    if s.max_queue == 0 || s.max_queue > 1 << 16 {
+    if s.batch_wait_ms.is_some() {
         out.push(mk(
-            &["serving", "max_queue"],
-            format!("serving.max_queue ({}) must be between 1 and {}", s.max_queue, 1 << 16),
-            "out of range",
-            "use the most requests that may wait for a place in the batch, e.g. 64".into(),
+            &["serving", "batch_wait_ms"],
+            "serving.batch_wait_ms applies to encoders (`bert`) only".into(),
+            "a decoder batches continuously",
+            "remove it: a decoder's request joins the running batch at the next step".into(),
         ));
     }
     if let Some(slots) = s.kv_slots
@@ -1299,6 +1330,32 @@ fn check_serving(s: &Serving, r: &DecoderRequest, out: &mut Vec<Diagnostic>, mk:
             ),
             "out of range",
             format!("use at least {}: every sequence in the batch holds one KV cache", r.max_batch),
+        ));
+    }
+    check_queue_and_body(s, out, mk);
+}
+
+/// The `[serving]` table of an encoder workload: its wait, queue and request bodies.
+fn check_embedding_serving(s: &Serving, out: &mut Vec<Diagnostic>, mk: &MakeDiagnostic) {
+    if s.batch_wait_ms.is_some_and(|ms| ms > 1000) {
+        out.push(mk(
+            &["serving", "batch_wait_ms"],
+            format!("serving.batch_wait_ms ({}) must be at most 1000", s.batch_wait_ms.unwrap_or_default()),
+            "out of range",
+            "a few milliseconds fill a batch under load without slowing a lone request, e.g. 2".into(),
+        ));
+    }
+    check_queue_and_body(s, out, mk);
+}
+
+/// What every `[serving]` table bounds: its queue and its request bodies.
+fn check_queue_and_body(s: &Serving, out: &mut Vec<Diagnostic>, mk: &MakeDiagnostic) {
+    if s.max_queue == 0 || s.max_queue > 1 << 16 {
+        out.push(mk(
+            &["serving", "max_queue"],
+            format!("serving.max_queue ({}) must be between 1 and {}", s.max_queue, 1 << 16),
+            "out of range",
+            "use the most requests that may wait for a place in the batch, e.g. 64".into(),
         ));
     }
     if s.max_body_bytes < 1024 || s.max_body_bytes > 1 << 30 {

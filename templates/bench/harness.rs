@@ -195,6 +195,9 @@ pub struct Bench<'o> {
     last: Vec<[f64; 2]>,
     /// What each candidate that packs its weights took to pack the pass's matrices.
     packing: Vec<Option<Packing>>,
+    /// Sequences one timed decode step serves: a batched step's rows, which a record's decode
+    /// time is divided among.
+    decode_rows: usize,
     round: usize,
     options: &'o Options,
 }
@@ -220,9 +223,15 @@ impl<'o> Bench<'o> {
             decode: names.iter().map(|_| Vec::new()).collect(),
             last: names.iter().map(|_| [0.0; 2]).collect(),
             packing: names.iter().map(|_| None).collect(),
+            decode_rows: 1,
             round: 0,
             options,
         }
+    }
+
+    /// The decode passes time a step of `rows` sequences at once.
+    pub fn decode_rows(&mut self, rows: usize) {
+        self.decode_rows = rows;
     }
 
     /// Runs candidate `i`'s comparison with the reference, unless this machine cannot run it.
@@ -290,7 +299,8 @@ impl<'o> Bench<'o> {
             );
             let line = match &self.states[i] {
                 State::Live => format!(
-                    "{head},\"status\":\"ok\",\"decode_steps\":{DECODE_STEPS},\"prefill_ns\":{},\"decode_ns\":{}{}}}",
+                    "{head},\"status\":\"ok\",\"decode_steps\":{DECODE_STEPS},\"decode_rows\":{},\"prefill_ns\":{},\"decode_ns\":{}{}}}",
+                    self.decode_rows,
                     json_numbers(&self.prefill[i]),
                     json_numbers(&self.decode[i]),
                     self.packing[i].map_or(String::new(), |p| format!(

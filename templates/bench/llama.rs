@@ -6,8 +6,8 @@ use std::hint::black_box;
 
 use crate::harness::{Matmul, Packing, Phases, Rng, Storage, TOLERANCE, bf16_bits, compare};
 use crate::{
-    CONTEXT, DIM, HEAD_DIM, HIDDEN_DIM, KV_DIM, MAX_SEQ_LEN, N_HEADS, N_KV_HEADS, N_LAYERS, PROMPT, Q_DIM,
-    RMS_NORM_EPS, ROPE_THETA, VOCAB_SIZE,
+    CONTEXT, DECODE_ROWS, DIM, HEAD_DIM, HIDDEN_DIM, KV_DIM, MAX_SEQ_LEN, N_HEADS, N_KV_HEADS, N_LAYERS, PROMPT,
+    Q_DIM, RMS_NORM_EPS, ROPE_THETA, ROWS, VOCAB_SIZE,
 };
 
 pub trait Rmsnorm {
@@ -108,7 +108,8 @@ struct Projections<W> {
 }
 
 /// Every matmul of a forward pass: seven projections per layer on `rows` rows, and the
-/// classifier on the last row, with the weights as the interface `M` of `new` holds them.
+/// classifier on the last row of a prompt or every row of a decode step (`DECODE_ROWS`: one per
+/// sequence of a batched step), with the weights as the interface `M` of `new` holds them.
 pub struct MatmulPass<W> {
     /// Where the matrices are, as a crate's loader places them (read through `layers`).
     storage: Storage,
@@ -150,17 +151,17 @@ impl<W> MatmulPass<W> {
             storage,
             layers,
             classifier,
-            x: rng.vec(PROMPT * DIM, 1.0),
-            attention: rng.vec(PROMPT * Q_DIM, 1.0),
-            hidden: rng.vec(PROMPT * HIDDEN_DIM, 1.0),
-            q: vec![0.0; PROMPT * Q_DIM],
-            k: vec![0.0; PROMPT * KV_DIM],
-            v: vec![0.0; PROMPT * KV_DIM],
-            o: vec![0.0; PROMPT * DIM],
-            gate: vec![0.0; PROMPT * HIDDEN_DIM],
-            up: vec![0.0; PROMPT * HIDDEN_DIM],
-            down: vec![0.0; PROMPT * DIM],
-            logits: vec![0.0; VOCAB_SIZE],
+            x: rng.vec(ROWS * DIM, 1.0),
+            attention: rng.vec(ROWS * Q_DIM, 1.0),
+            hidden: rng.vec(ROWS * HIDDEN_DIM, 1.0),
+            q: vec![0.0; ROWS * Q_DIM],
+            k: vec![0.0; ROWS * KV_DIM],
+            v: vec![0.0; ROWS * KV_DIM],
+            o: vec![0.0; ROWS * DIM],
+            gate: vec![0.0; ROWS * HIDDEN_DIM],
+            up: vec![0.0; ROWS * HIDDEN_DIM],
+            down: vec![0.0; ROWS * DIM],
+            logits: vec![0.0; DECODE_ROWS * VOCAB_SIZE],
         }
     }
 
@@ -170,12 +171,25 @@ impl<W> MatmulPass<W> {
         self.storage.packing()
     }
 
-    /// One forward pass: the prompt (`decode` false) or one decode step.
+    /// One forward pass: the prompt (`decode` false) or one decode step of `DECODE_ROWS`
+    /// sequences.
     pub fn run<M: Matmul<Weights = W>>(&mut self, decode: bool) {
-        let rows = if decode { 1 } else { PROMPT };
+        let rows = if decode { DECODE_ROWS } else { PROMPT };
         self.layers_with::<M>(rows);
-        M::matmul::<VOCAB_SIZE, DIM>(&mut self.logits, &self.x[..DIM], &self.classifier, 1);
+        self.classify::<M>(rows);
         black_box(&self.logits);
+    }
+
+    /// The rows the classifier takes after `rows` rows: every row of a decode step of
+    /// `DECODE_ROWS` sequences, else the last one.
+    fn classified(rows: usize) -> usize {
+        if rows == DECODE_ROWS { DECODE_ROWS } else { 1 }
+    }
+
+    /// The logits of the rows [`MatmulPass::classified`] names.
+    fn classify<M: Matmul<Weights = W>>(&mut self, rows: usize) {
+        let logits = Self::classified(rows);
+        M::matmul::<VOCAB_SIZE, DIM>(&mut self.logits, &self.x[..logits * DIM], &self.classifier, logits);
     }
 
     fn layers_with<M: Matmul<Weights = W>>(&mut self, rows: usize) {
@@ -199,7 +213,7 @@ impl<W> MatmulPass<W> {
             ("gate_proj", self.gate[..rows * HIDDEN_DIM].to_vec()),
             ("up_proj", self.up[..rows * HIDDEN_DIM].to_vec()),
             ("down_proj", self.down[..rows * DIM].to_vec()),
-            ("classifier", self.logits.clone()),
+            ("classifier", self.logits[..Self::classified(rows) * VOCAB_SIZE].to_vec()),
         ]
     }
 
@@ -213,14 +227,14 @@ impl<W> MatmulPass<W> {
     fn outputs_of<M: Matmul<Weights = W>>(&mut self, rows: usize) -> [(&'static str, Vec<f32>); 8] {
         self.clear();
         self.layers_with::<M>(rows);
-        M::matmul::<VOCAB_SIZE, DIM>(&mut self.logits, &self.x[..DIM], &self.classifier, 1);
+        self.classify::<M>(rows);
         self.outputs(rows)
     }
 
     /// Compares `C` with the reference `R` on every shape of the pass, for the prompt, one
-    /// row, and a few rows.
+    /// row, a few rows, and a batched decode step's rows.
     pub fn check<C: Matmul<Weights = W>, R: Matmul<Weights = W>>(&mut self) -> Result<(), String> {
-        for rows in [PROMPT, 1, 3.min(PROMPT)] {
+        for rows in [PROMPT, 1, 3.min(PROMPT), DECODE_ROWS] {
             let got = self.outputs_of::<C>(rows);
             compare_outputs(rows, &got, &self.outputs_of::<R>(rows))?;
         }
@@ -233,7 +247,7 @@ impl<W> MatmulPass<W> {
         &mut self,
         candidate: &mut MatmulPass<C::Weights>,
     ) -> Result<(), String> {
-        for rows in [PROMPT, 1, 3.min(PROMPT)] {
+        for rows in [PROMPT, 1, 3.min(PROMPT), DECODE_ROWS] {
             let got = candidate.outputs_of::<C>(rows);
             compare_outputs(rows, &got, &self.outputs_of::<R>(rows))?;
         }
@@ -271,23 +285,25 @@ impl RmsnormPass {
         let mut rng = Rng::new(2);
         RmsnormPass {
             weights: (0..2 * N_LAYERS + 1).map(|_| rng.vec(DIM, 1.0)).collect(),
-            x: rng.vec(PROMPT * DIM, 2.0),
-            out: vec![0.0; PROMPT * DIM],
+            x: rng.vec(ROWS * DIM, 2.0),
+            out: vec![0.0; ROWS * DIM],
         }
     }
 
+    /// The norms of the prompt (the final one on its last row), or of a decode step of
+    /// `DECODE_ROWS` sequences (the final one on every row).
     pub fn run<M: Rmsnorm>(&mut self, decode: bool) {
-        let rows = if decode { 1 } else { PROMPT };
+        let (rows, last_rows) = if decode { (DECODE_ROWS, DECODE_ROWS) } else { (PROMPT, 1) };
         let (last, layers) = self.weights.split_last().expect("there is a final norm");
         for weight in layers {
             M::rmsnorm::<DIM>(&mut self.out, &self.x, weight, RMS_NORM_EPS, rows);
         }
-        M::rmsnorm::<DIM>(&mut self.out, &self.x[..DIM], last, RMS_NORM_EPS, 1);
+        M::rmsnorm::<DIM>(&mut self.out, &self.x[..last_rows * DIM], last, RMS_NORM_EPS, last_rows);
         black_box(&self.out);
     }
 
     pub fn check<C: Rmsnorm, R: Rmsnorm>(&mut self) -> Result<(), String> {
-        for rows in [PROMPT, 1] {
+        for rows in [PROMPT, 1, DECODE_ROWS] {
             let mut got = vec![f32::NAN; rows * DIM];
             let mut want = vec![f32::NAN; rows * DIM];
             C::rmsnorm::<DIM>(&mut got, &self.x, &self.weights[0], RMS_NORM_EPS, rows);
@@ -454,12 +470,13 @@ impl SwigluPass {
 
     pub fn new() -> SwigluPass {
         let mut rng = Rng::new(6);
-        let source = rng.vec(PROMPT * HIDDEN_DIM, 4.0);
-        SwigluPass { gate: source.clone(), source, up: rng.vec(PROMPT * HIDDEN_DIM, 2.0) }
+        let source = rng.vec(ROWS * HIDDEN_DIM, 4.0);
+        SwigluPass { gate: source.clone(), source, up: rng.vec(ROWS * HIDDEN_DIM, 2.0) }
     }
 
+    /// The MLP activations of the prompt, or of a decode step of `DECODE_ROWS` sequences.
     pub fn run<M: Swiglu>(&mut self, decode: bool) {
-        let rows = if decode { 1 } else { PROMPT };
+        let rows = if decode { DECODE_ROWS } else { PROMPT };
         for _ in 0..N_LAYERS {
             self.gate[..rows * HIDDEN_DIM].copy_from_slice(&self.source[..rows * HIDDEN_DIM]);
             M::swiglu::<HIDDEN_DIM>(&mut self.gate, &self.up, rows);
@@ -468,7 +485,7 @@ impl SwigluPass {
     }
 
     pub fn check<C: Swiglu, R: Swiglu>(&mut self) -> Result<(), String> {
-        for rows in [PROMPT, 1] {
+        for rows in [PROMPT, 1, DECODE_ROWS] {
             let mut got = self.source.clone();
             let mut want = self.source.clone();
             C::swiglu::<HIDDEN_DIM>(&mut got, &self.up, rows);

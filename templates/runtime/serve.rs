@@ -13,8 +13,7 @@
 
 use std::collections::VecDeque;
 use std::convert::Infallible;
-use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -23,55 +22,24 @@ use axum::Router;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{DefaultBodyLimit, State};
-use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use futures_util::stream;
 use serde_json::{Map, Value, json};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::mpsc;
 
-use crate::engine::{self, Engine, Event, Refused, Request};
-use crate::metrics::Metrics;
 use crate::detokenizer::DecodeStream;
-use crate::{DEFAULT_PRIORITY, Error, GenerateParams, MAX_BODY_BYTES, MAX_SEQ_LEN, Model, PRIORITIES, StopReason, Tokenizer, WORKLOAD};
-
-/// Where and how to serve.
-#[derive(Debug, Clone)]
-pub struct Options {
-    /// Model directory holding model.safetensors and tokenizer.json (and, for chat,
-    /// tokenizer_config.json or chat_template.jinja with the model's chat template).
-    pub model: PathBuf,
-    pub host: String,
-    /// 0 picks a free port.
-    pub port: u16,
-    /// When set, `/v1/` routes want `Authorization: Bearer` this key.
-    pub api_key: Option<String>,
-}
-
-/// Why the server did not start.
-#[derive(Debug, thiserror::Error)]
-pub enum ServeError {
-    #[error(transparent)]
-    Model(#[from] Error),
-    #[error("cannot listen on {addr}: {source}")]
-    Bind {
-        addr: String,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("chat template of {}: {reason}", path.display())]
-    ChatTemplate { path: PathBuf, reason: String },
-    #[error("cannot start the server's runtime: {0}")]
-    Runtime(std::io::Error),
-}
+use crate::engine::{self, Engine, Event, Refused, Request};
+use crate::http::{self, ApiError, Listener, json_response};
+pub use crate::http::{Options, ServeError};
+use crate::metrics::Metrics;
+use crate::{DEFAULT_PRIORITY, GenerateParams, MAX_BODY_BYTES, MAX_SEQ_LEN, Model, PRIORITIES, StopReason, Tokenizer, WORKLOAD};
 
 /// A running server: its address, and the way to stop it.
 pub struct Server {
-    addr: SocketAddr,
-    runtime: tokio::runtime::Runtime,
-    shutdown: Option<oneshot::Sender<()>>,
-    serving: Option<tokio::task::JoinHandle<std::io::Result<()>>>,
+    listener: Listener,
     state: Arc<AppState>,
 }
 
@@ -93,67 +61,25 @@ impl Server {
             created: SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs()),
             next_id: AtomicU64::new(1),
         });
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .thread_name("http")
-            .enable_all()
-            .build()
-            .map_err(ServeError::Runtime)?;
-        let addr = format!("{}:{}", options.host, options.port);
-        let listener = runtime
-            .block_on(tokio::net::TcpListener::bind(&addr))
-            .map_err(|source| ServeError::Bind { addr: addr.clone(), source })?;
-        let addr = listener.local_addr().map_err(|source| ServeError::Bind { addr, source })?;
-        let (shutdown, stopped) = oneshot::channel::<()>();
-        let app = router(state.clone());
-        let serving = runtime.spawn(async move {
-            axum::serve(listener, app)
-                .with_graceful_shutdown(async move {
-                    let _ = stopped.await;
-                })
-                .await
-        });
-        Ok(Server { addr, runtime, shutdown: Some(shutdown), serving: Some(serving), state })
+        let listener = Listener::bind(&options.host, options.port, router(state.clone()))?;
+        Ok(Server { listener, state })
     }
 
     /// The address it listens on (the port chosen, where 0 was asked for).
-    pub fn addr(&self) -> SocketAddr {
-        self.addr
+    pub fn addr(&self) -> std::net::SocketAddr {
+        self.listener.addr()
     }
 
     /// Blocks until the process gets SIGTERM or SIGINT (Ctrl-C).
     pub fn wait_for_signal(&self) {
-        self.runtime.block_on(async {
-            #[cfg(unix)]
-            {
-                use tokio::signal::unix::{SignalKind, signal};
-                let (Ok(mut term), Ok(mut int)) =
-                    (signal(SignalKind::terminate()), signal(SignalKind::interrupt()))
-                else {
-                    return std::future::pending().await;
-                };
-                tokio::select! {
-                    _ = term.recv() => {}
-                    _ = int.recv() => {}
-                }
-            }
-            #[cfg(not(unix))]
-            {
-                let _ = tokio::signal::ctrl_c().await;
-            }
-        });
+        self.listener.wait_for_signal();
     }
 
     /// Stops taking connections and requests, lets every request taken run to its end, and
     /// returns when they have.
     pub fn stop(mut self) {
         self.state.engine.close();
-        if let Some(shutdown) = self.shutdown.take() {
-            let _ = shutdown.send(());
-        }
-        if let Some(serving) = self.serving.take() {
-            let _ = self.runtime.block_on(serving);
-        }
+        self.listener.stop();
         self.state.engine.stop();
     }
 }
@@ -176,60 +102,10 @@ fn router(state: Arc<AppState>) -> Router {
         .route("/v1/models", get(models))
         .route("/health", get(health))
         .route("/metrics", get(metrics))
-        .fallback(not_found)
-        .method_not_allowed_fallback(method_not_allowed)
+        .fallback(http::not_found)
+        .method_not_allowed_fallback(http::method_not_allowed)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .with_state(state)
-}
-
-/// An answer with an OpenAI error object.
-#[derive(Debug)]
-struct ApiError {
-    status: StatusCode,
-    message: String,
-    param: Option<&'static str>,
-    code: Option<&'static str>,
-}
-
-impl ApiError {
-    fn invalid(param: &'static str, message: impl Into<String>) -> ApiError {
-        ApiError { status: StatusCode::BAD_REQUEST, message: message.into(), param: Some(param), code: None }
-    }
-
-    fn bad(message: impl Into<String>) -> ApiError {
-        ApiError { status: StatusCode::BAD_REQUEST, message: message.into(), param: None, code: None }
-    }
-
-    fn kind(&self) -> &'static str {
-        match self.status {
-            StatusCode::UNAUTHORIZED => "authentication_error",
-            StatusCode::NOT_FOUND => "not_found_error",
-            StatusCode::TOO_MANY_REQUESTS => "rate_limit_error",
-            s if s.is_server_error() => "server_error",
-            _ => "invalid_request_error",
-        }
-    }
-}
-
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
-        let body = json!({
-            "error": { "message": self.message, "type": self.kind(), "param": self.param, "code": self.code }
-        });
-        let mut response = (self.status, json_headers(), body.to_string()).into_response();
-        if self.status == StatusCode::TOO_MANY_REQUESTS || self.status == StatusCode::SERVICE_UNAVAILABLE {
-            response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
-        }
-        response
-    }
-}
-
-fn json_headers() -> [(header::HeaderName, HeaderValue); 1] {
-    [(header::CONTENT_TYPE, HeaderValue::from_static("application/json"))]
-}
-
-fn json_response(value: &Value) -> Response {
-    (StatusCode::OK, json_headers(), value.to_string()).into_response()
 }
 
 /// Counts the answer in the metrics, then gives it.
@@ -239,54 +115,21 @@ fn answered(state: &AppState, endpoint: &'static str, result: Result<Response, A
     response
 }
 
-async fn not_found() -> Response {
-    ApiError { status: StatusCode::NOT_FOUND, message: "no such route".into(), param: None, code: None }
-        .into_response()
-}
-
-async fn method_not_allowed() -> Response {
-    ApiError {
-        status: StatusCode::METHOD_NOT_ALLOWED,
-        message: "this route does not take that method".into(),
-        param: None,
-        code: None,
-    }
-    .into_response()
-}
-
 async fn health(State(state): State<Arc<AppState>>) -> Response {
-    let status = if state.engine.closed() { "stopping" } else { "ok" };
-    let code = if state.engine.closed() { StatusCode::SERVICE_UNAVAILABLE } else { StatusCode::OK };
-    (code, json_headers(), json!({ "status": status }).to_string()).into_response()
+    http::health(state.engine.closed())
 }
 
 async fn metrics(State(state): State<Arc<AppState>>) -> Response {
-    let headers = [(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; version=0.0.4"))];
-    (StatusCode::OK, headers, state.metrics.render()).into_response()
+    http::metrics_text(state.metrics.render())
 }
 
 async fn models(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Response {
-    let result = authorize(&state, &headers).map(|()| {
-        json_response(&json!({
-            "object": "list",
-            "data": [{ "id": WORKLOAD, "object": "model", "created": state.created, "owned_by": "monogen" }],
-        }))
-    });
+    let result = authorize(&state, &headers).map(|()| http::models(state.created));
     answered(&state, "models", result)
 }
 
 fn authorize(state: &AppState, headers: &HeaderMap) -> Result<(), ApiError> {
-    let Some(key) = &state.api_key else { return Ok(()) };
-    let given = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "));
-    if given.map(str::trim) == Some(key.as_str()) {
-        return Ok(());
-    }
-    Err(ApiError {
-        status: StatusCode::UNAUTHORIZED,
-        message: if given.is_some() { "the API key is wrong".into() } else { "an API key is needed: send `Authorization: Bearer KEY`".into() },
-        param: None,
-        code: Some("invalid_api_key"),
-    })
+    http::authorize(state.api_key.as_deref(), headers)
 }
 
 async fn completions(
@@ -296,7 +139,7 @@ async fn completions(
 ) -> Response {
     let result = async {
         authorize(&state, &headers)?;
-        let body = read_body(body)?;
+        let body = http::read_body(body)?;
         let prompt = match body.get("prompt") {
             None => return Err(ApiError::invalid("prompt", "`prompt` is required")),
             Some(Value::String(text)) => encode(&state, text, true)?,
@@ -328,7 +171,7 @@ async fn chat_completions(
 ) -> Response {
     let result = async {
         authorize(&state, &headers)?;
-        let body = read_body(body)?;
+        let body = http::read_body(body)?;
         let Some(chat) = &state.chat else {
             return Err(ApiError::bad(
                 "this model has no chat template (tokenizer_config.json's `chat_template`, or chat_template.jinja): use /v1/completions",
@@ -350,27 +193,9 @@ async fn chat_completions(
     answered(&state, "chat_completions", result)
 }
 
-/// The body as a JSON object.
-fn read_body(body: Result<Bytes, BytesRejection>) -> Result<Map<String, Value>, ApiError> {
-    let bytes = body.map_err(|rejection| {
-        let status = rejection.status();
-        let message = if status == StatusCode::PAYLOAD_TOO_LARGE {
-            format!("the request body is larger than {MAX_BODY_BYTES} bytes (serving.max_body_bytes)")
-        } else {
-            format!("cannot read the request body: {rejection}")
-        };
-        ApiError { status, message, param: None, code: None }
-    })?;
-    match serde_json::from_slice::<Value>(&bytes) {
-        Ok(Value::Object(map)) => Ok(map),
-        Ok(_) => Err(ApiError::bad("the request body must be a JSON object")),
-        Err(e) => Err(ApiError::bad(format!("the request body is not valid JSON: {e}"))),
-    }
-}
-
 fn encode(state: &AppState, text: &str, special_tokens: bool) -> Result<Vec<u32>, ApiError> {
     let ids = if special_tokens { state.tokenizer.encode(text) } else { state.tokenizer.encode_as_is(text) };
-    ids.map_err(|e| ApiError { status: StatusCode::INTERNAL_SERVER_ERROR, message: e.to_string(), param: None, code: None })
+    ids.map_err(ApiError::server)
 }
 
 #[derive(Clone, Copy, PartialEq)]
@@ -405,22 +230,7 @@ fn parse_request(
     prompt: Vec<u32>,
     endpoint: Endpoint,
 ) -> Result<Parsed, ApiError> {
-    if let Some(unknown) = body.keys().find(|k| !FIELDS.contains(&k.as_str())) {
-        return Err(ApiError::bad(format!("unrecognized request argument supplied: `{unknown}`")));
-    }
-    let model = match body.get("model") {
-        Some(Value::String(model)) => model,
-        Some(_) => return Err(ApiError::invalid("model", "`model` must be a string")),
-        None => return Err(ApiError::invalid("model", format!("`model` is required: this server serves `{WORKLOAD}`"))),
-    };
-    if model != WORKLOAD {
-        return Err(ApiError {
-            status: StatusCode::NOT_FOUND,
-            message: format!("the model `{model}` does not exist: this server serves `{WORKLOAD}`"),
-            param: Some("model"),
-            code: Some("model_not_found"),
-        });
-    }
+    http::check_fields_and_model(body, FIELDS)?;
     // Fields accepted only at the value that leaves them out.
     let field = |name| body.get(name).filter(|v| !v.is_null());
     let refuse = |name: &'static str| Err(ApiError::invalid(name, format!("`{name}` is not supported by this server")));
@@ -440,11 +250,6 @@ fn parse_request(
     ];
     if let Some((name, _)) = off.iter().find(|(_, off)| !off) {
         return refuse(name);
-    }
-    if let Some(user) = body.get("user")
-        && !user.is_string()
-    {
-        return Err(ApiError::invalid("user", "`user` must be a string"));
     }
 
     let room = MAX_SEQ_LEN.saturating_sub(prompt.len());
@@ -569,22 +374,8 @@ async fn run(state: &Arc<AppState>, request: Parsed) -> Result<Response, ApiErro
     });
     match submitted {
         Ok(()) => {}
-        Err(Refused::QueueFull) => {
-            return Err(ApiError {
-                status: StatusCode::TOO_MANY_REQUESTS,
-                message: "the server is at capacity: retry later".into(),
-                param: None,
-                code: Some("queue_full"),
-            });
-        }
-        Err(Refused::Stopped) => {
-            return Err(ApiError {
-                status: StatusCode::SERVICE_UNAVAILABLE,
-                message: "the server is shutting down".into(),
-                param: None,
-                code: None,
-            });
-        }
+        Err(Refused::QueueFull) => return Err(ApiError::queue_full()),
+        Err(Refused::Stopped) => return Err(ApiError::stopping()),
     }
     state.metrics.prompt_tokens.fetch_add(request.prompt.len() as u64, Ordering::Relaxed);
     let id = state.next_id.fetch_add(1, Ordering::Relaxed);
@@ -687,7 +478,7 @@ async fn whole_response(
         match receiver.recv().await {
             Some(Event::Token(id)) => {
                 tokens += 1;
-                let (piece, stopped) = text.push(&state.tokenizer, id).map_err(server_error)?;
+                let (piece, stopped) = text.push(&state.tokenizer, id).map_err(ApiError::server)?;
                 out.push_str(&piece);
                 if stopped {
                     break "stop";
@@ -697,8 +488,8 @@ async fn whole_response(
                 out.push_str(&text.finish());
                 break finish_reason(stop);
             }
-            Some(Event::Failed(reason)) => return Err(server_error(reason)),
-            None => return Err(server_error("the engine stopped")),
+            Some(Event::Failed(reason)) => return Err(ApiError::server(reason)),
+            None => return Err(ApiError::server("the engine stopped")),
         }
     };
     drop(receiver);
@@ -710,10 +501,6 @@ async fn whole_response(
         "choices": [reply.choice(&out, Some(finish), false, false)],
         "usage": reply.usage(tokens),
     })))
-}
-
-fn server_error(reason: impl ToString) -> ApiError {
-    ApiError { status: StatusCode::INTERNAL_SERVER_ERROR, message: reason.to_string(), param: None, code: None }
 }
 
 /// The events of a streamed answer, as the engine's tokens arrive. Dropping it (the client went
@@ -760,7 +547,7 @@ fn stream_response(
         }
 
         fn fail(&mut self, reason: impl ToString) {
-            let error = server_error(reason);
+            let error = ApiError::server(reason);
             let body = json!({ "error": { "message": error.message, "type": error.kind(), "param": null, "code": null } });
             self.ready.push_back(body.to_string());
             self.ready.push_back("[DONE]".into());
@@ -878,9 +665,9 @@ impl ChatTemplate {
         let config_path = dir.join("tokenizer_config.json");
         let config: Value = match std::fs::read_to_string(&config_path) {
             Ok(text) => serde_json::from_str(&text)
-                .map_err(|e| ServeError::ChatTemplate { path: config_path.clone(), reason: format!("not valid JSON: {e}") })?,
+                .map_err(|e| ServeError::ModelFile { what: "chat template", path: config_path.clone(), reason: format!("not valid JSON: {e}") })?,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Value::Null,
-            Err(e) => return Err(ServeError::ChatTemplate { path: config_path, reason: e.to_string() }),
+            Err(e) => return Err(ServeError::ModelFile { what: "chat template", path: config_path, reason: e.to_string() }),
         };
         let jinja_path = dir.join("chat_template.jinja");
         let (source, path) = match std::fs::read_to_string(&jinja_path) {
@@ -904,7 +691,7 @@ impl ChatTemplate {
         };
         ChatTemplate::new(source, token("bos_token"), token("eos_token"))
             .map(Some)
-            .map_err(|reason| ServeError::ChatTemplate { path, reason })
+            .map_err(|reason| ServeError::ModelFile { what: "chat template", path, reason })
     }
 
     /// A chat template of Jinja `source`, whose `bos_token` and `eos_token` are these.

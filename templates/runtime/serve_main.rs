@@ -1,14 +1,14 @@
-//~ The `serve` subcommand of a serving crate's binary: the emitter (emit/llama.rs) appends these
+//~ The `serve` subcommand of a serving crate's binary: the emitter (emit/common.rs) appends these
 //~ items to runtime/main.rs and makes `main` hand `serve ...` to `serve`. Lines starting with
 //~ `//~`, like these, are not generated. Its `use` lines join main.rs's.
 use __crate::serve::{Options, ServeError, Server};
 
-/// Serves the model over HTTP: an OpenAI-compatible API with continuous batching.
+/// __serve_about
 #[derive(Parser)]
-#[command(name = "serve", about, long_about = None)]
+#[command(name = "serve", long_about = None)]
 struct ServeArgs {
-    /// Model directory holding model.safetensors and tokenizer.json (and the chat template, in
-    /// tokenizer_config.json or chat_template.jinja, for /v1/chat/completions).
+    /// Model directory holding model.safetensors and tokenizer.json (and a chat model's chat
+    /// template, in tokenizer_config.json or chat_template.jinja, for /v1/chat/completions).
     #[arg(long, value_name = "DIR")]
     model: PathBuf,
     /// Address to listen on; the default takes connections from this machine only.

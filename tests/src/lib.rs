@@ -1,6 +1,8 @@
 //! Support for the end-to-end tests: where the workspace and the real models are, and
 //! readers for the reference files (NumPy `.npy`, `reference.json`).
 
+pub mod http;
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 

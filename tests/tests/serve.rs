@@ -17,6 +17,7 @@ use std::process::{Command, Stdio};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
+use monogen_tests::http::{Answer, metric, parse_answer, post, send};
 use monogen_tests::{build_copy, model_dir, workspace_root};
 use serde_json::{Value, json};
 use served::engine::{Engine, Event, Request};
@@ -269,90 +270,6 @@ impl Drop for Running {
             server.stop();
         }
     }
-}
-
-/// An HTTP/1.1 answer: status, headers (names in lower case) and body (chunks joined).
-struct Answer {
-    status: u16,
-    headers: Vec<(String, String)>,
-    body: String,
-}
-
-impl Answer {
-    fn json(&self) -> Value {
-        serde_json::from_str(&self.body).unwrap_or_else(|e| panic!("{e}: {}", self.body))
-    }
-
-    fn header(&self, name: &str) -> Option<&str> {
-        self.headers.iter().find(|(n, _)| n == name).map(|(_, v)| v.as_str())
-    }
-
-    /// The `data:` payloads of a stream of server-sent events.
-    fn events(&self) -> Vec<String> {
-        self.body
-            .split("\n\n")
-            .filter(|e| !e.trim().is_empty())
-            .map(|e| {
-                e.strip_prefix("data: ").unwrap_or_else(|| panic!("not a data event: {e:?}")).to_string()
-            })
-            .collect()
-    }
-}
-
-fn send(addr: SocketAddr, method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> Answer {
-    let mut stream = TcpStream::connect(addr).unwrap();
-    stream.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
-    let mut head = format!(
-        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Length: {}\r\n",
-        body.len()
-    );
-    for (name, value) in headers {
-        head.push_str(&format!("{name}: {value}\r\n"));
-    }
-    head.push_str("\r\n");
-    stream.write_all(head.as_bytes()).unwrap();
-    // A server may answer (413) and close before it has read a body it refuses.
-    let _ = stream.write_all(body);
-    let mut raw = Vec::new();
-    let mut buffer = [0; 65536];
-    while let Ok(n) = stream.read(&mut buffer) {
-        if n == 0 {
-            break;
-        }
-        raw.extend_from_slice(&buffer[..n]);
-    }
-    parse_answer(&raw)
-}
-
-fn parse_answer(raw: &[u8]) -> Answer {
-    let text = String::from_utf8_lossy(raw);
-    let (head, rest) = text.split_once("\r\n\r\n").unwrap_or_else(|| panic!("no header end: {text:?}"));
-    let mut lines = head.lines();
-    let status = lines.next().unwrap().split(' ').nth(1).unwrap().parse().unwrap();
-    let headers: Vec<(String, String)> = lines
-        .filter_map(|l| l.split_once(':'))
-        .map(|(n, v)| (n.trim().to_ascii_lowercase(), v.trim().to_string()))
-        .collect();
-    let chunked = headers.iter().any(|(n, v)| n == "transfer-encoding" && v.contains("chunked"));
-    let body = if chunked { dechunk(rest) } else { rest.to_string() };
-    Answer { status, headers, body }
-}
-
-fn dechunk(mut rest: &str) -> String {
-    let mut body = String::new();
-    loop {
-        let (size, after) = rest.split_once("\r\n").expect("a chunk size");
-        let size = usize::from_str_radix(size.trim(), 16).expect("a hex chunk size");
-        if size == 0 {
-            return body;
-        }
-        body.push_str(&after[..size]);
-        rest = &after[size + 2..];
-    }
-}
-
-fn post(addr: SocketAddr, path: &str, body: &Value) -> Answer {
-    send(addr, "POST", path, &[("Content-Type", "application/json")], body.to_string().as_bytes())
 }
 
 /// stories260k with a ChatML chat template (tokenizer_config.json), under target/.
@@ -688,12 +605,6 @@ fn an_api_key_is_required_when_set() {
 }
 
 /// The value of an unlabelled metric.
-fn metric(addr: SocketAddr, name: &str) -> f64 {
-    let text = send(addr, "GET", "/metrics", &[], b"").body;
-    let line = text.lines().find(|l| l.split(' ').next() == Some(name)).unwrap_or_else(|| panic!("{name}"));
-    line.split(' ').nth(1).unwrap().parse().unwrap()
-}
-
 #[test]
 fn a_full_queue_answers_429_and_a_client_that_leaves_frees_its_place() {
     let Some(dir) = model_dir("stories260k") else { return };

@@ -19,8 +19,20 @@ use crate::rust_source::{self, comment};
 use crate::workload::Pooling;
 
 /// The crates every BERT crate depends on (versions in templates/dependencies.toml).
-pub const DEPENDENCIES: &[&str] =
+const DEPENDENCIES: &[&str] =
     &["clap", "memmap2", "safetensors", "serde", "serde_json", "thiserror", "tokenizers"];
+
+/// The crates the embeddings server of a crate that serves depends on.
+const SERVING_DEPENDENCIES: &[&str] = &["axum", "tokio"];
+
+/// What `serve --help` says the server is.
+const SERVE_ABOUT: &str = "Serves the model over HTTP: OpenAI's embeddings API, batching the sentences of requests that arrive together.";
+
+/// The crates a BERT crate depends on, the server's included where it serves.
+pub fn dependencies(c: &BertConsts) -> Vec<&'static str> {
+    let serving = if c.serving.is_some() { SERVING_DEPENDENCIES } else { &[] };
+    DEPENDENCIES.iter().chain(serving).copied().collect()
+}
 
 /// Every `.rs` file of the crate: (relative path, formatted body without header).
 pub fn rust_files(
@@ -34,7 +46,7 @@ pub fn rust_files(
         ("src/lib.rs".to_string(), rust_source::print_tokens(lib_rs(plan, c))),
         ("src/model.rs".to_string(), model_rs(plan, c, templates)?),
         ("src/weights.rs".to_string(), rust_source::print_tokens(weights_rs(plan))),
-        ("src/main.rs".to_string(), rust_source::print_tokens(main_rs(plan, c))),
+        ("src/main.rs".to_string(), main_file(plan, c, templates, &krate)?),
         ("src/cpu.rs".to_string(), rust_source::print_tokens(common::cpu_rs(plan))),
         ("src/kernels/mod.rs".to_string(), rust_source::print_tokens(common::kernels_mod_rs(plan))),
     ];
@@ -46,10 +58,19 @@ pub fn rust_files(
         }
         files.push((format!("src/{file}"), rust_source::print(&source)));
     }
-    files.push((
-        "src/tokenizer.rs".to_string(),
-        rust_source::print(&templates.runtime("bert/tokenizer.rs", &krate)?),
-    ));
+    let mut tokenizer = templates.runtime("bert/tokenizer.rs", &krate)?;
+    if c.serving.is_some() {
+        files.push(("src/http.rs".to_string(), rust_source::print(&templates.runtime("http.rs", &krate)?)));
+        // A crate that normalizes its vectors serves them normalized, as its command line prints them.
+        let normalize = if c.normalize { "crate::normalize(&mut vectors);" } else { "" };
+        let serve = templates
+            .runtime_with("bert/serve.rs", &[("__crate", &krate), ("__normalize!(vectors);", normalize)])?;
+        files.push(("src/serve.rs".to_string(), rust_source::print(&serve)));
+    } else {
+        // Only the server refuses a sentence the tokenizer would truncate.
+        rust_source::remove_methods(&mut tokenizer, &["encode_whole"]);
+    }
+    files.push(("src/tokenizer.rs".to_string(), rust_source::print(&tokenizer)));
     if let Some(file) = matrices.runtime_file() {
         // The word embeddings stay f32: no embedding row is ever dequantized.
         let mut source = templates.runtime_with(file, &[("__crate", &krate)])?;
@@ -128,6 +149,31 @@ fn lib_rs(plan: &Plan, c: &BertConsts) -> TokenStream {
     });
 
     let (bf16_mod, q8_mod) = Matrices::of(plan).modules();
+    let (serve_mods, serve_consts) = match &c.serving {
+        None => (None, None),
+        Some(s) => {
+            let (max_queue, max_body, wait) = (
+                usize_lit(s.max_queue),
+                usize_lit(s.max_body_bytes),
+                Literal::u64_unsuffixed(s.batch_wait_ms),
+            );
+            (
+                Some(quote! {
+                    mod http;
+                    pub mod serve;
+                }),
+                Some(quote! {
+                    /// Requests that may wait for the encoder; one more is answered 429.
+                    pub const MAX_QUEUE: usize = #max_queue;
+                    /// Largest request body the server reads, in bytes.
+                    pub const MAX_BODY_BYTES: usize = #max_body;
+                    /// How long the first sentence of a batch waits for others to join it
+                    /// (`serving.batch_wait_ms`).
+                    pub const BATCH_WAIT: std::time::Duration = std::time::Duration::from_millis(#wait);
+                }),
+            )
+        }
+    };
 
     quote! {
         #(#![doc = #inner_doc])*
@@ -137,6 +183,7 @@ fn lib_rs(plan: &Plan, c: &BertConsts) -> TokenStream {
         #bf16_mod
         pub mod cpu;
         pub mod error;
+        #serve_mods
         mod kernels;
         pub mod model;
         #q8_mod
@@ -179,6 +226,7 @@ fn lib_rs(plan: &Plan, c: &BertConsts) -> TokenStream {
         pub const THREADS: usize = #threads;
         /// CPU features the chosen kernels were compiled for, checked by [`cpu::check`].
         pub const CPU_FEATURES: [&str; #n_features] = [#(#cpu_features),*];
+        #serve_consts
     }
 }
 
@@ -452,6 +500,18 @@ fn weights_rs(plan: &Plan) -> TokenStream {
             }
         }
     }
+}
+
+/// src/main.rs: the command line of `main_rs`, with the `serve` subcommand where the crate serves.
+fn main_file(plan: &Plan, c: &BertConsts, templates: &Templates, krate: &str) -> Result<String, Error> {
+    let tokens = main_rs(plan, c);
+    if c.serving.is_none() {
+        return Ok(rust_source::print_tokens(tokens));
+    }
+    let mut file: syn::File = syn::parse2(tokens)
+        .map_err(|e| Error::Template { name: "emit/bert.rs main_rs".into(), message: e.to_string() })?;
+    common::add_serve_command(&mut file, templates, krate, SERVE_ABOUT)?;
+    Ok(rust_source::print(&file))
 }
 
 fn main_rs(plan: &Plan, c: &BertConsts) -> TokenStream {

@@ -4,6 +4,7 @@
 use proc_macro2::{Literal, Span, TokenStream};
 use quote::{ToTokens, format_ident, quote};
 
+use super::Templates;
 use crate::Error;
 use crate::plan::Plan;
 use crate::registry::Registry;
@@ -481,6 +482,39 @@ pub fn team_job_enum(jobs: &[TeamJob]) -> Option<TokenStream> {
             }
         }
     })
+}
+
+/// Gives main.rs the `serve` subcommand of `templates/runtime/serve_main.rs`: its items (its
+/// `use`s after main.rs's), and a first statement of `main` that hands `serve ...` to it;
+/// `about` is what `serve --help` says the server is.
+pub fn add_serve_command(
+    main: &mut syn::File,
+    templates: &Templates,
+    krate: &str,
+    about: &str,
+) -> Result<(), Error> {
+    let serve = templates.runtime_with("serve_main.rs", &[("__crate", krate), ("__serve_about", about)])?;
+    let Some(main_fn) = main.items.iter_mut().find_map(|item| match item {
+        syn::Item::Fn(f) if f.sig.ident == "main" => Some(f),
+        _ => None,
+    }) else {
+        return Err(Error::Template {
+            name: "runtime/main.rs".into(),
+            message: "no `fn main` to add `serve` to".into(),
+        });
+    };
+    let dispatch: syn::Stmt = syn::parse_quote! {
+        if std::env::args_os().nth(1).is_some_and(|arg| arg == "serve") {
+            return serve();
+        }
+    };
+    main_fn.block.stmts.insert(0, dispatch);
+    let (uses, items): (Vec<syn::Item>, Vec<syn::Item>) =
+        serve.items.into_iter().partition(|item| matches!(item, syn::Item::Use(_)));
+    main.items.extend(items);
+    let last_use = main.items.iter().rposition(|item| matches!(item, syn::Item::Use(_))).map_or(0, |i| i + 1);
+    main.items.splice(last_use..last_use, uses);
+    Ok(())
 }
 
 #[cfg(test)]

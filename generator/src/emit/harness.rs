@@ -29,6 +29,9 @@ pub struct HarnessInterface {
     pub candidates: Vec<Implementation>,
     /// The interface's reference implementation.
     pub reference: Implementation,
+    /// Its decode pass times a batched step of `DECODE_ROWS` sequences in one call (a LLaMA
+    /// workload's products, norms and activations), and its records count a sequence's share.
+    pub batched_rows: bool,
 }
 
 /// The interfaces of `plan` with their competitors and references.
@@ -48,7 +51,9 @@ pub fn interfaces(plan: &Plan, registry: &Registry) -> Vec<HarnessInterface> {
                 .implementation(&i.interface, &i.reference, i.element.as_deref())
                 .expect("the registry checks that every interface's reference exists")
                 .clone();
-            HarnessInterface { interface: i.interface.clone(), candidates, reference }
+            let batched_rows =
+                matches!(plan.consts, Consts::Llama(_)) && ROW_BATCHED.contains(&i.interface.as_str());
+            HarnessInterface { interface: i.interface.clone(), candidates, reference, batched_rows }
         })
         .collect()
 }
@@ -272,6 +277,7 @@ fn llama_consts(c: &crate::plan::LlamaConsts) -> TokenStream {
     .map(usize_lit);
     let (prompt_lit, decode_lit, context_lit) =
         (usize_lit(prompt), usize_lit(r.typical_decode_len), usize_lit(context));
+    let decode_rows = usize_lit(r.max_batch);
     let threads = usize_lit(c.threads);
     let rope_theta = super::common::f32_lit(c.rope_theta);
     let eps = super::common::f32_lit(c.rms_norm_eps);
@@ -296,6 +302,11 @@ fn llama_consts(c: &crate::plan::LlamaConsts) -> TokenStream {
         pub const DECODE_STEPS: usize = #decode_lit;
         /// The position of a typical decode step: the prompt and half the decode steps.
         pub const CONTEXT: usize = #context_lit;
+        /// Sequences of one decode step (`request.max_batch`): the rows that the products, norms
+        /// and activations of a batched step take in one call.
+        pub const DECODE_ROWS: usize = #decode_rows;
+        /// The most rows a pass takes.
+        pub const ROWS: usize = if PROMPT > DECODE_ROWS { PROMPT } else { DECODE_ROWS };
     }
 }
 
@@ -553,6 +564,10 @@ fn availability(imp: &Implementation) -> TokenStream {
     }
 }
 
+/// The interfaces whose decode pass (templates/bench/llama.rs) runs a batched step's
+/// `DECODE_ROWS` rows in one call, as `templates/llama/batched.rs` calls them.
+const ROW_BATCHED: &[&str] = &["matmul", "rmsnorm", "swiglu"];
+
 /// `fn <interface>(options)`: validate every candidate, then time them round by round.
 fn bench_fn(h: &HarnessInterface, registry: &Registry) -> TokenStream {
     let name = format_ident!("{}", h.interface);
@@ -652,10 +667,14 @@ fn bench_fn(h: &HarnessInterface, registry: &Registry) -> TokenStream {
             #(#own_passes)*
         }
     };
+    // A batched step passes the rows of all its sequences through one call of these; the other
+    // interfaces run once per sequence, a step of one row each.
+    let decode_rows = h.batched_rows.then(|| quote! { bench.decode_rows(crate::DECODE_ROWS); });
     quote! {
         #[doc = #doc]
         fn #name(options: &harness::Options) {
             let mut bench = harness::Bench::new(#interface, &[#(#names),*], options);
+            #decode_rows
             #setup
             #(#validations)*
             for _ in 0..bench.rounds() {

@@ -27,8 +27,12 @@ pub fn dependencies(c: &LlamaConsts) -> Vec<&'static str> {
     DEPENDENCIES.iter().chain(serving).copied().collect()
 }
 
+/// What `serve --help` says the server is.
+const SERVE_ABOUT: &str =
+    "Serves the model over HTTP: OpenAI's completions and chat completions API, with continuous batching.";
+
 /// The server's runtime files, copied as the others are.
-const SERVING_FILES: &[&str] = &["engine.rs", "metrics.rs", "serve.rs"];
+const SERVING_FILES: &[&str] = &["engine.rs", "http.rs", "metrics.rs", "serve.rs"];
 
 /// The fixed runtime files, copied through syn and prettyplease.
 const RUNTIME_FILES: &[&str] = &[
@@ -73,7 +77,7 @@ pub fn rust_files(
             rust_source::remove_methods(&mut source, &["encode_as_is"]);
         }
         if *file == "main.rs" && c.serving.is_some() {
-            add_serve_command(&mut source, templates, &krate)?;
+            common::add_serve_command(&mut source, templates, &krate, SERVE_ABOUT)?;
         }
         files.push((format!("src/{file}"), rust_source::print(&source)));
     }
@@ -85,33 +89,6 @@ pub fn rust_files(
     }
     files.extend(common::kernel_files(plan, registry)?);
     Ok(files)
-}
-
-/// Gives main.rs the `serve` subcommand of `templates/runtime/serve_main.rs`: its items (its
-/// `use`s after main.rs's), and a first statement of `main` that hands `serve ...` to it.
-fn add_serve_command(main: &mut syn::File, templates: &Templates, krate: &str) -> Result<(), Error> {
-    let serve = templates.runtime("serve_main.rs", krate)?;
-    let Some(main_fn) = main.items.iter_mut().find_map(|item| match item {
-        syn::Item::Fn(f) if f.sig.ident == "main" => Some(f),
-        _ => None,
-    }) else {
-        return Err(Error::Template {
-            name: "runtime/main.rs".into(),
-            message: "no `fn main` to add `serve` to".into(),
-        });
-    };
-    let dispatch: syn::Stmt = syn::parse_quote! {
-        if std::env::args_os().nth(1).is_some_and(|arg| arg == "serve") {
-            return serve();
-        }
-    };
-    main_fn.block.stmts.insert(0, dispatch);
-    let (uses, items): (Vec<syn::Item>, Vec<syn::Item>) =
-        serve.items.into_iter().partition(|item| matches!(item, syn::Item::Use(_)));
-    main.items.extend(items);
-    let last_use = main.items.iter().rposition(|item| matches!(item, syn::Item::Use(_))).map_or(0, |i| i + 1);
-    main.items.splice(last_use..last_use, uses);
-    Ok(())
 }
 
 fn lib_rs(plan: &Plan, c: &LlamaConsts) -> TokenStream {
@@ -204,6 +181,7 @@ fn lib_rs(plan: &Plan, c: &LlamaConsts) -> TokenStream {
             (
                 Some(quote! {
                     pub mod engine;
+                    mod http;
                     mod metrics;
                     pub mod serve;
                 }),

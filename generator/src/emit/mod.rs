@@ -291,7 +291,7 @@ impl<'a> ReadmeContext<'a> {
                 // The runtime's crates, and those of the chosen kernels.
                 let mut names: Vec<&str> = match &plan.consts {
                     Consts::Llama(c) => llama::dependencies(c),
-                    Consts::Bert(_) => bert::DEPENDENCIES.to_vec(),
+                    Consts::Bert(c) => bert::dependencies(c),
                 };
                 for i in &plan.interfaces {
                     names.extend(i.chosen.dependencies.iter().map(String::as_str));

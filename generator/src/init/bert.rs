@@ -13,7 +13,7 @@ use crate::diagnostics::Diagnostic;
 use crate::emit::Templates;
 use crate::workload::{
     Activation, ArchitectureTag, Bert, Device, EncoderRequest, KvCache, KvDtype, Model, Pooling, Request,
-    Target, Workload,
+    Serving, Target, Workload,
 };
 use crate::{Error, cpu};
 
@@ -106,6 +106,13 @@ pub fn workload(
             (Pooling::None, false, None)
         }
     };
+    if opts.serve && pooling == Pooling::None {
+        problems.push(
+            Diagnostic::new("--serve: an embeddings server needs a pooled model".to_string())
+                .at_path(&dir.join("modules.json"))
+                .note("`/v1/embeddings` answers one vector per input; this model has no sentence-transformers pooling (modules.json)".to_string()),
+        );
+    }
     if !problems.is_empty() {
         return Err(problems.into());
     }
@@ -158,7 +165,10 @@ pub fn workload(
             typical_batch: 1,
             requests_per_load: opts.requests_per_load,
         }),
-        serving: None,
+        serving: opts.serve.then(|| Serving {
+            batch_wait_ms: Some(2),
+            ..toml::from_str("").expect("every field of [serving] has a default")
+        }),
     })
 }
 

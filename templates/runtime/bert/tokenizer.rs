@@ -48,10 +48,17 @@ impl Tokenizer {
     /// Encodes `text` with [CLS] and [SEP], truncated to [`Tokenizer::max_len`]. An empty
     /// string is a sentence too: [CLS] [SEP].
     pub fn encode(&self, text: &str) -> Result<Vec<u32>, Error> {
-        let encoding = self
-            .inner
-            .encode(text, true)
-            .map_err(|e| Error::Tokenizer { path: self.path.clone(), reason: e.to_string() })?;
-        Ok(encoding.get_ids().to_vec())
+        Ok(self.encoding(text)?.get_ids().to_vec())
+    }
+
+    /// Encodes `text` as [`Tokenizer::encode`] does, or `None` where it is longer than
+    /// [`Tokenizer::max_len`] tokens (which `encode` truncates): the server refuses it.
+    pub fn encode_whole(&self, text: &str) -> Result<Option<Vec<u32>>, Error> {
+        let encoding = self.encoding(text)?;
+        Ok(encoding.get_overflowing().is_empty().then(|| encoding.get_ids().to_vec()))
+    }
+
+    fn encoding(&self, text: &str) -> Result<tokenizers::Encoding, Error> {
+        self.inner.encode(text, true).map_err(|e| Error::Tokenizer { path: self.path.clone(), reason: e.to_string() })
     }
 }
