@@ -103,6 +103,33 @@ fn init_writes_a_bf16_kv_cache_for_decoders_and_refuses_it_for_encoders() {
 }
 
 #[test]
+fn init_output_is_never_overwritten_without_force() {
+    let root = workspace_root();
+    let temp = tempfile::tempdir().unwrap();
+    std::fs::write(temp.path().join("config.json"), LLAMA_CONFIG).unwrap();
+    let file = temp.path().join("w.toml");
+    let init = |name: &str, force: bool| {
+        let mut args =
+            vec!["init", "--hf", temp.path().to_str().unwrap(), "--name", name, "--hardware", "none"];
+        args.extend(["-o", file.to_str().unwrap()]);
+        if force {
+            args.push("--force");
+        }
+        monogen(&root, &args)
+    };
+    let out = init("first", false);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(std::fs::read_to_string(&file).unwrap().contains("name = \"first\""));
+    let out = init("second", false);
+    assert!(!out.status.success(), "a second init overwrote {}", file.display());
+    assert!(stderr(&out).contains("exists; pass --force to overwrite it"), "{}", stderr(&out));
+    assert!(std::fs::read_to_string(&file).unwrap().contains("name = \"first\""), "the file was changed");
+    let out = init("second", true);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(std::fs::read_to_string(&file).unwrap().contains("name = \"second\""));
+}
+
+#[test]
 fn init_writes_requests_per_load_for_decoders_and_encoders() {
     let root = workspace_root();
     let temp = tempfile::tempdir().unwrap();

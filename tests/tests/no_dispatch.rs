@@ -1,6 +1,7 @@
 //! Every committed generated Rust file is free of runtime dispatch: no `dyn`, no function
-//! pointer types, no `match` over architectures, dtypes or devices, no CPU feature
-//! detection outside the start-up check, and nothing that reads config.json.
+//! pointer types, no `match`, `if`, `if let` or `matches!` over architectures, dtypes, devices,
+//! types or CPU features, no CPU feature detection outside the start-up check, and nothing that
+//! reads config.json.
 
 use std::path::{Path, PathBuf};
 
@@ -41,13 +42,110 @@ impl Finder<'_> {
     }
 }
 
-fn mentions_resolved_name(tokens: &str) -> Option<&'static str> {
+/// The resolved names a condition (`if`, `if let`, `matches!`, `cfg!`) may not test through a
+/// constant or an enum variant: what the workload fixed (a dtype, device, architecture or
+/// instruction set).
+const CONDITION_NAMES: &[&str] = &[
+    "arch",
+    "architecture",
+    "dtype",
+    "device",
+    "llama",
+    "bert",
+    "f32",
+    "bf16",
+    "f16",
+    "int8",
+    "q8",
+    "cuda",
+    "cpu",
+    "amx",
+    "avx2",
+    "avx512",
+    "neon",
+    "x86_64",
+    "aarch64",
+];
+
+/// Why a condition dispatches over what the workload resolved, if it does: it tests a constant
+/// named after a resolved name (`DTYPE`, `KV_DTYPE`, `HAS_AVX512`), an enum variant named after
+/// one (`Weights::Int8`, `Device::Cuda`), which type a generic is (`TypeId`, `type_name`), or a
+/// target feature. A loader's test of what a file holds (a runtime value, `dtype == Dtype::F32`
+/// of safetensors' `Dtype`) is not dispatch: it reads its input. (A shared kernel's
+/// `size_of::<W>() == 2`, folded for each element type it is compiled for, is not caught.)
+fn dispatches(tokens: proc_macro2::TokenStream) -> Option<String> {
+    let mut flat = Vec::new();
+    flatten(tokens, &mut flat);
+    let resolved = |ident: &str| mentions(CONDITION_NAMES, ident).is_some();
+    for (i, token) in flat.iter().enumerate() {
+        let in_path = i >= 1 && flat[i - 1] == "::";
+        let is_const =
+            token.chars().any(|c| c.is_ascii_uppercase()) && !token.chars().any(|c| c.is_ascii_lowercase());
+        // `DTYPE`, `KV_DTYPE`, `DEVICE`, `TARGET_ARCH`, `BF16`, `HAS_AVX512`: not `AMX_ROWS`, a size.
+        let names_a_choice = |name: &str| {
+            let lower = name.to_lowercase();
+            let parts: Vec<&str> = lower.split('_').collect();
+            CONDITION_NAMES.contains(&lower.as_str())
+                || parts
+                    .iter()
+                    .any(|p| ["dtype", "device", "arch", "architecture", "feature", "features"].contains(p))
+                || (parts.len() > 1
+                    && ["has", "use", "is", "with"].contains(&parts[0])
+                    && parts[1..].iter().all(|p| CONDITION_NAMES.contains(p)))
+        };
+        if is_const && !in_path && names_a_choice(token) {
+            return Some(format!("the constant `{token}`"));
+        }
+        if ["TypeId", "type_name", "target_feature"].contains(&token.as_str()) {
+            return Some(format!("`{token}`"));
+        }
+        // `Enum::Variant` whose variant is a resolved name, save safetensors' `Dtype` of a file.
+        if i >= 2
+            && flat[i - 1] == "::"
+            && token.starts_with(|c: char| c.is_ascii_uppercase())
+            && resolved(token)
+        {
+            let owner = &flat[i - 2];
+            if owner != "Dtype" && owner.starts_with(|c: char| c.is_ascii_uppercase()) {
+                return Some(format!("the variant `{owner}::{token}`"));
+            }
+        }
+    }
+    None
+}
+
+/// The identifiers and punctuation of `tokens`, groups opened (`::` as one item).
+fn flatten(tokens: proc_macro2::TokenStream, out: &mut Vec<String>) {
+    let mut colon = false;
+    for tree in tokens {
+        match tree {
+            proc_macro2::TokenTree::Group(g) => flatten(g.stream(), out),
+            proc_macro2::TokenTree::Punct(p) if p.as_char() == ':' => {
+                if colon {
+                    out.push("::".into());
+                }
+                colon = !colon;
+                continue;
+            }
+            proc_macro2::TokenTree::Punct(p) => out.push(p.as_char().to_string()),
+            proc_macro2::TokenTree::Ident(id) => out.push(id.to_string()),
+            proc_macro2::TokenTree::Literal(l) => out.push(l.to_string()),
+        }
+        colon = false;
+    }
+}
+
+fn mentions(names: &[&'static str], tokens: &str) -> Option<&'static str> {
     let lower = tokens.to_lowercase();
     let words: Vec<&str> = lower.split(|c: char| !c.is_alphanumeric() && c != '_').collect();
-    RESOLVED_NAMES
+    names
         .iter()
         .copied()
         .find(|name| words.iter().any(|w| w == name || w.split('_').any(|part| part == *name)))
+}
+
+fn mentions_resolved_name(tokens: &str) -> Option<&'static str> {
+    mentions(RESOLVED_NAMES, tokens)
 }
 
 impl<'ast> Visit<'ast> for Finder<'_> {
@@ -70,8 +168,21 @@ impl<'ast> Visit<'ast> for Finder<'_> {
         syn::visit::visit_expr_match(self, m);
     }
 
+    fn visit_expr_if(&mut self, e: &'ast syn::ExprIf) {
+        // `if let` is an `if` whose condition is a `let`: its pattern and value are tested too.
+        if let Some(why) = dispatches(e.cond.to_token_stream()) {
+            self.report(e.if_token.span, &format!("`if` over {why}"));
+        }
+        syn::visit::visit_expr_if(self, e);
+    }
+
     fn visit_macro(&mut self, mac: &'ast syn::Macro) {
         let name = mac.path.segments.last().map(|s| s.ident.to_string()).unwrap_or_default();
+        if (name == "matches" || name == "cfg")
+            && let Some(why) = dispatches(mac.tokens.clone())
+        {
+            self.report(mac.path.segments[0].ident.span(), &format!("`{name}!` over {why}"));
+        }
         if name.ends_with("_feature_detected") && !self.file.ends_with("src/cpu.rs") {
             self.report(
                 mac.path.segments[0].ident.span(),
@@ -136,13 +247,32 @@ fn the_checker_catches_each_kind_of_dispatch() {
         ("fn f(d: Dtype) { match d { Dtype::F32 => {}, Dtype::Bf16 => {} } }", "match"),
         ("fn f() { if std::arch::is_x86_feature_detected!(\"avx2\") {} }", "feature detection"),
         ("const C: &str = \"config.json\";", "config.json"),
+        ("fn f() { if DTYPE == Dtype::Bf16 {} }", "if over a dtype"),
+        ("fn f(w: W) { if let Weights::Int8(q) = w {} }", "if let over a dtype"),
+        (
+            "fn f<T: 'static>() { if std::any::TypeId::of::<T>() == std::any::TypeId::of::<u16>() {} }",
+            "if over a type",
+        ),
+        (
+            "fn f<T>() -> bool { std::any::type_name::<T>().len() > 3 && matches!(DEVICE, Device::Cuda) }",
+            "matches! over a device",
+        ),
+        ("fn f() { if cfg!(target_feature = \"avx512f\") {} }", "cfg! over a feature"),
     ];
     for (source, what) in cases {
         let found = problems_in(Path::new("src/model.rs"), source);
         assert!(!found.is_empty(), "{what} was not caught in {source}");
     }
-    assert!(
-        problems_in(Path::new("src/model.rs"), "fn f(e: E) -> u8 { match e { E::Io => 3, E::Other => 2 } }")
-            .is_empty()
-    );
+    for fine in [
+        "fn f(e: E) -> u8 { match e { E::Io => 3, E::Other => 2 } }",
+        "fn f(x: f32) -> bool { if x > f32::MAX { return true } matches!(x.classify(), std::num::FpCategory::Nan) }",
+        "fn f(s: Option<u32>) { if let Some(id) = s {} }",
+        "fn f(dtype: Dtype) -> usize { if dtype == Dtype::F32 { 4 } else { 2 } }",
+        "fn f(bf16: bool, rows: usize) { if bf16 && rows < MAX_BATCH {} }",
+    ] {
+        assert!(problems_in(Path::new("src/model.rs"), fine).is_empty(), "{fine} is not dispatch");
+    }
+    // The start-up check asks the CPU what it has.
+    let check = "fn f() { if !std::arch::is_x86_feature_detected!(\"avx2\") {} }";
+    assert!(problems_in(Path::new("src/cpu.rs"), check).is_empty());
 }
