@@ -42,30 +42,13 @@ impl Finder<'_> {
     }
 }
 
-/// The resolved names a condition (`if`, `if let`, `matches!`, `cfg!`) may not test through a
-/// constant or an enum variant: what the workload fixed (a dtype, device, architecture or
-/// instruction set).
-const CONDITION_NAMES: &[&str] = &[
-    "arch",
-    "architecture",
-    "dtype",
-    "device",
-    "llama",
-    "bert",
-    "f32",
-    "bf16",
-    "f16",
-    "int8",
-    "q8",
-    "cuda",
-    "cpu",
-    "amx",
-    "avx2",
-    "avx512",
-    "neon",
-    "x86_64",
-    "aarch64",
-];
+/// Resolved names beyond [`RESOLVED_NAMES`] that a condition (`if`, `if let`, `matches!`,
+/// `cfg!`) may not test through a constant or an enum variant.
+const MORE_CONDITION_NAMES: &[&str] = &["q8", "amx"];
+
+fn condition_name(word: &str) -> bool {
+    RESOLVED_NAMES.contains(&word) || MORE_CONDITION_NAMES.contains(&word)
+}
 
 /// Why a condition dispatches over what the workload resolved, if it does: it tests a constant
 /// named after a resolved name (`DTYPE`, `KV_DTYPE`, `HAS_AVX512`), an enum variant named after
@@ -76,7 +59,10 @@ const CONDITION_NAMES: &[&str] = &[
 fn dispatches(tokens: proc_macro2::TokenStream) -> Option<String> {
     let mut flat = Vec::new();
     flatten(tokens, &mut flat);
-    let resolved = |ident: &str| mentions(CONDITION_NAMES, ident).is_some();
+    let resolved = |ident: &str| {
+        let lower = ident.to_lowercase();
+        condition_name(&lower) || lower.split('_').any(condition_name)
+    };
     for (i, token) in flat.iter().enumerate() {
         let in_path = i >= 1 && flat[i - 1] == "::";
         let is_const =
@@ -85,13 +71,13 @@ fn dispatches(tokens: proc_macro2::TokenStream) -> Option<String> {
         let names_a_choice = |name: &str| {
             let lower = name.to_lowercase();
             let parts: Vec<&str> = lower.split('_').collect();
-            CONDITION_NAMES.contains(&lower.as_str())
+            condition_name(&lower)
                 || parts
                     .iter()
                     .any(|p| ["dtype", "device", "arch", "architecture", "feature", "features"].contains(p))
                 || (parts.len() > 1
                     && ["has", "use", "is", "with"].contains(&parts[0])
-                    && parts[1..].iter().all(|p| CONDITION_NAMES.contains(p)))
+                    && parts[1..].iter().all(|p| condition_name(p)))
         };
         if is_const && !in_path && names_a_choice(token) {
             return Some(format!("the constant `{token}`"));
