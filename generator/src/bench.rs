@@ -151,9 +151,13 @@ pub fn records(
     host: &Host,
     measured_at: &str,
 ) -> BTreeMap<String, Vec<Record>> {
-    let shapes = plan.shapes.clone();
+    let batch = match &plan.consts {
+        crate::plan::Consts::Llama(c) => c.request.max_batch,
+        crate::plan::Consts::Bert(_) => 1,
+    };
     let mut out: BTreeMap<String, Vec<Record>> = BTreeMap::new();
     for o in outcomes {
+        let shapes = rankings::interface_shapes(&plan.shapes, batch, &o.interface);
         let element = plan.interface(&o.interface).and_then(|i| i.element.as_deref());
         let Some(imp) = registry.implementation(&o.interface, &o.implementation, element) else { continue };
         let base = Record {
@@ -477,6 +481,7 @@ pub fn bench(
     let shapes = rankings::shapes_signature(&w);
     let mut updated = project.rankings.clone();
     for &interface in &measured {
+        let shapes = rankings::interface_shapes(&shapes, w.decode_batch(), interface);
         let element = plan.interface(interface).and_then(|i| i.element.as_deref());
         // The records this run replaces: those of the element type it measured. Another
         // element type's records of the same shapes stay (the shapes do not name it).

@@ -408,6 +408,37 @@ pub fn shapes_signature(w: &Workload) -> String {
     parts.join(" ")
 }
 
+/// The interfaces that a batched decode step (`Batch::step`) calls once over the rows of all its
+/// sequences: the harness times their decode at the workload's batch. The others (rotation,
+/// attention, the KV cache, sampling) run once per sequence, as alone.
+pub const ROW_BATCHED: &[&str] = &["matmul", "rmsnorm", "swiglu"];
+
+/// The signature of `interface`'s records for a workload of signature `shapes` whose decode steps
+/// run `batch` sequences: `shapes`, and `max_batch=N` after it for a row-batched interface of a
+/// batched decoder, whose decode step is timed at `N` rows. A per-sequence interface shares the
+/// records of the same shapes alone, which measure the same thing.
+pub fn interface_shapes(shapes: &str, batch: usize, interface: &str) -> String {
+    if batch > 1 && ROW_BATCHED.contains(&interface) {
+        format!("{shapes} max_batch={batch}")
+    } else {
+        shapes.to_string()
+    }
+}
+
+/// The signature of the records that stand for `interface` of `w` on `class`, and whether they
+/// stand in for missing ones: a batched decoder's row-batched interface is measured at its
+/// batch (`interface_shapes`), and until `monogen bench` has measured it so on `class`, the
+/// records of the same shapes alone (one row per decode step) stand in, which `explain` says.
+pub fn records_shapes(rankings: &Rankings, class: &str, interface: &str, w: &Workload) -> (String, bool) {
+    let alone = shapes_signature(w);
+    let own = interface_shapes(&alone, w.decode_batch(), interface);
+    if own == alone || rankings.records(class, interface).iter().any(|r| r.shapes == own) {
+        (own, false)
+    } else {
+        (alone, true)
+    }
+}
+
 /// The element type a record of `imp` carries: its element type where its folder serves
 /// several, else none.
 pub fn element_key(imp: &Implementation) -> Option<String> {
@@ -461,7 +492,7 @@ pub fn evidence(
     let Some(class) = &w.target.hardware else {
         return candidates.iter().map(|_| Evidence::NoHardwareClass).collect();
     };
-    let shapes = shapes_signature(w);
+    let (shapes, _) = records_shapes(rankings, class, interface, w);
     let records: Vec<&Record> =
         rankings.records(class, interface).iter().filter(|r| r.shapes == shapes).collect();
     // Records are compared only within one machine and toolchain: the newest measurement's.
@@ -598,6 +629,42 @@ mod tests {
             load_counted_ns: 0,
             load_counted_max_ns: 0,
         }
+    }
+
+    #[test]
+    fn a_batched_decoder_has_records_of_its_own_only_for_the_row_batched_interfaces() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let read = |name: &str| {
+            crate::workload::WorkloadSource::read(&root.join(format!("workloads/{name}.toml")))
+                .unwrap()
+                .parse()
+                .unwrap()
+        };
+        let served: Workload = read("stories260k-serve-cpu-f32");
+        assert_eq!(served.decode_batch(), 4);
+        let shapes = shapes_signature(&served);
+        assert!(!shapes.contains("max_batch"), "{shapes}");
+        for interface in ROW_BATCHED {
+            assert_eq!(interface_shapes(&shapes, 4, interface), format!("{shapes} max_batch=4"));
+        }
+        for interface in ["rope", "kv_cache", "attention_prefill", "attention_decode", "sampler"] {
+            assert_eq!(interface_shapes(&shapes, 4, interface), shapes, "{interface} runs per sequence");
+        }
+        let alone: Workload = read("stories260k-cpu-f32");
+        assert_eq!(alone.decode_batch(), 1);
+        assert_eq!(interface_shapes(&shapes_signature(&alone), 1, "matmul"), shapes_signature(&alone));
+        let encoder: Workload = read("all-minilm-l6-v2-cpu-f32");
+        assert_eq!(encoder.decode_batch(), 1, "an encoder has no decode step");
+
+        // Without records at the batch, those of the shapes alone stand in, and say so.
+        let mut rankings = Rankings::default();
+        let record = |shapes: &str| Record { shapes: shapes.into(), ..timed("t", &[1]) };
+        rankings.replace("c", "matmul", &shapes, vec![record(&shapes)], |_| true);
+        assert_eq!(records_shapes(&rankings, "c", "matmul", &served), (shapes.clone(), true));
+        assert_eq!(records_shapes(&rankings, "c", "rope", &served), (shapes.clone(), false));
+        let batched = format!("{shapes} max_batch=4");
+        rankings.replace("c", "matmul", &batched, vec![record(&batched)], |_| true);
+        assert_eq!(records_shapes(&rankings, "c", "matmul", &served), (batched, false));
     }
 
     #[test]

@@ -343,6 +343,9 @@ struct Field<'a> {
     in_parentheses: String,
     /// The workload's hardware class.
     class: Option<&'a str>,
+    /// Where a batched decoder's row-batched interface is ranked by records of one row per
+    /// decode step (none at its batch yet on its class): the words that say so.
+    at_one_row: Option<String>,
     /// How many competitors failed against the reference.
     failed: usize,
     /// `failed` in parentheses, with a space before; empty where none failed.
@@ -388,9 +391,21 @@ impl<'a> Field<'a> {
         let failed = ranked.len() - valid.len();
         let failed_note =
             if failed > 0 { format!(" ({failed} failed against the reference)") } else { String::new() };
+        let at_one_row = w
+            .target
+            .hardware
+            .as_deref()
+            .filter(|class| rankings::records_shapes(&selection.rankings, class, interface, w).1)
+            .map(|_| {
+                format!(
+                    ", at one row per decode step: not yet at this workload's batch of {} (`monogen bench` measures it)",
+                    w.decode_batch()
+                )
+            });
         Field {
             interface,
             compatible,
+            at_one_row,
             evidence,
             valid,
             measured,
@@ -435,10 +450,11 @@ impl<'a> Field<'a> {
             "highest declared priority (not measured)".to_string()
         } else {
             format!(
-                "fastest measured on {} (rankings/{}/{}.toml)",
+                "fastest measured on {} (rankings/{}/{}.toml){}",
                 self.class.unwrap_or_default(),
                 self.class.unwrap_or_default(),
-                self.interface
+                self.interface,
+                self.at_one_row.as_deref().unwrap_or_default()
             )
         }
     }

@@ -1489,6 +1489,15 @@ impl Shape {
 pub const ELEMENT_PARAMETERS: [&str; 3] = ["weights", "activations", "kv"];
 
 impl Workload {
+    /// Sequences one decode step runs: a decoder's `request.max_batch`; 1 for an encoder, which
+    /// has no decode step.
+    pub fn decode_batch(&self) -> usize {
+        match &self.request {
+            Request::Decoder(r) => r.max_batch,
+            Request::Encoder(_) => 1,
+        }
+    }
+
     /// The value of every shape parameter, in [`Shape::ALL`]'s order. An encoder's keys and
     /// values have as many heads as its queries: its `num_kv_heads` is its `num_heads`.
     pub fn shapes(&self) -> [(Shape, usize); 8] {

@@ -51,8 +51,8 @@ pub fn interfaces(plan: &Plan, registry: &Registry) -> Vec<HarnessInterface> {
                 .implementation(&i.interface, &i.reference, i.element.as_deref())
                 .expect("the registry checks that every interface's reference exists")
                 .clone();
-            let batched_rows =
-                matches!(plan.consts, Consts::Llama(_)) && ROW_BATCHED.contains(&i.interface.as_str());
+            let batched_rows = matches!(plan.consts, Consts::Llama(_))
+                && crate::rankings::ROW_BATCHED.contains(&i.interface.as_str());
             HarnessInterface { interface: i.interface.clone(), candidates, reference, batched_rows }
         })
         .collect()
@@ -563,10 +563,6 @@ fn availability(imp: &Implementation) -> TokenStream {
         if #(#checks)&&* { Ok(()) } else { Err(#missing.to_string()) }
     }
 }
-
-/// The interfaces whose decode pass (templates/bench/llama.rs) runs a batched step's
-/// `DECODE_ROWS` rows in one call, as `templates/llama/batched.rs` calls them.
-const ROW_BATCHED: &[&str] = &["matmul", "rmsnorm", "swiglu"];
 
 /// `fn <interface>(options)`: validate every candidate, then time them round by round.
 fn bench_fn(h: &HarnessInterface, registry: &Registry) -> TokenStream {
