@@ -21,8 +21,7 @@ use crate::{Error, MAX_BODY_BYTES, WORKLOAD};
 /// Where and how to serve.
 #[derive(Debug, Clone)]
 pub struct Options {
-    /// Model directory holding model.safetensors and tokenizer.json (and, for a chat model,
-    /// tokenizer_config.json or chat_template.jinja with its chat template).
+    /// Model directory: what `serve --model` reads.
     pub model: PathBuf,
     pub host: String,
     /// 0 picks a free port.

@@ -7,8 +7,7 @@ use __crate::serve::{Options, ServeError, Server};
 #[derive(Parser)]
 #[command(name = "serve", long_about = None)]
 struct ServeArgs {
-    /// Model directory holding model.safetensors and tokenizer.json (and a chat model's chat
-    /// template, in tokenizer_config.json or chat_template.jinja, for /v1/chat/completions).
+    /// __serve_model
     #[arg(long, value_name = "DIR")]
     model: PathBuf,
     /// Address to listen on; the default takes connections from this machine only.

@@ -25,8 +25,11 @@ const DEPENDENCIES: &[&str] =
 /// The crates the embeddings server of a crate that serves depends on.
 const SERVING_DEPENDENCIES: &[&str] = &["axum", "tokio"];
 
-/// What `serve --help` says the server is.
-const SERVE_ABOUT: &str = "Serves the model over HTTP: OpenAI's embeddings API, batching the sentences of requests that arrive together.";
+/// What `serve --help` says the server is, and what its `--model` directory holds.
+const SERVE_HELP: (&str, &str) = (
+    "Serves the model over HTTP: OpenAI's embeddings API, batching the sentences of requests that arrive together.",
+    "Model directory holding model.safetensors and tokenizer.json.",
+);
 
 /// The crates a BERT crate depends on, the server's included where it serves.
 pub fn dependencies(c: &BertConsts) -> Vec<&'static str> {
@@ -510,7 +513,7 @@ fn main_file(plan: &Plan, c: &BertConsts, templates: &Templates, krate: &str) ->
     }
     let mut file: syn::File = syn::parse2(tokens)
         .map_err(|e| Error::Template { name: "emit/bert.rs main_rs".into(), message: e.to_string() })?;
-    common::add_serve_command(&mut file, templates, krate, SERVE_ABOUT)?;
+    common::add_serve_command(&mut file, templates, krate, SERVE_HELP)?;
     Ok(rust_source::print(&file))
 }
 

@@ -486,14 +486,17 @@ pub fn team_job_enum(jobs: &[TeamJob]) -> Option<TokenStream> {
 
 /// Gives main.rs the `serve` subcommand of `templates/runtime/serve_main.rs`: its items (its
 /// `use`s after main.rs's), and a first statement of `main` that hands `serve ...` to it;
-/// `about` is what `serve --help` says the server is.
+/// `about` is what `serve --help` says the server is, `model` what its `--model` holds.
 pub fn add_serve_command(
     main: &mut syn::File,
     templates: &Templates,
     krate: &str,
-    about: &str,
+    (about, model): (&str, &str),
 ) -> Result<(), Error> {
-    let serve = templates.runtime_with("serve_main.rs", &[("__crate", krate), ("__serve_about", about)])?;
+    let serve = templates.runtime_with(
+        "serve_main.rs",
+        &[("__crate", krate), ("__serve_about", about), ("__serve_model", model)],
+    )?;
     let Some(main_fn) = main.items.iter_mut().find_map(|item| match item {
         syn::Item::Fn(f) if f.sig.ident == "main" => Some(f),
         _ => None,

@@ -27,9 +27,11 @@ pub fn dependencies(c: &LlamaConsts) -> Vec<&'static str> {
     DEPENDENCIES.iter().chain(serving).copied().collect()
 }
 
-/// What `serve --help` says the server is.
-const SERVE_ABOUT: &str =
-    "Serves the model over HTTP: OpenAI's completions and chat completions API, with continuous batching.";
+/// What `serve --help` says the server is, and what its `--model` directory holds.
+const SERVE_HELP: (&str, &str) = (
+    "Serves the model over HTTP: OpenAI's completions and chat completions API, with continuous batching.",
+    "Model directory holding model.safetensors and tokenizer.json (and a chat model's chat template, in tokenizer_config.json or chat_template.jinja, for /v1/chat/completions).",
+);
 
 /// The server's runtime files, copied as the others are.
 const SERVING_FILES: &[&str] = &["engine.rs", "http.rs", "metrics.rs", "serve.rs"];
@@ -77,7 +79,7 @@ pub fn rust_files(
             rust_source::remove_methods(&mut source, &["encode_as_is"]);
         }
         if *file == "main.rs" && c.serving.is_some() {
-            common::add_serve_command(&mut source, templates, &krate, SERVE_ABOUT)?;
+            common::add_serve_command(&mut source, templates, &krate, SERVE_HELP)?;
         }
         files.push((format!("src/{file}"), rust_source::print(&source)));
     }
