@@ -536,7 +536,7 @@ fn conformance_tests(implementations: &[Implementation], references: &BTreeMap<S
                 let predicate =
                     arch_predicate(imp.arches.as_deref()).expect("an arch-limited implementation");
                 writeln!(out, "    #[cfg(not({predicate}))]").unwrap();
-                writeln!(out, "    eprintln!(\"skipped {label}: it is for {arches} only\");").unwrap();
+                writeln!(out, "    monogen_tests::skip::arch({label:?}, {arches:?});").unwrap();
             }
             None => {
                 write_feature_gate(&mut out, imp, label, "    ");
@@ -553,9 +553,9 @@ fn write_feature_gate(out: &mut String, imp: &Implementation, label: &str, inden
     if imp.cpu_features.is_empty() {
         return;
     }
-    let features = imp.cpu_features.join(", ");
+    let features: Vec<String> = imp.cpu_features.iter().map(|f| format!("{f:?}")).collect();
     writeln!(out, "{indent}if !{} {{", imp.available("crate")).unwrap();
-    writeln!(out, "{indent}    eprintln!(\"skipped {label}: this CPU lacks one of {features}\");").unwrap();
+    writeln!(out, "{indent}    monogen_tests::skip::cpu({label:?}, &[{}]);", features.join(", ")).unwrap();
     writeln!(out, "{indent}    return;").unwrap();
     writeln!(out, "{indent}}}").unwrap();
 }

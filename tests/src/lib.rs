@@ -2,6 +2,7 @@
 //! readers for the reference files (NumPy `.npy`, `reference.json`).
 
 pub mod http;
+pub mod skip;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -28,11 +29,28 @@ pub fn model_dir(name: &str) -> Option<PathBuf> {
     if dir.join("model.safetensors").is_file() {
         return Some(dir);
     }
-    if std::env::var("CI").is_ok_and(|v| v == "true") {
-        panic!("model {} is missing (set MONOGEN_MODELS); under CI=true this is a failure", dir.display());
-    }
-    eprintln!("skipped: model {} is not present (set MONOGEN_MODELS to run this test)", dir.display());
+    skip::model(&current_test(), &dir);
     None
+}
+
+/// `MONOGEN_PYTHON` (else `python3`) where it can import OpenAI's `openai` package, or `None`
+/// (a skip of `test`) where it cannot. `.ci/run` installs the package: under CI a missing one
+/// is a failure.
+pub fn python_with_openai(test: &str) -> Option<String> {
+    let python = std::env::var("MONOGEN_PYTHON").unwrap_or_else(|_| "python3".into());
+    if Command::new(&python).args(["-c", "import openai"]).status().is_ok_and(|s| s.success()) {
+        return Some(python);
+    }
+    skip::tool(
+        test,
+        &format!("the `openai` Python package (pip install openai, or set MONOGEN_PYTHON; {python})"),
+    );
+    None
+}
+
+/// The name of the running test: the name of its thread, as the test harness sets it.
+pub fn current_test() -> String {
+    std::thread::current().name().unwrap_or("a test").to_string()
 }
 
 /// Copies a generated crate (without its `target/`) to `to`.

@@ -13,8 +13,19 @@ use serde_json::Value;
 
 const MODEL: &str = "all-minilm-l6-v2";
 const CRATE: &str = "all-minilm-l6-v2-cpu-f32";
-/// The bound on every compared value.
-const TOLERANCE: f32 = 1e-4;
+// Bounds on the largest difference from the reference of each compared output, each 3x what
+// this crate measured (`cargo test -p monogen-tests --test bert -- --nocapture` prints the
+// figures; 2026-12-06, amd-epyc-2c). The reference is transformers' f32 forward pass, stored
+// as f32: a few units in the last place of values near 1 (2⁻²³ ≈ 1.2e-7) is as close as two
+// f32 computations that sum in different orders come, and that is what these allow.
+/// Token states (values up to about 10): measured 3.0e-6.
+const STATES: f32 = 9e-6;
+/// Mean-pooled vectors: measured 8.6e-7.
+const POOLED: f32 = 2.5e-6;
+/// L2-normalized vectors (values near 0.05): measured 1.7e-7.
+const NORMALIZED: f32 = 5e-7;
+/// Cosines of normalized vectors (the diagonal's sums of 384 squares near 1): measured 6.0e-7.
+const COSINE: f32 = 1.8e-6;
 /// How far a sentence's outputs may move when it runs in a batch: f32 rounding of sums taken
 /// in another order (kernels may pick another path for a batch's row count).
 const BATCH_ROUNDING: f32 = 1e-5;
@@ -80,7 +91,7 @@ fn token_states_match_the_reference_alone_and_padded_in_a_batch() {
         let alone = encoder.hidden_states(&[ids]).unwrap().remove(0);
         let (diff, at) = max_abs_diff(&alone, &want);
         eprintln!("sentence {i}: last_hidden_state max abs diff {diff:e}");
-        assert!(diff <= TOLERANCE, "sentence {i}: token states differ by {diff} at {at}");
+        assert!(diff <= STATES, "sentence {i}: token states differ by {diff} at {at}");
         // Sentences 0 and 1 (12 tokens) are padded to sentence 2's 14 in the batch. Masking
         // makes padding invisible; what may differ is rounding, as a matmul kernel may sum in
         // another order for a batch's row count than for one sentence's (a masking error
@@ -102,22 +113,25 @@ fn pooled_and_normalized_vectors_and_their_cosines_match_the_reference() {
     for (i, want) in rows(&f.dir.join("reference/mean_pooled.npy")).iter().enumerate() {
         let (diff, at) = max_abs_diff(&vectors[i], want);
         eprintln!("sentence {i}: mean pooled max abs diff {diff:e}");
-        assert!(diff <= TOLERANCE, "sentence {i}: mean pooled vector differs by {diff} at {at}");
+        assert!(diff <= POOLED, "sentence {i}: mean pooled vector differs by {diff} at {at}");
     }
     minilm::normalize(&mut vectors);
     for (i, want) in rows(&f.dir.join("reference/normalized.npy")).iter().enumerate() {
         let (diff, at) = max_abs_diff(&vectors[i], want);
         eprintln!("sentence {i}: normalized max abs diff {diff:e}");
-        assert!(diff <= TOLERANCE, "sentence {i}: normalized vector differs by {diff} at {at}");
+        assert!(diff <= NORMALIZED, "sentence {i}: normalized vector differs by {diff} at {at}");
     }
     let cosine = &f.reference["cosine"];
+    let mut worst = 0f32;
     for i in 0..3 {
         for j in 0..3 {
             let dot: f32 = vectors[i].iter().zip(&vectors[j]).map(|(a, b)| a * b).sum();
             let want = cosine[i][j].as_f64().unwrap() as f32;
-            assert!((dot - want).abs() <= TOLERANCE, "cosine[{i}][{j}] = {dot}, reference {want}");
+            assert!((dot - want).abs() <= COSINE, "cosine[{i}][{j}] = {dot}, reference {want}");
+            worst = worst.max((dot - want).abs());
         }
     }
+    eprintln!("cosines: max abs diff {worst:e}");
 }
 
 #[test]
@@ -189,7 +203,7 @@ fn the_binary_embeds_texts_and_files_as_json_or_lines() {
     for (i, vector) in report["embeddings"].as_array().unwrap().iter().enumerate() {
         let got: Vec<f32> = vector.as_array().unwrap().iter().map(|v| v.as_f64().unwrap() as f32).collect();
         let (diff, _) = max_abs_diff(&got, &want[i]);
-        assert!(diff <= TOLERANCE, "sentence {i}: {diff}");
+        assert!(diff <= NORMALIZED, "sentence {i}: {diff}");
     }
 
     // Plain output: one line of HIDDEN_SIZE values per sentence; an empty text is a sentence. The
@@ -199,7 +213,7 @@ fn the_binary_embeds_texts_and_files_as_json_or_lines() {
     let line: Vec<f32> =
         String::from_utf8(out.stdout).unwrap().trim().split(' ').map(|v| v.parse().unwrap()).collect();
     let (diff, _) = max_abs_diff(&line, &want[0]);
-    assert!(diff <= TOLERANCE, "the default line is not the normalized vector: {diff}");
+    assert!(diff <= NORMALIZED, "the default line is not the normalized vector: {diff}");
     let out = Command::new(binary())
         .args(["--model", model, "--text", &texts[0], "--text", "", "--no-normalize"])
         .output()
@@ -211,7 +225,7 @@ fn the_binary_embeds_texts_and_files_as_json_or_lines() {
     let first: Vec<f32> = lines[0].split(' ').map(|v| v.parse().unwrap()).collect();
     assert_eq!(first.len(), minilm::HIDDEN_SIZE);
     let (diff, _) = max_abs_diff(&first, &rows(&f.dir.join("reference/mean_pooled.npy"))[0]);
-    assert!(diff <= TOLERANCE, "unnormalized line differs by {diff}");
+    assert!(diff <= POOLED, "unnormalized line differs by {diff}");
 }
 
 #[test]

@@ -100,7 +100,7 @@ fn assert_close(
         }
     }
     eprintln!(
-        "{what}: cosine to f32 worst {worst:.5} mean {mean:.5}; pairwise cosines move by at most {shift:.4}; \
+        "{what}: cosine to f32 worst {worst:.7} mean {mean:.7}; pairwise cosines move by at most {shift:.2e}; \
          {order_kept} of {orderings} orderings kept"
     );
     assert!(
@@ -115,7 +115,7 @@ fn assert_close(
     // The reference sentences: vectors against sentence-transformers', and their cosines.
     for (i, (g, r)) in got.1.iter().zip(reference).enumerate() {
         let c = dot(g, r);
-        eprintln!("{what}: reference sentence {i}: cosine to the reference vector {c:.5}");
+        eprintln!("{what}: reference sentence {i}: cosine to the reference vector {c:.7}");
         assert!(c >= min_cosine, "{what}: reference sentence {i}: cosine {c} to the reference vector");
     }
     for i in 0..got.1.len() {
@@ -141,7 +141,9 @@ fn bf16_and_int8_vectors_stay_close_to_f32_and_the_reference() {
         &want,
         &reference,
         &json["cosine"],
-        Limits { min_cosine: 0.999, max_cosine_shift: 0.01, min_orderings_kept: 0.999 },
+        // Measured (2026-12-06): worst cosine 0.9999856, pairwise cosines moved by at most
+        // 8.81e-4, every ordering kept. Each bound is 3x the error: 1 - 3 × 1.44e-5, 3 × 8.81e-4.
+        Limits { min_cosine: 0.999957, max_cosine_shift: 2.6e-3, min_orderings_kept: 1.0 },
     );
     assert_close(
         "int8",
@@ -149,6 +151,9 @@ fn bf16_and_int8_vectors_stay_close_to_f32_and_the_reference() {
         &want,
         &reference,
         &json["cosine"],
-        Limits { min_cosine: 0.99, max_cosine_shift: 0.02, min_orderings_kept: 0.98 },
+        // Measured: worst cosine 0.9982140, pairwise cosines moved by at most 9.01e-3, 1669 of
+        // 1680 orderings kept. Bounds at 3x (or less) of each error: 1 - 3 × 1.79e-3, 0.02,
+        // 1 - 3 × 11/1680.
+        Limits { min_cosine: 0.9946, max_cosine_shift: 0.02, min_orderings_kept: 0.98 },
     );
 }

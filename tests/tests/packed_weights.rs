@@ -33,16 +33,17 @@ fn packed_crate(scratch: &Path, workload: &str, name: &str, implementation: &str
     // those and AVX-VNNI.
     let avxvnni = implementation.contains("-avxvnni-");
     let avx512 = !implementation.contains("-avx2-") && !avxvnni;
-    if !std::arch::is_x86_feature_detected!("avx2")
-        || !std::arch::is_x86_feature_detected!("fma")
-        || (avx512 && !std::arch::is_x86_feature_detected!("avx512f"))
-        || (int8 && avx512 && !std::arch::is_x86_feature_detected!("avx512vnni"))
-        || (int8 && !std::arch::is_x86_feature_detected!("f16c"))
-        || (avxvnni && !std::arch::is_x86_feature_detected!("avxvnni"))
-    {
-        eprintln!(
-            "skipped: this CPU lacks the kernel's features (AVX2 and FMA, AVX-512F, VNNI and F16C for int8, AVX-VNNI)"
-        );
+    let needs = [
+        ("avx2", true, std::arch::is_x86_feature_detected!("avx2")),
+        ("fma", true, std::arch::is_x86_feature_detected!("fma")),
+        ("avx512f", avx512, std::arch::is_x86_feature_detected!("avx512f")),
+        ("avx512vnni", int8 && avx512, std::arch::is_x86_feature_detected!("avx512vnni")),
+        ("f16c", int8, std::arch::is_x86_feature_detected!("f16c")),
+        ("avxvnni", avxvnni, std::arch::is_x86_feature_detected!("avxvnni")),
+    ];
+    if needs.iter().any(|&(_, needed, present)| needed && !present) {
+        let features: Vec<&str> = needs.iter().filter(|n| n.1).map(|n| n.0).collect();
+        monogen_tests::skip::cpu(&format!("{} ({implementation})", monogen_tests::current_test()), &features);
         return None;
     }
     for dir in ["interfaces", "implementations", "templates"] {

@@ -229,8 +229,9 @@ fn offsets(header: &Value, name: &str) -> (usize, usize) {
 #[test]
 fn a_packing_crate_saves_its_matrices_packed_and_maps_them() {
     let Some(dir) = model_dir("stories260k") else { return };
-    if let Err(e) = bf16act::cpu::check() {
-        eprintln!("skipped: {e}");
+    if let Err(bf16act::Error::UnsupportedCpu { missing, .. }) = bf16act::cpu::check() {
+        let missing: Vec<&str> = missing.split(", ").collect();
+        monogen_tests::skip::cpu("a_packing_crate_saves_its_matrices_packed_and_maps_them", &missing);
         return;
     }
     let temp = tempfile::tempdir().unwrap();

@@ -754,19 +754,10 @@ fn sigterm_lets_running_requests_finish_then_exits() {
 #[test]
 fn the_openai_python_client_talks_to_the_server() {
     let (Some(dir), Some(chat)) = (model_dir("stories260k"), chat_model()) else { return };
-    let python = std::env::var("MONOGEN_PYTHON").unwrap_or_else(|_| "python3".into());
-    let has_openai = Command::new(&python).args(["-c", "import openai"]).status().is_ok_and(|s| s.success());
-    if !has_openai {
-        // .ci/run installs it; a developer's machine may not have it.
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "the `openai` Python package is missing: `pip install openai`"
-        );
-        eprintln!(
-            "skipped: no `openai` Python package for {python} (pip install openai, or set MONOGEN_PYTHON)"
-        );
+    let Some(python) = monogen_tests::python_with_openai("the_openai_python_client_talks_to_the_server")
+    else {
         return;
-    }
+    };
     let server = Running::start(chat, Some("key-1"));
     let script = workspace_root().join("tests/clients/openai_client.py");
     let output = Command::new(&python)

@@ -430,19 +430,9 @@ fn stopping_answers_the_requests_taken() {
 #[test]
 fn the_openai_python_client_gets_embeddings() {
     let Some(dir) = model_dir("all-minilm-l6-v2") else { return };
-    let python = std::env::var("MONOGEN_PYTHON").unwrap_or_else(|_| "python3".into());
-    let has_openai = Command::new(&python).args(["-c", "import openai"]).status().is_ok_and(|s| s.success());
-    if !has_openai {
-        // .ci/run installs it; a developer's machine may not have it.
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "the `openai` Python package is missing: `pip install openai`"
-        );
-        eprintln!(
-            "skipped: no `openai` Python package for {python} (pip install openai, or set MONOGEN_PYTHON)"
-        );
+    let Some(python) = monogen_tests::python_with_openai("the_openai_python_client_gets_embeddings") else {
         return;
-    }
+    };
     let want = alone(&dir, &SENTENCES[..2]);
     let server = Running::start(dir, Some("key-1"));
     let script = workspace_root().join("tests/clients/openai_embeddings.py");

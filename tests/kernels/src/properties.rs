@@ -40,7 +40,7 @@ fn scalar_prefill_of_one_row_is_decode() {
 #[test]
 fn avx2_prefill_of_one_row_is_decode() {
     if !crate::cpu_has!("avx2", "fma") {
-        eprintln!("skipped: this CPU lacks avx2 or fma");
+        monogen_tests::skip::cpu("avx2_prefill_of_one_row_is_decode", &["avx2", "fma"]);
         return;
     }
     prefill_of_one_row_is_decode!(
@@ -74,7 +74,7 @@ fn avx2_exp_is_accurate() {
     }
 
     if !crate::cpu_has!("avx2", "fma") {
-        eprintln!("skipped: this CPU lacks avx2 or fma");
+        monogen_tests::skip::cpu("avx2_exp_is_accurate", &["avx2", "fma"]);
         return;
     }
     // SAFETY (of every `exp8` call): this CPU has AVX2 and FMA, checked above.
@@ -216,7 +216,7 @@ fn int8_packed_scales_convert_to_binary16_as_f16c_does() {
 
     use kernels::shared::q8_packed::binary16;
     if !std::arch::is_x86_feature_detected!("f16c") {
-        eprintln!("skipped: this CPU lacks F16C");
+        monogen_tests::skip::cpu("int8_packed_scales_convert_to_binary16_as_f16c_does", &["f16c"]);
         return;
     }
     #[target_feature(enable = "f16c")]

@@ -8,7 +8,10 @@ use monogen_kernel_tests::{cpu_has, kernels};
 #[test]
 fn amx_products_keep_nans_and_infinities_as_the_reference_does() {
     if !cpu_has!("avx512f", "avx512bw", "amx-tile", "amx-bf16") {
-        eprintln!("skipped: this CPU (or its kernel) lacks AMX-BF16");
+        monogen_tests::skip::cpu(
+            "amx_products_keep_nans_and_infinities_as_the_reference_does",
+            &["avx512f", "avx512bw", "amx-tile", "amx-bf16"],
+        );
         return;
     }
     const N: usize = 16;
