@@ -7,7 +7,8 @@
 //! - `encoding_format: "base64"` carries the same floats, token-id input the same sentences;
 //! - every bad request gets a 4xx OpenAI error object naming what is wrong; a full queue answers
 //!   429 with `Retry-After`, and the requests of clients that left are not embedded;
-//! - stopping lets the requests taken finish;
+//! - stopping (through the library, and SIGTERM or SIGINT to the binary) lets the requests
+//!   taken finish;
 //! - OpenAI's official Python client talks to it.
 
 use std::io::Write;
@@ -425,6 +426,63 @@ fn stopping_answers_the_requests_taken() {
     });
     assert_eq!(vectors(&answer).len(), 4 * MAX_BATCH);
     assert!(TcpStream::connect(addr).is_err(), "it no longer listens");
+}
+
+/// The binary's `serve` stops on SIGTERM and on SIGINT as docs/serving.md says: it stops taking
+/// connections, answers the request it took in full, and exits 0 having said so. Without its
+/// handler the process would die of the signal with the request unanswered.
+#[test]
+fn the_binary_answers_the_requests_taken_then_exits_on_sigterm_and_sigint() {
+    use std::io::{BufRead, BufReader, Read};
+    use std::process::Stdio;
+    let Some(dir) = model_dir("all-minilm-l6-v2") else { return };
+    let binary = monogen_tests::build_copy(WORKLOAD);
+    for signal in ["TERM", "INT"] {
+        let mut child = Command::new(&binary)
+            .args(["serve", "--model", dir.to_str().unwrap(), "--port", "0"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut first = String::new();
+        BufReader::new(child.stdout.take().unwrap()).read_line(&mut first).unwrap();
+        let addr: SocketAddr = first
+            .trim()
+            .strip_prefix("listening on http://")
+            .unwrap_or_else(|| panic!("{first:?}"))
+            .parse()
+            .unwrap();
+        // A few sentences: the copy is an unoptimised build, which embeds about two a second.
+        let input: Vec<&str> = SENTENCES.iter().cycle().take(8).copied().collect();
+        let answer = std::thread::scope(|s| {
+            let request =
+                s.spawn(|| post(addr, "/v1/embeddings", &json!({ "model": WORKLOAD, "input": input })));
+            let deadline = Instant::now() + Duration::from_secs(30);
+            while metric(addr, "monogen_running_sentences") == 0.0 && !request.is_finished() {
+                assert!(Instant::now() < deadline, "SIG{signal}: the request never ran");
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            assert!(!request.is_finished(), "SIG{signal}: the request was answered before the signal");
+            let pid = child.id().to_string();
+            assert!(Command::new("kill").args([&format!("-{signal}"), &pid]).status().unwrap().success());
+            request.join().unwrap()
+        });
+        assert_eq!(answer.status, 200, "SIG{signal}: {}", answer.body);
+        assert_eq!(vectors(&answer).len(), input.len(), "SIG{signal}: the request taken is answered");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let status = loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                break status;
+            }
+            assert!(Instant::now() < deadline, "SIG{signal}: the server did not exit");
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        assert!(status.success(), "SIG{signal}: {status}");
+        let mut stderr = String::new();
+        child.stderr.take().unwrap().read_to_string(&mut stderr).unwrap();
+        assert!(stderr.contains("stopping"), "SIG{signal}: {stderr}");
+        assert!(TcpStream::connect(addr).is_err(), "SIG{signal}: it no longer listens");
+    }
 }
 
 #[test]
