@@ -1,28 +1,44 @@
 #!/usr/bin/env bash
-# Runs every fuzz target for SECONDS (default 60) on the stable toolchain: cargo-fuzz needs
+# Runs fuzz targets for SECONDS each (default 60) on the stable toolchain: cargo-fuzz needs
 # nightly flags, which RUSTC_BOOTSTRAP=1 allows. Starts from the corpus in fuzz/corpus/<target>
-# (kept in the repository); new inputs go to target/fuzz-corpus/<target>, so the run does not
-# change the repository. On a crash it copies the input into fuzz/regressions/<target>/, which
+# (kept in the repository; the weight loaders also from fuzz/corpus/safetensors, the model files
+# they share); new inputs go to target/fuzz-corpus/<target>, so the run does not change the
+# repository. On a crash it copies the input into fuzz/regressions/<target>/, which
 # tests/tests/fuzz_corpus.rs replays as an ordinary test (commit it with the fix), and exits
-# non-zero.
+# non-zero. Prints each target's executions and coverage (libFuzzer's final statistics).
 #
-# Usage: fuzz/run.sh [SECONDS]   (needs `cargo install cargo-fuzz`)
+# Usage: fuzz/run.sh [SECONDS] [TARGET...]   (every target when none is named;
+#        needs `cargo install cargo-fuzz`)
 set -euo pipefail
 cd "$(dirname "$0")"
 seconds="${1:-60}"
+shift || true
+targets=("$@")
+if [ "${#targets[@]}" -eq 0 ]; then
+    targets=(workload safetensors int8_weights bf16_weights packed_weights bert_weights tokenizer)
+fi
 export RUSTC_BOOTSTRAP=1
 export CARGO_TARGET_DIR="$PWD/../target/fuzz"
 cargo fuzz build -O
-for target in workload safetensors; do
+for target in "${targets[@]}"; do
     scratch="$CARGO_TARGET_DIR/../fuzz-corpus/$target"
     mkdir -p "$scratch"
+    seeds=("corpus/$target")
+    case "$target" in
+        *_weights) seeds+=(corpus/safetensors) ;;
+    esac
+    # Workloads are short texts; model files need room for a header of every tensor.
+    max_len=16384
+    [ "$target" = workload ] && max_len=4096
+    options=(-max_total_time="$seconds" -max_len="$max_len" -print_final_stats=1)
+    if [ -f "$target.dict" ]; then
+        options+=(-dict="$target.dict")
+    fi
     echo "fuzzing $target for ${seconds}s"
     log="$scratch.log"
     status=0
-    cargo fuzz run -O "$target" "$scratch" "corpus/$target" -- \
-        -max_total_time="$seconds" -dict="$target.dict" -max_len=4096 -print_final_stats=1 >"$log" 2>&1 ||
-        status=$?
-    grep -E "^(stat::number_of_executed_units|Done)|ERROR|panicked|SUMMARY" "$log" || true
+    cargo fuzz run -O "$target" "$scratch" "${seeds[@]}" -- "${options[@]}" >"$log" 2>&1 || status=$?
+    grep -E "^(stat::number_of_executed_units|Done)|(INITED|DONE) +cov:|ERROR|panicked|SUMMARY" "$log" || true
     if [ "$status" -ne 0 ]; then
         tail -40 "$log"
         mkdir -p "regressions/$target"

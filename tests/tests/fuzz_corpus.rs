@@ -1,8 +1,10 @@
 //! What fuzzing found stays found: every input of the committed corpus (`fuzz/corpus/<target>/`)
 //! and every regression input (`fuzz/regressions/<target>/`, where `fuzz/run.sh` copies each
-//! crash it finds) runs here through the code its fuzz target calls, as an ordinary test, and
-//! must return (a value or an error) without a panic. The workload corpus must use every key
-//! that docs/workload.md documents, so that the fuzzer starts from each table and key.
+//! crash it finds) runs here through the code its fuzz target calls (the workload parser; the
+//! weight loaders of f32, int8, bf16, packing and BERT crates; the tokenizer.json readers), as
+//! an ordinary test, and must return (a value or an error) without a panic. The workload
+//! corpus must use every key that docs/workload.md documents, so that the fuzzer starts from
+//! each table and key.
 
 use std::collections::BTreeSet;
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -11,11 +13,17 @@ use std::path::{Path, PathBuf};
 use monogen::workload::WorkloadSource;
 use monogen_tests::workspace_root;
 
-/// The files of `fuzz/corpus/<target>` and `fuzz/regressions/<target>` (which may not exist).
+/// The files of `fuzz/corpus/<target>` and `fuzz/regressions/<target>` (which may not exist),
+/// and for the weight loaders those of `fuzz/corpus/safetensors`, which fuzz/run.sh gives them
+/// as seeds too.
 fn inputs(target: &str) -> Vec<PathBuf> {
+    let mut dirs = vec![("corpus", target), ("regressions", target)];
+    if target.ends_with("_weights") {
+        dirs.push(("corpus", "safetensors"));
+    }
     let mut files = Vec::new();
-    for folder in ["corpus", "regressions"] {
-        let dir = workspace_root().join("fuzz").join(folder).join(target);
+    for (folder, name) in dirs {
+        let dir = workspace_root().join("fuzz").join(folder).join(name);
         let Ok(entries) = std::fs::read_dir(&dir) else {
             assert!(folder == "regressions", "{} is missing", dir.display());
             continue;
@@ -53,12 +61,13 @@ fn parse_workload(_: &Path, data: &[u8]) {
     }
 }
 
-/// The body of fuzz/fuzz_targets/safetensors.rs.
-fn load_weights(path: &Path, data: &[u8]) {
+/// `data` written to a file of a fresh temporary directory, then `load` on it: the body of
+/// each weight loader's target (fuzz/fuzz_targets/{safetensors,*_weights}.rs).
+fn load_from_file(data: &[u8], load: impl FnOnce(&Path)) {
     let temp = tempfile::tempdir().unwrap();
-    let file = temp.path().join(path.file_name().unwrap());
+    let file = temp.path().join("model.safetensors");
     std::fs::write(&file, data).unwrap();
-    let _ = stories260k_cpu_f32::weights::Weights::load(&file);
+    load(&file);
 }
 
 #[test]
@@ -67,8 +76,71 @@ fn every_workload_input_parses_or_is_rejected_without_a_panic() {
 }
 
 #[test]
-fn every_safetensors_input_loads_or_is_rejected_without_a_panic() {
-    replay("safetensors", load_weights);
+fn every_weights_input_loads_or_is_rejected_without_a_panic() {
+    replay("safetensors", |_, data| {
+        load_from_file(data, |f| drop(stories260k_cpu_f32::weights::Weights::load(f)))
+    });
+    replay("int8_weights", |_, data| {
+        load_from_file(data, |f| drop(stories260k_cpu_int8::weights::Weights::load(f)))
+    });
+    replay("bf16_weights", |_, data| {
+        load_from_file(data, |f| drop(stories260k_cpu_bf16::weights::Weights::load(f)))
+    });
+    // The packing crate packs with AVX-512 as it loads: only where the CPU has it.
+    match stories260k_cpu_bf16_bf16act::cpu::check() {
+        Ok(()) => replay("packed_weights", |_, data| {
+            load_from_file(data, |f| drop(stories260k_cpu_bf16_bf16act::weights::Weights::load(f)))
+        }),
+        Err(stories260k_cpu_bf16_bf16act::Error::UnsupportedCpu { missing, .. }) => {
+            let missing: Vec<&str> = missing.split(", ").collect();
+            monogen_tests::skip::cpu("fuzz_corpus: packed_weights replay", &missing);
+        }
+        Err(e) => panic!("{e}"),
+    }
+    replay("bert_weights", |_, data| {
+        load_from_file(data, |f| drop(all_minilm_l6_v2_cpu_f32::weights::Weights::load(f)))
+    });
+}
+
+/// The body of fuzz/fuzz_targets/tokenizer.rs.
+#[test]
+fn every_tokenizer_input_loads_or_is_rejected_without_a_panic() {
+    replay("tokenizer", |_, data| {
+        let temp = tempfile::tempdir().unwrap();
+        std::fs::write(temp.path().join("tokenizer.json"), data).unwrap();
+        if let Ok(tokenizer) = stories260k_cpu_f32::Tokenizer::load(temp.path()) {
+            let _ = tokenizer.decode(&[1, 2, 3, 300, 511]);
+        }
+        if let Ok(tokenizer) = stories260k_cpu_f32::Tokenizer::load_with_encoder(temp.path())
+            && let Ok(ids) = tokenizer.encode("Once upon a time, a cat sat.")
+        {
+            let _ = tokenizer.decode(&ids);
+        }
+        if let Ok(tokenizer) = all_minilm_l6_v2_cpu_f32::Tokenizer::load(temp.path()) {
+            let _ = tokenizer.encode("A cat sat on the mat.");
+        }
+    });
+}
+
+/// The tokenizer seeds are valid tokenizers (a LLaMA-style BPE with byte fallback, the BPE
+/// that `monogen synth-weights` writes, a BERT WordPiece), so that the fuzzer starts from inputs
+/// that reach past the reader's first checks.
+#[test]
+fn the_tokenizer_seeds_load() {
+    let dir = workspace_root().join("fuzz/corpus/tokenizer");
+    for (file, bert) in
+        [("bpe_byte_fallback.json", false), ("synth_bpe.json", false), ("wordpiece.json", true)]
+    {
+        let temp = tempfile::tempdir().unwrap();
+        std::fs::copy(dir.join(file), temp.path().join("tokenizer.json")).unwrap();
+        if bert {
+            all_minilm_l6_v2_cpu_f32::Tokenizer::load(temp.path()).unwrap_or_else(|e| panic!("{file}: {e}"));
+        } else {
+            let tokenizer = stories260k_cpu_f32::Tokenizer::load_with_encoder(temp.path())
+                .unwrap_or_else(|e| panic!("{file}: {e}"));
+            tokenizer.encode("Once upon a time").unwrap_or_else(|e| panic!("{file}: {e}"));
+        }
+    }
 }
 
 /// A panicking body is caught and named: the replay can fail.

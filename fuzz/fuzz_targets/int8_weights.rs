@@ -1,0 +1,13 @@
+//! An int8 crate's weight loading on arbitrary files: every matrix is checked, then quantized to
+//! blockwise int8 at load (F32, BF16 or F16 tensors), or read as saved (`--save-model`).
+//! It must return weights or an error, never panic.
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|data: &[u8]| {
+    let path =
+        std::env::temp_dir().join(format!("monogen-fuzz-int8_weights-{}.safetensors", std::process::id()));
+    std::fs::write(&path, data).expect("the temporary directory is writable");
+    let _ = stories260k_cpu_int8::weights::Weights::load(&path);
+});
