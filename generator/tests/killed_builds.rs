@@ -8,7 +8,7 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -17,15 +17,7 @@ use common::*;
 const ROUNDS: usize = 10;
 
 fn spawn(root: &Path, args: &[&str]) -> Child {
-    Command::new(env!("CARGO_BIN_EXE_monogen"))
-        .args(args)
-        .current_dir(root)
-        .env_remove("MONOGEN_ROOT")
-        .env_remove("MONOGEN_FAULT")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("monogen runs")
+    command(root, args).stdout(Stdio::null()).stderr(Stdio::null()).spawn().expect("monogen runs")
 }
 
 /// A small deterministic generator (xorshift64*), seeded per run and printed, so that a

@@ -1,9 +1,11 @@
 //! A plain HTTP/1.1 client for the generated servers' tests: one request per connection, the
 //! answer read whole (chunked bodies joined).
 
-use std::io::{Read, Write};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::time::Duration;
+use std::path::Path;
+use std::process::{Child, ChildStdout, Command, Stdio};
+use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
@@ -96,4 +98,59 @@ pub fn metric(addr: SocketAddr, name: &str) -> f64 {
     let text = send(addr, "GET", "/metrics", &[], b"").body;
     let line = text.lines().find(|l| l.split(' ').next() == Some(name)).unwrap_or_else(|| panic!("{name}"));
     line.split(' ').nth(1).unwrap().parse().unwrap()
+}
+
+/// A generated crate's binary running `serve --model DIR --port 0`, at the loopback address
+/// its first line printed.
+pub struct ServeProcess {
+    pub child: Child,
+    pub addr: SocketAddr,
+    /// Held open, so that the server's stdout stays writable.
+    _stdout: BufReader<ChildStdout>,
+}
+
+impl ServeProcess {
+    pub fn start(binary: &Path, model: &Path) -> ServeProcess {
+        let mut child = Command::new(binary)
+            .args(["serve", "--model", model.to_str().unwrap(), "--port", "0"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut stdout = BufReader::new(child.stdout.take().unwrap());
+        let mut first = String::new();
+        stdout.read_line(&mut first).unwrap();
+        let addr: SocketAddr = first
+            .trim()
+            .strip_prefix("listening on http://")
+            .unwrap_or_else(|| panic!("{first:?}"))
+            .parse()
+            .unwrap();
+        assert!(addr.ip().is_loopback());
+        ServeProcess { child, addr, _stdout: stdout }
+    }
+
+    /// Sends the process SIG`signal` (`TERM`, `INT`).
+    pub fn signal(&self, signal: &str) {
+        let pid = self.child.id().to_string();
+        assert!(Command::new("kill").args([&format!("-{signal}"), &pid]).status().unwrap().success());
+    }
+
+    /// After SIG`signal`: the process exits 0 within 30 seconds, having said it was stopping, and
+    /// no longer listens.
+    pub fn assert_stopped(mut self, signal: &str) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let status = loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                break status;
+            }
+            assert!(Instant::now() < deadline, "SIG{signal}: the server did not exit");
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        assert!(status.success(), "SIG{signal}: {status}");
+        let mut stderr = String::new();
+        self.child.stderr.take().unwrap().read_to_string(&mut stderr).unwrap();
+        assert!(stderr.contains("stopping"), "SIG{signal}: {stderr}");
+        assert!(TcpStream::connect(self.addr).is_err(), "SIG{signal}: it no longer listens");
+    }
 }

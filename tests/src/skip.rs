@@ -181,7 +181,7 @@ impl Counts {
     }
 }
 
-/// Where the tests skipped for lack of CPU features last ran in full: `tests/full-runs.toml`'s
+/// Where the tests skipped for lack of CPU features last ran in full: `tests/full-runs.txt`'s
 /// lines that name one of the features of `reason`.
 pub fn last_full_runs(reason: &str, runs: &str) -> Vec<String> {
     let Some(lacking) = reason.strip_prefix("this CPU lacks ") else { return Vec::new() };
@@ -196,8 +196,8 @@ pub fn last_full_runs(reason: &str, runs: &str) -> Vec<String> {
         .collect()
 }
 
-/// The summary `.ci/run` ends with: the count line, then, for each reason of lacking CPU
-/// features, where those tests last ran in full.
+/// The summary `.ci/run` ends with: for each reason of lacking CPU features, where those tests
+/// last ran in full, then the count line.
 pub fn summary(output: &str, log: &str, runs: &str) -> String {
     let counts = Counts::read(output, log);
     let mut text = String::new();

@@ -13,11 +13,11 @@
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-use monogen_tests::http::{Answer, metric, parse_answer, post, send};
+use monogen_tests::http::{Answer, ServeProcess, metric, parse_answer, post, send};
 use monogen_tests::{build_copy, model_dir, workspace_root};
 use serde_json::{Value, json};
 use served::engine::{Engine, Event, Request};
@@ -706,25 +706,9 @@ fn sigterm_and_sigint_let_running_requests_finish_then_exit() {
 }
 
 fn stops_gracefully_on(binary: &Path, dir: &Path, signal: &str) {
-    let mut child = Command::new(binary)
-        .args(["serve", "--model", dir.to_str().unwrap(), "--port", "0"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut stdout = BufReader::new(child.stdout.take().unwrap());
-    let mut first = String::new();
-    stdout.read_line(&mut first).unwrap();
-    let addr: SocketAddr = first
-        .trim()
-        .strip_prefix("listening on http://")
-        .unwrap_or_else(|| panic!("{first:?}"))
-        .parse()
-        .unwrap();
-    assert!(addr.ip().is_loopback());
-
+    let server = ServeProcess::start(binary, dir);
     let body = json!({ "model": WORKLOAD, "prompt": "Once upon a time", "max_tokens": 400, "temperature": 0, "stream": true }).to_string();
-    let mut stream = TcpStream::connect(addr).unwrap();
+    let mut stream = TcpStream::connect(server.addr).unwrap();
     write!(
         stream,
         "POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{body}",
@@ -739,9 +723,7 @@ fn stops_gracefully_on(binary: &Path, dir: &Path, signal: &str) {
         reader.read_line(&mut line).unwrap();
         raw.extend_from_slice(line.as_bytes());
     }
-    let killed =
-        Command::new("kill").args([&format!("-{signal}"), &child.id().to_string()]).status().unwrap();
-    assert!(killed.success());
+    server.signal(signal);
     reader.read_to_end(&mut raw).unwrap();
     let answer = parse_answer(&raw);
     let events = answer.events();
@@ -750,19 +732,7 @@ fn stops_gracefully_on(binary: &Path, dir: &Path, signal: &str) {
         Some("[DONE]"),
         "SIG{signal}: the running request finished"
     );
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status;
-        }
-        assert!(Instant::now() < deadline, "SIG{signal}: the server did not exit");
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    assert!(status.success(), "SIG{signal}: {status}");
-    let mut stderr = String::new();
-    child.stderr.take().unwrap().read_to_string(&mut stderr).unwrap();
-    assert!(stderr.contains("stopping"), "SIG{signal}: {stderr}");
-    assert!(TcpStream::connect(addr).is_err(), "SIG{signal}: it no longer listens");
+    server.assert_stopped(signal);
 }
 
 #[test]

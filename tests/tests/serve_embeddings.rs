@@ -18,7 +18,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use all_minilm_l6_v2_serve_cpu_f32 as served;
-use monogen_tests::http::{Answer, metric, post, send};
+use monogen_tests::http::{Answer, ServeProcess, metric, post, send};
 use monogen_tests::{model_dir, workspace_root};
 use serde_json::{Value, json};
 use served::serve::{Options, Server};
@@ -433,25 +433,11 @@ fn stopping_answers_the_requests_taken() {
 /// handler the process would die of the signal with the request unanswered.
 #[test]
 fn the_binary_answers_the_requests_taken_then_exits_on_sigterm_and_sigint() {
-    use std::io::{BufRead, BufReader, Read};
-    use std::process::Stdio;
     let Some(dir) = model_dir("all-minilm-l6-v2") else { return };
     let binary = monogen_tests::build_copy(WORKLOAD);
     for signal in ["TERM", "INT"] {
-        let mut child = Command::new(&binary)
-            .args(["serve", "--model", dir.to_str().unwrap(), "--port", "0"])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut first = String::new();
-        BufReader::new(child.stdout.take().unwrap()).read_line(&mut first).unwrap();
-        let addr: SocketAddr = first
-            .trim()
-            .strip_prefix("listening on http://")
-            .unwrap_or_else(|| panic!("{first:?}"))
-            .parse()
-            .unwrap();
+        let server = ServeProcess::start(&binary, &dir);
+        let addr = server.addr;
         // A few sentences: the copy is an unoptimised build, which embeds about two a second.
         let input: Vec<&str> = SENTENCES.iter().cycle().take(8).copied().collect();
         let answer = std::thread::scope(|s| {
@@ -463,25 +449,12 @@ fn the_binary_answers_the_requests_taken_then_exits_on_sigterm_and_sigint() {
                 std::thread::sleep(Duration::from_millis(1));
             }
             assert!(!request.is_finished(), "SIG{signal}: the request was answered before the signal");
-            let pid = child.id().to_string();
-            assert!(Command::new("kill").args([&format!("-{signal}"), &pid]).status().unwrap().success());
+            server.signal(signal);
             request.join().unwrap()
         });
         assert_eq!(answer.status, 200, "SIG{signal}: {}", answer.body);
         assert_eq!(vectors(&answer).len(), input.len(), "SIG{signal}: the request taken is answered");
-        let deadline = Instant::now() + Duration::from_secs(30);
-        let status = loop {
-            if let Some(status) = child.try_wait().unwrap() {
-                break status;
-            }
-            assert!(Instant::now() < deadline, "SIG{signal}: the server did not exit");
-            std::thread::sleep(Duration::from_millis(20));
-        };
-        assert!(status.success(), "SIG{signal}: {status}");
-        let mut stderr = String::new();
-        child.stderr.take().unwrap().read_to_string(&mut stderr).unwrap();
-        assert!(stderr.contains("stopping"), "SIG{signal}: {stderr}");
-        assert!(TcpStream::connect(addr).is_err(), "SIG{signal}: it no longer listens");
+        server.assert_stopped(signal);
     }
 }
 

@@ -14,15 +14,20 @@ pub fn models_root() -> PathBuf {
         .map_or_else(|| workspace_root().join("../shared/models"), PathBuf::from)
 }
 
-pub fn monogen(root: &Path, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_monogen"))
+/// `monogen ARGS` in `root`, untouched by the environment's `MONOGEN_ROOT` and `MONOGEN_FAULT`.
+pub fn command(root: &Path, args: &[&str]) -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_monogen"));
+    command
         .args(args)
         .current_dir(root)
         .env_remove("MONOGEN_ROOT")
         .env_remove("MONOGEN_FAULT")
-        .env("MONOGEN_BENCH_TARGET_DIR", workspace_root().join("target/monogen-bench-tests"))
-        .output()
-        .expect("monogen runs")
+        .env("MONOGEN_BENCH_TARGET_DIR", workspace_root().join("target/monogen-bench-tests"));
+    command
+}
+
+pub fn monogen(root: &Path, args: &[&str]) -> Output {
+    command(root, args).output().expect("monogen runs")
 }
 
 pub fn stdout(o: &Output) -> String {
