@@ -229,6 +229,37 @@ pub fn bench_target_dir(project: &Project) -> PathBuf {
         .map_or_else(|| bench_dir(project).join("target"), PathBuf::from)
 }
 
+/// What `bench --stale` measures of one workload: the interfaces whose competing
+/// implementations `check` finds without a fresh record on the workload's hardware class, for
+/// the crate in `dir` (its monogen.lock's choices are the incumbents, as for `check`).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(tag = "state", rename_all = "snake_case")]
+pub enum Stale {
+    /// These interfaces need measuring, and this machine is of the workload's class.
+    Measure { interfaces: Vec<String> },
+    /// Every record the workload's choices rest on is fresh (or it names no hardware class).
+    Fresh,
+    /// Records are missing or stale, but on another class than this machine's.
+    OtherClass { class: String, this_machine: String, interfaces: Vec<String> },
+}
+
+/// [`Stale`] for the workload at `path` whose crate is in `dir`.
+pub fn stale(project: &Project, path: &Path, dir: &Path) -> Result<Stale, Error> {
+    let w = project.read_workload(path)?;
+    let plan = project.plan_for(&w, path, dir)?;
+    let interfaces: Vec<String> =
+        plan.interfaces.iter().filter(|i| !i.unmeasured.is_empty()).map(|i| i.interface.clone()).collect();
+    let Some(class) = &w.target.hardware else { return Ok(Stale::Fresh) };
+    if interfaces.is_empty() {
+        return Ok(Stale::Fresh);
+    }
+    let host = Host::detect().map_err(Error::Refused)?;
+    if host.class != *class {
+        return Ok(Stale::OtherClass { class: class.clone(), this_machine: host.class, interfaces });
+    }
+    Ok(Stale::Measure { interfaces })
+}
+
 /// Writes and compiles the harness that `bench` would run for the workload at `path` on this
 /// machine, and returns its executable without running it: what `bench/same_harness.sh`
 /// compares between two trees, candidate by candidate.
@@ -345,6 +376,9 @@ pub struct Options {
     pub only: Vec<String>,
     /// Measure and report, but leave rankings/ as it is.
     pub dry_run: bool,
+    /// The crate whose choices the new ones are compared with, when it was named with
+    /// `--crate` (default: generated/<name>/).
+    pub crate_dir: Option<PathBuf>,
 }
 
 /// Where a run of the harness is, for a progress bar.
@@ -406,6 +440,12 @@ pub struct Report {
     /// Whether generated/ holds a crate of the workload to compare the choices with.
     #[serde(skip)]
     has_crate: bool,
+    /// The crate named with `--crate`, if any.
+    #[serde(skip)]
+    crate_dir: Option<PathBuf>,
+    /// The ranking database's folder, as the report shows it.
+    #[serde(skip)]
+    rankings_shown: String,
 }
 
 /// Measures every competing implementation of the workload at `path` on this machine, records
@@ -441,7 +481,8 @@ pub fn bench(
     // The interfaces to measure, and the harness that measures them (and no others): those
     // that the benchmark template can time (an interface with one implementation and no pass,
     // a new slot, has nothing to rank).
-    let mut plan = project.plan(&here, path)?;
+    let workload_crate = options.crate_dir.clone().unwrap_or_else(|| project.default_out_dir(&w.name));
+    let mut plan = project.plan_for(&here, path, &workload_crate)?;
     plan.interfaces.retain(|i| options.only.is_empty() || options.only.contains(&i.interface));
     let timed = harness::timed(&plan, &project.templates)?;
     let untimed: Vec<String> =
@@ -505,21 +546,22 @@ pub fn bench(
     if !options.dry_run {
         for &interface in &measured {
             let (rel, text) = updated.render(&class, interface);
-            if crate::write::write_file(&project.root.join(&rel), text.as_bytes())? {
-                written.push(rel.display().to_string());
+            let file = project.rankings_dir.join(&rel);
+            if crate::write::write_file(&file, text.as_bytes())? {
+                written.push(crate::shown(&file));
             }
         }
     }
     // What `build` will choose now (on this machine), against what the crate holds.
     let new_plan = if options.dry_run {
-        Project { rankings: updated, ..project.clone() }.plan(&here, path)?
+        Project { rankings: updated, ..project.clone() }.plan_for(&here, path, &workload_crate)?
     } else {
         project.rankings = updated;
-        project.plan(&here, path)?
+        project.plan_for(&here, path, &workload_crate)?
     };
     // A crate built for another class is not chosen from these records.
     let locked = match workload_hardware {
-        None => crate::lock::locked_choices(&project.default_out_dir(&w.name)),
+        None => crate::lock::locked_choices(&workload_crate),
         Some(_) => Default::default(),
     };
     let choices_changed = new_plan
@@ -561,6 +603,8 @@ pub fn bench(
         untimed,
         dry_run: options.dry_run,
         has_crate: !locked.is_empty(),
+        crate_dir: options.crate_dir.clone(),
+        rankings_shown: crate::shown(&project.rankings_dir),
     })
 }
 
@@ -641,17 +685,22 @@ impl Report {
         }
         s.push('\n');
         let class = &h.class;
+        let rankings = &self.rankings_shown;
         if self.dry_run {
-            s.push_str("dry run: rankings/ left unchanged\n");
+            s.push_str(&format!("dry run: {rankings}/ left unchanged\n"));
         } else if self.rankings_written.is_empty() {
-            s.push_str(&format!("rankings/{class}/ unchanged\n"));
+            s.push_str(&format!("{rankings}/{class}/ unchanged\n"));
         } else {
             s.push_str(&format!("wrote {}\n", self.rankings_written.join(", ")));
-            s.push_str(
-                "  rankings/ is now modified in the working tree: commit it with the crates it regenerates, or `git checkout rankings/` to drop these measurements\n",
-            );
+            s.push_str(&format!(
+                "  {rankings}/ is now modified in the working tree: commit it with the crates it regenerates, or `git checkout {rankings}/` to drop these measurements\n",
+            ));
         }
         let shown = crate::shown(&self.path);
+        let build = match &self.crate_dir {
+            Some(dir) => format!("monogen build --crate {}", crate::shown(dir)),
+            None => format!("monogen build {shown}"),
+        };
         if let Some(other) = &self.workload_hardware {
             let named = if other == "none" {
                 "names no hardware class (its kernels are chosen by declared priority)".to_string()
@@ -666,8 +715,12 @@ impl Report {
             return s;
         }
         if !self.has_crate {
+            let folder = match &self.crate_dir {
+                Some(dir) => crate::shown(dir),
+                None => "generated/".to_string(),
+            };
             s.push_str(&format!(
-                "generated/ holds no crate of {} to compare with: * marks what `monogen build {shown}` will choose\n",
+                "{folder} holds no crate of {} to compare with: * marks what `{build}` will choose\n",
                 self.workload
             ));
         } else if self.choices_changed.is_empty() {
@@ -676,7 +729,7 @@ impl Report {
             for c in &self.choices_changed {
                 s.push_str(&format!("{}: {} → {} ({})\n", c.interface, c.from, c.to, c.reason));
             }
-            s.push_str(&format!("run `monogen build {shown}` to regenerate the crate\n"));
+            s.push_str(&format!("run `{build}` to regenerate the crate\n"));
         }
         s
     }

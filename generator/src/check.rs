@@ -8,6 +8,7 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
 use crate::emit::MONOGEN_VERSION;
+use crate::emit::WORKLOAD_FILE;
 use crate::lock::LOCK_FILE;
 use crate::lock::Lock;
 pub use crate::lock::locked_choices;
@@ -143,12 +144,38 @@ impl Report {
 }
 
 /// What to check: the named workloads, every workload under workloads/ (`all`), and where
-/// their crates are (`out`, for one workload; generated/<name>/ otherwise).
+/// their crates are (`out`, for one workload; generated/<name>/ otherwise); and crates anywhere
+/// (`crates`), each from its own copy of its workload.
 #[derive(Debug, Clone, Default)]
 pub struct Request {
     pub workloads: Vec<PathBuf>,
     pub all: bool,
     pub out: Option<PathBuf>,
+    pub crates: Vec<PathBuf>,
+}
+
+/// The workload file of the crate in `dir`: its copy `dir/workload.toml`, which `build` writes
+/// into every crate. Refused, saying why, when `dir` is not a crate or predates the copy.
+pub fn crate_workload(dir: &Path) -> Result<PathBuf, Error> {
+    let workload = dir.join(WORKLOAD_FILE);
+    if workload.is_file() {
+        return Ok(workload);
+    }
+    Err(Error::Refused(if dir.join(LOCK_FILE).is_file() {
+        format!(
+            "{} has no {WORKLOAD_FILE}: it was generated before crates kept a copy of their workload. Run `monogen build WORKLOAD --out {}` once with the workload it was made from",
+            shown(dir),
+            shown(dir)
+        )
+    } else if dir.is_dir() {
+        format!(
+            "{} is not a crate monogen generated (it has no {LOCK_FILE} and no {WORKLOAD_FILE}); `monogen build WORKLOAD --out {}` generates one there",
+            shown(dir),
+            shown(dir)
+        )
+    } else {
+        format!("{} does not exist; --crate takes the folder of a crate monogen generated", shown(dir))
+    }))
 }
 
 /// Compares each workload's crate with what `build` would write now.
@@ -157,28 +184,41 @@ pub fn check(project: &Project, request: &Request) -> Result<Report, Error> {
     if request.all {
         paths.extend(project.workloads()?);
     }
-    if paths.is_empty() {
-        return Err(Error::Refused("name the workloads to check, or pass --all".into()));
+    if paths.is_empty() && request.crates.is_empty() {
+        return Err(Error::Refused(
+            "name the workloads to check, pass --all, or name crates with --crate".into(),
+        ));
     }
     let mut seen = BTreeSet::new();
     paths.retain(|p| seen.insert(std::fs::canonicalize(p).unwrap_or_else(|_| p.clone())));
     if request.out.is_some() && paths.len() > 1 {
         return Err(Error::Refused("--out takes one workload; check the others separately".into()));
     }
+    // (workload file, crate folder, whether the crate was named with --crate)
+    let mut targets: Vec<(PathBuf, Option<PathBuf>, bool)> =
+        paths.into_iter().map(|p| (p, request.out.clone(), false)).collect();
+    let mut seen_crates = BTreeSet::new();
+    for dir in &request.crates {
+        if seen_crates.insert(std::fs::canonicalize(dir).unwrap_or_else(|_| dir.clone())) {
+            targets.push((crate_workload(dir)?, Some(dir.clone()), true));
+        }
+    }
     let mut report = Report::default();
     let mut names: Vec<String> = Vec::new();
-    for path in &paths {
-        let (plan, output) = project.generate_into(path, request.out.as_deref())?;
-        let dir = request.out.clone().unwrap_or_else(|| project.default_out_dir(&plan.name));
-        if names.contains(&plan.name) {
-            return Err(Error::Refused(format!(
-                "two workloads are named `{}` (the second is {}); each crate needs its own name",
-                plan.name,
-                shown(path)
-            )));
+    for (path, out, from_crate) in &targets {
+        let (plan, output) = project.generate_into(path, out.as_deref())?;
+        let dir = out.clone().unwrap_or_else(|| project.default_out_dir(&plan.name));
+        if !from_crate {
+            if names.contains(&plan.name) {
+                return Err(Error::Refused(format!(
+                    "two workloads are named `{}` (the second is {}); each crate needs its own name",
+                    plan.name,
+                    shown(path)
+                )));
+            }
+            names.push(plan.name.clone());
         }
-        names.push(plan.name.clone());
-        report.findings.push(finding(project, path, &dir, &plan, &output)?);
+        report.findings.push(finding(project, path, &dir, *from_crate, &plan, &output)?);
     }
     if request.all {
         let generated = project.root.join("generated");
@@ -202,6 +242,7 @@ fn finding(
     project: &Project,
     path: &Path,
     dir: &Path,
+    from_crate: bool,
     plan: &Plan,
     output: &crate::emit::Output,
 ) -> Result<Finding, Error> {
@@ -222,17 +263,19 @@ fn finding(
             files.push((what.to_string(), f.clone(), diff.hand_edited.contains(f)));
         }
     }
-    let out = if *dir == project.default_out_dir(&plan.name) {
-        String::new()
+    let build = if from_crate {
+        format!("monogen build --crate {}", shown(dir))
+    } else if *dir == project.default_out_dir(&plan.name) {
+        format!("monogen build {}", shown(path))
     } else {
-        format!(" --out {}", shown(dir))
+        format!("monogen build {} --out {}", shown(path), shown(dir))
     };
     let fix = if unmeasured.is_empty() {
-        format!("monogen build {}{out}", shown(path))
+        build
     } else {
+        let what = if from_crate { format!("--crate {}", shown(dir)) } else { shown(path) };
         format!(
-            "monogen bench {0} (on hardware class {1}), then monogen build {0}{out}",
-            shown(path),
+            "monogen bench --stale {what} (on hardware class {}), then {build}",
             plan.target.hardware.as_deref().unwrap_or_default()
         )
     };

@@ -98,15 +98,25 @@ pub struct Project {
     pub registry: Registry,
     pub templates: Templates,
     pub rankings: Rankings,
+    /// The ranking database's folder: `rankings/` under `root` unless `--rankings` names
+    /// another (a deployment repository's own measurements).
+    pub rankings_dir: PathBuf,
 }
 
 impl Project {
-    /// Loads the registry and templates under `root`.
+    /// Loads the registry, templates and rankings under `root`.
     pub fn load(root: &Path) -> Result<Project, Error> {
+        Project::load_with(root, None)
+    }
+
+    /// Loads the registry and templates under `root`, and the rankings in `rankings` (default
+    /// `root/rankings`).
+    pub fn load_with(root: &Path, rankings: Option<&Path>) -> Result<Project, Error> {
         let registry = Registry::load(root)?;
         let templates = Templates::load(root)?;
-        let rankings = Rankings::load(root)?;
-        Ok(Project { root: root.to_path_buf(), registry, templates, rankings })
+        let rankings_dir = rankings.map_or_else(|| root.join(rankings::RANKINGS_DIR), Path::to_path_buf);
+        let rankings = Rankings::load(&rankings_dir)?;
+        Ok(Project { root: root.to_path_buf(), registry, templates, rankings, rankings_dir })
     }
 
     /// The nearest folder at or above `start` that holds `interfaces/`, `implementations/`

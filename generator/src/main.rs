@@ -26,6 +26,10 @@ struct Cli {
     /// current directory when omitted.
     #[arg(long, global = true, value_name = "DIR", env = "MONOGEN_ROOT")]
     root: Option<PathBuf>,
+    /// The ranking database (default: rankings/ of the monogen repository): a deployment
+    /// repository keeps the measurements of its own hardware here.
+    #[arg(long, global = true, value_name = "DIR", env = "MONOGEN_RANKINGS")]
+    rankings: Option<PathBuf>,
     #[command(subcommand)]
     command: Command,
 }
@@ -37,11 +41,16 @@ enum Command {
     /// Show, per interface, every candidate and why it was chosen or rejected, and the memory footprint.
     Explain {
         /// The workload file (TOML).
-        workload: PathBuf,
+        #[arg(required_unless_present = "krate", conflicts_with = "krate")]
+        workload: Option<PathBuf>,
         /// Where the crate is (default: generated/<name>/): its monogen.lock holds the
         /// incumbent choices.
-        #[arg(long, value_name = "DIR")]
+        #[arg(long, value_name = "DIR", conflicts_with = "krate")]
         out: Option<PathBuf>,
+        /// A crate monogen generated, anywhere: explain its own workload.toml, with its
+        /// monogen.lock's choices as the incumbents.
+        #[arg(long = "crate", id = "krate", value_name = "DIR")]
+        krate: Option<PathBuf>,
         /// Print the plan as JSON.
         #[arg(long)]
         json: bool,
@@ -49,11 +58,15 @@ enum Command {
     /// Generate the crate for each workload (default: generated/<name>/).
     Build {
         /// The workload files (TOML) to generate crates for.
-        #[arg(required = true, value_name = "WORKLOAD")]
+        #[arg(required_unless_present = "crates", value_name = "WORKLOAD")]
         workloads: Vec<PathBuf>,
         /// Output directory (only with one workload).
-        #[arg(long, value_name = "DIR")]
+        #[arg(long, value_name = "DIR", conflicts_with = "crates")]
         out: Option<PathBuf>,
+        /// Regenerate a crate monogen generated, anywhere, in place from its own workload.toml
+        /// (repeat it for several crates).
+        #[arg(long = "crate", id = "crates", value_name = "DIR", num_args = 1..)]
+        crates: Vec<PathBuf>,
         /// Overwrite hand-edited files, and write into a directory monogen did not generate.
         #[arg(long)]
         force: bool,
@@ -62,8 +75,15 @@ enum Command {
     /// results in rankings/<this machine's hardware class>/.
     Bench {
         /// The workload files (TOML) whose kernels to measure.
-        #[arg(required = true, value_name = "WORKLOAD")]
+        #[arg(required_unless_present = "crates", value_name = "WORKLOAD")]
         workloads: Vec<PathBuf>,
+        /// Crates monogen generated, anywhere: measure for their own workload.toml.
+        #[arg(long = "crate", id = "crates", value_name = "DIR", num_args = 1..)]
+        crates: Vec<PathBuf>,
+        /// Measure only the interfaces whose records `check` finds missing or stale (on this
+        /// machine's class); a workload with none is skipped.
+        #[arg(long)]
+        stale: bool,
         /// Print the results as one JSON document.
         #[arg(long)]
         json: bool,
@@ -118,8 +138,12 @@ enum Command {
         #[arg(long)]
         all: bool,
         /// Where the crate is, when it was built with `build --out` (only with one workload).
-        #[arg(long, value_name = "DIR")]
+        #[arg(long, value_name = "DIR", conflicts_with = "crates")]
         out: Option<PathBuf>,
+        /// A crate monogen generated, anywhere (a deployment repository's): check it against
+        /// its own workload.toml (repeat it for several crates).
+        #[arg(long = "crate", id = "crates", value_name = "DIR", num_args = 1..)]
+        crates: Vec<PathBuf>,
     },
 }
 
@@ -219,8 +243,8 @@ fn main() -> ExitCode {
     }
 }
 
-fn project(root: Option<PathBuf>) -> Result<Project, Error> {
-    Project::load(&find_root(root)?)
+fn project(root: Option<PathBuf>, rankings: Option<PathBuf>) -> Result<Project, Error> {
+    Project::load_with(&find_root(root)?, rankings.as_deref())
 }
 
 fn find_root(root: Option<PathBuf>) -> Result<PathBuf, Error> {
@@ -241,8 +265,12 @@ fn find_root(root: Option<PathBuf>) -> Result<PathBuf, Error> {
 fn run(cli: Cli) -> Result<ExitCode, Error> {
     match cli.command {
         Command::Init(args) => init(cli.root, args),
-        Command::Explain { workload, out, json } => {
-            let project = project(cli.root)?;
+        Command::Explain { workload, out, krate, json } => {
+            let project = project(cli.root, cli.rankings)?;
+            let (workload, out) = match krate {
+                Some(dir) => (check::crate_workload(&dir)?, Some(dir)),
+                None => (workload.expect("clap requires a workload without --crate"), out),
+            };
             let w = project.read_workload(&workload)?;
             let dir = out.unwrap_or_else(|| project.default_out_dir(&w.name));
             let plan = project.plan_for(&w, &workload, &dir)?;
@@ -253,11 +281,11 @@ fn run(cli: Cli) -> Result<ExitCode, Error> {
             }
             Ok(ExitCode::SUCCESS)
         }
-        Command::Build { workloads, out, force } => {
+        Command::Build { workloads, out, crates, force } => {
             if out.is_some() && workloads.len() > 1 {
                 return Err(Error::Refused("--out takes one workload; build the others separately".into()));
             }
-            let project = project(cli.root)?;
+            let project = project(cli.root, cli.rankings)?;
             if out.is_none()
                 && let Some(outside) = workloads.iter().find(|p| p.exists() && !project.owns(p))
             {
@@ -267,7 +295,12 @@ fn run(cli: Cli) -> Result<ExitCode, Error> {
                     project.root.display()
                 )));
             }
-            for path in &workloads {
+            let mut targets: Vec<(PathBuf, Option<PathBuf>)> =
+                workloads.into_iter().map(|w| (w, out.clone())).collect();
+            for dir in crates {
+                targets.push((check::crate_workload(&dir)?, Some(dir)));
+            }
+            for (path, out) in &targets {
                 let (plan, output) = project.generate_into(path, out.as_deref())?;
                 let dir = out.clone().unwrap_or_else(|| project.default_out_dir(&plan.name));
                 let report = write::write(&dir, &output, force)?;
@@ -286,14 +319,26 @@ fn run(cli: Cli) -> Result<ExitCode, Error> {
             }
             Ok(ExitCode::SUCCESS)
         }
-        Command::Bench { workloads, build_only: true, .. } => {
-            let project = project(cli.root)?;
-            for path in &workloads {
+        Command::Bench { workloads, crates, build_only: true, .. } => {
+            let project = project(cli.root, cli.rankings)?;
+            let crates = crates.iter().map(|c| check::crate_workload(c)).collect::<Result<Vec<_>, _>>()?;
+            for path in workloads.iter().chain(&crates) {
                 println!("{}", monogen::bench::build_only(&project, path)?.display());
             }
             Ok(ExitCode::SUCCESS)
         }
-        Command::Bench { workloads, json, samples, warm_up, min_sample_us, dry_run, interfaces, .. } => {
+        Command::Bench {
+            workloads,
+            crates,
+            stale,
+            json,
+            samples,
+            warm_up,
+            min_sample_us,
+            dry_run,
+            interfaces,
+            ..
+        } => {
             let options = monogen::bench::Options {
                 timing: monogen::bench::Timing {
                     samples: samples as usize,
@@ -302,11 +347,22 @@ fn run(cli: Cli) -> Result<ExitCode, Error> {
                 },
                 only: interfaces,
                 dry_run,
+                crate_dir: None,
             };
-            bench(project(cli.root)?, &workloads, &options, json)
+            let project = project(cli.root, cli.rankings)?;
+            let mut targets = Vec::new();
+            for path in workloads {
+                let w = project.read_workload(&path)?;
+                let dir = project.default_out_dir(&w.name);
+                targets.push((path, dir, false));
+            }
+            for dir in crates {
+                targets.push((check::crate_workload(&dir)?, dir, true));
+            }
+            bench(project, &targets, &options, stale, json)
         }
         Command::SynthWeights { workload, out, seed } => {
-            let project = project(cli.root)?;
+            let project = project(cli.root, cli.rankings)?;
             let w = project.read_workload(&workload)?;
             let parameters = monogen::synth::write_model_dir(&w, &out, seed)?;
             let (dtype, bytes) = match w.weights.dtype {
@@ -322,7 +378,7 @@ fn run(cli: Cli) -> Result<ExitCode, Error> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Affected { base, json } => {
-            let project = project(cli.root)?;
+            let project = project(cli.root, cli.rankings)?;
             let changed = monogen::affected::changed_files(&project.root, &base)?;
             let result = monogen::affected::affected(&project, &changed)?;
             if json {
@@ -332,9 +388,9 @@ fn run(cli: Cli) -> Result<ExitCode, Error> {
             }
             Ok(ExitCode::SUCCESS)
         }
-        Command::Check { workloads, all, out } => {
-            let project = project(cli.root)?;
-            let report = check::check(&project, &check::Request { workloads, all, out })?;
+        Command::Check { workloads, all, out, crates } => {
+            let project = project(cli.root, cli.rankings)?;
+            let report = check::check(&project, &check::Request { workloads, all, out, crates })?;
             print!("{}", report.render());
             Ok(if report.is_clean() { ExitCode::SUCCESS } else { ExitCode::from(1) })
         }
@@ -347,7 +403,7 @@ fn progress_bar(hidden: bool) -> indicatif::ProgressBar {
     }
     let bar = indicatif::ProgressBar::new(1);
     bar.set_style(
-        indicatif::ProgressStyle::with_template("{spinner} [{bar:30}] {pos}/{len} rounds  {msg}")
+        indicatif::ProgressStyle::with_template("{spinner} [{bar:30}] {pos}/{len} rounds, {eta} left  {msg}")
             .expect("the template is valid")
             .progress_chars("=> "),
     );
@@ -403,17 +459,54 @@ fn init(root: Option<PathBuf>, args: InitArgs) -> Result<ExitCode, Error> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// `monogen bench`: each workload's report, as text or as one JSON document.
+/// `monogen bench`: each workload's report, as text or as one JSON document. `targets` are
+/// the workload files with their crates' folders, and whether the folder was named with
+/// `--crate`; with `stale`, each is measured only for the
+/// interfaces `check` finds unmeasured, and skipped when there are none.
 fn bench(
     mut project: Project,
-    workloads: &[PathBuf],
+    targets: &[(PathBuf, PathBuf, bool)],
     options: &monogen::bench::Options,
+    stale: bool,
     json: bool,
 ) -> Result<ExitCode, Error> {
     let mut reports = Vec::new();
-    for path in workloads {
+    for (path, dir, from_crate) in targets {
+        let mut options = options.clone();
+        if *from_crate {
+            options.crate_dir = Some(dir.clone());
+        }
+        if stale {
+            let found = monogen::bench::stale(&project, path, dir)?;
+            let interfaces = match &found {
+                monogen::bench::Stale::Measure { interfaces } => interfaces
+                    .iter()
+                    .filter(|i| options.only.is_empty() || options.only.contains(i))
+                    .cloned()
+                    .collect(),
+                _ => Vec::new(),
+            };
+            let note = match &found {
+                monogen::bench::Stale::Fresh => Some("every record its choices rest on is fresh".to_string()),
+                monogen::bench::Stale::OtherClass { class, this_machine, interfaces } => Some(format!(
+                    "{} lack fresh records on its hardware class {class}, and this machine is {this_machine}: run `monogen bench --stale` on a {class} machine",
+                    interfaces.join(", ")
+                )),
+                monogen::bench::Stale::Measure { .. } if interfaces.is_empty() => {
+                    Some("none of the interfaces named with --interface is stale".to_string())
+                }
+                monogen::bench::Stale::Measure { .. } => None,
+            };
+            if let Some(note) = note {
+                eprintln!("{}: nothing to measure here: {note}", shown(path));
+                reports.push(serde_json::json!({ "workload": shown(path), "skipped": note, "stale": found }));
+                continue;
+            }
+            eprintln!("{}: measuring the stale interfaces {}", shown(path), interfaces.join(", "));
+            options.only = interfaces;
+        }
         let bar = progress_bar(json);
-        let report = monogen::bench::bench(&mut project, path, options, |p| match p {
+        let report = monogen::bench::bench(&mut project, path, &options, |p| match p {
             Progress::Compiling => {
                 bar.set_message(format!("{}: compiling the benchmark harness", shown(path)))
             }
@@ -421,6 +514,7 @@ fn bench(
             Progress::Rounds(n) => {
                 bar.set_length(n as u64);
                 bar.set_position(0);
+                bar.reset_eta();
             }
             Progress::Round(interface) => {
                 bar.set_message(format!("{}: {interface}", shown(path)));

@@ -27,6 +27,10 @@ pub struct Plan {
     /// The workload as its canonical TOML table, which monogen.lock records.
     #[serde(skip)]
     pub workload_table: toml::Table,
+    /// The workload file as it was written (its canonical TOML for a workload made in code),
+    /// which the crate keeps as `workload.toml`: `monogen build --crate DIR` builds from it.
+    #[serde(skip)]
+    pub workload_file: String,
     /// Float constants as the workload writes them (an f32 prints badly), for the README:
     /// `rope_theta` and `rms_norm_eps` of a LLaMA model, `layer_norm_eps` of a BERT model.
     pub float_literals: BTreeMap<String, String>,

@@ -292,11 +292,11 @@ struct RankingFile {
 }
 
 impl Rankings {
-    /// Reads `rankings/` under `root` (absent means empty).
-    pub fn load(root: &Path) -> Result<Rankings, Error> {
-        let dir = root.join(RANKINGS_DIR);
+    /// Reads the database in `dir` (`rankings/` of the project unless `--rankings` names
+    /// another; absent means empty).
+    pub fn load(dir: &Path) -> Result<Rankings, Error> {
         let mut rankings = Rankings::default();
-        let Ok(classes) = std::fs::read_dir(&dir) else {
+        let Ok(classes) = std::fs::read_dir(dir) else {
             return Ok(rankings);
         };
         let mut problems = Vec::new();
@@ -314,9 +314,7 @@ impl Rankings {
                 }
                 let interface = path.file_stem().unwrap_or_default().to_string_lossy().into_owned();
                 let text = std::fs::read_to_string(&path).map_err(|e| Error::io(&path, e))?;
-                let shown =
-                    Path::new(RANKINGS_DIR).join(&class_name).join(path.file_name().unwrap_or_default());
-                match parse_file(&text, &shown) {
+                match parse_file(&text, Path::new(&crate::shown(&path))) {
                     Ok(records) => {
                         rankings.classes.entry(class_name.clone()).or_default().insert(interface, records);
                     }
@@ -357,9 +355,10 @@ impl Rankings {
         });
     }
 
-    /// The path (relative to the project root) and text of the file for `interface` on `class`.
+    /// The path (relative to the database's folder) and text of the file for `interface` on
+    /// `class`.
     pub fn render(&self, class: &str, interface: &str) -> (PathBuf, String) {
-        let path = Path::new(RANKINGS_DIR).join(class).join(format!("{interface}.toml"));
+        let path = Path::new(class).join(format!("{interface}.toml"));
         let file = RankingFile { record: self.records(class, interface).to_vec() };
         let body = toml::to_string(&file).expect("records always serialize");
         let text = format!(
@@ -773,6 +772,7 @@ mod tests {
         let all = |_: &Record| true;
         r.replace("c-2c", "matmul", "s1", vec![packing, record("a", "s1")], all);
         let (path, packed_text) = r.render("c-2c", "matmul");
+        let path = Path::new(RANKINGS_DIR).join(path);
         assert!(
             packed_text.contains("load_ns = 31000000\nload_max_ns = 33000000\n")
                 && !packed_text.contains("load_counted"),
@@ -792,7 +792,8 @@ mod tests {
             r.records("c-2c", "matmul").iter().map(|r| r.implementation.as_str()).collect();
         assert_eq!(names, ["z", "bf16-d", "c"], "a re-measurement replaces its element type's records only");
         let (path, text) = r.render("c-2c", "matmul");
-        assert_eq!(path, Path::new("rankings/c-2c/matmul.toml"));
+        assert_eq!(path, Path::new("c-2c/matmul.toml"), "relative to the database's folder");
+        let path = Path::new(RANKINGS_DIR).join(path);
         assert_eq!(parse_file(&text, &path).unwrap(), r.records("c-2c", "matmul"));
         // The share of a load a workload counts is the workload's, never the database's.
         let counted = record("c", "s1").with_load_counted(4);

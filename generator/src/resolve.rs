@@ -254,6 +254,7 @@ pub fn resolve(
         weights: w.weights.clone(),
         target: w.target.clone(),
         workload_table: toml::Table::try_from(w).expect("a workload always serializes"),
+        workload_file: w.source.0.as_deref().map_or_else(|| w.canonical_toml(), str::to_string),
         float_literals: match &w.model {
             Model::Llama(m) => BTreeMap::from([
                 ("rope_theta".to_string(), format!("{:?}", m.rope_theta)),

@@ -40,6 +40,21 @@ pub struct Workload {
     /// The `[serving]` table: the crate is also an HTTP server (its `serve` subcommand).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub serving: Option<Serving>,
+    /// The text of the file it was parsed from, which a generated crate keeps as its
+    /// `workload.toml` (none for a workload made in code, such as `init`'s).
+    #[serde(skip)]
+    pub source: SourceText,
+}
+
+/// The text a workload was parsed from. Not part of the workload's meaning: two workloads that
+/// differ only in it are equal, and its canonical TOML leaves it out.
+#[derive(Debug, Clone, Default)]
+pub struct SourceText(pub Option<Arc<str>>);
+
+impl PartialEq for SourceText {
+    fn eq(&self, _: &SourceText) -> bool {
+        true
+    }
 }
 
 /// How the generated server serves requests: the optional `[serving]` table of a workload (a
@@ -617,6 +632,7 @@ impl WorkloadSource {
                     target: file.target,
                     request: Request::Decoder(file.request),
                     serving: file.serving,
+                    source: SourceText(Some(self.text.clone())),
                 }
             }
             "bert" => {
@@ -667,6 +683,7 @@ impl WorkloadSource {
                     target: file.target,
                     request: Request::Encoder(file.request),
                     serving: file.serving,
+                    source: SourceText(Some(self.text.clone())),
                 }
             }
             other => {

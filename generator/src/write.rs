@@ -17,7 +17,7 @@
 //! `synth-weights`, the benchmark harness) goes through [`write_file`], [`write_file_with`]
 //! or [`sync_folder`]: written beside its target and renamed over it, and only if it changed.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::fs;
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
@@ -64,8 +64,9 @@ impl Diff {
     }
 }
 
-/// The files the generation in `dir` wrote, from its monogen.lock; `None` without a lock.
-pub fn previous_files(dir: &Path) -> Result<Option<BTreeSet<PathBuf>>, Error> {
+/// The files the generation in `dir` wrote, from its monogen.lock, each with the sha256 the
+/// lock records of it (none for the lock itself); `None` without a lock.
+pub fn previous_files(dir: &Path) -> Result<Option<BTreeMap<PathBuf, Option<String>>>, Error> {
     let lock_path = dir.join(LOCK_FILE);
     let lock = match Lock::read(dir) {
         Ok(lock) => lock,
@@ -78,8 +79,23 @@ pub fn previous_files(dir: &Path) -> Result<Option<BTreeSet<PathBuf>>, Error> {
             )));
         }
     };
-    let files: BTreeSet<PathBuf> = lock.files(&lock_path)?.into_iter().collect();
-    Ok(Some(files))
+    let hashes: BTreeMap<PathBuf, String> =
+        lock.file.iter().map(|f| (PathBuf::from(&f.path), f.sha256.clone())).collect();
+    let files = lock.files(&lock_path)?.into_iter().map(|p| {
+        let sha = hashes.get(&p).cloned();
+        (p, sha)
+    });
+    Ok(Some(files.collect()))
+}
+
+/// Whether `on_disk`, a file of a generated crate, was changed by hand since monogen wrote it:
+/// its `@generated` header's hash no longer matches its body, and it is not the file the
+/// previous generation recorded (`recorded`, from its monogen.lock). The second test is the
+/// only one for the crate's copy of its workload, which has no header: it is an input, which
+/// `build --crate` reads and a person may edit.
+fn edited_by_hand(on_disk: &[u8], recorded: Option<&Option<String>>) -> bool {
+    check_header(&String::from_utf8_lossy(on_disk)) != HeaderStatus::Intact
+        && recorded.and_then(Option::as_ref).is_none_or(|sha| *sha != crate::registry::sha256_hex(on_disk))
 }
 
 /// Compares `output` with what `dir` holds (after completing an interrupted build).
@@ -93,7 +109,7 @@ pub fn diff(dir: &Path, output: &Output) -> Result<Diff, Error> {
         match fs::read(dir.join(path)) {
             Ok(on_disk) if on_disk == contents.as_bytes() => {}
             Ok(on_disk) => {
-                if check_header(&String::from_utf8_lossy(&on_disk)) != HeaderStatus::Intact {
+                if edited_by_hand(&on_disk, previous.get(path)) {
                     d.hand_edited.push(path.clone());
                 }
                 d.modified.push(path.clone());
@@ -102,7 +118,7 @@ pub fn diff(dir: &Path, output: &Output) -> Result<Diff, Error> {
             Err(e) => return Err(Error::io(&dir.join(path), e)),
         }
     }
-    for path in previous.difference(&output.files.keys().cloned().collect()) {
+    for path in previous.keys().filter(|p| !output.files.contains_key(*p)) {
         if dir.join(path).exists() {
             d.stale.push(path.clone());
         }
@@ -175,7 +191,7 @@ pub fn write(dir: &Path, output: &Output, force: bool) -> Result<WriteReport, Er
         match fs::read(&target) {
             Ok(on_disk) if on_disk == contents.as_bytes() => report.unchanged += 1,
             Ok(on_disk) => {
-                if check_header(&String::from_utf8_lossy(&on_disk)) != HeaderStatus::Intact {
+                if edited_by_hand(&on_disk, previous.get(path)) {
                     edited.push(path.clone());
                 }
                 report.updated.push(path.clone());
@@ -188,12 +204,11 @@ pub fn write(dir: &Path, output: &Output, force: bool) -> Result<WriteReport, Er
             Err(e) => return Err(Error::io(&target, e)),
         }
     }
-    let new_paths: BTreeSet<PathBuf> = output.files.keys().cloned().collect();
-    for path in previous.difference(&new_paths) {
+    for (path, recorded) in previous.iter().filter(|(p, _)| !output.files.contains_key(*p)) {
         let target = dir.join(path);
         match fs::read(&target) {
             Ok(on_disk) => {
-                if check_header(&String::from_utf8_lossy(&on_disk)) != HeaderStatus::Intact {
+                if edited_by_hand(&on_disk, Some(recorded)) {
                     edited.push(path.clone());
                 }
                 report.removed.push(path.clone());
@@ -205,7 +220,7 @@ pub fn write(dir: &Path, output: &Output, force: bool) -> Result<WriteReport, Er
     if !edited.is_empty() && !force {
         let list: Vec<String> = edited.iter().map(|p| format!("  {}", dir.join(p).display())).collect();
         return Err(Error::Refused(format!(
-            "refusing to overwrite {} file{} that {} edited by hand (the @generated header's hash no longer matches):\n{}\nMove the change into the workload, the registry or the templates and rebuild, or pass --force to discard it",
+            "refusing to overwrite {} file{} that {} edited by hand (the @generated header's hash no longer matches, or for workload.toml the hash in {LOCK_FILE}):\n{}\nMove the change into the workload, the registry or the templates and rebuild (`monogen build --crate DIR` builds from the crate's own workload.toml), or pass --force to discard it",
             edited.len(),
             if edited.len() == 1 { "" } else { "s" },
             if edited.len() == 1 { "was" } else { "were" },

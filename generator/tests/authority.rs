@@ -82,7 +82,7 @@ fn a_faster_implementation_makes_check_stale_until_bench_and_build_adopt_it() {
     let report = stdout(&out);
     assert!(report.contains("STALE   generated/stories260k-cpu-f32"), "{report}");
     assert!(report.contains("because matmul/avx2-fma has not been measured on"), "{report}");
-    assert!(report.contains("fix: monogen bench workloads/stories260k-cpu-f32.toml"), "{report}");
+    assert!(report.contains("fix: monogen bench --stale workloads/stories260k-cpu-f32.toml"), "{report}");
 
     // bench measures it, in JSON this time, and says the choice will change.
     let out = bench(repo.path(), &["--json"]);
@@ -258,7 +258,7 @@ fn editing_an_implementation_makes_its_records_stale_and_explain_and_check_name_
     );
     assert!(
         report.contains(
-            "fix: monogen bench workloads/stories260k-cpu-f32.toml (on hardware class amd-epyc-2c)"
+            "fix: monogen bench --stale workloads/stories260k-cpu-f32.toml (on hardware class amd-epyc-2c)"
         ),
         "{report}"
     );
@@ -727,12 +727,7 @@ fn bench_measures_encoder_workloads_too() {
     let repo = measured_repo();
     let bert = "workloads/all-minilm-l6-v2-cpu-f32.toml";
     let class = monogen::host::this_class();
-    let text = std::fs::read_to_string(workspace_root().join(bert)).unwrap();
-    let text: Vec<String> = text
-        .lines()
-        .map(|l| if l.starts_with("hardware = ") { format!("hardware = \"{class}\"") } else { l.to_string() })
-        .collect();
-    std::fs::write(repo.path().join(bert), text.join("\n") + "\n").unwrap();
+    std::fs::write(repo.path().join(bert), for_this_class(bert)).unwrap();
     let mut args = vec!["bench", bert, "--json"];
     args.extend_from_slice(QUICK);
     let out = monogen(repo.path(), &args);

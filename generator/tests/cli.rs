@@ -359,7 +359,7 @@ fn build_writes_only_changes_refuses_hand_edits_and_check_says_why() {
     let out = monogen(repo.path(), &["build", WORKLOAD]);
     assert!(out.status.success(), "{}", stderr(&out));
     let crate_dir = repo.path().join("generated/stories260k-cpu-f32");
-    assert!(stderr(&out).contains("33 created"), "{}", stderr(&out));
+    assert!(stderr(&out).contains("34 created"), "{}", stderr(&out));
     assert_eq!(monogen(repo.path(), &["check", "--all"]).status.code(), Some(0));
     std::fs::write(crate_dir.join("Cargo.lock"), "# user's lock\n").unwrap();
     std::fs::create_dir_all(crate_dir.join("target/debug")).unwrap();
@@ -380,7 +380,7 @@ fn build_writes_only_changes_refuses_hand_edits_and_check_says_why() {
     assert!(report.contains("fix: monogen build workloads/stories260k-cpu-f32.toml"), "{report}");
     let out = monogen(repo.path(), &["build", WORKLOAD]);
     assert!(out.status.success());
-    assert!(stderr(&out).contains("0 created, 3 updated, 0 removed, 30 unchanged"), "{}", stderr(&out));
+    assert!(stderr(&out).contains("0 created, 4 updated, 0 removed, 30 unchanged"), "{}", stderr(&out));
     assert_eq!(std::fs::read_to_string(crate_dir.join("Cargo.lock")).unwrap(), "# user's lock\n");
     assert_eq!(std::fs::read_to_string(crate_dir.join("target/debug/x")).unwrap(), "artifact");
 

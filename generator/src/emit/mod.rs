@@ -172,6 +172,9 @@ pub fn crate_ident(name: &str) -> String {
     name.replace('-', "_")
 }
 
+/// The crate's copy of the workload it was generated from.
+pub const WORKLOAD_FILE: &str = "workload.toml";
+
 /// Generates every file of the crate for `plan`.
 pub fn emit(plan: &Plan, registry: &Registry, templates: &Templates) -> Result<Output, Error> {
     let name = &plan.name;
@@ -192,6 +195,9 @@ pub fn emit(plan: &Plan, registry: &Registry, templates: &Templates) -> Result<O
     add("Cargo.toml", templates.render("Cargo.toml.j2", &context)?);
     add("README.md", templates.render(readme, &context)?);
     add(".gitignore", templates.render("gitignore.j2", &context)?);
+    // The workload as its file says it, without a header: it is the crate's input, which
+    // `monogen build --crate` reads back, and a person may edit it.
+    files.insert(PathBuf::from(WORKLOAD_FILE), plan.workload_file.clone());
 
     let lock = Lock {
         format: crate::lock::FORMAT,

@@ -376,6 +376,7 @@ fn build(
             requests_per_load: opts.requests_per_load,
         }),
         serving: opts.serve.then(|| toml::from_str("").expect("every field of [serving] has a default")),
+        source: Default::default(),
     })
 }
 

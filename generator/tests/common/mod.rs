@@ -75,6 +75,18 @@ pub fn measured_repo() -> tempfile::TempDir {
 
 pub const WORKLOAD: &str = "workloads/stories260k-cpu-f32.toml";
 
+/// The text of the committed workload `rel` (under the workspace root) with `hardware` set to
+/// this machine's class, so that `bench` runs for it here.
+pub fn for_this_class(rel: &str) -> String {
+    let class = monogen::host::this_class();
+    let text = std::fs::read_to_string(workspace_root().join(rel)).unwrap();
+    let lines: Vec<String> = text
+        .lines()
+        .map(|l| if l.starts_with("hardware = ") { format!("hardware = \"{class}\"") } else { l.to_string() })
+        .collect();
+    lines.join("\n") + "\n"
+}
+
 pub fn read_tree(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
     let mut out = Vec::new();
     let mut stack = vec![dir.to_path_buf()];
