@@ -143,12 +143,22 @@ pub fn summarize(raw: &RawResult, version: &str) -> Outcome {
     }
 }
 
+/// What a run's records are keyed by, beyond the machine: the harness's hash and the lock
+/// file it was built with.
+#[derive(Debug, Clone, Default)]
+pub struct Keys {
+    pub harness_sha256: Option<String>,
+    /// The harness's Cargo.lock after its build.
+    pub lock: Option<rankings::CargoLock>,
+}
+
 /// The records of `outcomes` (skipped candidates have none), keyed by this machine.
 pub fn records(
     outcomes: &[Outcome],
     plan: &Plan,
     registry: &Registry,
     host: &Host,
+    keys: &Keys,
     measured_at: &str,
 ) -> BTreeMap<String, Vec<Record>> {
     let batch = match &plan.consts {
@@ -171,6 +181,8 @@ pub fn records(
             cpu_features: host.cpu_features.clone(),
             rustc: host.rustc.clone(),
             build_flags: BUILD_FLAGS.to_string(),
+            harness_sha256: keys.harness_sha256.clone(),
+            dependencies: keys.lock.as_ref().map(|lock| lock.closure(&imp.dependencies)),
             measured_at: measured_at.to_string(),
             status: Status::Ok,
             failure: None,
@@ -268,6 +280,7 @@ pub fn build_only(project: &Project, path: &Path) -> Result<PathBuf, Error> {
     here.target.hardware = Some(Host::detect().map_err(Error::Refused)?.class);
     let plan = project.plan(&here, path)?;
     let (crate_dir, name) = write_harness(project, &plan, &bench_dir(project))?;
+    seed_lock(project, &crate_dir)?;
     build_harness(&crate_dir, &bench_target_dir(project), &name)
 }
 
@@ -279,6 +292,21 @@ pub fn write_harness(project: &Project, plan: &Plan, dir: &Path) -> Result<(Path
     // Kernels of candidates that no longer compete must not linger under src/.
     crate::write::sync_folder(&crate_dir, &output.files, Path::new("src"))?;
     Ok((crate_dir, name))
+}
+
+/// Gives the harness in `crate_dir` the monogen repository's Cargo.lock, so that it builds its
+/// kernels' dependencies at the versions that lock pins (cargo drops the rest of it), which
+/// its records then name and `check` compares with the lock.
+pub fn seed_lock(project: &Project, crate_dir: &Path) -> Result<(), Error> {
+    let lock = project.root.join("Cargo.lock");
+    match std::fs::read(&lock) {
+        Ok(bytes) => {
+            crate::write::write_file(&crate_dir.join("Cargo.lock"), &bytes)?;
+            Ok(())
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(Error::io(&lock, e)),
+    }
 }
 
 /// Compiles the harness in `crate_dir` (release) with its target folder at `target_dir`;
@@ -498,6 +526,7 @@ pub fn bench(
     progress(Progress::Compiling);
     let dir = bench_dir(project);
     let (crate_dir, crate_name) = write_harness(project, &plan, &dir)?;
+    seed_lock(project, &crate_dir)?;
     let exe = build_harness(&crate_dir, &bench_target_dir(project), &crate_name)?;
     progress(Progress::Validating);
     let raw = run_harness(&exe, &options.timing, |event| match event {
@@ -518,7 +547,11 @@ pub fn bench(
         })
         .collect();
     let measured_at = now_utc();
-    let records = records(&outcomes, &plan, &project.registry, &host, &measured_at);
+    let keys = Keys {
+        harness_sha256: project.rankings.current.harness_sha256.get(w.model.architecture().as_str()).cloned(),
+        lock: Some(rankings::CargoLock::read(&crate_dir.join("Cargo.lock"))?),
+    };
+    let records = records(&outcomes, &plan, &project.registry, &host, &keys, &measured_at);
     let shapes = rankings::shapes_signature(&w);
     let mut updated = project.rankings.clone();
     for &interface in &measured {

@@ -115,7 +115,8 @@ impl Project {
         let registry = Registry::load(root)?;
         let templates = Templates::load(root)?;
         let rankings_dir = rankings.map_or_else(|| root.join(rankings::RANKINGS_DIR), Path::to_path_buf);
-        let rankings = Rankings::load(&rankings_dir)?;
+        let mut rankings = Rankings::load(&rankings_dir)?;
+        rankings.current = rankings::Current::read(root, &rankings_dir)?;
         Ok(Project { root: root.to_path_buf(), registry, templates, rankings, rankings_dir })
     }
 

@@ -73,6 +73,15 @@ pub struct Record {
     pub rustc: String,
     /// [`BUILD_FLAGS`] when it was measured.
     pub build_flags: String,
+    /// [`harness_sha256`] of the harness it was measured by. Absent from records made before
+    /// it was kept, for which `harness=N` in `build_flags` stands.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub harness_sha256: Option<String>,
+    /// The crates its kernel depends on, dependencies of dependencies included, each as
+    /// `name version` from the lock file the harness was built with, sorted ([`CargoLock::closure`];
+    /// empty for a kernel that depends on none). Absent from records made before they were kept.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dependencies: Option<Vec<String>>,
     // The result.
     /// UTC, RFC 3339.
     pub measured_at: String,
@@ -175,12 +184,6 @@ impl Record {
         let extra = self.load_counted_max_ns.saturating_sub(self.load_counted_ns);
         if self.median_ns == 0 { 0.0 } else { extra as f64 / self.median_ns as f64 }
     }
-
-    /// The machine, toolchain and harness part of the key.
-    fn context(&self) -> (&str, usize, &[String], &str, &str) {
-        let harness = split_flags(&self.build_flags).0;
-        (&self.cpu, self.cores, &self.cpu_features, &self.rustc, harness)
-    }
 }
 
 /// A timing distribution: what the flip rule looks at.
@@ -278,10 +281,184 @@ pub fn median_p90(values: &[f64]) -> (f64, f64) {
     (median, at(0.9))
 }
 
+/// What a fresh record must have been measured with, beyond its implementation's version and
+/// source: what the repository itself says about the harness, the kernels' dependencies and
+/// the toolchain, so that `check` decides from files alone. Empty (nothing known, nothing
+/// compared) for a database read on its own.
+#[derive(Debug, Clone, Default)]
+pub struct Current {
+    /// Per architecture (`llama`, `bert`), [`harness_sha256`] of the templates now.
+    pub harness_sha256: BTreeMap<String, String>,
+    /// The lock file harnesses are built with: the monogen repository's `Cargo.lock`.
+    pub lock: Option<CargoLock>,
+    /// The Rust version that `rust-toolchain.toml` pins beside the database (in the folder
+    /// that holds it), and that file as shown: records of another rustc are stale.
+    pub rustc_pin: Option<(String, String)>,
+}
+
+impl Current {
+    /// Reads the harness templates and `Cargo.lock` under `root`, and the toolchain pin in the
+    /// folder that holds `rankings_dir`.
+    pub fn read(root: &Path, rankings_dir: &Path) -> Result<Current, Error> {
+        let mut current = Current::default();
+        for arch in ["llama", "bert"] {
+            if let Some(sha) = harness_sha256(root, arch)? {
+                current.harness_sha256.insert(arch.to_string(), sha);
+            }
+        }
+        let lock = root.join("Cargo.lock");
+        if lock.is_file() {
+            current.lock = Some(CargoLock::read(&lock)?);
+        }
+        let holder = rankings_dir.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+        for name in ["rust-toolchain.toml", "rust-toolchain"] {
+            let file = holder.join(name);
+            let Ok(text) = std::fs::read_to_string(&file) else { continue };
+            if let Some(version) = pinned_rust_version(&text) {
+                current.rustc_pin = Some((version, crate::shown(&file)));
+            }
+            break;
+        }
+        Ok(current)
+    }
+}
+
+/// The Rust release a toolchain file pins (`channel = "1.95.0"` under `[toolchain]`, or a
+/// legacy one-line file), or `None` for a channel such as `stable` that names no release.
+pub fn pinned_rust_version(text: &str) -> Option<String> {
+    let channel = match toml::from_str::<toml::Table>(text) {
+        Ok(table) => table.get("toolchain")?.get("channel")?.as_str()?.to_string(),
+        Err(_) => text.trim().to_string(),
+    };
+    let is_release = channel.split('.').count() >= 2 && channel.split('.').all(|p| p.parse::<u32>().is_ok());
+    is_release.then_some(channel)
+}
+
+/// The Rust release of a `rustc --version` line (`rustc 1.95.0 (59807616e 2026-04-14)` → `1.95.0`).
+pub fn rustc_release(version: &str) -> &str {
+    version.split_whitespace().nth(1).unwrap_or(version)
+}
+
+/// sha256 of the benchmark harness an architecture's records are measured by: its crate
+/// template, the shared harness and the architecture's passes (`templates/bench/`); `None`
+/// where the architecture has no passes there.
+pub fn harness_sha256(root: &Path, arch: &str) -> Result<Option<String>, Error> {
+    let dir = root.join("templates").join("bench");
+    let own = dir.join(format!("{arch}.rs"));
+    if !own.is_file() {
+        return Ok(None);
+    }
+    let mut text = String::new();
+    for path in [dir.join("Cargo.toml.j2"), dir.join("harness.rs"), own] {
+        let body = std::fs::read(&path).map_err(|e| Error::io(&path, e))?;
+        text.push_str(&format!(
+            "{} {}\n",
+            path.file_name().unwrap_or_default().to_string_lossy(),
+            sha256_hex(&body)
+        ));
+    }
+    Ok(Some(sha256_hex(text.as_bytes())))
+}
+
+/// A `Cargo.lock`: each package's version and dependencies.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct CargoLock {
+    /// name → (version, dependencies as the lock writes them: `name` or `name version`).
+    packages: BTreeMap<String, Vec<(String, Vec<String>)>>,
+}
+
+impl CargoLock {
+    pub fn read(path: &Path) -> Result<CargoLock, Error> {
+        let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+        CargoLock::parse(&text)
+            .map_err(|e| Error::Refused(format!("{} cannot be read: {e}", crate::shown(path))))
+    }
+
+    pub fn parse(text: &str) -> Result<CargoLock, String> {
+        #[derive(Deserialize)]
+        struct File {
+            #[serde(default)]
+            package: Vec<Package>,
+        }
+        #[derive(Deserialize)]
+        struct Package {
+            name: String,
+            version: String,
+            #[serde(default)]
+            dependencies: Vec<String>,
+        }
+        let file: File = toml::from_str(text).map_err(|e| e.message().trim().to_string())?;
+        let mut packages: BTreeMap<String, Vec<(String, Vec<String>)>> = BTreeMap::new();
+        for p in file.package {
+            packages.entry(p.name).or_default().push((p.version, p.dependencies));
+        }
+        Ok(CargoLock { packages })
+    }
+
+    /// `roots` (crate names, as manifests list them) and everything they depend on, each as
+    /// `name version`, sorted. A root the lock lacks is listed as `name ?`; where the lock has
+    /// several versions of a root, the newest.
+    pub fn closure(&self, roots: &[String]) -> Vec<String> {
+        let mut seen = std::collections::BTreeSet::new();
+        let mut stack: Vec<(String, Option<String>)> = roots.iter().map(|r| (r.clone(), None)).collect();
+        while let Some((name, version)) = stack.pop() {
+            let Some(versions) = self.packages.get(&name) else {
+                seen.insert(format!("{name} ?"));
+                continue;
+            };
+            let found = match &version {
+                Some(v) => versions.iter().find(|(have, _)| have == v),
+                None => versions.iter().max_by(|a, b| compare_versions(&a.0, &b.0)),
+            };
+            let Some((v, deps)) = found else {
+                seen.insert(format!("{name} ?"));
+                continue;
+            };
+            if seen.insert(format!("{name} {v}")) {
+                for dep in deps {
+                    let mut words = dep.split_whitespace();
+                    let dep_name = words.next().unwrap_or_default().to_string();
+                    stack.push((dep_name, words.next().map(str::to_string)));
+                }
+            }
+        }
+        seen.into_iter().collect()
+    }
+}
+
+fn compare_versions(a: &str, b: &str) -> std::cmp::Ordering {
+    let parts = |v: &str| -> Vec<u64> { v.split(['.', '-', '+']).map(|p| p.parse().unwrap_or(0)).collect() };
+    parts(a).cmp(&parts(b))
+}
+
+/// What differs between two dependency lists, as `name a → b`, `+name b` or `-name a`.
+fn dependency_changes(was: &[String], now: &[String]) -> Vec<String> {
+    let split = |list: &[String]| -> BTreeMap<String, String> {
+        list.iter().filter_map(|e| e.split_once(' ').map(|(n, v)| (n.to_string(), v.to_string()))).collect()
+    };
+    let (was, now) = (split(was), split(now));
+    let mut out = Vec::new();
+    for (name, old) in &was {
+        match now.get(name) {
+            Some(new) if new != old => out.push(format!("{name} {old} → {new}")),
+            Some(_) => {}
+            None => out.push(format!("-{name} {old}")),
+        }
+    }
+    for (name, new) in &now {
+        if !was.contains_key(name) {
+            out.push(format!("+{name} {new}"));
+        }
+    }
+    out
+}
+
 /// Every record of the repository: hardware class → interface → records.
 #[derive(Debug, Clone, Default)]
 pub struct Rankings {
     pub classes: BTreeMap<String, BTreeMap<String, Vec<Record>>>,
+    /// What a fresh record must have been measured with ([`Current::read`]).
+    pub current: Current,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -495,7 +672,7 @@ pub fn evidence(
     let records: Vec<&Record> =
         rankings.records(class, interface).iter().filter(|r| r.shapes == shapes).collect();
     // Records are compared only within one machine and toolchain: the newest measurement's.
-    let newest = records.iter().max_by(|a, b| a.measured_at.cmp(&b.measured_at)).map(|r| r.context());
+    let newest = records.iter().max_by(|a, b| a.measured_at.cmp(&b.measured_at)).copied();
     candidates
         .iter()
         .map(|imp| {
@@ -512,11 +689,9 @@ pub fn evidence(
             if split_flags(&record.build_flags).1 != split_flags(BUILD_FLAGS).1 {
                 why.push(format!("it was measured with other build flags ({})", record.build_flags));
             }
-            if newest.is_some_and(|n| n != record.context()) {
-                why.push(
-                    "it was measured on another machine or toolchain, or by another version of the harness, than the newest records of this interface"
-                        .into(),
-                );
+            why.extend(key_changes(record, imp, &rankings.current));
+            if let Some(newest) = newest {
+                why.extend(context_changes(record, newest));
             }
             let requests_per_load = w.request.requests_per_load();
             if requests_per_load.is_some()
@@ -541,6 +716,66 @@ pub fn evidence(
             }
         })
         .collect()
+}
+
+/// Why `record` (of `imp`) no longer matches what the repository says now ([`Current`]): the
+/// harness's templates, the versions of its kernel's dependencies in `Cargo.lock`, the Rust
+/// release `rust-toolchain.toml` pins. A key the record predates is not compared.
+pub fn key_changes(record: &Record, imp: &Implementation, current: &Current) -> Vec<String> {
+    let mut why = Vec::new();
+    let arch = record.shapes.split_whitespace().next().unwrap_or_default();
+    if let (Some(was), Some(now)) = (&record.harness_sha256, current.harness_sha256.get(arch))
+        && was != now
+    {
+        why.push("the benchmark harness (templates/bench/) changed since it was measured: re-measure".into());
+    }
+    if let (Some(was), Some(lock)) = (&record.dependencies, &current.lock) {
+        let changes = dependency_changes(was, &lock.closure(&imp.dependencies));
+        if !changes.is_empty() {
+            why.push(format!("{} (Cargo.lock): re-measure", changes.join(", ")));
+        }
+    }
+    if let Some((pin, file)) = &current.rustc_pin
+        && rustc_release(&record.rustc) != pin
+    {
+        why.push(format!("rustc {} → {pin} ({file}): re-measure", rustc_release(&record.rustc)));
+    }
+    why
+}
+
+/// How the machine, toolchain and harness version `record` was measured with differ from
+/// those of `newest`, the newest record of its interface at its shapes on its class, which the
+/// others are compared with: one reason per difference, naming it.
+pub fn context_changes(record: &Record, newest: &Record) -> Vec<String> {
+    let mut why = Vec::new();
+    let whose = "the newest records of this interface";
+    if record.cpu != newest.cpu {
+        why.push(format!("CPU {} → {} ({whose}): re-measure", record.cpu, newest.cpu));
+    }
+    if record.cores != newest.cores {
+        why.push(format!("cores {} → {} ({whose}): re-measure", record.cores, newest.cores));
+    }
+    if record.cpu_features != newest.cpu_features {
+        let lost = record.cpu_features.iter().filter(|f| !newest.cpu_features.contains(f));
+        let gained = newest.cpu_features.iter().filter(|f| !record.cpu_features.contains(f));
+        let list: Vec<String> =
+            lost.map(|f| format!("-{f}")).chain(gained.map(|f| format!("+{f}"))).collect();
+        let list = if list.is_empty() { "reordered".to_string() } else { list.join(" ") };
+        why.push(format!("CPU features {list} ({whose}): re-measure"));
+    }
+    if record.rustc != newest.rustc {
+        why.push(format!("{} → {} ({whose}): re-measure", record.rustc, newest.rustc));
+    }
+    let (was, now) = (split_flags(&record.build_flags).0, split_flags(&newest.build_flags).0);
+    if was != now {
+        let shown = |h: &str| if h.is_empty() { "harness=0".to_string() } else { h.to_string() };
+        why.push(format!(
+            "measured by {} of the benchmark harness, {whose} by {}: re-measure",
+            shown(was),
+            shown(now)
+        ));
+    }
+    why
 }
 
 /// Whether `interface` of `w` needs measurements to be chosen: the workload names a hardware
@@ -627,6 +862,8 @@ mod tests {
             rounds_ns: rounds.to_vec(),
             load_counted_ns: 0,
             load_counted_max_ns: 0,
+            harness_sha256: None,
+            dependencies: None,
         }
     }
 
@@ -765,6 +1002,8 @@ mod tests {
             rounds_ns: vec![100, 120, 90],
             load_counted_ns: 0,
             load_counted_max_ns: 0,
+            harness_sha256: None,
+            dependencies: None,
         };
         let mut r = Rankings::default();
         let packing =

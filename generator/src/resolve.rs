@@ -1000,6 +1000,8 @@ mod tests {
             rounds_ns: vec![],
             load_counted_ns: 0,
             load_counted_max_ns: 0,
+            harness_sha256: None,
+            dependencies: None,
         }
     }
 
@@ -1199,7 +1201,8 @@ mod tests {
             choose("matmul", &imps, &w, &Registry::default(), &selection(mixed, None)).unwrap();
         assert_eq!(chosen.name, imps[2].name, "the only record of the newest harness");
         assert_eq!(unmeasured.len(), 2, "{unmeasured:?}");
-        assert!(unmeasured[0].contains("or by another version of the harness"), "{unmeasured:?}");
+        assert!(unmeasured[0].contains("measured by harness=0"), "{unmeasured:?}");
+        assert!(unmeasured[0].contains("the newest records of this interface by harness="), "{unmeasured:?}");
         // Other compiler flags are stale whatever the harness.
         let flags = rankings::Record {
             build_flags: rankings::BUILD_FLAGS.replace("opt-level=3", "opt-level=2"),
@@ -1208,6 +1211,119 @@ mod tests {
         let (_, _, unmeasured) =
             choose("matmul", &imps, &w, &Registry::default(), &selection(vec![flags], None)).unwrap();
         assert!(unmeasured.iter().any(|u| u.contains("other build flags")), "{unmeasured:?}");
+    }
+
+    /// Every input of a record's key, changed alone, makes it stale and is named; with none
+    /// changed, it is fresh.
+    #[test]
+    fn every_input_of_the_key_stales_a_record_and_says_which() {
+        let w = measured_workload();
+        let mut gemm = imp("gemm-crate", 10, Constraints::default(), &[]);
+        gemm.dependencies = vec!["gemm".into()];
+        let lock = |gemm: &str| {
+            rankings::CargoLock::parse(&format!(
+                "[[package]]\nname = \"gemm\"\nversion = \"{gemm}\"\ndependencies = [\"pulp\"]\n\n\
+                 [[package]]\nname = \"pulp\"\nversion = \"0.21.5\"\n\n\
+                 [[package]]\nname = \"unrelated\"\nversion = \"1.0.0\"\n"
+            ))
+            .unwrap()
+        };
+        let base = rankings::Record {
+            harness_sha256: Some("h1".into()),
+            dependencies: Some(vec!["gemm 0.19.0".into(), "pulp 0.21.5".into()]),
+            ..record(&gemm, &w, 300, 310, true)
+        };
+        assert_eq!(lock("0.19.0").closure(&gemm.dependencies), base.dependencies.clone().unwrap());
+        let current = rankings::Current {
+            harness_sha256: [("llama".to_string(), "h1".to_string())].into(),
+            lock: Some(lock("0.19.0")),
+            rustc_pin: None,
+        };
+        let why = |records: Vec<rankings::Record>, current: &rankings::Current, imp: &Implementation| {
+            let mut sel = selection(records, None);
+            sel.rankings.current = current.clone();
+            match &rankings::evidence(&sel.rankings, &Registry::default(), "matmul", &[imp], &w)[0] {
+                Evidence::Stale { why, .. } => why.join("; "),
+                Evidence::Measured(_) => String::new(),
+                other => panic!("{other:?}"),
+            }
+        };
+        assert_eq!(why(vec![base.clone()], &current, &gemm), "", "nothing changed: fresh");
+        // What the repository says now.
+        let harness = rankings::Current {
+            harness_sha256: [("llama".to_string(), "h2".to_string())].into(),
+            ..current.clone()
+        };
+        assert_eq!(
+            why(vec![base.clone()], &harness, &gemm),
+            "the benchmark harness (templates/bench/) changed since it was measured: re-measure"
+        );
+        let bumped = rankings::Current { lock: Some(lock("0.19.1")), ..current.clone() };
+        assert_eq!(why(vec![base.clone()], &bumped, &gemm), "gemm 0.19.0 → 0.19.1 (Cargo.lock): re-measure");
+        let pinned = rankings::Current {
+            rustc_pin: Some(("1.96.0".into(), "rust-toolchain.toml".into())),
+            ..current.clone()
+        };
+        assert_eq!(
+            why(vec![base.clone()], &pinned, &gemm),
+            "rustc 1.95.0 → 1.96.0 (rust-toolchain.toml): re-measure"
+        );
+        let pinned_same = rankings::Current {
+            rustc_pin: Some(("1.95.0".into(), "rust-toolchain.toml".into())),
+            ..current.clone()
+        };
+        assert_eq!(why(vec![base.clone()], &pinned_same, &gemm), "");
+        // The implementation: its version, its source (a shared module it uses is covered by
+        // measured_source_sha256, tested with the registry).
+        let newer = Implementation { version: "1.0.1".into(), ..gemm.clone() };
+        assert!(
+            why(vec![base.clone()], &current, &newer)
+                .contains("measured at version 1.0.0, the registry has 1.0.1")
+        );
+        let edited = Implementation { source_sha256: "edited".into(), ..gemm.clone() };
+        assert!(
+            why(vec![base.clone()], &current, &edited).contains("its source (kernel.rs or a shared module")
+        );
+        // The build flags.
+        let flags = rankings::Record {
+            build_flags: rankings::BUILD_FLAGS.replace("lto=thin", "lto=fat"),
+            ..base.clone()
+        };
+        assert!(why(vec![flags], &current, &gemm).contains("other build flags"));
+        // The machine and the toolchain, against the newest record of the interface.
+        let other = imp("other", 5, Constraints::default(), &[]);
+        let newest = |change: fn(&mut rankings::Record)| {
+            let mut r = record(&other, &w, 400, 410, true);
+            r.measured_at = "2026-12-01T00:00:00Z".into();
+            change(&mut r);
+            why(vec![base.clone(), r], &current, &gemm)
+        };
+        assert_eq!(newest(|_| {}), "", "the same machine and toolchain");
+        assert_eq!(
+            newest(|r| r.rustc = "rustc 1.96.0".into()),
+            "rustc 1.95.0 → rustc 1.96.0 (the newest records of this interface): re-measure"
+        );
+        assert_eq!(
+            newest(|r| r.cpu = "other cpu".into()),
+            "CPU cpu → other cpu (the newest records of this interface): re-measure"
+        );
+        assert_eq!(newest(|r| r.cores = 4), "cores 2 → 4 (the newest records of this interface): re-measure");
+        assert_eq!(
+            newest(|r| r.cpu_features = vec!["avx2".into(), "avx512f".into()]),
+            "CPU features +avx512f (the newest records of this interface): re-measure"
+        );
+    }
+
+    #[test]
+    fn a_toolchain_file_pins_a_release_or_nothing() {
+        assert_eq!(
+            rankings::pinned_rust_version("[toolchain]\nchannel = \"1.95.0\"\n").as_deref(),
+            Some("1.95.0")
+        );
+        assert_eq!(rankings::pinned_rust_version("1.96\n").as_deref(), Some("1.96"));
+        assert_eq!(rankings::pinned_rust_version("[toolchain]\nchannel = \"stable\"\n"), None);
+        assert_eq!(rankings::pinned_rust_version("nightly-2026-01-01\n"), None);
+        assert_eq!(rankings::rustc_release("rustc 1.95.0 (59807616e 2026-04-14)"), "1.95.0");
     }
 
     #[test]

@@ -153,6 +153,8 @@ impl Deployment {
         for dir in ["interfaces", "implementations", "templates", "rankings"] {
             copy_dir(&workspace_root().join(dir), &monogen_root.join(dir));
         }
+        // The lock file harnesses are built with, whose versions records name.
+        std::fs::copy(workspace_root().join("Cargo.lock"), monogen_root.join("Cargo.lock")).unwrap();
         let origin = temp.path().join("origin.git");
         let repo = temp.path().join("deploy");
         std::fs::create_dir_all(&repo).unwrap();
@@ -245,6 +247,9 @@ fn show(run: &JobRun) -> String {
         .join("\n")
 }
 
+/// A change to a file's text.
+type Edit = Box<dyn Fn(&str) -> String>;
+
 /// The chosen implementation of `interface` in a lock file's text.
 fn chosen(lock: &str, interface: &str) -> String {
     let lock: toml::Table = toml::from_str(lock).unwrap();
@@ -306,6 +311,63 @@ fn the_workflow_keeps_a_deployment_repository_fresh_through_an_upstream_kernel_e
     std::fs::write(kernel_dir.join("README.md"), "Notes on this kernel.\n").unwrap();
     let check = d.run_job("check");
     assert!(check.failed().is_none(), "a README stales nothing:\n{}", show(&check));
+
+    // Every other input of a record's key, changed alone, fails the check naming it; undone,
+    // the check passes again.
+    let matmul_records =
+        std::fs::read_to_string(d.repo.join(format!("rankings/{class}/matmul.toml"))).unwrap();
+    assert!(matmul_records.contains("harness_sha256 = "), "{matmul_records}");
+    let records: toml::Table = toml::from_str(&matmul_records).unwrap();
+    let gemm_record = records["record"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["implementation"].as_str() == Some("gemm-crate"))
+        .expect("gemm-crate was measured");
+    let dependencies: Vec<&str> =
+        gemm_record["dependencies"].as_array().unwrap().iter().map(|d| d.as_str().unwrap()).collect();
+    assert!(dependencies.len() > 1, "the kernel's dependencies and theirs: {dependencies:?}");
+    let gemm_version =
+        dependencies.iter().find_map(|d| d.strip_prefix("gemm ")).expect("gemm is among them").to_string();
+    let changes: [(&str, PathBuf, Edit, String); 3] = [
+        (
+            "the benchmark harness",
+            d.monogen_root.join("templates/bench/harness.rs"),
+            Box::new(|t: &str| format!("{t}\n// An edit.\n")),
+            "the benchmark harness (templates/bench/) changed since it was measured: re-measure".to_string(),
+        ),
+        (
+            "a dependency's version",
+            d.monogen_root.join("Cargo.lock"),
+            Box::new({
+                let from = format!("name = \"gemm\"\nversion = \"{gemm_version}\"");
+                move |t: &str| t.replacen(&from, "name = \"gemm\"\nversion = \"0.19.999\"", 1)
+            }),
+            format!(
+                "matmul/gemm-crate's measurements on {class} are stale: gemm {gemm_version} → 0.19.999 (Cargo.lock): re-measure"
+            ),
+        ),
+        (
+            "the toolchain",
+            d.repo.join("rust-toolchain.toml"),
+            Box::new(|_: &str| "[toolchain]\nchannel = \"1.0.0\"\n".to_string()),
+            "→ 1.0.0 (rust-toolchain.toml): re-measure".to_string(),
+        ),
+    ];
+    for (what, file, change, said) in &changes {
+        let before = std::fs::read_to_string(file).ok();
+        let changed = change(before.as_deref().unwrap_or_default());
+        assert_ne!(Some(&changed), before.as_ref(), "{what}: the change changes nothing");
+        std::fs::write(file, changed).unwrap();
+        let check = d.run_job("check");
+        let out = check.failed().unwrap_or_else(|| panic!("{what}: went unnoticed:\n{}", show(&check)));
+        assert!(stdout(&out.1).contains(said.as_str()), "{what}: {}", show(&check));
+        match &before {
+            Some(text) => std::fs::write(file, text).unwrap(),
+            None => std::fs::remove_file(file).unwrap(),
+        }
+        assert!(d.run_job("check").failed().is_none(), "{what}: undone, fresh again");
+    }
 
     // An upstream kernel edit: the crate's check fails naming the kernel and the fix.
     let kernel = kernel_dir.join("kernel.rs");
