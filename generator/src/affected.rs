@@ -316,9 +316,13 @@ impl Impact<'_> {
     /// class that call the interface.
     fn rankings_changed(&mut self, class: &str, interface: &str) {
         let known = self.known;
+        // confirmations.toml: the end-to-end checks of flips, of any interface.
+        let every = format!("{interface}.toml") == crate::rankings::CONFIRMATIONS_FILE;
         for (i, k) in known.iter().enumerate() {
             let same_class = k.workload.as_ref().and_then(|w| w.target.hardware.as_deref()) == Some(class);
-            if same_class && all_interfaces(k).iter().any(|x| x == interface) {
+            if same_class && every {
+                self.regen(i, format!("the end-to-end checks of flips on {class} changed"));
+            } else if same_class && all_interfaces(k).iter().any(|x| x == interface) {
                 self.regen(i, format!("the rankings of {interface} on {class} changed"));
             }
         }

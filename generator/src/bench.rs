@@ -16,8 +16,9 @@ use serde::{Deserialize, Serialize};
 use crate::emit::harness;
 use crate::host::Host;
 use crate::plan::Plan;
-use crate::rankings::{self, BUILD_FLAGS, Record, Status, median_p90};
+use crate::rankings::{self, BUILD_FLAGS, Confirmation, Record, Status, median_p90};
 use crate::registry::Registry;
+use crate::workload::Workload;
 use crate::{Error, Project};
 
 /// How long to measure.
@@ -404,6 +405,11 @@ pub struct Options {
     pub only: Vec<String>,
     /// Measure and report, but leave rankings/ as it is.
     pub dry_run: bool,
+    /// Check each flip away from a measured incumbent end to end before `build` adopts it
+    /// (`--no-confirm` turns it off).
+    pub confirm: bool,
+    /// Rounds of that check.
+    pub confirm_rounds: usize,
     /// The crate whose choices the new ones are compared with, when it was named with
     /// `--crate` (default: generated/<name>/).
     pub crate_dir: Option<PathBuf>,
@@ -418,6 +424,8 @@ pub enum Progress<'a> {
     Rounds(usize),
     /// One round of this interface is done.
     Round(&'a str),
+    /// Building and timing the crate both ways for a flip of this interface.
+    Confirming(&'a str),
 }
 
 /// A choice that the new measurements change.
@@ -464,6 +472,12 @@ pub struct Report {
     /// benchmark template to time it.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub untimed: Vec<String>,
+    /// The flips this run checked end to end (written to the class's confirmations.toml).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub confirmations: Vec<rankings::Confirmation>,
+    /// Flips adopted without an end-to-end check, and why none could be made.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub not_confirmed: Vec<String>,
     pub dry_run: bool,
     /// Whether generated/ holds a crate of the workload to compare the choices with.
     #[serde(skip)]
@@ -586,7 +600,8 @@ pub fn bench(
         }
     }
     // What `build` will choose now (on this machine), against what the crate holds.
-    let new_plan = if options.dry_run {
+    let before = project.rankings.clone();
+    let mut new_plan = if options.dry_run {
         Project { rankings: updated, ..project.clone() }.plan_for(&here, path, &workload_crate)?
     } else {
         project.rankings = updated;
@@ -597,19 +612,42 @@ pub fn bench(
         None => crate::lock::locked_choices(&workload_crate),
         Some(_) => Default::default(),
     };
-    let choices_changed = new_plan
-        .interfaces
-        .iter()
-        .filter_map(|i| {
-            let old = locked.get(&i.interface)?;
-            (old != &i.chosen.name).then(|| Change {
-                interface: i.interface.clone(),
-                from: old.clone(),
-                to: i.chosen.name.clone(),
-                reason: i.chosen.reason.clone(),
-            })
-        })
-        .collect();
+    let mut choices_changed = changes(&new_plan, &locked);
+    // Each flip away from a measured incumbent is checked end to end before `build` adopts it.
+    let mut confirmations = Vec::new();
+    let mut not_confirmed = Vec::new();
+    if options.confirm && !options.dry_run && !choices_changed.is_empty() {
+        for change in &choices_changed {
+            let incumbent_measured = here.target.hardware.as_deref().is_some_and(|class| {
+                let (shapes, _) = rankings::records_shapes(&before, class, &change.interface, &here);
+                before
+                    .records(class, &change.interface)
+                    .iter()
+                    .any(|r| r.shapes == shapes && r.implementation == change.from)
+            });
+            if !incumbent_measured {
+                continue;
+            }
+            if let Some(why) = unconfirmable(&here) {
+                not_confirmed.push(format!("{} → {} of {}: {why}", change.from, change.to, change.interface));
+                continue;
+            }
+            progress(Progress::Confirming(&change.interface));
+            let confirmation =
+                confirm(project, &here, path, &workload_crate, change, &host, options.confirm_rounds.max(3))?;
+            project.rankings.replace_confirmation(&class, confirmation.clone());
+            confirmations.push(confirmation);
+        }
+        if !confirmations.is_empty() {
+            let (rel, text) = project.rankings.render_confirmations(&class);
+            let file = project.rankings_dir.join(&rel);
+            if crate::write::write_file(&file, text.as_bytes())? {
+                written.push(crate::shown(&file));
+            }
+            new_plan = project.plan_for(&here, path, &workload_crate)?;
+            choices_changed = changes(&new_plan, &locked);
+        }
+    }
     let measurements = new_plan
         .interfaces
         .iter()
@@ -634,11 +672,180 @@ pub fn bench(
         rankings_written: written,
         choices_changed,
         untimed,
+        confirmations,
+        not_confirmed,
         dry_run: options.dry_run,
         has_crate: !locked.is_empty(),
         crate_dir: options.crate_dir.clone(),
         rankings_shown: crate::shown(&project.rankings_dir),
     })
+}
+
+/// The choices of `plan` that differ from the crate's (`locked`).
+fn changes(plan: &Plan, locked: &BTreeMap<String, String>) -> Vec<Change> {
+    plan.interfaces
+        .iter()
+        .filter_map(|i| {
+            let old = locked.get(&i.interface)?;
+            (old != &i.chosen.name).then(|| Change {
+                interface: i.interface.clone(),
+                from: old.clone(),
+                to: i.chosen.name.clone(),
+                reason: i.chosen.reason.clone(),
+            })
+        })
+        .collect()
+}
+
+/// Why a flip of `w` cannot be checked end to end, if it cannot: the check runs the crate's
+/// binary on one sequence, which is a decoder's typical request only where it decodes one at a
+/// time.
+fn unconfirmable(w: &Workload) -> Option<String> {
+    match &w.request {
+        crate::workload::Request::Encoder(_) => {
+            Some("an encoder's crate is not timed end to end yet; adopted on the kernels' records".into())
+        }
+        crate::workload::Request::Decoder(r) if r.max_batch > 1 => Some(format!(
+            "the end-to-end check runs one sequence, and this workload decodes {} at once; adopted on the kernels' records",
+            r.max_batch
+        )),
+        crate::workload::Request::Decoder(_) => None,
+    }
+}
+
+/// Checks `change` end to end: builds the crate of `w` twice, with the incumbent and with the
+/// challenger for its interface (every other choice as `build` now makes it), runs both on
+/// synthetic weights at the workload's typical request in interleaved rounds (every other
+/// round in reverse order), and judges them by the flip rule.
+fn confirm(
+    project: &Project,
+    w: &Workload,
+    path: &Path,
+    crate_dir: &Path,
+    change: &Change,
+    host: &Host,
+    rounds: usize,
+) -> Result<Confirmation, Error> {
+    let crate::workload::Request::Decoder(request) = &w.request else {
+        unreachable!("unconfirmable() turns encoders away");
+    };
+    let dir = bench_dir(project).join("confirm").join(&w.name);
+    let target = bench_target_dir(project).join("confirm");
+    let mut binaries = Vec::new();
+    let mut imps = Vec::new();
+    for (side, name) in [("from", &change.from), ("to", &change.to)] {
+        let forced = [(change.interface.clone(), name.clone())].into();
+        let mut plan = project.plan_forced(w, path, crate_dir, forced)?;
+        let chosen = plan.interface(&change.interface).map(|i| i.chosen.name.clone());
+        if chosen.as_deref() != Some(name.as_str()) {
+            return Err(Error::Refused(format!(
+                "cannot build {} with {} {name} to check the flip: it is not a valid competitor",
+                w.name, change.interface
+            )));
+        }
+        let element = plan.interface(&change.interface).and_then(|i| i.element.clone());
+        let imp = project
+            .registry
+            .implementation(&change.interface, name, element.as_deref())
+            .ok_or_else(|| Error::Refused(format!("{} {name} is not in the registry", change.interface)))?;
+        imps.push(imp.clone());
+        // Two packages in one target folder need two names.
+        plan.name = format!("{}-{side}", w.name);
+        let output = project.emit(&plan)?;
+        let out = dir.join(side);
+        crate::write::write(&out, &output, true)?;
+        seed_lock(project, &out)?;
+        binaries.push(build_release(&out, &target, &plan.name)?);
+    }
+    let model = dir.join("model");
+    if !model.join("model.safetensors").is_file() || !model.join("config.json").is_file() {
+        crate::synth::write_model_dir(w, &model, 1)?;
+    }
+    let vocab = w.llama().vocab_size;
+    let prompt_len = request.typical_prompt_len.min(request.max_seq_len.saturating_sub(1)).max(1);
+    let ids: Vec<String> = (0..prompt_len).map(|i| (1 + (i * 7919) % (vocab - 1)).to_string()).collect();
+    let ids = ids.join(",");
+    let decode_len = request.typical_decode_len.max(1);
+    let mut times: [Vec<u64>; 2] = [Vec::new(), Vec::new()];
+    for round in 0..rounds {
+        let order: [usize; 2] = if round % 2 == 0 { [0, 1] } else { [1, 0] };
+        for side in order {
+            times[side].push(time_request(&binaries[side], &model, &ids, decode_len)?);
+        }
+    }
+    let verdict = rankings::judge_rounds(&times[1], &times[0]);
+    let registry = &project.registry;
+    let evidence =
+        rankings::evidence(&project.rankings, registry, &change.interface, &[&imps[0], &imps[1]], w);
+    let kernel_ratio = match (evidence[0].fresh_distribution(), evidence[1].fresh_distribution()) {
+        (Some(from), Some(to)) if from.median_ns > 0.0 => to.median_ns / from.median_ns,
+        _ => 0.0,
+    };
+    let [from_rounds_ns, to_rounds_ns] = times;
+    Ok(Confirmation {
+        interface: change.interface.clone(),
+        shapes: rankings::shapes_signature(w),
+        from: change.from.clone(),
+        from_source_sha256: rankings::measured_source_sha256(&imps[0], registry),
+        to: change.to.clone(),
+        to_source_sha256: rankings::measured_source_sha256(&imps[1], registry),
+        cpu: host.cpu.clone(),
+        cores: host.cores,
+        rustc: host.rustc.clone(),
+        measured_at: now_utc(),
+        confirmed: verdict.beats,
+        kernel_ratio,
+        crate_ratio: verdict.ratio,
+        margin: verdict.margin,
+        from_rounds_ns,
+        to_rounds_ns,
+    })
+}
+
+/// Builds a generated crate in release (its own profile) into `target`; returns its binary.
+fn build_release(crate_dir: &Path, target: &Path, name: &str) -> Result<PathBuf, Error> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let out = Command::new(&cargo)
+        .args(["build", "--release", "--quiet", "--manifest-path"])
+        .arg(crate_dir.join("Cargo.toml"))
+        .env("CARGO_TARGET_DIR", target)
+        .env_remove("RUSTFLAGS")
+        .env_remove("CARGO_ENCODED_RUSTFLAGS")
+        .output()
+        .map_err(|e| Error::Refused(format!("cannot run `{cargo}` to build {}: {e}", crate_dir.display())))?;
+    if !out.status.success() {
+        return Err(Error::Refused(format!(
+            "the crate in {} does not compile:\n{}",
+            crate_dir.display(),
+            String::from_utf8_lossy(&out.stderr).trim_end()
+        )));
+    }
+    Ok(target.join("release").join(format!("{name}{}", std::env::consts::EXE_SUFFIX)))
+}
+
+/// Nanoseconds of one typical request of the crate binary `exe` on `model`: its prefill of the
+/// prompt `ids` plus `decode_len` decode steps at the time per step it reports (a synthetic
+/// model may stop early at its end-of-sequence token).
+fn time_request(exe: &Path, model: &Path, ids: &str, decode_len: usize) -> Result<u64, Error> {
+    let out = Command::new(exe)
+        .arg("--model")
+        .arg(model)
+        .args(["--prompt-ids", ids, "--max-tokens", &decode_len.to_string(), "--json"])
+        .output()
+        .map_err(|e| Error::Refused(format!("cannot run {}: {e}", exe.display())))?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let report: Option<serde_json::Value> = text.lines().last().and_then(|l| serde_json::from_str(l).ok());
+    let (Some(report), true) = (report, out.status.success()) else {
+        return Err(Error::Refused(format!(
+            "{} failed on synthetic weights: {}",
+            exe.display(),
+            String::from_utf8_lossy(&out.stderr).trim_end()
+        )));
+    };
+    let ms = |key: &str| report[key].as_f64().unwrap_or(0.0);
+    let generated = report["generated_ids"].as_array().map_or(0, Vec::len).max(1);
+    let per_step = ms("decode_ms") / generated as f64;
+    Ok(((ms("prefill_ms") + per_step * decode_len as f64) * 1e6).round() as u64)
 }
 
 impl Report {
@@ -746,6 +953,25 @@ impl Report {
                 "{shown} {named}; these measurements are this machine's (`{class}`). A workload with `hardware = \"{class}\"` in its [target] (`monogen init --hardware this`) uses them; * marks what it would choose\n"
             ));
             return s;
+        }
+        for c in &self.confirmations {
+            let (from, to) = c.medians_ns();
+            s.push_str(&format!(
+                "{}: {} → {} checked end to end (the crate built both ways, {} rounds on synthetic weights): {} per request against {} ({:.3}x round by round, margin {:.0}%; the kernels {:.3}x): {}\n",
+                c.interface,
+                c.from,
+                c.to,
+                c.to_rounds_ns.len(),
+                crate::plan::human_ns(to),
+                crate::plan::human_ns(from),
+                c.crate_ratio,
+                100.0 * c.margin,
+                c.kernel_ratio,
+                if c.confirmed { "confirmed" } else { "not confirmed, so the crate keeps its choice" }
+            ));
+        }
+        for note in &self.not_confirmed {
+            s.push_str(&format!("not checked end to end: {note}\n"));
         }
         if !self.has_crate {
             let folder = match &self.crate_dir {

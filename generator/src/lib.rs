@@ -141,9 +141,22 @@ impl Project {
     /// Resolves a workload whose crate lives in `out_dir`: the choices recorded in its
     /// monogen.lock are the incumbents of measured rankings.
     pub fn plan_for(&self, workload: &Workload, path: &Path, out_dir: &Path) -> Result<Plan, Error> {
+        self.plan_forced(workload, path, out_dir, Default::default())
+    }
+
+    /// [`Project::plan_for`] with the choices `forced` (interface → implementation) made
+    /// whatever the rankings say: a crate built both ways to confirm a flip.
+    pub fn plan_forced(
+        &self,
+        workload: &Workload,
+        path: &Path,
+        out_dir: &Path,
+        forced: std::collections::BTreeMap<String, String>,
+    ) -> Result<Plan, Error> {
         let selection = resolve::Selection {
             rankings: self.rankings.clone(),
             incumbents: check::locked_choices(out_dir),
+            forced,
         };
         Ok(resolve::resolve(workload, &self.registry, &selection, path)?)
     }

@@ -99,6 +99,13 @@ enum Command {
         /// Measure and report, but do not write rankings/.
         #[arg(long)]
         dry_run: bool,
+        /// Adopt a flip on the kernels' records alone: skip building the crate both ways and
+        /// timing it end to end, which `bench` otherwise does for each choice it changes.
+        #[arg(long)]
+        no_confirm: bool,
+        /// Interleaved rounds of that end-to-end check.
+        #[arg(long, default_value_t = 7, value_name = "N", value_parser = clap::value_parser!(u64).range(3..=1000))]
+        confirm_rounds: u64,
         /// Only write and compile each workload's benchmark harness and print the path of its
         /// executable; measure nothing (bench/same_harness.sh compares two trees' harnesses).
         #[arg(long, conflicts_with_all = ["dry_run", "json", "interfaces"])]
@@ -336,6 +343,8 @@ fn run(cli: Cli) -> Result<ExitCode, Error> {
             warm_up,
             min_sample_us,
             dry_run,
+            no_confirm,
+            confirm_rounds,
             interfaces,
             ..
         } => {
@@ -347,6 +356,8 @@ fn run(cli: Cli) -> Result<ExitCode, Error> {
                 },
                 only: interfaces,
                 dry_run,
+                confirm: !no_confirm,
+                confirm_rounds: confirm_rounds as usize,
                 crate_dir: None,
             };
             let project = project(cli.root, cli.rankings)?;
@@ -520,6 +531,10 @@ fn bench(
                 bar.set_message(format!("{}: {interface}", shown(path)));
                 bar.inc(1);
             }
+            Progress::Confirming(interface) => bar.set_message(format!(
+                "{}: checking the flip of {interface} end to end (building the crate both ways)",
+                shown(path)
+            )),
         })?;
         bar.finish_and_clear();
         if !json {

@@ -268,6 +268,24 @@ pub fn judge(challenger: &Record, incumbent: &Record) -> Verdict {
     Verdict { beats: beats(&c, &i), ratio, margin: noise_margin(&c, &i), paired_rounds: 0 }
 }
 
+/// The flip rule on two series of times measured round by round (one crate against another,
+/// end to end): `challenger`'s round over `incumbent`'s, with [`judge`]'s margin.
+pub fn judge_rounds(challenger: &[u64], incumbent: &[u64]) -> Verdict {
+    let ratios: Vec<f64> = challenger
+        .iter()
+        .zip(incumbent)
+        .filter(|(_, i)| **i > 0)
+        .map(|(&c, &i)| c as f64 / i as f64)
+        .collect();
+    if ratios.is_empty() {
+        return Verdict { beats: false, ratio: 1.0, margin: MAX_MARGIN, paired_rounds: 0 };
+    }
+    let (median, p90) = median_p90(&ratios);
+    let spread = if median > 0.0 { ((p90 - median) / median).max(0.0) } else { 0.0 };
+    let margin = MIN_MARGIN.max(spread).min(MAX_MARGIN);
+    Verdict { beats: median * (1.0 + margin) < 1.0, ratio: median, margin, paired_rounds: ratios.len() }
+}
+
 /// The median and 90th percentile (nearest rank) of `values`.
 pub fn median_p90(values: &[f64]) -> (f64, f64) {
     if values.is_empty() {
@@ -453,12 +471,86 @@ fn dependency_changes(was: &[String], now: &[String]) -> Vec<String> {
     out
 }
 
+/// The file of a class's end-to-end confirmations, beside the records of its interfaces.
+pub const CONFIRMATIONS_FILE: &str = "confirmations.toml";
+
+/// One end-to-end check of a flip that the kernels' records propose: the crate built with the
+/// incumbent and with the challenger, everything else as `build` would choose, each timed on
+/// synthetic weights at the workload's typical request, in interleaved rounds, and judged by
+/// the flip rule ([`judge_rounds`]). A flip whose crate is not faster is not adopted.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Confirmation {
+    // The key.
+    pub interface: String,
+    /// [`shapes_signature`] of the workload whose crate was built.
+    pub shapes: String,
+    /// The incumbent (the crate's choice) and [`measured_source_sha256`] of it.
+    pub from: String,
+    pub from_source_sha256: String,
+    /// The challenger the kernels' records favour, and its source hash.
+    pub to: String,
+    pub to_source_sha256: String,
+    pub cpu: String,
+    pub cores: usize,
+    pub rustc: String,
+    pub measured_at: String,
+    // The result.
+    /// Whether the crate with `to` beat the crate with `from` by the flip rule.
+    pub confirmed: bool,
+    /// The kernels' figure: `to`'s time over `from`'s, as their records compared.
+    pub kernel_ratio: f64,
+    /// The crates' figure: `to`'s time over `from`'s, the median of the rounds' ratios.
+    pub crate_ratio: f64,
+    /// The noise margin `crate_ratio` had to clear.
+    pub margin: f64,
+    /// Nanoseconds of one typical request (prefill of the typical prompt, the typical number
+    /// of decode steps) of each crate, round by round.
+    pub from_rounds_ns: Vec<u64>,
+    pub to_rounds_ns: Vec<u64>,
+}
+
+impl Confirmation {
+    /// Whether this is the check of `from` → `to` for `interface` at `shapes`, as the registry
+    /// has them now.
+    pub fn is_of(
+        &self,
+        interface: &str,
+        shapes: &str,
+        from: &Implementation,
+        to: &Implementation,
+        registry: &Registry,
+    ) -> bool {
+        self.interface == interface
+            && self.shapes == shapes
+            && self.from == from.name
+            && self.to == to.name
+            && self.from_source_sha256 == measured_source_sha256(from, registry)
+            && self.to_source_sha256 == measured_source_sha256(to, registry)
+    }
+
+    /// The medians of the two crates' rounds.
+    pub fn medians_ns(&self) -> (f64, f64) {
+        let median = |v: &[u64]| median_p90(&v.iter().map(|&t| t as f64).collect::<Vec<_>>()).0;
+        (median(&self.from_rounds_ns), median(&self.to_rounds_ns))
+    }
+}
+
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ConfirmationFile {
+    #[serde(default)]
+    confirmation: Vec<Confirmation>,
+}
+
 /// Every record of the repository: hardware class → interface → records.
 #[derive(Debug, Clone, Default)]
 pub struct Rankings {
     pub classes: BTreeMap<String, BTreeMap<String, Vec<Record>>>,
     /// What a fresh record must have been measured with ([`Current::read`]).
     pub current: Current,
+    /// Hardware class → its end-to-end confirmations of flips.
+    pub confirmations: BTreeMap<String, Vec<Confirmation>>,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -491,6 +583,26 @@ impl Rankings {
                 }
                 let interface = path.file_stem().unwrap_or_default().to_string_lossy().into_owned();
                 let text = std::fs::read_to_string(&path).map_err(|e| Error::io(&path, e))?;
+                if path.file_name().is_some_and(|n| n == CONFIRMATIONS_FILE) {
+                    match toml::from_str::<ConfirmationFile>(&text) {
+                        Ok(file) => {
+                            rankings.confirmations.insert(class_name.clone(), file.confirmation);
+                        }
+                        Err(e) => {
+                            let shown = crate::shown(&path);
+                            let mut d =
+                                Diagnostic::new(format!("{shown} cannot be read: {}", e.message().trim()))
+                                    .in_file(Path::new(&shown), &std::sync::Arc::from(text.as_str()));
+                            if let Some(span) = e.span() {
+                                d = d.primary(span, "here");
+                            }
+                            problems.push(
+                                d.hint("fix the file by hand, or delete it and run `monogen bench` again"),
+                            );
+                        }
+                    }
+                    continue;
+                }
                 match parse_file(&text, Path::new(&crate::shown(&path))) {
                     Ok(records) => {
                         rankings.classes.entry(class_name.clone()).or_default().insert(interface, records);
@@ -530,6 +642,46 @@ impl Rankings {
                 .then_with(|| a.implementation.cmp(&b.implementation))
                 .then_with(|| a.element.cmp(&b.element))
         });
+    }
+
+    /// The confirmation of `from` → `to` for `interface` of a workload of `shapes` on `class`,
+    /// if one was made with the sources the registry has now.
+    pub fn confirmation(
+        &self,
+        class: &str,
+        interface: &str,
+        shapes: &str,
+        from: &Implementation,
+        to: &Implementation,
+        registry: &Registry,
+    ) -> Option<&Confirmation> {
+        self.confirmations.get(class)?.iter().find(|c| c.is_of(interface, shapes, from, to, registry))
+    }
+
+    /// Adds `new` to `class`'s confirmations in place of any of the same flip at the same shapes.
+    pub fn replace_confirmation(&mut self, class: &str, new: Confirmation) {
+        let list = self.confirmations.entry(class.to_string()).or_default();
+        list.retain(|c| {
+            !(c.interface == new.interface && c.shapes == new.shapes && c.from == new.from && c.to == new.to)
+        });
+        list.push(new);
+        list.sort_by(|a, b| {
+            (&a.shapes, &a.interface, &a.from, &a.to).cmp(&(&b.shapes, &b.interface, &b.from, &b.to))
+        });
+    }
+
+    /// The path (relative to the database's folder) and text of `class`'s confirmations.
+    pub fn render_confirmations(&self, class: &str) -> (PathBuf, String) {
+        let path = Path::new(class).join(CONFIRMATIONS_FILE);
+        let file =
+            ConfirmationFile { confirmation: self.confirmations.get(class).cloned().unwrap_or_default() };
+        let body = toml::to_string(&file).expect("confirmations always serialize");
+        let text = format!(
+            "# End-to-end checks of flips on hardware class `{class}`, written by `monogen bench`: the crate\n\
+             # built with the incumbent and with the challenger its kernels' records favour, each timed on\n\
+             # synthetic weights. A flip whose crate is not faster is not adopted (docs/rankings.md).\n\n{body}"
+        );
+        (path, text)
     }
 
     /// The path (relative to the database's folder) and text of the file for `interface` on

@@ -147,6 +147,9 @@ pub struct Selection {
     pub rankings: Rankings,
     /// Interface → implementation chosen by the previous generation (from its monogen.lock).
     pub incumbents: BTreeMap<String, String>,
+    /// Interface → implementation to choose whatever the rankings say, where it is a valid
+    /// competitor: how `bench` builds a crate both ways to confirm a flip end to end.
+    pub forced: BTreeMap<String, String>,
 }
 
 /// Resolves `w` against `registry`. `path` is the workload file, for error messages.
@@ -306,12 +309,19 @@ fn choose(
     let unmeasured = field.unmeasured(w);
     let basis = field.basis();
     // (winner, reason) and, for losers, the reason they lost.
-    let (winner, reason) = if field.valid.len() <= 1 {
+    let forced =
+        selection.forced.get(interface).and_then(|name| field.valid.iter().find(|i| &i.name == name));
+    let (winner, reason) = if let Some(forced) = forced {
+        (
+            Some(*forced),
+            "chosen by `monogen bench` to time the crate both ways (a flip's end-to-end check)".to_string(),
+        )
+    } else if field.valid.len() <= 1 {
         field.only_candidate()
     } else if field.measured.is_empty() {
         field.highest_priority()
     } else {
-        let (winner, reason) = field.fastest_measured(selection);
+        let (winner, reason) = field.fastest_measured(selection, registry);
         (Some(winner), reason)
     };
     let candidates: Vec<Candidate> = imps
@@ -347,6 +357,8 @@ struct Field<'a> {
     /// Where a batched decoder's row-batched interface is ranked by records of one row per
     /// decode step (none at its batch yet on its class): the words that say so.
     at_one_row: Option<String>,
+    /// The workload's shape signature, which confirmations are keyed by.
+    shapes: String,
     /// How many competitors failed against the reference.
     failed: usize,
     /// `failed` in parentheses, with a space before; empty where none failed.
@@ -413,6 +425,7 @@ impl<'a> Field<'a> {
             counted,
             in_parentheses,
             class: w.target.hardware.as_deref(),
+            shapes: rankings::shapes_signature(w),
             failed,
             failed_note,
         }
@@ -500,7 +513,7 @@ impl<'a> Field<'a> {
 
     /// The winner and its reason where several candidates are valid and some are measured: the
     /// fastest, unless the incumbent of `selection` is within the noise of it.
-    fn fastest_measured(&self, selection: &Selection) -> (&'a Implementation, String) {
+    fn fastest_measured(&self, selection: &Selection, registry: &Registry) -> (&'a Implementation, String) {
         let (measured, in_parentheses, failed_note) =
             (&self.measured, &self.in_parentheses, &self.failed_note);
         let fastest = measured
@@ -526,18 +539,44 @@ impl<'a> Field<'a> {
                 format!("{:.3}x its median", v.ratio)
             }
         };
+        // A flip that the crate, built both ways and timed end to end, did not confirm.
+        let confirmation = incumbent.filter(|inc| inc.0.name != fastest.0.name).and_then(|inc| {
+            selection.rankings.confirmation(class, self.interface, &self.shapes, inc.0, fastest.0, registry)
+        });
+        let crate_figure = |c: &rankings::Confirmation| {
+            let (from, to) = c.medians_ns();
+            format!(
+                "{} per request against {} ({:.3}x round by round over {} rounds, margin {:.0}%, {})",
+                human_ns(to),
+                human_ns(from),
+                c.crate_ratio,
+                c.to_rounds_ns.len(),
+                100.0 * c.margin,
+                c.measured_at
+            )
+        };
+        let refuted = confirmation.filter(|c| !c.confirmed);
         match (incumbent, verdict) {
-            (Some(inc), Some(v)) if inc.0.name != fastest.0.name && !v.beats => (
-                inc.0,
-                format!(
-                    "measured {} per request on {class}{in_parentheses}; {} measured {} ({}), a difference inside the noise margin ({:.0}%), so the previous choice stays",
-                    human_ns(inc.1.median_ns),
-                    fastest.0.name,
-                    human_ns(fastest.1.median_ns),
-                    by(&v),
-                    100.0 * v.margin
-                ),
-            ),
+            (Some(inc), Some(v)) if inc.0.name != fastest.0.name && (!v.beats || refuted.is_some()) => {
+                let why = match refuted {
+                    Some(c) if v.beats => format!(
+                        "beyond the noise margin ({:.0}%), but the crate built with it was not faster end to end: {}",
+                        100.0 * v.margin,
+                        crate_figure(c)
+                    ),
+                    _ => format!("a difference inside the noise margin ({:.0}%)", 100.0 * v.margin),
+                };
+                (
+                    inc.0,
+                    format!(
+                        "measured {} per request on {class}{in_parentheses}; {} measured {} ({}), {why}, so the previous choice stays",
+                        human_ns(inc.1.median_ns),
+                        fastest.0.name,
+                        human_ns(fastest.1.median_ns),
+                        by(&v),
+                    ),
+                )
+            }
             _ => {
                 let runner_up = measured
                     .iter()
@@ -554,10 +593,14 @@ impl<'a> Field<'a> {
                 };
                 let replaced = match (incumbent, verdict) {
                     (Some(inc), Some(v)) if inc.0.name != fastest.0.name => format!(
-                        "; it replaces {} ({}), beyond the noise margin ({:.0}%)",
+                        "; it replaces {} ({}), beyond the noise margin ({:.0}%){}",
                         inc.0.name,
                         by(&v),
-                        100.0 * v.margin
+                        100.0 * v.margin,
+                        match confirmation {
+                            Some(c) => format!(", confirmed by the crate end to end: {}", crate_figure(c)),
+                            None => String::new(),
+                        }
                     ),
                     _ => String::new(),
                 };
@@ -1018,6 +1061,7 @@ mod tests {
         Selection {
             rankings: r,
             incumbents: incumbent.map(|i| ("matmul".to_string(), i.to_string())).into_iter().collect(),
+            forced: BTreeMap::new(),
         }
     }
 

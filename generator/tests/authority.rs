@@ -12,8 +12,10 @@ use std::process::Command;
 
 use common::*;
 
-/// Quick timing: enough to tell a 7x difference, short enough for a test.
-const QUICK: &[&str] = &["--samples", "5", "--warm-up", "1", "--min-sample-us", "300"];
+/// Quick timing: enough to tell a 7x difference, short enough for a test. Flips are adopted on
+/// the kernels' records here; `a_flip_the_crate_does_not_confirm_end_to_end_is_not_adopted`
+/// tests their end-to-end check.
+const QUICK: &[&str] = &["--samples", "5", "--warm-up", "1", "--min-sample-us", "300", "--no-confirm"];
 
 fn bench(repo: &Path, extra: &[&str]) -> std::process::Output {
     let mut args = vec!["bench", WORKLOAD];
@@ -766,4 +768,87 @@ fn bench_says_what_build_will_choose_before_the_crate_exists() {
     assert!(monogen(repo.path(), &["build", WORKLOAD]).status.success());
     let out = bench(repo.path(), &["--interface", "rope"]);
     assert!(stdout(&out).contains("no choice of stories260k-cpu-f32 changes"), "{}", stdout(&out));
+}
+
+/// The stories15M decode-attention case (bench/history/2026-12-03_05.md): the kernels' records
+/// favoured a decode attention that the crate, built with it, did not run faster, and the flip
+/// had to be undone by hand. Here a record written by hand makes `attention_decode/scalar` five
+/// times faster than the crate's choice by its kernel time, which no crate confirms: `bench`
+/// builds the crate both ways, times them end to end, records that the flip is not confirmed,
+/// and `build` keeps the choice, saying both figures.
+#[test]
+fn a_flip_the_crate_does_not_confirm_end_to_end_is_not_adopted() {
+    let repo = measured_repo();
+    let w = "workloads/stories15m-bench-cpu-f32.toml";
+    std::fs::write(repo.path().join(w), for_this_class(w)).unwrap();
+    let class = monogen::host::this_class();
+    let mut args = vec!["bench", w, "--interface", "attention_decode"];
+    args.extend_from_slice(QUICK);
+    let out = monogen(repo.path(), &args);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(monogen(repo.path(), &["build", w]).status.success());
+    let crate_dir = repo.path().join("generated/stories15m-bench-cpu-f32");
+    let incumbent = monogen::check::locked_choices(&crate_dir)["attention_decode"].clone();
+    assert_ne!(incumbent, "scalar");
+
+    // The kernels' records now say scalar is 5x faster than the incumbent.
+    let file = repo.path().join(format!("rankings/{class}/attention_decode.toml"));
+    let mut db: toml::Table = toml::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
+    let records = db.get_mut("record").unwrap().as_array_mut().unwrap();
+    let newest = records.iter().map(|r| r["measured_at"].as_str().unwrap().to_string()).max().unwrap();
+    let of = |records: &[toml::Value], name: &str| {
+        records.iter().position(|r| {
+            r["implementation"].as_str() == Some(name) && r["measured_at"].as_str() == Some(&newest)
+        })
+    };
+    let inc = records[of(records, &incumbent).expect("the incumbent was measured")].clone();
+    let scalar = of(records, "scalar").expect("scalar competes");
+    let fifth = |v: &toml::Value| toml::Value::Integer(v.as_integer().unwrap() / 5);
+    for key in ["median_ns", "p90_ns", "prefill_median_ns", "decode_median_ns"] {
+        records[scalar].as_table_mut().unwrap().insert(key.into(), fifth(&inc[key]));
+    }
+    let rounds: Vec<toml::Value> = inc["rounds_ns"].as_array().unwrap().iter().map(fifth).collect();
+    records[scalar].as_table_mut().unwrap().insert("rounds_ns".into(), toml::Value::Array(rounds));
+    std::fs::write(&file, toml::to_string(&db).unwrap()).unwrap();
+    let check = stdout(&monogen(repo.path(), &["check", w]));
+    assert!(
+        check.contains(&format!("attention_decode: the choice changed from {incumbent} 1.0.0 to scalar")),
+        "without an end-to-end check, the kernels' records decide: {check}"
+    );
+
+    // A bench of another interface checks the pending flip end to end.
+    let mut args = vec!["bench", w, "--interface", "rope", "--samples", "5", "--confirm-rounds", "3"];
+    args.extend_from_slice(&["--warm-up", "1", "--min-sample-us", "300"]);
+    let out = monogen(repo.path(), &args);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let report = stdout(&out);
+    eprintln!("{report}");
+    assert!(
+        report.contains(&format!(
+            "attention_decode: {incumbent} → scalar checked end to end (the crate built both ways, 3 rounds"
+        )) && report.contains("not confirmed, so the crate keeps its choice"),
+        "{report}"
+    );
+    let confirmations =
+        std::fs::read_to_string(repo.path().join(format!("rankings/{class}/confirmations.toml"))).unwrap();
+    let confirmations: toml::Table = toml::from_str(&confirmations).unwrap();
+    let c = &confirmations["confirmation"].as_array().unwrap()[0];
+    assert_eq!(
+        (c["from"].as_str(), c["to"].as_str(), c["confirmed"].as_bool()),
+        (Some(incumbent.as_str()), Some("scalar"), Some(false))
+    );
+    assert!(c["kernel_ratio"].as_float().unwrap() < 0.25, "{c}");
+    assert!(
+        c["crate_ratio"].as_float().unwrap() > 0.0 && c["from_rounds_ns"].as_array().unwrap().len() == 3,
+        "{c}"
+    );
+
+    // build keeps the incumbent, and explain gives both figures.
+    let check = stdout(&monogen(repo.path(), &["check", w]));
+    assert!(!check.contains("attention_decode: the choice changed"), "{check}");
+    assert!(monogen(repo.path(), &["build", w]).status.success());
+    assert_eq!(monogen::check::locked_choices(&crate_dir)["attention_decode"], incumbent);
+    let explain = stdout(&monogen(repo.path(), &["explain", w]));
+    let line = explain.lines().find(|l| l.contains("but the crate built with it was not faster end to end"));
+    eprintln!("{}", line.unwrap_or_else(|| panic!("{explain}")));
 }
