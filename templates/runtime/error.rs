@@ -21,6 +21,10 @@ pub enum Error {
     /// The weights file is not a well-formed safetensors file.
     #[error("{} is not a valid safetensors file: {reason}", path.display())]
     InvalidWeights { path: PathBuf, reason: String },
+    /// The files of a checkpoint do not fit together: a sharded checkpoint's index and its
+    /// shards, or names that give one tensor twice.
+    #[error("{}: {reason}", path.display())]
+    InvalidCheckpoint { path: PathBuf, reason: String },
     /// A tensor the model needs is not in the weights file.
     #[error("tensor `{name}` is missing from {}", path.display())]
     MissingTensor { path: PathBuf, name: String },
@@ -74,6 +78,7 @@ impl Error {
             Error::UnsupportedCpu { .. } => 4,
             Error::Io { .. }
             | Error::InvalidWeights { .. }
+            | Error::InvalidCheckpoint { .. }
             | Error::MissingTensor { .. }
             | Error::WrongArchitecture { .. }
             | Error::WrongShape { .. }

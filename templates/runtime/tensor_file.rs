@@ -1,6 +1,11 @@
 //! Memory-mapped safetensors. The `safetensors` crate checks the header (size, JSON, offsets
 //! inside the file, no overlaps); this module checks every tensor the model reads for its
 //! name, dtype and shape before handing out a slice of it.
+//!
+//! A checkpoint comes as Hugging Face writes it: one `model.safetensors`, or shards listed by
+//! `model.safetensors.index.json`; its tensors' names with the prefix of the model class that
+//! saved it or without (`model.` of a LLaMA, `bert.` of a BERT), which [`canonical_names`]
+//! maps to the names the crate reads.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs::File;
@@ -20,6 +25,9 @@ const PACKED: &str = ".packed";
 /// of the crate that saved it), as UTF-8 bytes (`U8`). A tensor rather than metadata: the header
 /// keeps a single metadata entry, so that a save is the same byte for byte every time.
 const PACKED_LAYOUT: &str = "monogen.packed_layout";
+
+/// The index of a sharded checkpoint, in the model directory in place of `model.safetensors`.
+const INDEX: &str = "model.safetensors.index.json";
 
 /// A safetensors file mapped into memory, with its table of tensors.
 pub struct TensorFile {
@@ -107,8 +115,95 @@ pub struct Storage {
 }
 
 impl TensorFile {
-    /// Maps `path` and reads its header.
+    /// Maps `path` and reads its header; where `path` does not exist and the index of a sharded
+    /// checkpoint does beside it, reads the shards it lists ([`TensorFile::open_sharded`]).
     pub fn open(path: &Path) -> Result<TensorFile, Error> {
+        let index = path.with_file_name(INDEX);
+        if !path.exists() && index.is_file() {
+            return TensorFile::open_sharded(&index);
+        }
+        let (map, entries) = TensorFile::map_file(path)?;
+        let entries =
+            canonical_names(entries).map_err(|reason| Error::InvalidCheckpoint { path: path.to_path_buf(), reason })?;
+        Ok(TensorFile { path: path.to_path_buf(), map, entries, used: BTreeSet::new(), pages: Vec::new(), saved: None })
+    }
+
+    /// The shards that the index at `index` lists, read into one block of memory (each shard
+    /// at a multiple of 64 bytes, so that a tensor keeps its alignment), as one file: every
+    /// tensor at most once, in the shard the index names. A shard that is missing, or that
+    /// holds a tensor twice over, is an error naming it. The copy costs a read of the whole
+    /// checkpoint at every start; `--save-model` writes the single file that later runs map.
+    pub fn open_sharded(index: &Path) -> Result<TensorFile, Error> {
+        let invalid = |path: &Path, reason: String| Error::InvalidCheckpoint { path: path.to_path_buf(), reason };
+        let text = std::fs::read_to_string(index).map_err(|source| Error::Io { path: index.to_path_buf(), source })?;
+        #[derive(serde::Deserialize)]
+        struct Index {
+            weight_map: BTreeMap<String, String>,
+        }
+        let parsed: Index = serde_json::from_str(&text).map_err(|e| invalid(index, format!("not a shard index: {e}")))?;
+        let mut shards: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+        for (tensor, shard) in &parsed.weight_map {
+            shards.entry(shard.as_str()).or_default().push(tensor.as_str());
+        }
+        if shards.is_empty() {
+            return Err(invalid(index, "its weight_map lists no tensor".into()));
+        }
+        let dir = index.parent().unwrap_or(Path::new("."));
+        let mut mapped = Vec::new();
+        for (shard, tensors) in &shards {
+            if shard.is_empty() || shard.contains(['/', '\\']) || *shard == ".." {
+                return Err(invalid(index, format!("shard `{shard}` is not a file name in the model directory")));
+            }
+            let path = dir.join(shard);
+            if !path.is_file() {
+                return Err(invalid(
+                    index,
+                    format!("shard `{shard}` is missing (the index places {} tensor(s) there, `{}` first)", tensors.len(), tensors[0]),
+                ));
+            }
+            mapped.push((path.clone(), TensorFile::map_file(&path)?));
+        }
+        let total = mapped.iter().map(|(_, (map, _))| map.len().next_multiple_of(64)).sum::<usize>();
+        let io = |source| Error::Io { path: index.to_path_buf(), source };
+        let mut block = MmapMut::map_anon(total.max(1)).map_err(io)?;
+        // Huge pages when the kernel grants them; the copy works either way.
+        #[cfg(target_os = "linux")]
+        let _ = block.advise(memmap2::Advice::HugePage);
+        let mut entries: BTreeMap<String, Entry> = BTreeMap::new();
+        let mut found_in: BTreeMap<String, PathBuf> = BTreeMap::new();
+        let mut base = 0;
+        for (path, (map, shard_entries)) in &mapped {
+            block[base..base + map.len()].copy_from_slice(map);
+            let shard = path.file_name().unwrap_or_default().to_string_lossy();
+            for (name, entry) in shard_entries {
+                if let Some(first) = found_in.get(name) {
+                    let first = first.file_name().unwrap_or_default().to_string_lossy();
+                    return Err(invalid(path, format!("tensor `{name}` is also in shard `{first}`: a checkpoint holds each tensor once")));
+                }
+                match parsed.weight_map.get(name) {
+                    Some(listed) if *listed == shard => {}
+                    Some(listed) => {
+                        return Err(invalid(path, format!("holds tensor `{name}`, which the index places in shard `{listed}`")));
+                    }
+                    None => return Err(invalid(path, format!("holds tensor `{name}`, which the index does not list"))),
+                }
+                found_in.insert(name.clone(), path.clone());
+                let bytes = base + entry.bytes.start..base + entry.bytes.end;
+                entries.insert(name.clone(), Entry { dtype: entry.dtype, shape: entry.shape.clone(), bytes });
+            }
+            base += map.len().next_multiple_of(64);
+        }
+        if let Some((name, shard)) = parsed.weight_map.iter().find(|(name, _)| !found_in.contains_key(*name)) {
+            return Err(invalid(index, format!("lists tensor `{name}` in shard `{shard}`, which does not hold it")));
+        }
+        let map = block.make_read_only().map_err(io)?;
+        let entries = canonical_names(entries).map_err(|reason| invalid(index, reason))?;
+        Ok(TensorFile { path: index.to_path_buf(), map, entries, used: BTreeSet::new(), pages: Vec::new(), saved: None })
+    }
+
+    /// Maps the safetensors file at `path`: the mapping, and each tensor's dtype, shape and byte
+    /// range in it.
+    fn map_file(path: &Path) -> Result<(Mmap, BTreeMap<String, Entry>), Error> {
         let io = |source| Error::Io { path: path.to_path_buf(), source };
         let file = File::open(path).map_err(io)?;
         // SAFETY: the file is mapped read-only. Like every memory-mapped loader, this assumes
@@ -141,14 +236,7 @@ impl TensorFile {
             };
             entries.insert(name.to_string(), entry);
         }
-        Ok(TensorFile {
-            path: path.to_path_buf(),
-            map,
-            entries,
-            used: BTreeSet::new(),
-            pages: Vec::new(),
-            saved: None,
-        })
+        Ok((map, entries))
     }
 
     /// The same file, keeping a copy of each tensor it hands out, as the model holds it, for
@@ -450,7 +538,8 @@ pub fn save_model(
     }
     for entry in std::fs::read_dir(dir).map_err(io(dir))? {
         let path = entry.map_err(io(dir))?.path();
-        if path.is_file() && path.extension().is_some_and(|e| e == "json") {
+        // A sharded checkpoint's index stays behind: `out` gets one file, which it maps.
+        if path.is_file() && path.extension().is_some_and(|e| e == "json") && !path.ends_with(INDEX) {
             // Read and written rather than copied, so that `out` gets files it can write again
             // (a copy keeps the permissions of read-only models).
             let to = out.join(path.file_name().expect("a file read from a directory has a name"));
@@ -489,6 +578,33 @@ fn f16_to_f32(bits: u16) -> f32 {
     } else {
         f32::NAN
     }
+}
+
+/// The tensors of a checkpoint under the names this crate reads: a BERT checkpoint saved with
+/// its task head (`BertForMaskedLM` and the like) prefixes its encoder's names with `bert.`,
+/// and a LLaMA saved without its head (`LlamaModel`) leaves out the `model.` that
+/// `LlamaForCausalLM` puts before every name but `lm_head`'s. A checkpoint that holds a tensor
+/// under both names is refused, naming it.
+fn canonical_names(entries: BTreeMap<String, Entry>) -> Result<BTreeMap<String, Entry>, String> {
+    let headless_llama = !entries.keys().any(|k| k.starts_with("model."))
+        && entries.keys().any(|k| k.starts_with("layers.") || k.starts_with("embed_tokens."));
+    let mut out = BTreeMap::new();
+    let mut from: BTreeMap<String, String> = BTreeMap::new();
+    for (name, entry) in entries {
+        let canonical = if let Some(rest) = name.strip_prefix("bert.") {
+            rest.to_string()
+        } else if headless_llama && !name.starts_with("lm_head.") {
+            format!("model.{name}")
+        } else {
+            name.clone()
+        };
+        if let Some(other) = from.get(&canonical) {
+            return Err(format!("holds `{canonical}` twice over, as `{other}` and as `{name}`"));
+        }
+        from.insert(canonical.clone(), name);
+        out.insert(canonical, entry);
+    }
+    Ok(out)
 }
 
 /// The kind of model a Hugging Face tensor name belongs to, where the name tells.
