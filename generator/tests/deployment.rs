@@ -405,6 +405,13 @@ fn the_workflow_keeps_a_deployment_repository_fresh_through_an_upstream_kernel_e
     assert_eq!(log.lines().count(), 3, "{log}");
     let check = d.run_job("check");
     assert!(check.failed().is_none(), "fresh after regenerating:\n{}", show(&check));
+
+    // With nothing stale, `bench --stale` measures nothing and says so, for tools too.
+    let out = d.monogen(&["bench", "--stale", "--json", "--crate", CRATE]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(doc["stale"]["state"], "fresh", "{doc}");
+    assert_eq!(doc["skipped"], "every record its choices rest on is fresh", "{doc}");
 }
 
 /// A workload edit in the deployment repository, as its users make them: `check --crate` says
