@@ -313,6 +313,25 @@ pub fn seed_lock(project: &Project, crate_dir: &Path) -> Result<(), Error> {
 /// Compiles the harness in `crate_dir` (release) with its target folder at `target_dir`;
 /// returns the executable.
 pub fn build_harness(crate_dir: &Path, target_dir: &Path, name: &str) -> Result<PathBuf, Error> {
+    build_release(
+        crate_dir,
+        target_dir,
+        name,
+        "the benchmark harness",
+        " (an implementation's source is broken?)",
+    )
+}
+
+/// Compiles `what`, the crate in `crate_dir` named `name`, in release (its own profile) with
+/// its target folder at `target_dir`, without the caller's RUSTFLAGS; returns the executable.
+/// `hint` follows the compiler's refusal.
+fn build_release(
+    crate_dir: &Path,
+    target_dir: &Path,
+    name: &str,
+    what: &str,
+    hint: &str,
+) -> Result<PathBuf, Error> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let out = Command::new(&cargo)
         .args(["build", "--release", "--quiet", "--manifest-path"])
@@ -322,17 +341,17 @@ pub fn build_harness(crate_dir: &Path, target_dir: &Path, name: &str) -> Result<
         .env_remove("RUSTFLAGS")
         .env_remove("CARGO_ENCODED_RUSTFLAGS")
         .output()
-        .map_err(|e| Error::Refused(format!("cannot run `{cargo}` to build the benchmark harness: {e}")))?;
+        .map_err(|e| Error::Refused(format!("cannot run `{cargo}` to build {what}: {e}")))?;
     if !out.status.success() {
         return Err(Error::Refused(format!(
-            "the benchmark harness in {} does not compile (an implementation's source is broken?):\n{}",
+            "{what} in {} does not compile{hint}:\n{}",
             crate_dir.display(),
             String::from_utf8_lossy(&out.stderr).trim_end()
         )));
     }
     let exe = target_dir.join("release").join(format!("{name}{}", std::env::consts::EXE_SUFFIX));
     if !exe.exists() {
-        return Err(Error::Refused(format!("cargo built the harness, but {} is missing", exe.display())));
+        return Err(Error::Refused(format!("cargo built {what}, but {} is missing", exe.display())));
     }
     Ok(exe)
 }
@@ -755,7 +774,7 @@ fn confirm(
         let out = dir.join(side);
         crate::write::write(&out, &output, true)?;
         seed_lock(project, &out)?;
-        binaries.push(build_release(&out, &target, &plan.name)?);
+        binaries.push(build_release(&out, &target, &plan.name, "the crate", "")?);
     }
     let model = dir.join("model");
     if !model.join("model.safetensors").is_file() || !model.join("config.json").is_file() {
@@ -763,7 +782,8 @@ fn confirm(
     }
     let vocab = w.llama().vocab_size;
     let prompt_len = request.typical_prompt_len.min(request.max_seq_len.saturating_sub(1)).max(1);
-    let ids: Vec<String> = (0..prompt_len).map(|i| (1 + (i * 7919) % (vocab - 1)).to_string()).collect();
+    let ids: Vec<String> =
+        (0..prompt_len).map(|i| (1 + (i * 7919) % vocab.saturating_sub(1).max(1)).to_string()).collect();
     let ids = ids.join(",");
     let decode_len = request.typical_decode_len.max(1);
     let mut times: [Vec<u64>; 2] = [Vec::new(), Vec::new()];
@@ -800,27 +820,6 @@ fn confirm(
         from_rounds_ns,
         to_rounds_ns,
     })
-}
-
-/// Builds a generated crate in release (its own profile) into `target`; returns its binary.
-fn build_release(crate_dir: &Path, target: &Path, name: &str) -> Result<PathBuf, Error> {
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let out = Command::new(&cargo)
-        .args(["build", "--release", "--quiet", "--manifest-path"])
-        .arg(crate_dir.join("Cargo.toml"))
-        .env("CARGO_TARGET_DIR", target)
-        .env_remove("RUSTFLAGS")
-        .env_remove("CARGO_ENCODED_RUSTFLAGS")
-        .output()
-        .map_err(|e| Error::Refused(format!("cannot run `{cargo}` to build {}: {e}", crate_dir.display())))?;
-    if !out.status.success() {
-        return Err(Error::Refused(format!(
-            "the crate in {} does not compile:\n{}",
-            crate_dir.display(),
-            String::from_utf8_lossy(&out.stderr).trim_end()
-        )));
-    }
-    Ok(target.join("release").join(format!("{name}{}", std::env::consts::EXE_SUFFIX)))
 }
 
 /// Nanoseconds of one typical request of the crate binary `exe` on `model`: its prefill of the
