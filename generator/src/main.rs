@@ -197,7 +197,8 @@ struct InitArgs {
     max_batch: Option<usize>,
     /// Add a [serving] table, so that the crate's binary gets a `serve` subcommand: an
     /// OpenAI-compatible HTTP server (a decoder's completions, with continuous batching and
-    /// priority classes; an encoder's embeddings, batching requests that arrive together).
+    /// priority classes, and chat completions where the model has a chat template; an encoder's
+    /// embeddings, batching requests that arrive together).
     #[arg(long)]
     serve: bool,
     /// Requests a process serves per load of the model from its checkpoint, if the load

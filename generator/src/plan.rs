@@ -187,6 +187,8 @@ pub struct ServingPlan {
     pub kv_slots: usize,
     /// Largest request body accepted, in bytes.
     pub max_body_bytes: usize,
+    /// The server answers chat completions with the model's chat template.
+    pub chat: bool,
 }
 
 #[derive(Debug, Clone, Serialize)]

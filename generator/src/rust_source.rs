@@ -742,3 +742,245 @@ mod slot_tests {
         assert!(e.contains("slot `a` is not an expression"), "{e}");
     }
 }
+
+/// The attribute that makes a template's item, statement, field, variant or match arm
+/// conditional: `#[only_if(chat)]` keeps it where `chat` holds, `#[only_if(not(chat))]` where it
+/// does not.
+const ONLY_IF: &str = "only_if";
+
+/// Keeps the `#[only_if(..)]` parts of a runtime file whose condition holds (and drops their
+/// attribute), and removes the others along with the comments just above them: code paths that
+/// do not apply to a crate are not generated. Every condition must be one of `features`; the
+/// error names the one that is not.
+pub fn select(file: &mut syn::File, features: &[(&str, bool)]) -> Result<(), String> {
+    use syn::punctuated::Punctuated;
+    use syn::visit_mut::VisitMut;
+
+    struct Selector<'a> {
+        features: &'a [(&'a str, bool)],
+        error: Option<String>,
+    }
+    impl Selector<'_> {
+        /// Whether the part with attributes `attrs` stays; its `only_if` attribute is removed.
+        fn keep(&mut self, attrs: &mut Vec<syn::Attribute>) -> bool {
+            let mut keep = true;
+            let mut failed = None;
+            attrs.retain(|attr| {
+                if !attr.path().is_ident(ONLY_IF) {
+                    return true;
+                }
+                let condition = match &attr.meta {
+                    syn::Meta::List(list) => list.tokens.to_string().replace(' ', ""),
+                    _ => String::new(),
+                };
+                let (name, negated) = match condition.strip_prefix("not(").and_then(|c| c.strip_suffix(')')) {
+                    Some(name) => (name.to_string(), true),
+                    None => (condition.clone(), false),
+                };
+                match self.features.iter().find(|(f, _)| *f == name) {
+                    Some((_, holds)) => keep &= *holds != negated,
+                    None => {
+                        failed =
+                            Some(format!("`#[only_if({condition})]` names no condition the emitter sets"))
+                    }
+                }
+                false
+            });
+            if let Some(e) = failed {
+                self.error.get_or_insert(e);
+            }
+            keep
+        }
+
+        /// The elements of `list` that stay, without a comment or blank line left above a
+        /// removed one, or doubled.
+        fn list<T>(
+            &mut self,
+            list: Vec<T>,
+            mut attrs: impl FnMut(&mut T) -> Option<&mut Vec<syn::Attribute>>,
+            marker: impl Fn(&T) -> Option<&syn::Macro>,
+        ) -> Vec<T> {
+            let is = |item: &T, name: &str| marker(item).is_some_and(|m| m.path.is_ident(name));
+            let mut out: Vec<T> = Vec::with_capacity(list.len());
+            for mut item in list {
+                if attrs(&mut item).is_none_or(|a| self.keep(a)) {
+                    out.push(item);
+                    continue;
+                }
+                while out.last().is_some_and(|last| is(last, MARKER)) {
+                    out.pop();
+                }
+            }
+            let mut kept: Vec<T> = Vec::with_capacity(out.len());
+            for item in out {
+                if is(&item, BLANK) && kept.last().is_none_or(|last| is(last, BLANK)) {
+                    continue;
+                }
+                kept.push(item);
+            }
+            if kept.last().is_some_and(|last| is(last, BLANK)) {
+                kept.pop();
+            }
+            kept
+        }
+
+        fn items(&mut self, items: &mut Vec<syn::Item>) {
+            *items = self.list(std::mem::take(items), item_attrs, |i| match i {
+                syn::Item::Macro(m) => Some(&m.mac),
+                _ => None,
+            });
+        }
+
+        fn punctuated<T, P: Default>(
+            &mut self,
+            list: &mut Punctuated<T, P>,
+            attrs: impl Fn(&mut T) -> &mut Vec<syn::Attribute>,
+        ) {
+            *list = std::mem::take(list)
+                .into_iter()
+                .filter_map(|mut t| self.keep(attrs(&mut t)).then_some(t))
+                .collect();
+        }
+    }
+    fn item_attrs(item: &mut syn::Item) -> Option<&mut Vec<syn::Attribute>> {
+        use syn::Item::*;
+        Some(match item {
+            Const(i) => &mut i.attrs,
+            Enum(i) => &mut i.attrs,
+            Fn(i) => &mut i.attrs,
+            Impl(i) => &mut i.attrs,
+            Mod(i) => &mut i.attrs,
+            Static(i) => &mut i.attrs,
+            Struct(i) => &mut i.attrs,
+            Trait(i) => &mut i.attrs,
+            Type(i) => &mut i.attrs,
+            Use(i) => &mut i.attrs,
+            Macro(i) => &mut i.attrs,
+            _ => return None,
+        })
+    }
+    fn expr_attrs(expr: &mut syn::Expr) -> Option<&mut Vec<syn::Attribute>> {
+        use syn::Expr::*;
+        Some(match expr {
+            Assign(e) => &mut e.attrs,
+            Block(e) => &mut e.attrs,
+            Call(e) => &mut e.attrs,
+            ForLoop(e) => &mut e.attrs,
+            If(e) => &mut e.attrs,
+            Macro(e) => &mut e.attrs,
+            Match(e) => &mut e.attrs,
+            MethodCall(e) => &mut e.attrs,
+            Return(e) => &mut e.attrs,
+            _ => return None,
+        })
+    }
+    impl VisitMut for Selector<'_> {
+        fn visit_file_mut(&mut self, file: &mut syn::File) {
+            self.items(&mut file.items);
+            syn::visit_mut::visit_file_mut(self, file);
+        }
+        fn visit_item_mod_mut(&mut self, module: &mut syn::ItemMod) {
+            if let Some((_, items)) = &mut module.content {
+                self.items(items);
+            }
+            syn::visit_mut::visit_item_mod_mut(self, module);
+        }
+        fn visit_item_impl_mut(&mut self, imp: &mut syn::ItemImpl) {
+            let items = std::mem::take(&mut imp.items);
+            imp.items = self.list(
+                items,
+                |i| match i {
+                    syn::ImplItem::Fn(f) => Some(&mut f.attrs),
+                    syn::ImplItem::Const(c) => Some(&mut c.attrs),
+                    syn::ImplItem::Type(t) => Some(&mut t.attrs),
+                    _ => None,
+                },
+                |i| match i {
+                    syn::ImplItem::Macro(m) => Some(&m.mac),
+                    _ => None,
+                },
+            );
+            syn::visit_mut::visit_item_impl_mut(self, imp);
+        }
+        fn visit_block_mut(&mut self, block: &mut syn::Block) {
+            let stmts = std::mem::take(&mut block.stmts);
+            block.stmts = self.list(
+                stmts,
+                |s| match s {
+                    syn::Stmt::Local(l) => Some(&mut l.attrs),
+                    syn::Stmt::Item(i) => item_attrs(i),
+                    syn::Stmt::Expr(e, _) => expr_attrs(e),
+                    syn::Stmt::Macro(m) => Some(&mut m.attrs),
+                },
+                |s| match s {
+                    syn::Stmt::Macro(m) => Some(&m.mac),
+                    _ => None,
+                },
+            );
+            syn::visit_mut::visit_block_mut(self, block);
+        }
+        fn visit_fields_named_mut(&mut self, fields: &mut syn::FieldsNamed) {
+            self.punctuated(&mut fields.named, |f| &mut f.attrs);
+            syn::visit_mut::visit_fields_named_mut(self, fields);
+        }
+        fn visit_item_enum_mut(&mut self, item: &mut syn::ItemEnum) {
+            self.punctuated(&mut item.variants, |v| &mut v.attrs);
+            syn::visit_mut::visit_item_enum_mut(self, item);
+        }
+        fn visit_expr_match_mut(&mut self, expr: &mut syn::ExprMatch) {
+            let arms = std::mem::take(&mut expr.arms);
+            expr.arms =
+                arms.into_iter().filter_map(|mut arm| self.keep(&mut arm.attrs).then_some(arm)).collect();
+            syn::visit_mut::visit_expr_match_mut(self, expr);
+        }
+        fn visit_expr_struct_mut(&mut self, expr: &mut syn::ExprStruct) {
+            self.punctuated(&mut expr.fields, |f| &mut f.attrs);
+            syn::visit_mut::visit_expr_struct_mut(self, expr);
+        }
+    }
+
+    let mut selector = Selector { features, error: None };
+    selector.visit_file_mut(file);
+    match selector.error {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod select_tests {
+    use super::*;
+
+    fn selected(source: &str, chat: bool) -> Result<String, String> {
+        let mut file = parse_with_comments(source).map_err(|e| e.message)?;
+        select(&mut file, &[("chat", chat)])?;
+        Ok(print(&file))
+    }
+
+    const SOURCE: &str = "use a::b;\n#[only_if(chat)]\nuse c::Chat;\n\nstruct S {\n    a: u8,\n    #[only_if(chat)]\n    chat: Chat,\n}\n\nenum E {\n    Plain,\n    #[only_if(chat)]\n    Chat,\n}\n\nfn f(e: E) -> u8 {\n    let x = 1;\n    // only for chat\n    #[only_if(chat)]\n    let x = x + 1;\n    #[only_if(not(chat))]\n    g();\n    let s = S {\n        a: x,\n        #[only_if(chat)]\n        chat: Chat,\n    };\n    match e {\n        E::Plain => 0,\n        #[only_if(chat)]\n        E::Chat => s.a,\n    }\n}\n\n/// Chat only.\n#[only_if(chat)]\nfn h() {}\n";
+
+    #[test]
+    fn parts_whose_condition_fails_are_removed_with_their_comments() {
+        let plain = selected(SOURCE, false).unwrap();
+        assert!(!plain.contains("only_if") && !plain.contains("Chat") && !plain.contains("chat"), "{plain}");
+        assert!(plain.contains("g();") && plain.contains("E::Plain => 0"), "{plain}");
+        let chat = selected(SOURCE, true).unwrap();
+        assert!(!chat.contains("only_if") && !chat.contains("g();"), "{chat}");
+        for part in [
+            "use c::Chat;",
+            "chat: Chat,",
+            "// only for chat",
+            "let x = x + 1;",
+            "E::Chat => s.a",
+            "/// Chat only.\nfn h() {}",
+        ] {
+            assert!(chat.contains(part), "{part} missing from:\n{chat}");
+        }
+    }
+
+    #[test]
+    fn an_unknown_condition_is_an_error() {
+        let e = selected("#[only_if(chatty)]\nfn f() {}\n", true).unwrap_err();
+        assert!(e.contains("only_if(chatty)"), "{e}");
+    }
+}

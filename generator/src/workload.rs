@@ -85,6 +85,12 @@ pub struct Serving {
     /// (milliseconds); 2 unless set. Decoders batch continuously and have none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub batch_wait_ms: Option<u64>,
+    /// A decoder's server also answers `/v1/chat/completions`, rendering the model's chat
+    /// template (`tokenizer_config.json` or `chat_template.jinja`), which the server then
+    /// requires at start-up. Without it the crate has no chat path at all. `monogen init
+    /// --serve` sets it where the model has a chat template.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub chat: bool,
 }
 
 impl Serving {
@@ -647,7 +653,7 @@ impl WorkloadSource {
                     ]);
                 }
                 // An embeddings server has no classes and no KV caches: it batches what arrives.
-                let decoder_only: Vec<Diagnostic> = ["priorities", "default_priority", "kv_slots"]
+                let decoder_only: Vec<Diagnostic> = ["priorities", "default_priority", "kv_slots", "chat"]
                     .iter()
                     .filter_map(|key| {
                         let span = span_of(&doc, &["serving", key])?;
@@ -655,11 +661,19 @@ impl WorkloadSource {
                             self.diag(format!("serving.{key} applies to decoders (`llama`) only"))
                                 .primary(
                                     span,
-                                    "an embeddings server batches requests in the order they arrive",
+                                    if *key == "chat" {
+                                        "an embeddings server answers /v1/embeddings, not chat completions"
+                                    } else {
+                                        "an embeddings server batches requests in the order they arrive"
+                                    },
                                 )
-                                .hint(format!(
-                                    "remove `{key}`; `batch_wait_ms` sets how long a batch waits to fill"
-                                )),
+                                .hint(if *key == "chat" {
+                                    "remove `chat`".to_string()
+                                } else {
+                                    format!(
+                                        "remove `{key}`; `batch_wait_ms` sets how long a batch waits to fill"
+                                    )
+                                }),
                         )
                     })
                     .collect();

@@ -136,6 +136,75 @@ fn init_output_is_never_overwritten_without_force() {
     assert!(std::fs::read_to_string(&file).unwrap().contains("name = \"second\""));
 }
 
+/// `init --serve` gives a decoder's server a chat path exactly where the model has a chat
+/// template where the generated server looks for one, and the crate has no chat code without.
+#[test]
+fn init_serve_chats_where_the_model_has_a_chat_template() {
+    let root = workspace_root();
+    let temp = tempfile::tempdir().unwrap();
+    let template = "{% for m in messages %}{{ m['content'] }}{% endfor %}";
+    // (model folder, files beside config.json, whether the server chats)
+    type Case<'a> = (&'a str, &'a [(&'a str, String)], bool);
+    let cases: [Case; 5] = [
+        ("base", &[], false),
+        ("config-without", &[("tokenizer_config.json", r#"{"bos_token": "<s>"}"#.to_string())], false),
+        (
+            "config",
+            &[("tokenizer_config.json", serde_json::json!({ "chat_template": template }).to_string())],
+            true,
+        ),
+        (
+            "named",
+            &[(
+                "tokenizer_config.json",
+                serde_json::json!({ "chat_template": [{ "name": "default", "template": template }] })
+                    .to_string(),
+            )],
+            true,
+        ),
+        ("jinja", &[("chat_template.jinja", template.to_string())], true),
+    ];
+    for (name, files, chat) in cases {
+        let dir = temp.path().join(name);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("config.json"), LLAMA_CONFIG).unwrap();
+        for (file, text) in files {
+            std::fs::write(dir.join(file), text).unwrap();
+        }
+        let workload = temp.path().join(format!("{name}.toml"));
+        let out = monogen(
+            &root,
+            &[
+                "init",
+                "--hf",
+                dir.to_str().unwrap(),
+                "--name",
+                name,
+                "--hardware",
+                "none",
+                "--serve",
+                "--output",
+            ]
+            .into_iter()
+            .chain([workload.to_str().unwrap()])
+            .collect::<Vec<_>>(),
+        );
+        assert!(out.status.success(), "{name}: {}", stderr(&out));
+        let text = std::fs::read_to_string(&workload).unwrap();
+        assert_eq!(text.contains("\nchat = true\n"), chat, "{name}: {text}");
+        let w = monogen::workload::WorkloadSource::from_text("w.toml", &text).parse().unwrap();
+        assert_eq!(w.serving.as_ref().unwrap().chat, chat, "{name}");
+        let krate = temp.path().join(format!("{name}-crate"));
+        let out = monogen(&root, &["build", workload.to_str().unwrap(), "--out", krate.to_str().unwrap()]);
+        assert!(out.status.success(), "{name}: {}", stderr(&out));
+        let serve = std::fs::read_to_string(krate.join("src/serve.rs")).unwrap();
+        let manifest = std::fs::read_to_string(krate.join("Cargo.toml")).unwrap();
+        assert_eq!(serve.contains("ChatTemplate"), chat, "{name}");
+        assert_eq!(manifest.contains("minijinja"), chat, "{name}");
+        assert!(!serve.contains("only_if"), "{name}: a condition was left in the crate");
+    }
+}
+
 #[test]
 fn init_writes_requests_per_load_for_decoders_and_encoders() {
     let root = workspace_root();

@@ -41,7 +41,9 @@ pub enum ServeError {
         #[source]
         source: std::io::Error,
     },
-    /// A file of the model directory that the server reads (a chat template) is unusable.
+    /// A file of the model directory that the server reads (a chat template) is unusable, or
+    /// missing.
+    #[only_if(chat)]
     #[error("{what} of {}: {reason}", path.display())]
     ModelFile { what: &'static str, path: PathBuf, reason: String },
     #[error("cannot start the server's runtime: {0}")]

@@ -1,7 +1,7 @@
-//! The HTTP server: OpenAI's completions and chat completions API as its official clients use
-//! it, over the [`Engine`]'s continuous batching.
+//! The HTTP server: OpenAI's completions API (and its chat completions, for a workload that sets
+//! `serving.chat`) as its official clients use it, over the [`Engine`]'s continuous batching.
 //!
-//! - `POST /v1/completions`, `POST /v1/chat/completions`: `max_tokens`, `temperature`, `top_p`,
+//! - `POST /v1/completions` (`POST /v1/chat/completions`): `max_tokens`, `temperature`, `top_p`,
 //!   `top_k`, `seed`, `stop`, `stream` (server-sent events ending with `data: [DONE]`, and a usage
 //!   chunk with `stream_options.include_usage`), `usage` and `finish_reason`; the class of a
 //!   request in `priority` or the `X-Priority` header (PRIORITIES, most urgent first).
@@ -13,6 +13,7 @@
 
 use std::collections::VecDeque;
 use std::convert::Infallible;
+#[only_if(chat)]
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -49,12 +50,14 @@ impl Server {
     pub fn start(options: &Options) -> Result<Server, ServeError> {
         let model = Arc::new(Model::load(&options.model)?);
         let tokenizer = Tokenizer::load_with_encoder(&options.model)?;
+        #[only_if(chat)]
         let chat = ChatTemplate::read(&options.model)?;
         let metrics = Arc::new(Metrics::default());
         let engine = Engine::start(model, metrics.clone());
         let state = Arc::new(AppState {
             engine,
             tokenizer,
+            #[only_if(chat)]
             chat,
             api_key: options.api_key.clone().filter(|key| !key.is_empty()),
             metrics,
@@ -88,7 +91,8 @@ impl Server {
 struct AppState {
     engine: Engine,
     tokenizer: Tokenizer,
-    chat: Option<ChatTemplate>,
+    #[only_if(chat)]
+    chat: ChatTemplate,
     api_key: Option<String>,
     metrics: Arc<Metrics>,
     created: u64,
@@ -96,9 +100,13 @@ struct AppState {
 }
 
 fn router(state: Arc<AppState>) -> Router {
+    #[only_if(chat)]
+    let chat = post(chat_completions);
+    #[only_if(not(chat))]
+    let chat = post(no_chat);
     Router::new()
         .route("/v1/completions", post(completions))
-        .route("/v1/chat/completions", post(chat_completions))
+        .route("/v1/chat/completions", chat)
         .route("/v1/models", get(models))
         .route("/health", get(health))
         .route("/metrics", get(metrics))
@@ -142,13 +150,13 @@ async fn completions(
         let body = http::read_body(body)?;
         let prompt = match body.get("prompt") {
             None => return Err(ApiError::invalid("prompt", "`prompt` is required")),
-            Some(Value::String(text)) => encode(&state, text, true)?,
+            Some(Value::String(text)) => encode(&state, text)?,
             Some(Value::Array(items)) if !items.is_empty() && items.iter().all(Value::is_u64) => items
                 .iter()
                 .map(|id| u32::try_from(id.as_u64().unwrap_or(u64::MAX)).map_err(|_| ApiError::invalid("prompt", "a token id is out of range")))
                 .collect::<Result<Vec<u32>, ApiError>>()?,
             Some(Value::Array(items)) if items.len() == 1 && items[0].is_string() => {
-                encode(&state, items[0].as_str().unwrap_or_default(), true)?
+                encode(&state, items[0].as_str().unwrap_or_default())?
             }
             Some(Value::Array(items)) if items.len() > 1 && items.iter().all(Value::is_string) => {
                 return Err(ApiError::invalid("prompt", "one prompt per request: send the others as requests of their own"));
@@ -164,6 +172,7 @@ async fn completions(
     answered(&state, "completions", result)
 }
 
+#[only_if(chat)]
 async fn chat_completions(
     State(state): State<Arc<AppState>>,
     headers: HeaderMap,
@@ -172,11 +181,6 @@ async fn chat_completions(
     let result = async {
         authorize(&state, &headers)?;
         let body = http::read_body(body)?;
-        let Some(chat) = &state.chat else {
-            return Err(ApiError::bad(
-                "this model has no chat template (tokenizer_config.json's `chat_template`, or chat_template.jinja): use /v1/completions",
-            ));
-        };
         let messages = match body.get("messages") {
             Some(Value::Array(messages)) if !messages.is_empty() => messages,
             Some(Value::Array(_)) => return Err(ApiError::invalid("messages", "`messages` is empty")),
@@ -184,8 +188,8 @@ async fn chat_completions(
             None => return Err(ApiError::invalid("messages", "`messages` is required")),
         };
         let messages = chat_messages(messages)?;
-        let text = chat.render(&messages).map_err(|reason| ApiError::invalid("messages", reason))?;
-        let prompt = encode(&state, &text, false)?;
+        let text = state.chat.render(&messages).map_err(|reason| ApiError::invalid("messages", reason))?;
+        let prompt = encode_as_is(&state, &text)?;
         let request = parse_request(&state, &headers, &body, prompt, Endpoint::Chat)?;
         run(&state, request).await
     }
@@ -193,15 +197,45 @@ async fn chat_completions(
     answered(&state, "chat_completions", result)
 }
 
-fn encode(state: &AppState, text: &str, special_tokens: bool) -> Result<Vec<u32>, ApiError> {
-    let ids = if special_tokens { state.tokenizer.encode(text) } else { state.tokenizer.encode_as_is(text) };
-    ids.map_err(ApiError::server)
+/// `/v1/chat/completions` of a server whose workload does not set `serving.chat`.
+#[only_if(not(chat))]
+async fn no_chat(State(state): State<Arc<AppState>>) -> Response {
+    let refused = ApiError {
+        status: StatusCode::NOT_FOUND,
+        message: "this server has no chat completions: its workload serves a model without a chat template (serving.chat is not set); use /v1/completions".into(),
+        param: None,
+        code: None,
+    };
+    answered(&state, "chat_completions", Err(refused))
+}
+
+/// The tokens of a prompt, with the special tokens the tokenizer adds (BOS).
+fn encode(state: &AppState, text: &str) -> Result<Vec<u32>, ApiError> {
+    state.tokenizer.encode(text).map_err(ApiError::server)
+}
+
+/// The tokens of a rendered chat template, which places its special tokens itself.
+#[only_if(chat)]
+fn encode_as_is(state: &AppState, text: &str) -> Result<Vec<u32>, ApiError> {
+    state.tokenizer.encode_as_is(text).map_err(ApiError::server)
 }
 
 #[derive(Clone, Copy, PartialEq)]
 enum Endpoint {
     Completions,
+    #[only_if(chat)]
     Chat,
+}
+
+impl Endpoint {
+    /// The request field that holds the prompt.
+    fn prompt_field(self) -> &'static str {
+        match self {
+            Endpoint::Completions => "prompt",
+            #[only_if(chat)]
+            Endpoint::Chat => "messages",
+        }
+    }
 }
 
 /// A checked request, ready for the engine.
@@ -260,7 +294,7 @@ fn parse_request(
                 "the prompt is {} tokens long, and this model's context holds {MAX_SEQ_LEN} (prompt and new tokens together): shorten the prompt",
                 prompt.len()
             ),
-            param: Some(if endpoint == Endpoint::Chat { "messages" } else { "prompt" }),
+            param: Some(endpoint.prompt_field()),
             code: Some("context_length_exceeded"),
         });
     }
@@ -402,6 +436,7 @@ impl Reply {
     fn id(&self) -> String {
         match self.endpoint {
             Endpoint::Completions => format!("cmpl-{:016x}", self.id),
+            #[only_if(chat)]
             Endpoint::Chat => format!("chatcmpl-{:016x}", self.id),
         }
     }
@@ -417,23 +452,27 @@ impl Reply {
     fn object(&self, stream: bool) -> &'static str {
         match (self.endpoint, stream) {
             (Endpoint::Completions, _) => "text_completion",
+            #[only_if(chat)]
             (Endpoint::Chat, false) => "chat.completion",
+            #[only_if(chat)]
             (Endpoint::Chat, true) => "chat.completion.chunk",
         }
     }
 
     /// One choice of an answer or a chunk.
-    fn choice(&self, text: &str, finish: Option<&str>, stream: bool, first: bool) -> Value {
-        match (self.endpoint, stream) {
+    fn choice(&self, text: &str, finish: Option<&str>, part: Part) -> Value {
+        match (self.endpoint, part) {
             (Endpoint::Completions, _) => json!({ "index": 0, "text": text, "logprobs": null, "finish_reason": finish }),
-            (Endpoint::Chat, false) => json!({
+            #[only_if(chat)]
+            (Endpoint::Chat, Part::Whole) => json!({
                 "index": 0,
                 "message": { "role": "assistant", "content": text },
                 "logprobs": null,
                 "finish_reason": finish,
             }),
-            (Endpoint::Chat, true) => {
-                let delta = match (first, finish.is_some() && text.is_empty()) {
+            #[only_if(chat)]
+            (Endpoint::Chat, chunk) => {
+                let delta = match (chunk == Part::First, finish.is_some() && text.is_empty()) {
                     (true, _) => json!({ "role": "assistant", "content": text }),
                     (false, true) => json!({}),
                     (false, false) => json!({ "content": text }),
@@ -456,6 +495,14 @@ impl Reply {
         }
         chunk
     }
+}
+
+/// What a choice is part of: a whole answer, or a streamed answer's first chunk or a later one.
+#[derive(Clone, Copy, PartialEq)]
+enum Part {
+    Whole,
+    First,
+    Next,
 }
 
 /// The finish reason OpenAI's clients know for a stop.
@@ -498,7 +545,7 @@ async fn whole_response(
         "object": reply.object(false),
         "created": reply.created,
         "model": WORKLOAD,
-        "choices": [reply.choice(&out, Some(finish), false, false)],
+        "choices": [reply.choice(&out, Some(finish), Part::Whole)],
         "usage": reply.usage(tokens),
     })))
 }
@@ -519,7 +566,8 @@ fn stream_response(
         text: Text,
         include_usage: bool,
         tokens: usize,
-        first: bool,
+        /// What the next chunk is.
+        part: Part,
         /// The data of events ready to go.
         ready: VecDeque<String>,
     }
@@ -527,8 +575,8 @@ fn stream_response(
     impl Streaming {
         fn piece(&mut self, piece: &str) {
             if !piece.is_empty() {
-                let choice = self.reply.choice(piece, None, true, self.first);
-                self.first = false;
+                let choice = self.reply.choice(piece, None, self.part);
+                self.part = Part::Next;
                 self.ready.push_back(self.reply.chunk(vec![choice], None).to_string());
             }
         }
@@ -536,7 +584,7 @@ fn stream_response(
         /// The last chunk (its finish reason), the usage where asked for, and `[DONE]`; the
         /// receiver goes, which ends the request in the engine if it still runs.
         fn end(&mut self, finish: &str) {
-            let choice = self.reply.choice("", Some(finish), true, self.first);
+            let choice = self.reply.choice("", Some(finish), self.part);
             self.ready.push_back(self.reply.chunk(vec![choice], None).to_string());
             if self.include_usage {
                 let usage = self.reply.usage(self.tokens);
@@ -562,7 +610,7 @@ fn stream_response(
         text,
         include_usage,
         tokens: 0,
-        first: true,
+        part: Part::First,
         ready: VecDeque::new(),
     };
     let events = stream::unfold(streaming, |mut s| async move {
@@ -651,17 +699,19 @@ impl Text {
 /// The model's chat template, rendered with minijinja as Hugging Face renders it with Jinja2
 /// (`trim_blocks`, `lstrip_blocks`, Python's string methods, `raise_exception`,
 /// `strftime_now`).
+#[only_if(chat)]
 pub struct ChatTemplate {
     env: minijinja::Environment<'static>,
     bos_token: String,
     eos_token: String,
 }
 
+#[only_if(chat)]
 impl ChatTemplate {
     /// The chat template of model directory `dir`: chat_template.jinja, else
-    /// tokenizer_config.json's `chat_template` (the one named `default` of a list); `None`
-    /// when it has neither.
-    pub fn read(dir: &Path) -> Result<Option<ChatTemplate>, ServeError> {
+    /// tokenizer_config.json's `chat_template` (the one named `default` of a list); an error
+    /// naming both when it has neither.
+    pub fn read(dir: &Path) -> Result<ChatTemplate, ServeError> {
         let config_path = dir.join("tokenizer_config.json");
         let config: Value = match std::fs::read_to_string(&config_path) {
             Ok(text) => serde_json::from_str(&text)
@@ -678,10 +728,12 @@ impl ChatTemplate {
                     let default = named.iter().find(|t| t.get("name").and_then(Value::as_str) == Some("default"));
                     match default.and_then(|t| t.get("template")).and_then(Value::as_str) {
                         Some(text) => (text.to_string(), config_path.clone()),
-                        None => return Ok(None),
+                        None => return Err(no_chat_template(config_path, "has no chat template named `default`")),
                     }
                 }
-                _ => return Ok(None),
+                Some(_) => return Err(no_chat_template(config_path, "`chat_template` is not a string or a list of named templates")),
+                None if config.is_null() => return Err(no_chat_template(config_path, "is missing, and so is chat_template.jinja")),
+                None => return Err(no_chat_template(config_path, "has no `chat_template`, and there is no chat_template.jinja beside it")),
             },
         };
         let token = |name: &str| match config.get(name) {
@@ -690,7 +742,6 @@ impl ChatTemplate {
             _ => String::new(),
         };
         ChatTemplate::new(source, token("bos_token"), token("eos_token"))
-            .map(Some)
             .map_err(|reason| ServeError::ModelFile { what: "chat template", path, reason })
     }
 
@@ -733,8 +784,21 @@ impl ChatTemplate {
     }
 }
 
+/// The error of a model directory without a usable chat template, for a crate that chats.
+#[only_if(chat)]
+fn no_chat_template(path: std::path::PathBuf, reason: &str) -> ServeError {
+    ServeError::ModelFile {
+        what: "chat template",
+        path,
+        reason: format!(
+            "{reason}: this crate serves chat completions (its workload sets serving.chat); give it a chat model's directory, or regenerate it without serving.chat"
+        ),
+    }
+}
+
 /// Checks chat messages: each an object with a `role` and text `content` (a string, or an
 /// array of text parts, which are joined).
+#[only_if(chat)]
 fn chat_messages(messages: &[Value]) -> Result<Value, ApiError> {
     let mut out = Vec::with_capacity(messages.len());
     for (i, message) in messages.iter().enumerate() {
@@ -776,6 +840,7 @@ fn chat_messages(messages: &[Value]) -> Result<Value, ApiError> {
 
 /// `strftime_now(format)`, which some chat templates call for today's date: %d, %m, %Y, %b, %B,
 /// %H, %M and %S, in UTC.
+#[only_if(chat)]
 fn strftime_now(format: String) -> String {
     let secs = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
     let (days, rem) = (secs / 86_400, secs % 86_400);

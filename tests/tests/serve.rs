@@ -1,5 +1,5 @@
 //! Batched decoding and the generated server (`stories260k-serve-cpu-f32`, a batch of 4 and 8 KV
-//! slots), on the real stories260k model:
+//! slots, and its chat twin `stories260k-chat-cpu-f32`), on the real stories260k model:
 //!
 //! - sequences run together in batched steps, through the engine's continuous batching and
 //!   through the HTTP server, give the tokens each gives alone, token for token, except after a
@@ -17,12 +17,14 @@ use std::process::Command;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
+use chatty::serve::ChatTemplate;
 use monogen_tests::http::{Answer, ServeProcess, metric, parse_answer, post, send};
 use monogen_tests::{build_copy, model_dir, workspace_root};
 use serde_json::{Value, json};
 use served::engine::{Engine, Event, Request};
-use served::serve::{ChatTemplate, Options, Server};
+use served::serve::{Options, Server};
 use served::{GenerateParams, MAX_BATCH, Model, Run, Sequence, StopReason, Tokenizer, VOCAB_SIZE, WORKLOAD};
+use stories260k_chat_cpu_f32 as chatty;
 use stories260k_serve_cpu_f32 as served;
 
 /// Two logits closer than this are a tie, which a batched run may break the other way.
@@ -250,24 +252,42 @@ fn a_more_urgent_class_goes_first_and_the_displaced_resume_unchanged() {
 // ---- HTTP ------------------------------------------------------------------------------------
 
 /// A server on a loopback port, stopped when dropped.
-struct Running(Option<Server>);
+/// A server started in this process, stopped when dropped.
+struct Running {
+    addr: SocketAddr,
+    stop: Option<Box<dyn FnOnce()>>,
+}
 
 impl Running {
+    /// `stories260k-serve-cpu-f32`'s server, which has no chat path.
     fn start(dir: PathBuf, api_key: Option<&str>) -> Running {
         let options =
             Options { model: dir, host: "127.0.0.1".into(), port: 0, api_key: api_key.map(str::to_string) };
-        Running(Some(Server::start(&options).unwrap()))
+        let server = Server::start(&options).unwrap();
+        Running { addr: server.addr(), stop: Some(Box::new(move || server.stop())) }
+    }
+
+    /// `stories260k-chat-cpu-f32`'s server, which chats with the template of `dir`.
+    fn start_chat(dir: PathBuf, api_key: Option<&str>) -> Running {
+        let options = chatty::serve::Options {
+            model: dir,
+            host: "127.0.0.1".into(),
+            port: 0,
+            api_key: api_key.map(str::to_string),
+        };
+        let server = chatty::serve::Server::start(&options).unwrap();
+        Running { addr: server.addr(), stop: Some(Box::new(move || server.stop())) }
     }
 
     fn addr(&self) -> SocketAddr {
-        self.0.as_ref().unwrap().addr()
+        self.addr
     }
 }
 
 impl Drop for Running {
     fn drop(&mut self) {
-        if let Some(server) = self.0.take() {
-            server.stop();
+        if let Some(stop) = self.stop.take() {
+            stop();
         }
     }
 }
@@ -369,8 +389,9 @@ fn concurrent_greedy_completions_equal_the_sequences_run_alone() {
 
 #[test]
 fn streams_are_server_sent_events_that_end_with_done() {
+    const WORKLOAD: &str = chatty::WORKLOAD;
     let (Some(dir), Some(chat)) = (model_dir("stories260k"), chat_model()) else { return };
-    let server = Running::start(chat, None);
+    let server = Running::start_chat(chat, None);
     let addr = server.addr();
     let whole = post(
         addr,
@@ -412,7 +433,7 @@ fn streams_are_server_sent_events_that_end_with_done() {
     assert_eq!(body["choices"][0]["message"]["role"], "assistant");
     let tokenizer = Tokenizer::load_with_encoder(&dir).unwrap();
     let rendered = "<|im_start|>system\nTell a story.<|im_end|>\n<|im_start|>user\nOnce upon a time<|im_end|>\n<|im_start|>assistant\n";
-    let prompt = tokenizer.encode_as_is(rendered).unwrap();
+    let prompt = chatty::Tokenizer::load_with_encoder(&dir).unwrap().encode_as_is(rendered).unwrap();
     let (want, n, _) = alone_text(&tokenizer, &prompt, 20);
     assert_eq!(body["choices"][0]["message"]["content"], want);
     assert_eq!(body["usage"]["prompt_tokens"], prompt.len());
@@ -434,9 +455,10 @@ fn streams_are_server_sent_events_that_end_with_done() {
 
 #[test]
 fn every_bad_request_gets_an_openai_error_object() {
+    const WORKLOAD: &str = chatty::WORKLOAD;
     let (Some(dir), Some(chat)) = (model_dir("stories260k"), chat_model()) else { return };
-    let plain = Running::start(dir, None);
-    let server = Running::start(chat, None);
+    let plain = Running::start(dir.clone(), None);
+    let server = Running::start_chat(chat, None);
     let addr = server.addr();
     let ok = |extra: Value| {
         let mut body = json!({ "model": WORKLOAD, "prompt": "Once upon a time", "max_tokens": 4 });
@@ -554,14 +576,28 @@ fn every_bad_request_gets_an_openai_error_object() {
         assert!(text.contains(message), "{path} {}: {text}", &body[..body.len().min(80)]);
         assert!(error["type"].is_string(), "{error}");
     }
-    // A model without a chat template says so.
+    // A crate without a chat path says why it has none.
     let answer = post(
         plain.addr(),
         "/v1/chat/completions",
-        &json!({ "model": WORKLOAD, "messages": [{ "role": "user", "content": "hi" }] }),
+        &json!({ "model": served::WORKLOAD, "messages": [{ "role": "user", "content": "hi" }] }),
     );
-    assert_eq!(answer.status, 400);
-    assert!(answer.json()["error"]["message"].as_str().unwrap().contains("has no chat template"));
+    assert_eq!(answer.status, 404);
+    let message = answer.json()["error"]["message"].as_str().unwrap().to_string();
+    assert!(message.contains("(serving.chat is not set); use /v1/completions"), "{message}");
+    // A crate that chats refuses, at start, a model directory without a chat template.
+    let options = chatty::serve::Options { model: dir, host: "127.0.0.1".into(), port: 0, api_key: None };
+    let Err(e) = chatty::serve::Server::start(&options) else {
+        panic!("served chat without a chat template")
+    };
+    let e = e.to_string();
+    assert!(
+        e.contains(
+            "tokenizer_config.json: has no `chat_template`, and there is no chat_template.jinja beside it"
+        ),
+        "{e}"
+    );
+    assert!(e.contains("its workload sets serving.chat"), "{e}");
     // After all of that, the server still answers.
     let answer =
         post(addr, "/v1/completions", &json!({ "model": WORKLOAD, "prompt": "Once", "max_tokens": 3 }));
@@ -737,12 +773,13 @@ fn stops_gracefully_on(binary: &Path, dir: &Path, signal: &str) {
 
 #[test]
 fn the_openai_python_client_talks_to_the_server() {
+    const WORKLOAD: &str = chatty::WORKLOAD;
     let (Some(dir), Some(chat)) = (model_dir("stories260k"), chat_model()) else { return };
     let Some(python) = monogen_tests::python_with_openai("the_openai_python_client_talks_to_the_server")
     else {
         return;
     };
-    let server = Running::start(chat, Some("key-1"));
+    let server = Running::start_chat(chat, Some("key-1"));
     let script = workspace_root().join("tests/clients/openai_client.py");
     let output = Command::new(&python)
         .arg(&script)
@@ -764,7 +801,11 @@ fn the_openai_python_client_talks_to_the_server() {
         assert_eq!(got[key]["usage"]["total_tokens"], usage["total_tokens"], "{key}: {}", got[key]);
     }
     let rendered = "<|im_start|>system\nTell a story.<|im_end|>\n<|im_start|>user\nOnce upon a time<|im_end|>\n<|im_start|>assistant\n";
-    let (content, _, _) = alone_text(&tokenizer, &tokenizer.encode_as_is(rendered).unwrap(), 20);
+    let (content, _, _) = alone_text(
+        &tokenizer,
+        &chatty::Tokenizer::load_with_encoder(&dir).unwrap().encode_as_is(rendered).unwrap(),
+        20,
+    );
     assert_eq!(got["chat"]["role"], "assistant");
     assert_eq!(got["chat"]["content"], content);
     assert_eq!(got["chat_stream"]["content"], content);

@@ -63,7 +63,11 @@ pub fn rust_files(
     }
     let mut tokenizer = templates.runtime("bert/tokenizer.rs", &krate)?;
     if c.serving.is_some() {
-        files.push(("src/http.rs".to_string(), rust_source::print(&templates.runtime("http.rs", &krate)?)));
+        let mut http = templates.runtime("http.rs", &krate)?;
+        // An embeddings server has no chat template.
+        rust_source::select(&mut http, &[("chat", false)])
+            .map_err(|message| Error::Template { name: "runtime/http.rs".into(), message })?;
+        files.push(("src/http.rs".to_string(), rust_source::print(&http)));
         // A crate that normalizes its vectors serves them normalized, as its command line prints them.
         let normalize = if c.normalize { "crate::normalize(&mut vectors);" } else { "" };
         let serve = templates

@@ -19,19 +19,35 @@ const DEPENDENCIES: &[&str] =
     &["clap", "memmap2", "safetensors", "serde", "serde_json", "thiserror", "tokenizers"];
 
 /// The crates the server of a crate that serves depends on.
-const SERVING_DEPENDENCIES: &[&str] = &["axum", "futures-util", "minijinja", "minijinja-contrib", "tokio"];
+const SERVING_DEPENDENCIES: &[&str] = &["axum", "futures-util", "tokio"];
+
+/// The crates the chat template of a server that chats needs.
+const CHAT_DEPENDENCIES: &[&str] = &["minijinja", "minijinja-contrib"];
 
 /// The crates a LLaMA crate depends on, the server's included where it serves.
 pub fn dependencies(c: &LlamaConsts) -> Vec<&'static str> {
     let serving = if c.serving.is_some() { SERVING_DEPENDENCIES } else { &[] };
-    DEPENDENCIES.iter().chain(serving).copied().collect()
+    let chat = if chats(c) { CHAT_DEPENDENCIES } else { &[] };
+    DEPENDENCIES.iter().chain(serving).chain(chat).copied().collect()
 }
 
-/// What `serve --help` says the server is, and what its `--model` directory holds.
-const SERVE_HELP: (&str, &str) = (
-    "Serves the model over HTTP: OpenAI's completions and chat completions API, with continuous batching.",
-    "Model directory holding model.safetensors and tokenizer.json (and a chat model's chat template, in tokenizer_config.json or chat_template.jinja, for /v1/chat/completions).",
-);
+/// Whether the crate's server answers chat completions (`serving.chat`).
+fn chats(c: &LlamaConsts) -> bool {
+    c.serving.as_ref().is_some_and(|s| s.chat)
+}
+
+/// What `serve --help` says the server is, and what its `--model` directory holds: with a
+/// chat template, and without.
+const SERVE_HELP: [(&str, &str); 2] = [
+    (
+        "Serves the model over HTTP: OpenAI's completions and chat completions API, with continuous batching.",
+        "Model directory holding model.safetensors, tokenizer.json and the chat template (tokenizer_config.json or chat_template.jinja).",
+    ),
+    (
+        "Serves the model over HTTP: OpenAI's completions API, with continuous batching.",
+        "Model directory holding model.safetensors and tokenizer.json.",
+    ),
+];
 
 /// The server's runtime files, copied as the others are.
 const SERVING_FILES: &[&str] = &["engine.rs", "http.rs", "metrics.rs", "serve.rs"];
@@ -65,8 +81,11 @@ pub fn rust_files(
     ];
     let matrices = Matrices::of(plan);
     let serving = if c.serving.is_some() { SERVING_FILES } else { &[] };
+    let features = [("chat", chats(c))];
     for file in RUNTIME_FILES.iter().chain(serving) {
         let mut source = templates.runtime(file, &krate)?;
+        rust_source::select(&mut source, &features)
+            .map_err(|message| Error::Template { name: format!("runtime/{file}"), message })?;
         if *file == "tensor_file.rs" {
             rust_source::remove_methods(&mut source, matrices.unused_tensor_file_methods());
         }
@@ -74,12 +93,12 @@ pub fn rust_files(
         if *file == "scratch.rs" && (c.kv_dtype == KvDtype::Bf16 || c.batched()) {
             rust_source::remove_methods(&mut source, &["like"]);
         }
-        // Only the server encodes a chat template's text as it is.
-        if *file == "tokenizer.rs" && c.serving.is_none() {
+        // Only a server that chats encodes a chat template's text as it is.
+        if *file == "tokenizer.rs" && !chats(c) {
             rust_source::remove_methods(&mut source, &["encode_as_is"]);
         }
         if *file == "main.rs" && c.serving.is_some() {
-            common::add_serve_command(&mut source, templates, &krate, SERVE_HELP)?;
+            common::add_serve_command(&mut source, templates, &krate, SERVE_HELP[usize::from(!chats(c))])?;
         }
         files.push((format!("src/{file}"), rust_source::print(&source)));
     }

@@ -11,7 +11,8 @@ use super::options::{BOOKKEEPING, InitOptions, usize_field};
 use crate::diagnostics::Diagnostic;
 use crate::emit::Templates;
 use crate::workload::{
-    ArchitectureTag, DecoderRequest, Device, KvCache, Llama, Model, Request, RopeScaling, Target, Workload,
+    ArchitectureTag, DecoderRequest, Device, KvCache, Llama, Model, Request, RopeScaling, Serving, Target,
+    Workload,
 };
 use crate::{Error, cpu};
 
@@ -375,9 +376,32 @@ fn build(
             typical_decode_len,
             requests_per_load: opts.requests_per_load,
         }),
-        serving: opts.serve.then(|| toml::from_str("").expect("every field of [serving] has a default")),
+        serving: opts.serve.then(|| Serving {
+            chat: path.parent().is_some_and(has_chat_template),
+            ..toml::from_str("").expect("every field of [serving] has a default")
+        }),
         source: Default::default(),
     })
+}
+
+/// Whether model directory `dir` has a chat template, where the generated server looks for one:
+/// chat_template.jinja, or tokenizer_config.json's `chat_template` (a string, or a list with
+/// one named `default`).
+fn has_chat_template(dir: &Path) -> bool {
+    if dir.join("chat_template.jinja").is_file() {
+        return true;
+    }
+    let config: Option<Value> = std::fs::read_to_string(dir.join("tokenizer_config.json"))
+        .ok()
+        .and_then(|t| serde_json::from_str(&t).ok());
+    match config.as_ref().and_then(|c| c.get("chat_template")) {
+        Some(Value::String(_)) => true,
+        Some(Value::Array(named)) => named.iter().any(|t| {
+            t.get("name").and_then(Value::as_str) == Some("default")
+                && t.get("template").is_some_and(Value::is_string)
+        }),
+        _ => false,
+    }
 }
 
 #[derive(Serialize)]
