@@ -242,6 +242,12 @@ pub fn bench_target_dir(project: &Project) -> PathBuf {
         .map_or_else(|| bench_dir(project).join("target"), PathBuf::from)
 }
 
+/// Where whole crates are compiled in release (`bench`'s end-to-end checks, `eval`), apart
+/// from the harnesses, whose profile unwinds: one folder, so that they share dependencies.
+pub fn crates_target_dir(project: &Project) -> PathBuf {
+    bench_target_dir(project).join("crates")
+}
+
 /// What `bench --stale` measures of one workload: the interfaces whose competing
 /// implementations `check` finds without a fresh record on the workload's hardware class, for
 /// the crate in `dir` (its monogen.lock's choices are the incumbents, as for `check`).
@@ -325,7 +331,7 @@ pub fn build_harness(crate_dir: &Path, target_dir: &Path, name: &str) -> Result<
 /// Compiles `what`, the crate in `crate_dir` named `name`, in release (its own profile) with
 /// its target folder at `target_dir`, without the caller's RUSTFLAGS; returns the executable.
 /// `hint` follows the compiler's refusal.
-fn build_release(
+pub(crate) fn build_release(
     crate_dir: &Path,
     target_dir: &Path,
     name: &str,
@@ -749,7 +755,7 @@ fn confirm(
         unreachable!("unconfirmable() turns encoders away");
     };
     let dir = bench_dir(project).join("confirm").join(&w.name);
-    let target = bench_target_dir(project).join("confirm");
+    let target = crates_target_dir(project);
     let mut binaries = Vec::new();
     let mut imps = Vec::new();
     for (side, name) in [("from", &change.from), ("to", &change.to)] {

@@ -248,7 +248,9 @@ fn finding(
 ) -> Result<Finding, Error> {
     let diff = crate::write::diff(dir, output)?;
     let unmeasured: Vec<&String> = plan.interfaces.iter().flat_map(|i| &i.unmeasured).collect();
-    if diff.is_clean() && unmeasured.is_empty() {
+    let workload = project.read_workload(path)?;
+    let quality = crate::eval::gate(project, &workload, path, output)?;
+    if diff.is_clean() && unmeasured.is_empty() && quality.is_empty() {
         return Ok(Finding::Ok { dir: dir.to_path_buf(), workload: path.to_path_buf() });
     }
     let mut because = Vec::new();
@@ -257,6 +259,7 @@ fn finding(
         because.extend(reasons(old_lock.as_deref(), plan, &project.registry, &diff));
     }
     because.extend(unmeasured.iter().map(|n| n.to_string()));
+    because.extend(quality.iter().cloned());
     let mut files = Vec::new();
     for (what, list) in [("missing", &diff.missing), ("differs", &diff.modified), ("stale", &diff.stale)] {
         for f in list {
@@ -270,14 +273,24 @@ fn finding(
     } else {
         format!("monogen build {} --out {}", shown(path), shown(dir))
     };
-    let fix = if unmeasured.is_empty() {
-        build
-    } else {
-        let what = if from_crate { format!("--crate {}", shown(dir)) } else { shown(path) };
-        format!(
-            "monogen bench --stale {what} (on hardware class {}), then {build}",
+    let what = if from_crate { format!("--crate {}", shown(dir)) } else { shown(path) };
+    let mut steps = Vec::new();
+    if !unmeasured.is_empty() {
+        steps.push(format!(
+            "monogen bench --stale {what} (on hardware class {})",
             plan.target.hardware.as_deref().unwrap_or_default()
-        )
-    };
+        ));
+    }
+    if !unmeasured.is_empty() || !diff.is_clean() {
+        steps.push(build);
+    }
+    if !quality.is_empty() {
+        steps.push(if workload.quality.is_none() {
+            format!("add a [quality] bar to {} (docs/quality.md), then monogen eval {what} --model MODEL_DIR", shown(path))
+        } else {
+            format!("monogen eval {what} --model MODEL_DIR (and, if it fails its bar, a kernel or dtype that clears it)")
+        });
+    }
+    let fix = steps.join(", then ");
     Ok(Finding::Stale { dir: dir.to_path_buf(), workload: path.to_path_buf(), because, files, fix })
 }

@@ -18,6 +18,7 @@ pub mod check;
 pub mod cpu;
 pub mod diagnostics;
 pub mod emit;
+pub mod eval;
 pub mod explain;
 pub mod host;
 pub mod init;

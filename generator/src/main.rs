@@ -116,6 +116,29 @@ enum Command {
         #[arg(long = "interface", value_name = "NAME", value_delimiter = ',')]
         interfaces: Vec<String>,
     },
+    /// Measure a workload's crate against its f32 twin on a real model over an evaluation text
+    /// (top-1 agreement, KL divergence and perplexity; an encoder's cosine similarity), record
+    /// the figures in the ranking database's quality/ and hold them to the workload's
+    /// [quality] bar: exit 0 when cleared, 1 when not.
+    Eval {
+        /// The workload file (TOML).
+        #[arg(required_unless_present = "krate", conflicts_with = "krate")]
+        workload: Option<PathBuf>,
+        /// A crate monogen generated, anywhere: evaluate its own workload.toml, with its
+        /// monogen.lock's choices as the incumbents.
+        #[arg(long = "crate", id = "krate", value_name = "DIR")]
+        krate: Option<PathBuf>,
+        /// The model's Hugging Face folder (config.json, model.safetensors, tokenizer.json).
+        #[arg(long, value_name = "DIR")]
+        model: PathBuf,
+        /// The evaluation text (default: the workload's quality.text, else monogen's own):
+        /// a decoder reads it whole, an encoder embeds each line.
+        #[arg(long, value_name = "FILE")]
+        text: Option<PathBuf>,
+        /// Print the record as JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// Write a model directory (config.json, random model.safetensors, tokenizer.json) with a
     /// workload's shapes, for benchmarks.
     SynthWeights {
@@ -372,6 +395,56 @@ fn run(cli: Cli) -> Result<ExitCode, Error> {
                 targets.push((check::crate_workload(&dir)?, dir, true));
             }
             bench(project, &targets, &options, stale, json)
+        }
+        Command::Eval { workload, krate, model, text, json } => {
+            let project = project(cli.root, cli.rankings)?;
+            let path = match (&workload, &krate) {
+                (Some(path), _) => path.clone(),
+                (None, Some(dir)) => check::crate_workload(dir)?,
+                (None, None) => unreachable!("clap requires one"),
+            };
+            let bar = progress_bar(json);
+            bar.set_style(
+                indicatif::ProgressStyle::with_template(
+                    "{spinner} [{bar:30}] {pos}/{len} windows, {eta} left",
+                )
+                .expect("the template is valid")
+                .progress_chars("=> "),
+            );
+            bar.set_message("building");
+            let run = monogen::eval::eval(
+                &project,
+                &path,
+                krate.as_deref(),
+                &model,
+                text.as_deref(),
+                |done, total| {
+                    bar.set_length(total as u64);
+                    bar.set_position(done as u64);
+                },
+            )?;
+            bar.finish_and_clear();
+            if json {
+                println!("{}", serde_json::to_string_pretty(&run.record).expect("records serialize"));
+            } else {
+                println!(
+                    "{} against f32 over the {} text: {}",
+                    run.workload,
+                    run.record.text,
+                    run.record.figures.render()
+                );
+                match &run.bar {
+                    None => println!("no [quality] bar to hold it to"),
+                    Some(_) if run.misses.is_empty() => println!("clears its [quality] bar"),
+                    Some(_) => {
+                        for miss in &run.misses {
+                            println!("FAILS its bar: {miss}");
+                        }
+                    }
+                }
+                println!("recorded in {}", shown(&run.recorded));
+            }
+            Ok(if run.misses.is_empty() { ExitCode::SUCCESS } else { ExitCode::from(1) })
         }
         Command::SynthWeights { workload, out, seed } => {
             let project = project(cli.root, cli.rankings)?;

@@ -575,6 +575,10 @@ impl Rankings {
                 continue;
             }
             let class_name = class.file_name().to_string_lossy().into_owned();
+            // Evaluation records (`monogen eval`) live beside the classes.
+            if class_name == crate::eval::QUALITY_DIR {
+                continue;
+            }
             let entries = std::fs::read_dir(&class_dir).map_err(|e| Error::io(&class_dir, e))?;
             for entry in entries.flatten() {
                 let path = entry.path();

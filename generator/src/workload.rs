@@ -40,6 +40,9 @@ pub struct Workload {
     /// The `[serving]` table: the crate is also an HTTP server (its `serve` subcommand).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub serving: Option<Serving>,
+    /// The `[quality]` table: the bar `monogen eval` holds the crate to against its f32 twin.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub quality: Option<Quality>,
     /// The text of the file it was parsed from, which a generated crate keeps as its
     /// `workload.toml` (none for a workload made in code, such as `init`'s).
     #[serde(skip)]
@@ -119,6 +122,36 @@ impl Serving {
     /// How long an encoder's batch waits for more sentences, in milliseconds.
     pub fn batch_wait_ms(&self) -> u64 {
         self.batch_wait_ms.unwrap_or(2)
+    }
+}
+
+/// The bar a workload's crate must clear against its f32 twin (`monogen eval`): the optional
+/// `[quality]` table. docs/quality.md documents each field.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Quality {
+    /// A decoder: the largest mean KL divergence of the next-token distributions from f32's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_mean_kl: Option<f64>,
+    /// A decoder: the smallest share of positions whose most likely next token is f32's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_top1: Option<f64>,
+    /// An encoder: the smallest mean cosine similarity of its embeddings to f32's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_cosine: Option<f64>,
+    /// The evaluation text, relative to the workload file; monogen's default text unless set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub text: Option<String>,
+    /// Why this workload is not evaluated (synthetic weights, a CPU no evaluating machine
+    /// has): `check` then asks for no evaluation record. Excludes every bar.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub waived: Option<String>,
+}
+
+impl Quality {
+    /// Whether it sets any bar.
+    pub fn has_bar(&self) -> bool {
+        self.max_mean_kl.is_some() || self.min_top1.is_some() || self.min_cosine.is_some()
     }
 }
 
@@ -530,6 +563,8 @@ struct WorkloadFile<M, R> {
     request: R,
     #[serde(default)]
     serving: Option<Serving>,
+    #[serde(default)]
+    quality: Option<Quality>,
 }
 
 /// Stands for the `architecture` key inside an architecture's model table; the key is
@@ -638,6 +673,7 @@ impl WorkloadSource {
                     target: file.target,
                     request: Request::Decoder(file.request),
                     serving: file.serving,
+                    quality: file.quality,
                     source: SourceText(Some(self.text.clone())),
                 }
             }
@@ -697,6 +733,7 @@ impl WorkloadSource {
                     target: file.target,
                     request: Request::Encoder(file.request),
                     serving: file.serving,
+                    quality: file.quality,
                     source: SourceText(Some(self.text.clone())),
                 }
             }
@@ -838,7 +875,64 @@ fn check(w: &Workload, span: &SpanOf, src: &WorkloadSource) -> Vec<Diagnostic> {
         (Some(serving), Request::Encoder(_)) => check_embedding_serving(serving, &mut out, &mk),
         (None, _) => {}
     }
+    if let Some(q) = &w.quality {
+        check_quality(q, &w.request, &mut out, &mk);
+    }
     out
+}
+
+/// The `[quality]` table: bars of the workload's kind, in range, or a reason for none.
+fn check_quality(q: &Quality, r: &Request, out: &mut Vec<Diagnostic>, mk: &MakeDiagnostic) {
+    let encoder = matches!(r, Request::Encoder(_));
+    let bars = [
+        ("max_mean_kl", q.max_mean_kl, !encoder, 0.0..=f64::MAX, "a positive number, e.g. 1e-3"),
+        ("min_top1", q.min_top1, !encoder, 0.0..=1.0, "a share between 0 and 1, e.g. 0.98"),
+        ("min_cosine", q.min_cosine, encoder, -1.0..=1.0, "a cosine between -1 and 1, e.g. 0.999"),
+    ];
+    for (key, value, applies, range, hint) in bars {
+        let Some(value) = value else { continue };
+        if !applies {
+            let (kind, other) = if encoder {
+                ("an encoder's embeddings", "min_cosine")
+            } else {
+                ("a decoder's next-token distributions", "max_mean_kl or min_top1")
+            };
+            out.push(mk(
+                &["quality", key],
+                format!("quality.{key} does not apply to this workload"),
+                &format!("{kind} are compared with f32 by {other}"),
+                format!("use {other}"),
+            ));
+        } else if !value.is_finite() || !range.contains(&value) || (key == "max_mean_kl" && value <= 0.0) {
+            out.push(mk(
+                &["quality", key],
+                format!("quality.{key} is {value}"),
+                "out of range",
+                format!("use {hint}"),
+            ));
+        }
+    }
+    match &q.waived {
+        Some(reason) if q.has_bar() => out.push(mk(
+            &["quality", "waived"],
+            "quality.waived and a bar are both set".into(),
+            &format!("waived: {reason}"),
+            "keep the bars and remove `waived`, or the other way round".into(),
+        )),
+        Some(reason) if reason.trim().is_empty() => out.push(mk(
+            &["quality", "waived"],
+            "quality.waived is empty".into(),
+            "a waiver says why",
+            "say why the crate is not evaluated, e.g. \"synthetic weights\"".into(),
+        )),
+        None if !q.has_bar() => out.push(mk(
+            &["quality"],
+            "[quality] sets no bar".into(),
+            "nothing to hold the crate to",
+            if encoder { "set min_cosine" } else { "set max_mean_kl, min_top1 or both" }.into(),
+        )),
+        _ => {}
+    }
 }
 
 /// Finds a value's span by key path.

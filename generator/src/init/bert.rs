@@ -169,6 +169,7 @@ pub fn workload(
             batch_wait_ms: Some(2),
             ..toml::from_str("").expect("every field of [serving] has a default")
         }),
+        quality: opts.quality(true),
         source: Default::default(),
     })
 }

@@ -380,6 +380,7 @@ fn build(
             chat: path.parent().is_some_and(has_chat_template),
             ..toml::from_str("").expect("every field of [serving] has a default")
         }),
+        quality: opts.quality(false),
         source: Default::default(),
     })
 }

@@ -112,6 +112,23 @@ impl InitOptions {
         }
     }
 
+    /// The `[quality]` table of weights of `dtype`: none for f32; for the others the bar
+    /// docs/quality.md suggests, which `monogen eval` then holds the crate to.
+    pub(crate) fn quality(&self, encoder: bool) -> Option<crate::workload::Quality> {
+        let q = crate::workload::Quality::default();
+        match (self.dtype, encoder) {
+            (Dtype::F32, _) => None,
+            (Dtype::Bf16, false) => {
+                Some(crate::workload::Quality { max_mean_kl: Some(1e-3), min_top1: Some(0.98), ..q })
+            }
+            (_, false) => {
+                Some(crate::workload::Quality { max_mean_kl: Some(5e-3), min_top1: Some(0.95), ..q })
+            }
+            (Dtype::Bf16, true) => Some(crate::workload::Quality { min_cosine: Some(0.999), ..q }),
+            (_, true) => Some(crate::workload::Quality { min_cosine: Some(0.99), ..q }),
+        }
+    }
+
     /// The `[weights]` table these options ask for, refused when `--activations bf16` comes
     /// without `--dtype bf16`.
     pub(crate) fn weights(&self) -> Result<Weights, Error> {
