@@ -243,6 +243,56 @@ pub fn gate(project: &Project, w: &Workload, path: &Path, output: &Output) -> Re
     })
 }
 
+/// `plan`, unless it changes a choice of the crate in `out_dir` and an evaluation of exactly
+/// the crate it makes missed the workload's bar: then the plan that keeps the crate's choices
+/// for those interfaces, each saying why. A fixed kernel makes another crate, which is adopted
+/// until an evaluation of it misses the bar in turn.
+pub fn keep_what_clears_the_bar(
+    project: &Project,
+    w: &Workload,
+    path: &Path,
+    out_dir: &Path,
+    plan: crate::plan::Plan,
+) -> Result<crate::plan::Plan, Error> {
+    let Some(q) = w.quality.as_ref().filter(|q| q.has_bar()) else { return Ok(plan) };
+    let locked = crate::check::locked_choices(out_dir);
+    let changed: std::collections::BTreeMap<String, (String, String)> = plan
+        .interfaces
+        .iter()
+        .filter_map(|i| {
+            let old = locked.get(&i.interface)?;
+            (old != &i.chosen.name).then(|| (i.interface.clone(), (old.clone(), i.chosen.name.clone())))
+        })
+        .collect();
+    if !needs_eval(w) || changed.is_empty() {
+        return Ok(plan);
+    }
+    let records = records(project, &w.name)?;
+    if records.is_empty() {
+        return Ok(plan);
+    }
+    let text_sha256 = hex(&Sha256::digest(text_of(project, w, path)?.1));
+    let crate_sha256 = numerics_sha256(&project.emit(&plan)?);
+    let failed = records
+        .iter()
+        .filter(|r| r.crate_sha256 == crate_sha256 && r.text_sha256 == text_sha256)
+        .max_by(|a, b| a.measured_at.cmp(&b.measured_at));
+    let Some(failed) = failed else { return Ok(plan) };
+    let misses = failed.figures.misses(q);
+    if misses.is_empty() {
+        return Ok(plan);
+    }
+    let flips: Vec<String> = changed.iter().map(|(i, (old, new))| format!("{i} {old} → {new}")).collect();
+    let because = format!(
+        "kept: the crate with {} failed its quality bar when evaluated ({}: {})",
+        flips.join(", "),
+        failed.measured_at,
+        misses.join("; ")
+    );
+    let forced = changed.into_iter().map(|(i, (old, _))| (i, old)).collect();
+    project.plan_forced_because(w, path, out_dir, forced, Some(because))
+}
+
 /// The f32 twin of `w`: the same model and request with f32 weights, activations and KV cache,
 /// no server, and kernels by declared priority, named `<name>-f32-reference`.
 fn twin(w: &Workload) -> Workload {

@@ -141,8 +141,11 @@ impl Project {
 
     /// Resolves a workload whose crate lives in `out_dir`: the choices recorded in its
     /// monogen.lock are the incumbents of measured rankings.
+    /// A choice that changes the crate's is not adopted where an evaluation of exactly the
+    /// crate it makes missed the workload's `[quality]` bar (`eval::keep_what_clears_the_bar`).
     pub fn plan_for(&self, workload: &Workload, path: &Path, out_dir: &Path) -> Result<Plan, Error> {
-        self.plan_forced(workload, path, out_dir, Default::default())
+        let plan = self.plan_forced(workload, path, out_dir, Default::default())?;
+        eval::keep_what_clears_the_bar(self, workload, path, out_dir, plan)
     }
 
     /// [`Project::plan_for`] with the choices `forced` (interface → implementation) made
@@ -154,10 +157,23 @@ impl Project {
         out_dir: &Path,
         forced: std::collections::BTreeMap<String, String>,
     ) -> Result<Plan, Error> {
+        self.plan_forced_because(workload, path, out_dir, forced, None)
+    }
+
+    /// [`Project::plan_forced`], the plan saying `because` of each forced choice.
+    pub fn plan_forced_because(
+        &self,
+        workload: &Workload,
+        path: &Path,
+        out_dir: &Path,
+        forced: std::collections::BTreeMap<String, String>,
+        because: Option<String>,
+    ) -> Result<Plan, Error> {
         let selection = resolve::Selection {
             rankings: self.rankings.clone(),
             incumbents: check::locked_choices(out_dir),
             forced,
+            forced_because: because,
         };
         Ok(resolve::resolve(workload, &self.registry, &selection, path)?)
     }

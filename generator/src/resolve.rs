@@ -150,6 +150,9 @@ pub struct Selection {
     /// Interface → implementation to choose whatever the rankings say, where it is a valid
     /// competitor: how `bench` builds a crate both ways to confirm a flip end to end.
     pub forced: BTreeMap<String, String>,
+    /// Why the `forced` choices are made, as the plan says it (default: `bench`'s end-to-end
+    /// check of a flip).
+    pub forced_because: Option<String>,
 }
 
 /// Resolves `w` against `registry`. `path` is the workload file, for error messages.
@@ -314,7 +317,10 @@ fn choose(
     let (winner, reason) = if let Some(forced) = forced {
         (
             Some(*forced),
-            "chosen by `monogen bench` to time the crate both ways (a flip's end-to-end check)".to_string(),
+            selection.forced_because.clone().unwrap_or_else(|| {
+                "chosen by `monogen bench` to time the crate both ways (a flip's end-to-end check)"
+                    .to_string()
+            }),
         )
     } else if field.valid.len() <= 1 {
         field.only_candidate()
@@ -1063,6 +1069,7 @@ mod tests {
             rankings: r,
             incumbents: incumbent.map(|i| ("matmul".to_string(), i.to_string())).into_iter().collect(),
             forced: BTreeMap::new(),
+            forced_because: None,
         }
     }
 

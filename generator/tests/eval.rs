@@ -108,3 +108,77 @@ fn eval_records_figures_and_check_holds_the_crate_to_its_bar() {
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
     assert!(stderr(&out).contains("is not a model folder (it has no config.json)"), "{}", stderr(&out));
 }
+
+/// A choice that changes the crate is not adopted once an evaluation of exactly the crate it
+/// makes missed the bar: `build` keeps the crate's choice and says why, and adopts the change
+/// again when the record goes. (The record is written here as `eval` writes one; the test
+/// above runs `eval` itself.)
+#[test]
+fn a_flip_whose_crate_failed_its_bar_is_not_adopted() {
+    use monogen::eval::{EvalRecord, Figures, numerics_sha256, records_path, text_of};
+    use sha2::Digest;
+
+    let repo = measured_repo();
+    let root = repo.path();
+    std::fs::copy(workspace_root().join(WORKLOAD), root.join(WORKLOAD)).unwrap();
+    let _ = std::fs::remove_dir_all(root.join("rankings/quality"));
+    let project = monogen::Project::load(root).unwrap();
+    let path = root.join(WORKLOAD);
+    let w = project.read_workload(&path).unwrap();
+    let out = root.join("crate");
+    // The crate as an older generation left it: matmul<int8> on the scalar kernel.
+    let old = project.plan_forced(&w, &path, &out, [("matmul".into(), "q8-scalar".into())].into()).unwrap();
+    monogen::write::write(&out, &project.emit(&old).unwrap(), false).unwrap();
+    let matmul = |plan: &monogen::plan::Plan| plan.interface("matmul").unwrap().chosen.clone();
+
+    // No record: the measured choice replaces it.
+    let flipped = project.plan_for(&w, &path, &out).unwrap();
+    let adopted = matmul(&flipped).name;
+    assert_ne!(adopted, "q8-scalar");
+
+    // An evaluation of the flipped crate missed the bar: the scalar kernel stays.
+    let (_, text) = text_of(&project, &w, &path).unwrap();
+    let record = EvalRecord {
+        crate_sha256: numerics_sha256(&project.emit(&flipped).unwrap()),
+        text_sha256: sha2::Sha256::digest(&text).iter().map(|b| format!("{b:02x}")).collect(),
+        text: "default".into(),
+        weights_sha256: "0".repeat(64),
+        model: "m".into(),
+        monogen: "0.1.0".into(),
+        measured_at: "2026-12-06T21:00:00Z".into(),
+        figures: Figures::Decoder {
+            positions: 100,
+            top1: 0.5,
+            mean_kl: 0.25,
+            p99_kl: 1.0,
+            perplexity: 9.0,
+            perplexity_f32: 6.7,
+        },
+    };
+    let file = records_path(&project, &w.name);
+    std::fs::create_dir_all(file.parent().unwrap()).unwrap();
+    #[derive(serde::Serialize)]
+    struct File {
+        eval: Vec<EvalRecord>,
+    }
+    std::fs::write(&file, toml::to_string(&File { eval: vec![record] }).unwrap()).unwrap();
+    let kept = project.plan_for(&w, &path, &out).unwrap();
+    let choice = matmul(&kept);
+    assert_eq!(choice.name, "q8-scalar");
+    assert!(
+        choice
+            .reason
+            .contains(&format!("kept: the crate with matmul q8-scalar → {adopted} failed its quality bar"))
+            && choice.reason.contains("mean KL 2.500e-1 is above quality.max_mean_kl 5e-3"),
+        "{}",
+        choice.reason
+    );
+    // Every other choice is the same as the flipped plan's.
+    for (a, b) in kept.interfaces.iter().zip(&flipped.interfaces) {
+        if a.interface != "matmul" {
+            assert_eq!(a.chosen.name, b.chosen.name, "{}", a.interface);
+        }
+    }
+    std::fs::remove_file(&file).unwrap();
+    assert_eq!(matmul(&project.plan_for(&w, &path, &out).unwrap()).name, adopted);
+}
