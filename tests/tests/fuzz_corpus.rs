@@ -1,7 +1,8 @@
 //! What fuzzing found stays found: every input of the committed corpus (`fuzz/corpus/<target>/`)
 //! and every regression input (`fuzz/regressions/<target>/`, where `fuzz/run.sh` copies each
 //! crash it finds) runs here through the code its fuzz target calls (the workload parser; the
-//! weight loaders of f32, int8, bf16, packing and BERT crates; the tokenizer.json readers), as
+//! weight loaders of f32, int8, bf16, packing and BERT crates; the tokenizer.json readers; the
+//! chat template renderer), as
 //! an ordinary test, and must return (a value or an error) without a panic. The workload
 //! corpus must use every key that docs/workload.md documents, so that the fuzzer starts from
 //! each table and key.
@@ -120,6 +121,47 @@ fn every_tokenizer_input_loads_or_is_rejected_without_a_panic() {
             let _ = tokenizer.encode("A cat sat on the mat.");
         }
     });
+}
+
+/// The body of fuzz/fuzz_targets/chat_template.rs: a template's source, then optionally a line
+/// `---` and the messages as JSON. Returns whether the template compiled and rendered.
+fn render_chat_template(data: &[u8]) -> bool {
+    use serde_json::{Map, Value, json};
+    use stories260k_chat_cpu_f32::serve::ChatTemplate;
+    let Ok(text) = std::str::from_utf8(data) else { return false };
+    let (source, messages) = text.split_once("\n---\n").unwrap_or((text, ""));
+    let messages: Value = serde_json::from_str(messages).unwrap_or_else(|_| {
+        json!([
+            { "role": "system", "content": "Be brief." },
+            { "role": "user", "content": "Hi" },
+            { "role": "assistant", "content": "Hello." },
+            { "role": "user", "content": "Bye" },
+        ])
+    });
+    let Ok(template) = ChatTemplate::new(source.to_string(), "<s>".into(), "</s>".into()) else {
+        return false;
+    };
+    let with = template.render_with(&messages, true, &Map::new());
+    let without = template.render_with(&messages, false, &Map::new());
+    with.is_ok() && without.is_ok()
+}
+
+#[test]
+fn every_chat_template_input_renders_or_is_refused_without_a_panic() {
+    replay("chat_template", |_, data| drop(render_chat_template(data)));
+}
+
+/// The chat template seeds are the templates of tests/fixtures/chat_templates/ with a
+/// conversation each renders, so that the fuzzer starts past the parser.
+#[test]
+fn the_chat_template_seeds_render() {
+    let dir = workspace_root().join("fuzz/corpus/chat_template");
+    let mut seeds: Vec<PathBuf> = std::fs::read_dir(&dir).unwrap().flatten().map(|e| e.path()).collect();
+    seeds.sort();
+    assert!(seeds.len() >= 9, "{seeds:?}");
+    for seed in seeds {
+        assert!(render_chat_template(&std::fs::read(&seed).unwrap()), "{} does not render", seed.display());
+    }
 }
 
 /// The tokenizer seeds are valid tokenizers (a LLaMA-style BPE with byte fallback, the BPE
