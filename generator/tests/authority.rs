@@ -601,7 +601,9 @@ fn bench_measures_int8_and_bf16_matmuls_on_weights_as_their_crates_hold_them() {
             // Run as a process per request, the table shows each packing and its charge, and
             // lists the candidates by their time with it.
             let text = std::fs::read_to_string(repo.path().join(&path)).unwrap();
-            std::fs::write(repo.path().join(&path), format!("{text}requests_per_load = 1\n")).unwrap();
+            assert!(text.contains("\n[request]\n"), "{text}");
+            let text = text.replacen("\n[request]\n", "\n[request]\nrequests_per_load = 1\n", 1);
+            std::fs::write(repo.path().join(&path), text).unwrap();
             let mut args = vec!["bench", path.as_str(), "--dry-run", "--interface", "matmul"];
             args.extend_from_slice(QUICK);
             let out = monogen(repo.path(), &args);
