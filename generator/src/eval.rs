@@ -293,6 +293,58 @@ pub fn keep_what_clears_the_bar(
     project.plan_forced_because(w, path, out_dir, forced, Some(because))
 }
 
+/// The quality gate of workload `w` (at `path`, its crate `output`) as `explain` says it: the
+/// bar, and the figures of the current crate's evaluation or what is missing; `None` for a
+/// workload whose weights are f32 and that sets no bar.
+pub fn describe(
+    project: &Project,
+    w: &Workload,
+    path: &Path,
+    output: &Output,
+) -> Result<Option<String>, Error> {
+    let Some(q) = &w.quality else {
+        return Ok(needs_eval(w).then(|| {
+            "quality: no [quality] bar; `monogen check` fails until one is set (docs/quality.md)".to_string()
+        }));
+    };
+    if let Some(reason) = &q.waived {
+        return Ok(Some(format!("quality: not evaluated ({reason})")));
+    }
+    let mut bars = Vec::new();
+    if let Some(v) = q.max_mean_kl {
+        bars.push(format!("mean KL ≤ {v:e}"));
+    }
+    if let Some(v) = q.min_top1 {
+        bars.push(format!("top-1 ≥ {v}"));
+    }
+    if let Some(v) = q.min_cosine {
+        bars.push(format!("mean cosine ≥ {v}"));
+    }
+    let (text_name, text) = text_of(project, w, path)?;
+    let text_sha256 = hex(&Sha256::digest(&text));
+    let crate_sha256 = numerics_sha256(output);
+    let current = records(project, &w.name)?
+        .into_iter()
+        .filter(|r| r.crate_sha256 == crate_sha256 && r.text_sha256 == text_sha256)
+        .max_by(|a, b| a.measured_at.cmp(&b.measured_at));
+    let status = match current {
+        Some(r) => {
+            let misses = r.figures.misses(q);
+            let verdict = if misses.is_empty() {
+                "clears it".to_string()
+            } else {
+                format!("FAILS it: {}", misses.join("; "))
+            };
+            format!("{} (evaluated {} on {}): {verdict}", r.figures.render(), r.measured_at, r.model)
+        }
+        None => format!(
+            "this crate has not been evaluated over the {text_name} text: `monogen eval {} --model MODEL_DIR`",
+            shown(path)
+        ),
+    };
+    Ok(Some(format!("quality: bar {}; {status}", bars.join(", "))))
+}
+
 /// The f32 twin of `w`: the same model and request with f32 weights, activations and KV cache,
 /// no server, and kernels by declared priority, named `<name>-f32-reference`.
 fn twin(w: &Workload) -> Workload {

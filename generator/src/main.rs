@@ -309,6 +309,11 @@ fn run(cli: Cli) -> Result<ExitCode, Error> {
                 println!("{}", serde_json::to_string_pretty(&plan).expect("a plan always serializes"));
             } else {
                 print!("{}", monogen::explain::render(&plan, &workload, &dir));
+                if let Some(quality) =
+                    monogen::eval::describe(&project, &w, &workload, &project.emit(&plan)?)?
+                {
+                    println!("\n{quality}");
+                }
             }
             Ok(ExitCode::SUCCESS)
         }

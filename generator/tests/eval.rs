@@ -81,6 +81,15 @@ fn eval_records_figures_and_check_holds_the_crate_to_its_bar() {
 
     let after = check();
     assert!(after.status.success(), "{}{}", stdout(&after), stderr(&after));
+    let explain = |expected: &str| {
+        let out = monogen(root, &["explain", WORKLOAD, "--out", krate]);
+        let text = stdout(&out);
+        let line = text.lines().find(|l| l.starts_with("quality: ")).unwrap_or_else(|| panic!("{text}"));
+        assert!(line.contains(expected), "{line}");
+    };
+    explain("quality: bar mean KL ≤ 5e-3, top-1 ≥ 0.95; ");
+    explain("(evaluated ");
+    explain("clears it");
 
     // A bar tighter than the figure: check names it (the crate's numerics did not change, so
     // the record still counts), and eval exits 1.
@@ -94,6 +103,7 @@ fn eval_records_figures_and_check_holds_the_crate_to_its_bar() {
         report.contains("failed its bar: mean KL") && report.contains("above quality.max_mean_kl 1e-9"),
         "{report}"
     );
+    explain("FAILS it: mean KL");
     let out = eval(&["--json"]);
     assert_eq!(out.status.code(), Some(1), "{}{}", stdout(&out), stderr(&out));
     let json: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap();
