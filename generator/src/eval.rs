@@ -200,6 +200,30 @@ pub fn records(project: &Project, name: &str) -> Result<Vec<EvalRecord>, Error> 
     Ok(file.eval)
 }
 
+/// What the records say of the crate `output` of workload `w` (at `path`) over its text.
+struct Lookup {
+    /// The text's name (`default`, or `quality.text`).
+    text: String,
+    /// The newest record of exactly this crate over the text.
+    current: Option<EvalRecord>,
+    /// Whether any crate of the workload was evaluated over the text.
+    any: bool,
+}
+
+fn lookup(project: &Project, w: &Workload, path: &Path, output: &Output) -> Result<Lookup, Error> {
+    let (text, bytes) = text_of(project, w, path)?;
+    let text_sha256 = hex(&Sha256::digest(&bytes));
+    let crate_sha256 = numerics_sha256(output);
+    let of_text: Vec<EvalRecord> =
+        records(project, &w.name)?.into_iter().filter(|r| r.text_sha256 == text_sha256).collect();
+    let any = !of_text.is_empty();
+    let current = of_text
+        .into_iter()
+        .filter(|r| r.crate_sha256 == crate_sha256)
+        .max_by(|a, b| a.measured_at.cmp(&b.measured_at));
+    Ok(Lookup { text, current, any })
+}
+
 /// Why `check` finds the quality gate of workload `w` (at `path`, its crate `output`) not
 /// passed: no bar and no waiver, no record of this crate and text, or a record over the bar.
 /// Empty when it passes or does not apply.
@@ -220,15 +244,7 @@ pub fn gate(project: &Project, w: &Workload, path: &Path, output: &Output) -> Re
     if q.waived.is_some() {
         return Ok(Vec::new());
     }
-    let (text_name, text) = text_of(project, w, path)?;
-    let text_sha256 = hex(&Sha256::digest(&text));
-    let crate_sha256 = numerics_sha256(output);
-    let records = records(project, &w.name)?;
-    let of_text: Vec<&EvalRecord> = records.iter().filter(|r| r.text_sha256 == text_sha256).collect();
-    let current = of_text
-        .iter()
-        .filter(|r| r.crate_sha256 == crate_sha256)
-        .max_by(|a, b| a.measured_at.cmp(&b.measured_at));
+    let Lookup { text: text_name, current, any } = lookup(project, w, path, output)?;
     Ok(match current {
         Some(r) => r
             .figures
@@ -236,7 +252,7 @@ pub fn gate(project: &Project, w: &Workload, path: &Path, output: &Output) -> Re
             .into_iter()
             .map(|m| format!("its evaluation ({}) failed its bar: {m}", r.measured_at))
             .collect(),
-        None if !of_text.is_empty() => vec![format!(
+        None if any => vec![format!(
             "its evaluation record is stale: the crate's numerics changed since it was evaluated over the {text_name} text"
         )],
         None => vec![format!("it has {dtype} and no evaluation record over the {text_name} text")],
@@ -267,17 +283,10 @@ pub fn keep_what_clears_the_bar(
     if !needs_eval(w) || changed.is_empty() {
         return Ok(plan);
     }
-    let records = records(project, &w.name)?;
-    if records.is_empty() {
+    if records(project, &w.name)?.is_empty() {
         return Ok(plan);
     }
-    let text_sha256 = hex(&Sha256::digest(text_of(project, w, path)?.1));
-    let crate_sha256 = numerics_sha256(&project.emit(&plan)?);
-    let failed = records
-        .iter()
-        .filter(|r| r.crate_sha256 == crate_sha256 && r.text_sha256 == text_sha256)
-        .max_by(|a, b| a.measured_at.cmp(&b.measured_at));
-    let Some(failed) = failed else { return Ok(plan) };
+    let Some(failed) = lookup(project, w, path, &project.emit(&plan)?)?.current else { return Ok(plan) };
     let misses = failed.figures.misses(q);
     if misses.is_empty() {
         return Ok(plan);
@@ -320,13 +329,7 @@ pub fn describe(
     if let Some(v) = q.min_cosine {
         bars.push(format!("mean cosine ≥ {v}"));
     }
-    let (text_name, text) = text_of(project, w, path)?;
-    let text_sha256 = hex(&Sha256::digest(&text));
-    let crate_sha256 = numerics_sha256(output);
-    let current = records(project, &w.name)?
-        .into_iter()
-        .filter(|r| r.crate_sha256 == crate_sha256 && r.text_sha256 == text_sha256)
-        .max_by(|a, b| a.measured_at.cmp(&b.measured_at));
+    let Lookup { text: text_name, current, .. } = lookup(project, w, path, output)?;
     let status = match current {
         Some(r) => {
             let misses = r.figures.misses(q);
