@@ -187,8 +187,8 @@ pub struct ServingPlan {
     pub kv_slots: usize,
     /// Largest request body accepted, in bytes.
     pub max_body_bytes: usize,
-    /// The server answers chat completions with the model's chat template.
-    pub chat: bool,
+    /// The server answers chat completions with this chat template, which the crate embeds.
+    pub chat: Option<Box<crate::workload::Chat>>,
 }
 
 #[derive(Debug, Clone, Serialize)]

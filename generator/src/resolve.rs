@@ -771,7 +771,7 @@ fn consts(w: &Workload) -> Consts {
                     max_queue: s.max_queue,
                     kv_slots: s.kv_slots(r.max_batch),
                     max_body_bytes: s.max_body_bytes,
-                    chat: s.chat,
+                    chat: s.chat.clone().map(Box::new),
                 }),
             })
         }

@@ -24,6 +24,18 @@ pub fn comment(text: &str) -> TokenStream {
     quote! { __monogen_comment!(#text); }
 }
 
+/// A string literal of `text` that reads as the text: a raw string (`r#"…"#`, with as many
+/// `#` as the text needs) where it has lines or quotes, an ordinary one otherwise or where a
+/// raw string cannot hold it (a carriage return).
+pub fn string_literal(text: &str) -> proc_macro2::Literal {
+    if !text.contains(['\n', '"', '\\']) || text.contains('\r') {
+        return proc_macro2::Literal::string(text);
+    }
+    let hashes =
+        (1..).map(|n| "#".repeat(n)).find(|h| !text.contains(&format!("\"{h}"))).expect("some count is free");
+    format!("r{hashes}\"{text}\"{hashes}").parse().expect("a raw string literal")
+}
+
 /// A problem that keeps a source from being re-printed faithfully.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SourceError {
@@ -982,5 +994,31 @@ mod select_tests {
     fn an_unknown_condition_is_an_error() {
         let e = selected("#[only_if(chatty)]\nfn f() {}\n", true).unwrap_err();
         assert!(e.contains("only_if(chatty)"), "{e}");
+    }
+}
+
+#[cfg(test)]
+mod string_literal_tests {
+    use super::string_literal;
+
+    /// Every text comes back as the value of its literal, through the printer; a text with
+    /// lines reads as itself (a raw string), with enough `#` for the quotes it holds.
+    #[test]
+    fn a_literal_holds_its_text_and_reads_as_it() {
+        for text in
+            ["plain", "two\nlines", "a \"quote\"", "\"# and \"## inside\n", "back\\slash", "cr\r\nlf", ""]
+        {
+            let literal = string_literal(text);
+            let file = super::print_tokens(quote::quote!(const T: &str = #literal;));
+            let parsed: syn::ItemConst = syn::parse_str(file.trim()).unwrap();
+            let syn::Expr::Lit(syn::ExprLit { lit: syn::Lit::Str(value), .. }) = *parsed.expr else {
+                panic!("{file}")
+            };
+            assert_eq!(value.value(), text, "{file}");
+            if text.contains('\n') && !text.contains('\r') {
+                assert!(file.contains(text), "not as it reads: {file}");
+            }
+        }
+        assert!(string_literal("\"# and \"## inside\n").to_string().starts_with("r###\""));
     }
 }

@@ -88,12 +88,28 @@ pub struct Serving {
     /// (milliseconds); 2 unless set. Decoders batch continuously and have none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub batch_wait_ms: Option<u64>,
-    /// A decoder's server also answers `/v1/chat/completions`, rendering the model's chat
-    /// template (`tokenizer_config.json` or `chat_template.jinja`), which the server then
-    /// requires at start-up. Without it the crate has no chat path at all. `monogen init
-    /// --serve` sets it where the model has a chat template.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub chat: bool,
+    /// A decoder's server also answers `/v1/chat/completions`, rendering this chat template
+    /// (the `[serving.chat]` table), which the crate embeds: it reads no template at run time.
+    /// Without it the crate has no chat path at all. `monogen init --serve` copies the model's
+    /// template here where it has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub chat: Option<Chat>,
+}
+
+/// The chat template a decoder's server renders chat messages with: the optional
+/// `[serving.chat]` table, as `monogen init --serve` copies it from the model's
+/// `chat_template.jinja` or `tokenizer_config.json`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Chat {
+    /// The Jinja template, rendered as Hugging Face renders it (`trim_blocks`, `lstrip_blocks`).
+    pub template: String,
+    /// The text the template's `bos_token` stands for (tokenizer_config.json's `bos_token`).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub bos_token: String,
+    /// The text the template's `eos_token` stands for.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub eos_token: String,
 }
 
 impl Serving {
@@ -662,6 +678,18 @@ impl WorkloadSource {
         };
         let workload = match architecture.get_ref().as_str() {
             "llama" => {
+                if let Some(span) = span_of(&doc, &["serving", "chat"])
+                    && matches!(&self.text[span_clamp(&self.text, &span)], "true" | "false")
+                {
+                    return Err(vec![
+                        self.diag("serving.chat is a table: the chat template itself")
+                            .primary(span, "a flag no longer says where the template is")
+                            .hint(
+                                "`monogen init --serve --hf MODEL_DIR` writes [serving.chat] with the model's \
+                                 template; or write `template = \"...\"` under [serving.chat]; or remove `chat`",
+                            ),
+                    ]);
+                }
                 let file: WorkloadFile<Llama, DecoderRequest> =
                     toml::from_str(text).map_err(|e| vec![self.toml_error(&e)])?;
                 Workload {
@@ -678,16 +706,6 @@ impl WorkloadSource {
                 }
             }
             "bert" => {
-                let file: WorkloadFile<Bert, EncoderRequest> =
-                    toml::from_str(text).map_err(|e| vec![self.toml_error(&e)])?;
-                if file.kv_cache.is_some() {
-                    let span = span_of(&doc, &["kv_cache"]).unwrap_or(0..0);
-                    return Err(vec![
-                        self.diag("a `bert` workload has no KV cache")
-                            .primary(span, "only decoders (`llama`) keep keys and values between steps")
-                            .hint("remove the [kv_cache] table"),
-                    ]);
-                }
                 // An embeddings server has no classes and no KV caches: it batches what arrives.
                 let decoder_only: Vec<Diagnostic> = ["priorities", "default_priority", "kv_slots", "chat"]
                     .iter()
@@ -715,6 +733,16 @@ impl WorkloadSource {
                     .collect();
                 if !decoder_only.is_empty() {
                     return Err(decoder_only);
+                }
+                let file: WorkloadFile<Bert, EncoderRequest> =
+                    toml::from_str(text).map_err(|e| vec![self.toml_error(&e)])?;
+                if file.kv_cache.is_some() {
+                    let span = span_of(&doc, &["kv_cache"]).unwrap_or(0..0);
+                    return Err(vec![
+                        self.diag("a `bert` workload has no KV cache")
+                            .primary(span, "only decoders (`llama`) keep keys and values between steps")
+                            .hint("remove the [kv_cache] table"),
+                    ]);
                 }
                 if file.serving.is_some() && file.model.pooling == Pooling::None {
                     let span = span_of(&doc, &["serving"]).unwrap_or(0..0);
@@ -1457,7 +1485,38 @@ fn check_serving(s: &Serving, r: &DecoderRequest, out: &mut Vec<Diagnostic>, mk:
             format!("use at least {}: every sequence in the batch holds one KV cache", r.max_batch),
         ));
     }
+    if let Some(chat) = &s.chat
+        && let Err(e) = minijinja::Environment::new().template_from_str(&chat.template)
+    {
+        out.push(mk(
+            &["serving", "chat", "template"],
+            format!(
+                "serving.chat.template is not a Jinja template: {}",
+                e.detail().unwrap_or("syntax error")
+            ),
+            "does not parse",
+            match e.range() {
+                Some(range) => format!(
+                    "it fails at `{}` (line {} of the template); fix it as the model's own template reads",
+                    template_excerpt(&chat.template, range),
+                    e.line().unwrap_or(1)
+                ),
+                None => "fix it as the model's own template reads".into(),
+            },
+        ));
+    }
     check_queue_and_body(s, out, mk);
+}
+
+/// The template's text around `range`, on one line: a few characters either side.
+fn template_excerpt(template: &str, range: Range<usize>) -> String {
+    let start = (0..=range.start.saturating_sub(40).min(template.len()))
+        .rev()
+        .find(|&i| template.is_char_boundary(i))
+        .unwrap_or(0);
+    let end = (range.end.min(template.len()) + 8).min(template.len());
+    let end = (end..=template.len()).find(|&i| template.is_char_boundary(i)).unwrap_or(template.len());
+    template[start.min(end)..end].replace('\n', "\\n")
 }
 
 /// The `[serving]` table of an encoder workload: its wait, queue and request bodies.

@@ -137,38 +137,47 @@ fn init_output_is_never_overwritten_without_force() {
 }
 
 /// `init --serve` gives a decoder's server a chat path exactly where the model has a chat
-/// template where the generated server looks for one, and the crate has no chat code without.
+/// template, copies that template (and the tokens it renders) into the workload as Hugging
+/// Face's tokenizer finds it, and the crate embeds it: it has no chat code without one, and
+/// reads no template at run time with one.
 #[test]
 fn init_serve_chats_where_the_model_has_a_chat_template() {
     let root = workspace_root();
     let temp = tempfile::tempdir().unwrap();
     let template = "{% for m in messages %}{{ m['content'] }}{% endfor %}";
-    // (model folder, files beside config.json, whether the server chats)
-    type Case<'a> = (&'a str, &'a [(&'a str, String)], bool);
-    let cases: [Case; 5] = [
-        ("base", &[], false),
-        ("config-without", &[("tokenizer_config.json", r#"{"bos_token": "<s>"}"#.to_string())], false),
+    let jinja = "{{ bos_token }}{% for m in messages %}\"{{ m['content'] }}\"#\n{% endfor %}";
+    let named = serde_json::json!({
+        "bos_token": { "content": "<|begin|>", "lstrip": false },
+        "eos_token": "<|end|>",
+        "chat_template": [{ "name": "tool_use", "template": "tools" }, { "name": "default", "template": template }],
+    });
+    // (model folder, files beside config.json, the template and BOS and EOS the server renders)
+    type Case<'a> = (&'a str, Vec<(&'a str, String)>, Option<(&'a str, &'a str, &'a str)>);
+    let cases: [Case; 6] = [
+        ("base", vec![], None),
+        ("config-without", vec![("tokenizer_config.json", r#"{"bos_token": "<s>"}"#.to_string())], None),
         (
             "config",
-            &[("tokenizer_config.json", serde_json::json!({ "chat_template": template }).to_string())],
-            true,
+            vec![("tokenizer_config.json", serde_json::json!({ "chat_template": template }).to_string())],
+            Some((template, "", "")),
         ),
         (
             "named",
-            &[(
-                "tokenizer_config.json",
-                serde_json::json!({ "chat_template": [{ "name": "default", "template": template }] })
-                    .to_string(),
-            )],
-            true,
+            vec![("tokenizer_config.json", named.to_string())],
+            Some((template, "<|begin|>", "<|end|>")),
         ),
-        ("jinja", &[("chat_template.jinja", template.to_string())], true),
+        ("jinja", vec![("chat_template.jinja", jinja.to_string())], Some((jinja, "", ""))),
+        (
+            "both",
+            vec![("chat_template.jinja", jinja.to_string()), ("tokenizer_config.json", named.to_string())],
+            Some((jinja, "<|begin|>", "<|end|>")),
+        ),
     ];
     for (name, files, chat) in cases {
         let dir = temp.path().join(name);
         std::fs::create_dir_all(&dir).unwrap();
         std::fs::write(dir.join("config.json"), LLAMA_CONFIG).unwrap();
-        for (file, text) in files {
+        for (file, text) in &files {
             std::fs::write(dir.join(file), text).unwrap();
         }
         let workload = temp.path().join(format!("{name}.toml"));
@@ -191,17 +200,37 @@ fn init_serve_chats_where_the_model_has_a_chat_template() {
         );
         assert!(out.status.success(), "{name}: {}", stderr(&out));
         let text = std::fs::read_to_string(&workload).unwrap();
-        assert_eq!(text.contains("\nchat = true\n"), chat, "{name}: {text}");
+        assert_eq!(text.contains("\n[serving.chat]\n"), chat.is_some(), "{name}: {text}");
         let w = monogen::workload::WorkloadSource::from_text("w.toml", &text).parse().unwrap();
-        assert_eq!(w.serving.as_ref().unwrap().chat, chat, "{name}");
+        let want = chat.map(|(template, bos, eos)| monogen::workload::Chat {
+            template: template.into(),
+            bos_token: bos.into(),
+            eos_token: eos.into(),
+        });
+        assert_eq!(w.serving.as_ref().unwrap().chat, want, "{name}");
         let krate = temp.path().join(format!("{name}-crate"));
         let out = monogen(&root, &["build", workload.to_str().unwrap(), "--out", krate.to_str().unwrap()]);
         assert!(out.status.success(), "{name}: {}", stderr(&out));
         let serve = std::fs::read_to_string(krate.join("src/serve.rs")).unwrap();
         let manifest = std::fs::read_to_string(krate.join("Cargo.toml")).unwrap();
-        assert_eq!(serve.contains("ChatTemplate"), chat, "{name}");
-        assert_eq!(manifest.contains("minijinja"), chat, "{name}");
+        assert_eq!(serve.contains("ChatTemplate"), chat.is_some(), "{name}");
+        assert_eq!(manifest.contains("minijinja"), chat.is_some(), "{name}");
         assert!(!serve.contains("only_if"), "{name}: a condition was left in the crate");
+        let embedded = std::fs::read_to_string(krate.join("src/chat_template.rs")).ok();
+        assert_eq!(embedded.is_some(), chat.is_some(), "{name}");
+        if let (Some(embedded), Some((template, _, _))) = (embedded, chat) {
+            assert!(
+                embedded.contains(template),
+                "{name}: the template is not in the crate as it reads:\n{embedded}"
+            );
+        }
+        for file in ["serve.rs", "http.rs", "main.rs", "tokenizer.rs"] {
+            let source = std::fs::read_to_string(krate.join("src").join(file)).unwrap();
+            assert!(
+                !source.contains("tokenizer_config") && !source.contains(".jinja"),
+                "{name}: {file} reads a template"
+            );
+        }
     }
 }
 

@@ -41,11 +41,10 @@ pub enum ServeError {
         #[source]
         source: std::io::Error,
     },
-    /// A file of the model directory that the server reads (a chat template) is unusable, or
-    /// missing.
+    /// The chat template built into the crate (`serving.chat.template`) does not compile.
     #[only_if(chat)]
-    #[error("{what} of {}: {reason}", path.display())]
-    ModelFile { what: &'static str, path: PathBuf, reason: String },
+    #[error("the chat template of this crate (its workload's serving.chat.template) does not compile: {0}")]
+    ChatTemplate(String),
     #[error("cannot start the server's runtime: {0}")]
     Runtime(std::io::Error),
 }

@@ -13,8 +13,6 @@
 
 use std::collections::VecDeque;
 use std::convert::Infallible;
-#[only_if(chat)]
-use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -31,6 +29,8 @@ use futures_util::stream;
 use serde_json::{Map, Value, json};
 use tokio::sync::mpsc;
 
+#[only_if(chat)]
+use crate::chat_template;
 use crate::detokenizer::DecodeStream;
 use crate::engine::{self, Engine, Event, Refused, Request};
 use crate::http::{self, ApiError, Listener, json_response};
@@ -51,7 +51,7 @@ impl Server {
         let model = Arc::new(Model::load(&options.model)?);
         let tokenizer = Tokenizer::load_with_encoder(&options.model)?;
         #[only_if(chat)]
-        let chat = ChatTemplate::read(&options.model)?;
+        let chat = ChatTemplate::built_in().map_err(ServeError::ChatTemplate)?;
         let metrics = Arc::new(Metrics::default());
         let engine = Engine::start(model, metrics.clone());
         let state = Arc::new(AppState {
@@ -708,41 +708,9 @@ pub struct ChatTemplate {
 
 #[only_if(chat)]
 impl ChatTemplate {
-    /// The chat template of model directory `dir`: chat_template.jinja, else
-    /// tokenizer_config.json's `chat_template` (the one named `default` of a list); an error
-    /// naming both when it has neither.
-    pub fn read(dir: &Path) -> Result<ChatTemplate, ServeError> {
-        let config_path = dir.join("tokenizer_config.json");
-        let config: Value = match std::fs::read_to_string(&config_path) {
-            Ok(text) => serde_json::from_str(&text)
-                .map_err(|e| ServeError::ModelFile { what: "chat template", path: config_path.clone(), reason: format!("not valid JSON: {e}") })?,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Value::Null,
-            Err(e) => return Err(ServeError::ModelFile { what: "chat template", path: config_path, reason: e.to_string() }),
-        };
-        let jinja_path = dir.join("chat_template.jinja");
-        let (source, path) = match std::fs::read_to_string(&jinja_path) {
-            Ok(text) => (text, jinja_path),
-            Err(_) => match config.get("chat_template") {
-                Some(Value::String(text)) => (text.clone(), config_path.clone()),
-                Some(Value::Array(named)) => {
-                    let default = named.iter().find(|t| t.get("name").and_then(Value::as_str) == Some("default"));
-                    match default.and_then(|t| t.get("template")).and_then(Value::as_str) {
-                        Some(text) => (text.to_string(), config_path.clone()),
-                        None => return Err(no_chat_template(config_path, "has no chat template named `default`")),
-                    }
-                }
-                Some(_) => return Err(no_chat_template(config_path, "`chat_template` is not a string or a list of named templates")),
-                None if config.is_null() => return Err(no_chat_template(config_path, "is missing, and so is chat_template.jinja")),
-                None => return Err(no_chat_template(config_path, "has no `chat_template`, and there is no chat_template.jinja beside it")),
-            },
-        };
-        let token = |name: &str| match config.get(name) {
-            Some(Value::String(s)) => s.clone(),
-            Some(Value::Object(o)) => o.get("content").and_then(Value::as_str).unwrap_or_default().to_string(),
-            _ => String::new(),
-        };
-        ChatTemplate::new(source, token("bos_token"), token("eos_token"))
-            .map_err(|reason| ServeError::ModelFile { what: "chat template", path, reason })
+    /// The chat template of the workload (`serving.chat`), which the crate embeds.
+    pub fn built_in() -> Result<ChatTemplate, String> {
+        ChatTemplate::new(chat_template::SOURCE.to_string(), chat_template::BOS_TOKEN.to_string(), chat_template::EOS_TOKEN.to_string())
     }
 
     /// A chat template of Jinja `source`, whose `bos_token` and `eos_token` are these.
@@ -781,18 +749,6 @@ impl ChatTemplate {
         template
             .render(minijinja::Value::from(minijinja::value::Serde(context)))
             .map_err(|e| format!("the chat template refused the messages: {e}"))
-    }
-}
-
-/// The error of a model directory without a usable chat template, for a crate that chats.
-#[only_if(chat)]
-fn no_chat_template(path: std::path::PathBuf, reason: &str) -> ServeError {
-    ServeError::ModelFile {
-        what: "chat template",
-        path,
-        reason: format!(
-            "{reason}: this crate serves chat completions (its workload sets serving.chat); give it a chat model's directory, or regenerate it without serving.chat"
-        ),
     }
 }
 

@@ -218,6 +218,7 @@ fn the_workload_corpus_uses_every_documented_key() {
             text.lines().any(|line| {
                 let line = line.trim_start().trim_start_matches('{');
                 line.starts_with(&format!("{key} ="))
+                    || line.ends_with(&format!(".{key}]"))
                     || line.contains(&format!(", {key} ="))
                     || line.contains(&format!("{{ {key} ="))
             })

@@ -267,7 +267,7 @@ impl Running {
         Running { addr: server.addr(), stop: Some(Box::new(move || server.stop())) }
     }
 
-    /// `stories260k-chat-cpu-f32`'s server, which chats with the template of `dir`.
+    /// `stories260k-chat-cpu-f32`'s server, which chats with the template its workload embeds.
     fn start_chat(dir: PathBuf, api_key: Option<&str>) -> Running {
         let options = chatty::serve::Options {
             model: dir,
@@ -292,7 +292,9 @@ impl Drop for Running {
     }
 }
 
-/// stories260k with a ChatML chat template (tokenizer_config.json), under target/.
+/// stories260k with a decoy chat template in its tokenizer_config.json, under target/: the
+/// chat twin renders the ChatML template its workload embeds, so every chat answer below
+/// would differ if it read the model directory's.
 fn chat_model() -> Option<PathBuf> {
     static DIR: OnceLock<Option<PathBuf>> = OnceLock::new();
     DIR.get_or_init(|| {
@@ -303,11 +305,12 @@ fn chat_model() -> Option<PathBuf> {
             std::fs::copy(source.join(file), dir.join(file)).unwrap();
         }
         let config = json!({
-            "bos_token": "<s>",
-            "eos_token": "</s>",
-            "chat_template": "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] | trim + '<|im_end|>\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}",
+            "bos_token": "<decoy>",
+            "eos_token": "</decoy>",
+            "chat_template": "{{ bos_token }}decoy{% for message in messages %}{{ message['content'] }}{% endfor %}",
         });
         std::fs::write(dir.join("tokenizer_config.json"), config.to_string()).unwrap();
+        std::fs::write(dir.join("chat_template.jinja"), "decoy {{ messages }}").unwrap();
         Some(dir)
     })
     .clone()
@@ -585,19 +588,11 @@ fn every_bad_request_gets_an_openai_error_object() {
     assert_eq!(answer.status, 404);
     let message = answer.json()["error"]["message"].as_str().unwrap().to_string();
     assert!(message.contains("(serving.chat is not set); use /v1/completions"), "{message}");
-    // A crate that chats refuses, at start, a model directory without a chat template.
+    // A crate that chats starts from a base model's directory too: its template is its own.
     let options = chatty::serve::Options { model: dir, host: "127.0.0.1".into(), port: 0, api_key: None };
-    let Err(e) = chatty::serve::Server::start(&options) else {
-        panic!("served chat without a chat template")
-    };
-    let e = e.to_string();
-    assert!(
-        e.contains(
-            "tokenizer_config.json: has no `chat_template`, and there is no chat_template.jinja beside it"
-        ),
-        "{e}"
-    );
-    assert!(e.contains("its workload sets serving.chat"), "{e}");
+    chatty::serve::Server::start(&options)
+        .expect("the chat twin starts without a template in the folder")
+        .stop();
     // After all of that, the server still answers.
     let answer =
         post(addr, "/v1/completions", &json!({ "model": WORKLOAD, "prompt": "Once", "max_tokens": 3 }));

@@ -12,7 +12,7 @@ use crate::Error;
 use crate::plan::{LlamaConsts, Plan};
 use crate::registry::Registry;
 use crate::rust_source::{self, comment};
-use crate::workload::{KvDtype, RopeScaling};
+use crate::workload::{Chat, KvDtype, RopeScaling};
 
 /// The crates every LLaMA crate depends on (versions in templates/dependencies.toml).
 const DEPENDENCIES: &[&str] =
@@ -31,9 +31,14 @@ pub fn dependencies(c: &LlamaConsts) -> Vec<&'static str> {
     DEPENDENCIES.iter().chain(serving).chain(chat).copied().collect()
 }
 
-/// Whether the crate's server answers chat completions (`serving.chat`).
+/// The chat template of a crate whose server answers chat completions (`serving.chat`).
+fn chat(c: &LlamaConsts) -> Option<&Chat> {
+    c.serving.as_ref().and_then(|s| s.chat.as_deref())
+}
+
+/// Whether the crate's server answers chat completions.
 fn chats(c: &LlamaConsts) -> bool {
-    c.serving.as_ref().is_some_and(|s| s.chat)
+    chat(c).is_some()
 }
 
 /// What `serve --help` says the server is, and what its `--model` directory holds: with a
@@ -41,7 +46,7 @@ fn chats(c: &LlamaConsts) -> bool {
 const SERVE_HELP: [(&str, &str); 2] = [
     (
         "Serves the model over HTTP: OpenAI's completions and chat completions API, with continuous batching.",
-        "Model directory holding model.safetensors, tokenizer.json and the chat template (tokenizer_config.json or chat_template.jinja).",
+        "Model directory holding model.safetensors and tokenizer.json (the chat template is built in).",
     ),
     (
         "Serves the model over HTTP: OpenAI's completions API, with continuous batching.",
@@ -108,8 +113,29 @@ pub fn rust_files(
         rust_source::remove_methods(&mut source, matrices.unused_methods());
         files.push((format!("src/{file}"), rust_source::print(&source)));
     }
+    if let Some(chat) = chat(c) {
+        files.push(("src/chat_template.rs".to_string(), rust_source::print_tokens(chat_template_rs(chat))));
+    }
     files.extend(common::kernel_files(plan, registry)?);
     Ok(files)
+}
+
+/// The chat template the server renders chat messages with, as the workload gives it: the
+/// template's text in a raw string, which reads as the template itself.
+fn chat_template_rs(chat: &Chat) -> TokenStream {
+    let source = rust_source::string_literal(&chat.template);
+    let (bos, eos) = (&chat.bos_token, &chat.eos_token);
+    quote! {
+        //! The chat template that `/v1/chat/completions` renders messages with: the workload's
+        //! `serving.chat`, which `monogen init --serve` copies from the model's own template.
+
+        /// The Jinja template, rendered with `trim_blocks` and `lstrip_blocks`.
+        pub const SOURCE: &str = #source;
+        /// What the template's `bos_token` stands for.
+        pub const BOS_TOKEN: &str = #bos;
+        /// What the template's `eos_token` stands for.
+        pub const EOS_TOKEN: &str = #eos;
+    }
 }
 
 fn lib_rs(plan: &Plan, c: &LlamaConsts) -> TokenStream {
@@ -189,6 +215,11 @@ fn lib_rs(plan: &Plan, c: &LlamaConsts) -> TokenStream {
             pub use model::{Batch, Run, Sequence};
         )
     });
+    let chat_mod = chats(c).then(|| {
+        quote!(
+            mod chat_template;
+        )
+    });
     let (serving_mods, serving_consts) = match &c.serving {
         None => (None, None),
         Some(s) => {
@@ -201,6 +232,7 @@ fn lib_rs(plan: &Plan, c: &LlamaConsts) -> TokenStream {
                 (usize_lit(s.max_queue), usize_lit(s.kv_slots), usize_lit(s.max_body_bytes));
             (
                 Some(quote! {
+                    #chat_mod
                     pub mod engine;
                     mod http;
                     mod metrics;

@@ -11,8 +11,8 @@ use super::options::{BOOKKEEPING, InitOptions, usize_field};
 use crate::diagnostics::Diagnostic;
 use crate::emit::Templates;
 use crate::workload::{
-    ArchitectureTag, DecoderRequest, Device, KvCache, Llama, Model, Request, RopeScaling, Serving, Target,
-    Workload,
+    ArchitectureTag, Chat, DecoderRequest, Device, KvCache, Llama, Model, Request, RopeScaling, Serving,
+    Target, Workload,
 };
 use crate::{Error, cpu};
 
@@ -377,7 +377,7 @@ fn build(
             requests_per_load: opts.requests_per_load,
         }),
         serving: opts.serve.then(|| Serving {
-            chat: path.parent().is_some_and(has_chat_template),
+            chat: path.parent().and_then(chat_template),
             ..toml::from_str("").expect("every field of [serving] has a default")
         }),
         quality: opts.quality(false),
@@ -385,24 +385,35 @@ fn build(
     })
 }
 
-/// Whether model directory `dir` has a chat template, where the generated server looks for one:
-/// chat_template.jinja, or tokenizer_config.json's `chat_template` (a string, or a list with
-/// one named `default`).
-fn has_chat_template(dir: &Path) -> bool {
-    if dir.join("chat_template.jinja").is_file() {
-        return true;
-    }
-    let config: Option<Value> = std::fs::read_to_string(dir.join("tokenizer_config.json"))
+/// The chat template of model directory `dir`, as Hugging Face's tokenizer loads it:
+/// chat_template.jinja, else tokenizer_config.json's `chat_template` (a string, or the one
+/// named `default` of a list), with the `bos_token` and `eos_token` it renders; `None` for a
+/// model without one (a base model).
+pub fn chat_template(dir: &Path) -> Option<Chat> {
+    let config: Value = std::fs::read_to_string(dir.join("tokenizer_config.json"))
         .ok()
-        .and_then(|t| serde_json::from_str(&t).ok());
-    match config.as_ref().and_then(|c| c.get("chat_template")) {
-        Some(Value::String(_)) => true,
-        Some(Value::Array(named)) => named.iter().any(|t| {
-            t.get("name").and_then(Value::as_str) == Some("default")
-                && t.get("template").is_some_and(Value::is_string)
-        }),
-        _ => false,
-    }
+        .and_then(|t| serde_json::from_str(&t).ok())
+        .unwrap_or(Value::Null);
+    let template = match std::fs::read_to_string(dir.join("chat_template.jinja")) {
+        Ok(text) => text,
+        Err(_) => match config.get("chat_template")? {
+            Value::String(text) => text.clone(),
+            Value::Array(named) => named
+                .iter()
+                .find(|t| t.get("name").and_then(Value::as_str) == Some("default"))?
+                .get("template")?
+                .as_str()?
+                .to_string(),
+            _ => return None,
+        },
+    };
+    // A token is a string, or an added token's object with its `content`.
+    let token = |name: &str| match config.get(name) {
+        Some(Value::String(s)) => s.clone(),
+        Some(Value::Object(o)) => o.get("content").and_then(Value::as_str).unwrap_or_default().to_string(),
+        _ => String::new(),
+    };
+    Some(Chat { template, bos_token: token("bos_token"), eos_token: token("eos_token") })
 }
 
 #[derive(Serialize)]
