@@ -250,16 +250,39 @@ pub fn authorize(api_key: Option<&str>, headers: &HeaderMap) -> Result<(), ApiEr
     })
 }
 
+/// The answer to a body larger than the server reads.
+fn too_large() -> ApiError {
+    ApiError {
+        status: StatusCode::PAYLOAD_TOO_LARGE,
+        message: format!("the request body is larger than {MAX_BODY_BYTES} bytes (serving.max_body_bytes)"),
+        param: None,
+        code: None,
+    }
+}
+
+/// Answers 413 at once to a request whose `Content-Length` declares a body larger than the
+/// server reads, before reading any of it (the connection then closes). The body limit alone
+/// refuses such a body only once that much of it has arrived, and a client that declares more
+/// than it sends would hold the connection meanwhile.
+pub async fn refuse_declared_oversize(request: axum::extract::Request, next: axum::middleware::Next) -> Response {
+    let declared = request
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok());
+    if declared.is_some_and(|n| n > MAX_BODY_BYTES as u64) {
+        return too_large().into_response();
+    }
+    next.run(request).await
+}
+
 /// The body as a JSON object.
 pub fn read_body(body: Result<Bytes, BytesRejection>) -> Result<Map<String, Value>, ApiError> {
     let bytes = body.map_err(|rejection| {
-        let status = rejection.status();
-        let message = if status == StatusCode::PAYLOAD_TOO_LARGE {
-            format!("the request body is larger than {MAX_BODY_BYTES} bytes (serving.max_body_bytes)")
-        } else {
-            format!("cannot read the request body: {rejection}")
-        };
-        ApiError { status, message, param: None, code: None }
+        if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            return too_large();
+        }
+        ApiError { status: rejection.status(), message: format!("cannot read the request body: {rejection}"), param: None, code: None }
     })?;
     match serde_json::from_slice::<Value>(&bytes) {
         Ok(Value::Object(map)) => Ok(map),

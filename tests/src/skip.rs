@@ -181,23 +181,29 @@ impl Counts {
     }
 }
 
-/// Where the tests skipped for lack of CPU features last ran in full: `tests/full-runs.txt`'s
-/// lines that name one of the features of `reason`.
+/// Where the tests skipped for `reason` last ran in full: `tests/full-runs.txt`'s lines that
+/// name one of the CPU features it lacks, or, for another reason, whose key (an environment
+/// variable that runs the tests, e.g. `MONOGEN_LARGE`) the reason names.
 pub fn last_full_runs(reason: &str, runs: &str) -> Vec<String> {
-    let Some(lacking) = reason.strip_prefix("this CPU lacks ") else { return Vec::new() };
-    let lacking: Vec<&str> = lacking.split(", ").map(|f| f.trim_start_matches("one of ")).collect();
+    let keys: Vec<&str> = match reason.strip_prefix("this CPU lacks ") {
+        Some(lacking) => lacking.split(", ").map(|f| f.trim_start_matches("one of ")).collect(),
+        None => reason
+            .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .filter(|w| w.starts_with("MONOGEN_"))
+            .collect(),
+    };
     runs.lines()
         .filter(|l| !l.trim_start().starts_with('#') && !l.trim().is_empty())
         .filter(|l| {
             let features = l.split(':').next().unwrap_or_default();
-            features.split_whitespace().any(|f| lacking.contains(&f))
+            features.split_whitespace().any(|f| keys.contains(&f))
         })
         .map(str::to_string)
         .collect()
 }
 
-/// The summary `.ci/run` ends with: for each reason of lacking CPU features, where those tests
-/// last ran in full, then the count line.
+/// The summary `.ci/run` ends with: for each reason a test skipped, where those tests last
+/// ran in full, then the count line.
 pub fn summary(output: &str, log: &str, runs: &str) -> String {
     let counts = Counts::read(output, log);
     let mut text = String::new();
@@ -231,6 +237,17 @@ mod tests {
     fn a_test_may_not_skip_for_features_this_cpu_has() {
         let have = flags("fma avx2 avx512f avx512_vnni f16c");
         cpu_reason("t", &["avx2", "fma", "avx512vnni"], Some(&have));
+    }
+
+    #[test]
+    fn a_skip_finds_where_its_tests_last_ran_in_full() {
+        let runs = "# comment\navx512f avx512bw: machine A\nMONOGEN_LARGE: machine B\n";
+        assert_eq!(last_full_runs("this CPU lacks avx512bw", runs), ["avx512f avx512bw: machine A"]);
+        assert_eq!(
+            last_full_runs("they run only with MONOGEN_LARGE=1 (big)", runs),
+            ["MONOGEN_LARGE: machine B"]
+        );
+        assert!(last_full_runs("model x is not present (set MONOGEN_MODELS)", runs).is_empty());
     }
 
     #[test]

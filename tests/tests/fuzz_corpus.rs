@@ -2,7 +2,7 @@
 //! and every regression input (`fuzz/regressions/<target>/`, where `fuzz/run.sh` copies each
 //! crash it finds) runs here through the code its fuzz target calls (the workload parser; the
 //! weight loaders of f32, int8, bf16, packing and BERT crates; the tokenizer.json readers; the
-//! chat template renderer), as
+//! chat template renderer; the server's handling of raw HTTP requests), as
 //! an ordinary test, and must return (a value or an error) without a panic. The workload
 //! corpus must use every key that docs/workload.md documents, so that the fuzzer starts from
 //! each table and key.
@@ -151,6 +151,181 @@ fn every_chat_template_input_renders_or_is_refused_without_a_panic() {
     replay("chat_template", |_, data| {
         render_chat_template(data);
     });
+}
+
+/// The server of the `http` target (fuzz/fuzz_targets/http.rs): the chat crate's, on the real
+/// stories260k, for the whole test process; `None` without the model.
+fn http_server() -> Option<std::net::SocketAddr> {
+    static ADDR: std::sync::OnceLock<Option<std::net::SocketAddr>> = std::sync::OnceLock::new();
+    *ADDR.get_or_init(|| {
+        use stories260k_chat_cpu_f32::serve::{Options, Server};
+        let model = monogen_tests::model_dir("stories260k")?;
+        let options = Options { model, host: "127.0.0.1".into(), port: 0, api_key: None };
+        let server = Server::start(&options).unwrap();
+        let addr = server.addr();
+        // It serves until the test process ends.
+        std::mem::forget(server);
+        Some(addr)
+    })
+}
+
+/// The request fuzz/fuzz_targets/http.rs writes after each input, which closes the connection
+/// once the server has answered.
+const LAST: &[u8] = b"GET /health HTTP/1.1\r\nHost: fuzz\r\nConnection: close\r\n\r\n";
+
+/// The body of fuzz/fuzz_targets/http.rs: the bytes and [`LAST`] written to a fresh loopback
+/// connection of the server, read until it closes or is quiet for a second; then the server must
+/// still answer. Returns what it answered, checked.
+fn send_raw_http(addr: std::net::SocketAddr, data: &[u8]) -> Vec<u8> {
+    use std::io::{Read, Write};
+    use std::time::{Duration, Instant};
+    let mut stream = std::net::TcpStream::connect(addr).expect("the server takes connections");
+    stream.set_write_timeout(Some(Duration::from_secs(10))).unwrap();
+    let _ = stream.write_all(data).and_then(|()| stream.write_all(LAST));
+    stream.set_read_timeout(Some(Duration::from_secs(1))).unwrap();
+    let started = Instant::now();
+    let mut answer = Vec::new();
+    let mut buffer = [0u8; 16384];
+    loop {
+        match stream.read(&mut buffer) {
+            Ok(0) => break,
+            Ok(n) => answer.extend_from_slice(&buffer[..n]),
+            Err(_) => break,
+        }
+        assert!(started.elapsed() < Duration::from_secs(60), "an answer that does not end");
+    }
+    drop(stream);
+    let mut health = std::net::TcpStream::connect(addr).expect("the server still takes connections");
+    health.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    health.write_all(LAST).unwrap();
+    let mut alive = Vec::new();
+    let _ = health.read_to_end(&mut alive);
+    assert!(
+        alive.starts_with(b"HTTP/1.1 200"),
+        "the server stopped answering: {:?}",
+        String::from_utf8_lossy(&alive)
+    );
+    check_http_answer(&answer);
+    answer
+}
+
+/// The answers in `bytes`, in order, as (status, head, body): each head up to its blank line,
+/// then a body of its Content-Length, or its chunks; an answer cut short ends the list.
+fn answers(bytes: &[u8]) -> Vec<(u16, String, Vec<u8>)> {
+    fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
+        hay.windows(needle.len()).position(|w| w == needle)
+    }
+    let mut out = Vec::new();
+    let mut rest = bytes;
+    while !rest.is_empty() {
+        let Some(end) = find(rest, b"\r\n\r\n") else { break };
+        let head = String::from_utf8_lossy(&rest[..end]).into_owned();
+        let status = head.get(9..12).and_then(|s| s.parse().ok()).unwrap_or(0);
+        rest = &rest[end + 4..];
+        let lower = head.to_ascii_lowercase();
+        let mut body = Vec::new();
+        if lower.contains("\r\ntransfer-encoding: chunked") {
+            loop {
+                let Some(line) = find(rest, b"\r\n") else { return out };
+                let size = std::str::from_utf8(&rest[..line])
+                    .ok()
+                    .and_then(|s| usize::from_str_radix(s.trim(), 16).ok());
+                let Some(size) = size else { return out };
+                rest = &rest[line + 2..];
+                if rest.len() < size + 2 {
+                    return out;
+                }
+                body.extend_from_slice(&rest[..size]);
+                rest = &rest[size + 2..];
+                if size == 0 {
+                    break;
+                }
+            }
+        } else {
+            let length = lower
+                .lines()
+                .find_map(|l| l.strip_prefix("content-length: ").and_then(|n| n.trim().parse::<usize>().ok()))
+                .unwrap_or(0);
+            // An answer to HEAD has the length of the body it leaves out.
+            let length = if rest.starts_with(b"HTTP/1.") { 0 } else { length };
+            if rest.len() < length {
+                return out;
+            }
+            body.extend_from_slice(&rest[..length]);
+            rest = &rest[length..];
+        }
+        out.push((status, head, body));
+    }
+    out
+}
+
+/// The checks of fuzz/fuzz_targets/http.rs: what the server answered has HTTP status lines,
+/// no 5xx, and a well-formed body where it says JSON (an error's an OpenAI error object).
+fn check_http_answer(bytes: &[u8]) {
+    let text = String::from_utf8_lossy(bytes);
+    assert!(bytes.is_empty() || text.starts_with("HTTP/1."), "not an HTTP answer: {text:?}");
+    for (status, head, body) in answers(bytes) {
+        assert!(head.starts_with("HTTP/1.") && (100..500).contains(&status), "a 5xx or no status: {text:?}");
+        if head.to_ascii_lowercase().contains("\r\ncontent-type: application/json") {
+            let value: serde_json::Value = serde_json::from_slice(&body)
+                .unwrap_or_else(|e| panic!("a JSON answer that is not JSON ({e}): {text:?}"));
+            if status >= 400 {
+                assert!(
+                    value["error"]["message"].is_string(),
+                    "an error that is not an OpenAI error object: {text:?}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn every_http_input_is_answered_or_closed_without_a_5xx() {
+    let Some(addr) = http_server() else { return };
+    replay("http", |_, data| {
+        send_raw_http(addr, data);
+    });
+}
+
+/// The HTTP seeds reach the handlers: each valid request among them is answered 200, and each
+/// of the others with the 4xx its name says, followed by the 200 of the request that closes
+/// the connection, except where the server closes it first (a body it will not read, a request
+/// it cannot parse).
+#[test]
+fn the_http_seeds_reach_the_server_s_answers() {
+    let Some(addr) = http_server() else { return };
+    let dir = workspace_root().join("fuzz/corpus/http");
+    let status = |name: &str| {
+        let answer = send_raw_http(addr, &std::fs::read(dir.join(name)).unwrap());
+        let codes: Vec<String> = answers(&answer).iter().map(|(status, _, _)| status.to_string()).collect();
+        codes.join(" ")
+    };
+    let mut wrong = Vec::new();
+    for (name, want) in [
+        ("completion", "200 200"),
+        ("completion_ids_stop_seed", "200 200"),
+        ("completion_stream_usage", "200 200"),
+        ("chat", "200 200"),
+        ("chat_stream_priority", "200 200"),
+        ("chunked", "200 200"),
+        ("bearer", "200 200"),
+        ("http10_no_host", "200"),
+        ("models_health_metrics_pipelined", "200 200 200 200"),
+        ("wrong_method_and_route", "405 404 200"),
+        ("unsupported_fields", "400 200"),
+        ("wrong_types", "400 200"),
+        ("bad_json", "400 200"),
+        ("wrong_content_type", "400 200"),
+        ("huge_length", "413"),
+        ("short_body", ""),
+        ("garbage_request_line", "400"),
+    ] {
+        let got = status(name);
+        if got != want {
+            wrong.push(format!("{name}: {got}, not {want}"));
+        }
+    }
+    assert!(wrong.is_empty(), "{wrong:#?}");
 }
 
 /// The chat template seeds are the templates of tests/fixtures/chat_templates/ with a

@@ -114,6 +114,7 @@ fn router(state: Arc<AppState>) -> Router {
         .fallback(http::not_found)
         .method_not_allowed_fallback(http::method_not_allowed)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .layer(axum::middleware::from_fn(http::refuse_declared_oversize))
         .with_state(state)
 }
 
