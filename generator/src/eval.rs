@@ -21,7 +21,7 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use crate::emit::{MONOGEN_VERSION, Output};
-use crate::workload::{Activations, Dtype, KvCache, Quality, Request, Weights, Workload};
+use crate::workload::{Activations, Dtype, KvCache, KvDtype, Quality, Request, Weights, Workload};
 use crate::{Error, Project, shown};
 
 /// The folder of the ranking database that holds evaluation records, one file a workload.
@@ -145,7 +145,9 @@ pub struct EvalRun {
 /// Whether a workload's crate loses precision to f32 and so needs an evaluation: its weights
 /// (and so its products) are not f32.
 pub fn needs_eval(w: &Workload) -> bool {
-    w.weights.dtype != Dtype::F32 || w.weights.activations != Activations::F32
+    w.weights.dtype != Dtype::F32
+        || w.weights.activations != Activations::F32
+        || w.kv_cache.dtype != KvDtype::F32
 }
 
 /// sha256 of the crate's numerics: every file of `output` under `src/` but [`NOT_NUMERICS`].
@@ -231,10 +233,12 @@ pub fn gate(project: &Project, w: &Workload, path: &Path, output: &Output) -> Re
     if !needs_eval(w) {
         return Ok(Vec::new());
     }
-    let dtype = if w.weights.dtype == Dtype::F32 {
+    let dtype = if w.weights.dtype != Dtype::F32 {
+        format!("{} weights", w.weights.dtype.as_str())
+    } else if w.weights.activations != Activations::F32 {
         "bf16 activations".to_string()
     } else {
-        format!("{} weights", w.weights.dtype.as_str())
+        format!("a {} KV cache", w.kv_cache.dtype.as_str())
     };
     let Some(q) = &w.quality else {
         return Ok(vec![format!(
@@ -574,6 +578,25 @@ mod tests {
         let e = Figures::Encoder { sentences: 10, mean_cosine: 0.995, min_cosine: 0.99 };
         assert!(e.misses(&Quality { min_cosine: Some(0.99), ..Quality::default() }).is_empty());
         assert_eq!(e.misses(&Quality { min_cosine: Some(0.999), ..Quality::default() }).len(), 1);
+    }
+
+    /// Every workload that computes in less than f32 is gated: weights, activations, or a
+    /// bf16 KV cache beside f32 weights (whose `init` bar is bf16's).
+    #[test]
+    fn a_bf16_kv_cache_alone_needs_an_evaluation() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let read = |name: &str| {
+            let path = root.join("workloads").join(format!("{name}.toml"));
+            crate::workload::WorkloadSource::read(&path).unwrap().parse().unwrap()
+        };
+        assert!(!needs_eval(&read("stories260k-cpu-f32")));
+        for gated in ["stories260k-cpu-f32-kv-bf16", "stories260k-cpu-bf16", "stories260k-cpu-int8"] {
+            assert!(needs_eval(&read(gated)), "{gated}");
+        }
+        let options =
+            crate::init::InitOptions { kv_cache: KvDtype::Bf16, ..crate::init::InitOptions::for_tests("kv") };
+        let bar = options.quality(false).expect("a bar for a bf16 KV cache");
+        assert_eq!((bar.max_mean_kl, bar.min_top1), (Some(1e-3), Some(0.98)));
     }
 
     #[test]

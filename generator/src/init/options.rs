@@ -112,11 +112,15 @@ impl InitOptions {
         }
     }
 
-    /// The `[quality]` table of weights of `dtype`: none for f32; for the others the bar
-    /// docs/quality.md suggests, which `monogen eval` then holds the crate to.
+    /// The `[quality]` table of weights of `dtype` (and a decoder's KV cache): none for f32;
+    /// for the others the bar docs/quality.md suggests, which `monogen eval` then holds the
+    /// crate to. A bf16 KV cache with f32 weights has the bf16 bar.
     pub(crate) fn quality(&self, encoder: bool) -> Option<crate::workload::Quality> {
         let q = crate::workload::Quality::default();
         match (self.dtype, encoder) {
+            (Dtype::F32, false) if self.kv_cache == crate::workload::KvDtype::Bf16 => {
+                Some(crate::workload::Quality { max_mean_kl: Some(1e-3), min_top1: Some(0.98), ..q })
+            }
             (Dtype::F32, _) => None,
             (Dtype::Bf16, false) => {
                 Some(crate::workload::Quality { max_mean_kl: Some(1e-3), min_top1: Some(0.98), ..q })
