@@ -142,8 +142,8 @@ pub struct EvalRun {
     pub recorded: PathBuf,
 }
 
-/// Whether a workload's crate loses precision to f32 and so needs an evaluation: its weights
-/// (and so its products) are not f32.
+/// Whether a workload's crate loses precision to f32 and so needs an evaluation: its weights,
+/// its products' activations or its KV cache are not f32.
 pub fn needs_eval(w: &Workload) -> bool {
     w.weights.dtype != Dtype::F32
         || w.weights.activations != Activations::F32
@@ -260,6 +260,43 @@ pub fn gate(project: &Project, w: &Workload, path: &Path, output: &Output) -> Re
             "its evaluation record is stale: the crate's numerics changed since it was evaluated over the {text_name} text"
         )],
         None => vec![format!("it has {dtype} and no evaluation record over the {text_name} text")],
+    })
+}
+
+/// Whether the crate a deployment repository keeps in `dir` needs `eval` before `check` passes
+/// it (`monogen eval --stale`).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Stale {
+    /// It computes in less than f32 against a bar, and no record is of its current numerics
+    /// over its text: why.
+    Evaluate(String),
+    /// It needs no evaluation now: why.
+    Nothing(String),
+}
+
+/// What `eval --stale` does with the crate in `dir`: evaluate it where its workload computes in
+/// less than f32, has a bar (not a waiver), and no record of the crate as `build --crate` would
+/// write it now over its text.
+pub fn stale(project: &Project, dir: &Path) -> Result<Stale, Error> {
+    let path = crate::check::crate_workload(dir)?;
+    let w = project.read_workload(&path)?;
+    if !needs_eval(&w) {
+        return Ok(Stale::Nothing("f32 weights, activations and KV cache".into()));
+    }
+    let Some(q) = &w.quality else {
+        return Ok(Stale::Nothing("it has no [quality] bar to evaluate against (check asks for one)".into()));
+    };
+    if let Some(reason) = &q.waived {
+        return Ok(Stale::Nothing(format!("its evaluation is waived: {reason}")));
+    }
+    let output = project.emit(&project.plan_for(&w, &path, dir)?)?;
+    let Lookup { text, current, any } = lookup(project, &w, &path, &output)?;
+    Ok(match current {
+        Some(r) => Stale::Nothing(format!("its record over the {text} text is current ({})", r.measured_at)),
+        None if any => {
+            Stale::Evaluate(format!("its numerics changed since it was evaluated over the {text} text"))
+        }
+        None => Stale::Evaluate(format!("it has no evaluation record over the {text} text")),
     })
 }
 

@@ -125,12 +125,22 @@ enum Command {
         #[arg(required_unless_present = "krate", conflicts_with = "krate")]
         workload: Option<PathBuf>,
         /// A crate monogen generated, anywhere: evaluate its own workload.toml, with its
-        /// monogen.lock's choices as the incumbents.
-        #[arg(long = "crate", id = "krate", value_name = "DIR")]
-        krate: Option<PathBuf>,
+        /// monogen.lock's choices as the incumbents (repeat it with --stale).
+        #[arg(long = "crate", id = "krate", value_name = "DIR", num_args = 1..)]
+        krate: Vec<PathBuf>,
         /// The model's Hugging Face folder (config.json, model.safetensors, tokenizer.json).
-        #[arg(long, value_name = "DIR")]
-        model: PathBuf,
+        #[arg(long, value_name = "DIR", required_unless_present = "stale")]
+        model: Option<PathBuf>,
+        /// With --stale: the folder that holds each crate's model in a folder named as the
+        /// crate's own (MODELS/NAME for crates/NAME).
+        #[arg(long, value_name = "DIR", requires = "stale", conflicts_with = "model")]
+        models: Option<PathBuf>,
+        /// Evaluate only those of the crates (--crate) that `check` would ask to: a bf16 or
+        /// int8 crate (or one with bf16 activations or KV cache) with a bar and no record of its
+        /// current numerics; say why of the others. A deployment repository's regenerate job
+        /// runs it after `build --crate`.
+        #[arg(long, requires = "krate", requires = "models", conflicts_with_all = ["text", "json"])]
+        stale: bool,
         /// The evaluation text (default: the workload's quality.text, else monogen's own):
         /// a decoder reads it whole, an encoder embeds each line.
         #[arg(long, value_name = "FILE")]
@@ -401,54 +411,23 @@ fn run(cli: Cli) -> Result<ExitCode, Error> {
             }
             bench(project, &targets, &options, stale, json)
         }
-        Command::Eval { workload, krate, model, text, json } => {
+        Command::Eval { workload, krate, model, models, stale, text, json } => {
             let project = project(cli.root, cli.rankings)?;
-            let path = match (&workload, &krate) {
-                (Some(path), _) => path.clone(),
-                (None, Some(dir)) => check::crate_workload(dir)?,
-                (None, None) => unreachable!("clap requires one"),
-            };
-            let bar = progress_bar(json);
-            bar.set_style(
-                indicatif::ProgressStyle::with_template(
-                    "{spinner} [{bar:30}] {pos}/{len} windows, {eta} left",
-                )
-                .expect("the template is valid")
-                .progress_chars("=> "),
-            );
-            bar.set_message("building");
-            let run = monogen::eval::eval(
-                &project,
-                &path,
-                krate.as_deref(),
-                &model,
-                text.as_deref(),
-                |done, total| {
-                    bar.set_length(total as u64);
-                    bar.set_position(done as u64);
-                },
-            )?;
-            bar.finish_and_clear();
-            if json {
-                println!("{}", serde_json::to_string_pretty(&run.record).expect("records serialize"));
-            } else {
-                println!(
-                    "{} against f32 over the {} text: {}",
-                    run.workload,
-                    run.record.text,
-                    run.record.figures.render()
-                );
-                match &run.bar {
-                    None => println!("no [quality] bar to hold it to"),
-                    Some(_) if run.misses.is_empty() => println!("clears its [quality] bar"),
-                    Some(_) => {
-                        for miss in &run.misses {
-                            println!("FAILS its bar: {miss}");
-                        }
-                    }
-                }
-                println!("recorded in {}", shown(&run.recorded));
+            if stale {
+                let models = models.expect("clap requires --models with --stale");
+                return eval_stale(&project, &krate, &models);
             }
+            let model = model.expect("clap requires --model without --stale");
+            let (path, krate) = match (&workload, krate.as_slice()) {
+                (Some(path), _) => (path.clone(), None),
+                (None, [dir]) => (check::crate_workload(dir)?, Some(dir.as_path())),
+                (None, _) => {
+                    return Err(monogen::Error::Refused(
+                        "eval takes one --crate; to evaluate several, those that need it, add --stale and --models DIR".into(),
+                    ));
+                }
+            };
+            let run = eval_one(&project, &path, krate, &model, text.as_deref(), json)?;
             Ok(if run.misses.is_empty() { ExitCode::SUCCESS } else { ExitCode::from(1) })
         }
         Command::SynthWeights { workload, out, seed } => {
@@ -630,4 +609,81 @@ fn bench(
         println!("{}", serde_json::to_string_pretty(&doc).expect("reports serialize"));
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// `monogen eval` of one workload (at `path`, its crate in `krate` where given) on `model`,
+/// with a progress bar, printing the figures (or the record as JSON) and whether they clear
+/// the bar.
+fn eval_one(
+    project: &Project,
+    path: &Path,
+    krate: Option<&Path>,
+    model: &Path,
+    text: Option<&Path>,
+    json: bool,
+) -> Result<monogen::eval::EvalRun, monogen::Error> {
+    let bar = progress_bar(json);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template("{spinner} [{bar:30}] {pos}/{len} windows, {eta} left")
+            .expect("the template is valid")
+            .progress_chars("=> "),
+    );
+    bar.set_message("building");
+    let run = monogen::eval::eval(project, path, krate, model, text, |done, total| {
+        bar.set_length(total as u64);
+        bar.set_position(done as u64);
+    })?;
+    bar.finish_and_clear();
+    if json {
+        println!("{}", serde_json::to_string_pretty(&run.record).expect("records serialize"));
+    } else {
+        println!(
+            "{} against f32 over the {} text: {}",
+            run.workload,
+            run.record.text,
+            run.record.figures.render()
+        );
+        match &run.bar {
+            None => println!("no [quality] bar to hold it to"),
+            Some(_) if run.misses.is_empty() => println!("clears its [quality] bar"),
+            Some(_) => {
+                for miss in &run.misses {
+                    println!("FAILS its bar: {miss}");
+                }
+            }
+        }
+        println!("recorded in {}", shown(&run.recorded));
+    }
+    Ok(run)
+}
+
+/// `monogen eval --stale --crate DIR... --models MODELS`: evaluates, on MODELS/NAME, each crate
+/// NAME that `check` would ask an evaluation of, once every such crate's model is found; exit
+/// 1 when one misses its bar.
+fn eval_stale(project: &Project, crates: &[PathBuf], models: &Path) -> Result<ExitCode, monogen::Error> {
+    let mut todo = Vec::new();
+    for dir in crates {
+        match monogen::eval::stale(project, dir)? {
+            monogen::eval::Stale::Nothing(why) => println!("{}: nothing to evaluate ({why})", shown(dir)),
+            monogen::eval::Stale::Evaluate(why) => {
+                let name = dir.file_name().map(PathBuf::from).unwrap_or_default();
+                let model = models.join(name);
+                if !model.join("config.json").is_file() {
+                    return Err(monogen::Error::Refused(format!(
+                        "{} needs an evaluation ({why}), and {} is not its model's folder (it has no config.json): --models holds each crate's model in a folder named as the crate's",
+                        shown(dir),
+                        shown(&model)
+                    )));
+                }
+                todo.push((dir, model, why));
+            }
+        }
+    }
+    let mut missed = false;
+    for (dir, model, why) in todo {
+        println!("{}: evaluating on {} ({why})", shown(dir), shown(&model));
+        let path = check::crate_workload(dir)?;
+        missed |= !eval_one(project, &path, Some(dir), &model, None, false)?.misses.is_empty();
+    }
+    Ok(if missed { ExitCode::from(1) } else { ExitCode::SUCCESS })
 }

@@ -931,3 +931,55 @@ fn explain_shows_the_server_and_the_memory_of_its_kv_slots() {
     );
     assert!(text.contains("per batch of 4 sequences, 132 positions a step"), "{text}");
 }
+
+/// `eval --stale` evaluates exactly the crates `check` would ask it of, and says why of the
+/// others: an f32 crate, a waived one and one whose record is current have nothing to do; one
+/// without a record needs its model, which it looks for in a folder named as the crate.
+#[test]
+fn eval_stale_picks_the_crates_check_asks_an_evaluation_of() {
+    let root = workspace_root();
+    let temp = tempfile::tempdir().unwrap();
+    let crates = temp.path().join("crates");
+    let int8 = std::fs::read_to_string(root.join("workloads/stories260k-cpu-int8.toml")).unwrap();
+    let renamed = temp.path().join("fresh-int8.toml");
+    std::fs::write(&renamed, int8.replace("name = \"stories260k-cpu-int8\"", "name = \"fresh-int8\""))
+        .unwrap();
+    for (workload, name) in [
+        (root.join("workloads/stories260k-cpu-f32.toml"), "f32"),
+        (root.join("workloads/stories110m-bench-cpu-int8.toml"), "waived"),
+        (root.join("workloads/stories260k-cpu-int8.toml"), "recorded"),
+        (renamed, "fresh-int8"),
+    ] {
+        let out_dir = crates.join(name);
+        let out = monogen(&root, &["build", workload.to_str().unwrap(), "--out", out_dir.to_str().unwrap()]);
+        assert!(out.status.success(), "{name}: {}", stderr(&out));
+    }
+    let models = temp.path().join("models");
+    std::fs::create_dir_all(&models).unwrap();
+    let dirs: Vec<String> = ["f32", "waived", "recorded", "fresh-int8"]
+        .iter()
+        .map(|n| crates.join(n).display().to_string())
+        .collect();
+    let mut args = vec!["eval", "--stale", "--models", models.to_str().unwrap(), "--crate"];
+    args.extend(dirs.iter().map(String::as_str));
+    let out = monogen(&root, &args);
+    let said = stdout(&out);
+    assert!(said.contains("/f32: nothing to evaluate (f32 weights, activations and KV cache)"), "{said}");
+    assert!(said.contains("/waived: nothing to evaluate (its evaluation is waived: "), "{said}");
+    assert!(
+        said.contains("/recorded: nothing to evaluate (its record over the default text is current ("),
+        "{said}"
+    );
+    assert_eq!(out.status.code(), Some(2), "{said}{}", stderr(&out));
+    let refused = stderr(&out);
+    assert!(
+        refused
+            .contains("/fresh-int8 needs an evaluation (it has no evaluation record over the default text)")
+            && refused.contains("models/fresh-int8 is not its model's folder (it has no config.json)"),
+        "{refused}"
+    );
+    // Without --stale, one crate at a time.
+    let out = monogen(&root, &["eval", "--model", models.to_str().unwrap(), "--crate", &dirs[0], &dirs[1]]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("eval takes one --crate"), "{}", stderr(&out));
+}
