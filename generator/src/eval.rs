@@ -276,8 +276,9 @@ pub enum Stale {
 
 /// What `eval --stale` does with the crate in `dir`: evaluate it where its workload computes in
 /// less than f32, has a bar (not a waiver), and no record of the crate as `build --crate` would
-/// write it now over its text.
-pub fn stale(project: &Project, dir: &Path) -> Result<Stale, Error> {
+/// write it now over its text, or, where its model folder `model` is there, none made on that
+/// folder's weights (a new checkpoint is evaluated again).
+pub fn stale(project: &Project, dir: &Path, model: Option<&Path>) -> Result<Stale, Error> {
     let path = crate::check::crate_workload(dir)?;
     let w = project.read_workload(&path)?;
     if !needs_eval(&w) {
@@ -291,6 +292,21 @@ pub fn stale(project: &Project, dir: &Path) -> Result<Stale, Error> {
     }
     let output = project.emit(&project.plan_for(&w, &path, dir)?)?;
     let Lookup { text, current, any } = lookup(project, &w, &path, &output)?;
+    let model = model.filter(|m| m.join("config.json").is_file());
+    if let (Some(r), Some(model)) = (&current, model) {
+        let weights = weights_sha256(model)?;
+        let of_weights = |x: &EvalRecord| {
+            (x.crate_sha256.as_str(), x.text_sha256.as_str(), x.weights_sha256.as_str())
+                == (r.crate_sha256.as_str(), r.text_sha256.as_str(), weights.as_str())
+        };
+        if !records(project, &w.name)?.iter().any(of_weights) {
+            return Ok(Stale::Evaluate(format!(
+                "the weights of {} are not those it was evaluated on over the {text} text ({})",
+                shown(model),
+                r.model
+            )));
+        }
+    }
     Ok(match current {
         Some(r) => Stale::Nothing(format!("its record over the {text} text is current ({})", r.measured_at)),
         None if any => {

@@ -658,16 +658,16 @@ fn eval_one(
 }
 
 /// `monogen eval --stale --crate DIR... --models MODELS`: evaluates, on MODELS/NAME, each crate
-/// NAME that `check` would ask an evaluation of, once every such crate's model is found; exit
-/// 1 when one misses its bar.
+/// NAME that `check` would ask an evaluation of, or whose record is of other weights than
+/// MODELS/NAME's, once every such crate's model is found; exit 1 when one misses its bar.
 fn eval_stale(project: &Project, crates: &[PathBuf], models: &Path) -> Result<ExitCode, monogen::Error> {
     let mut todo = Vec::new();
     for dir in crates {
-        match monogen::eval::stale(project, dir)? {
+        let model = models.join(dir.file_name().map(PathBuf::from).unwrap_or_default());
+        match monogen::eval::stale(project, dir, Some(&model))? {
             monogen::eval::Stale::Nothing(why) => println!("{}: nothing to evaluate ({why})", shown(dir)),
             monogen::eval::Stale::Evaluate(why) => {
-                let name = dir.file_name().map(PathBuf::from).unwrap_or_default();
-                let model = models.join(name);
+                println!("{}: needs an evaluation ({why})", shown(dir));
                 if !model.join("config.json").is_file() {
                     return Err(monogen::Error::Refused(format!(
                         "{} needs an evaluation ({why}), and {} is not its model's folder (it has no config.json): --models holds each crate's model in a folder named as the crate's",
@@ -675,13 +675,13 @@ fn eval_stale(project: &Project, crates: &[PathBuf], models: &Path) -> Result<Ex
                         shown(&model)
                     )));
                 }
-                todo.push((dir, model, why));
+                todo.push((dir, model));
             }
         }
     }
     let mut missed = false;
-    for (dir, model, why) in todo {
-        println!("{}: evaluating on {} ({why})", shown(dir), shown(&model));
+    for (dir, model) in todo {
+        println!("{}: evaluating on {}", shown(dir), shown(&model));
         let path = check::crate_workload(dir)?;
         missed |= !eval_one(project, &path, Some(dir), &model, None, false)?.misses.is_empty();
     }

@@ -948,15 +948,35 @@ fn eval_stale_picks_the_crates_check_asks_an_evaluation_of() {
         (root.join("workloads/stories260k-cpu-f32.toml"), "f32"),
         (root.join("workloads/stories110m-bench-cpu-int8.toml"), "waived"),
         (root.join("workloads/stories260k-cpu-int8.toml"), "recorded"),
+        (root.join("workloads/stories260k-cpu-int8.toml"), "retrained"),
         (renamed, "fresh-int8"),
     ] {
         let out_dir = crates.join(name);
         let out = monogen(&root, &["build", workload.to_str().unwrap(), "--out", out_dir.to_str().unwrap()]);
         assert!(out.status.success(), "{name}: {}", stderr(&out));
     }
+    // `recorded` has the weights it was evaluated on; `retrained` the same crate, with one
+    // weight changed: a new checkpoint, which is evaluated again.
     let models = temp.path().join("models");
-    std::fs::create_dir_all(&models).unwrap();
-    let dirs: Vec<String> = ["f32", "waived", "recorded", "fresh-int8"]
+    let Some(stories) =
+        model_or_skip("stories260k", "eval_stale_picks_the_crates_check_asks_an_evaluation_of")
+    else {
+        return;
+    };
+    for (name, change) in [("recorded", false), ("retrained", true)] {
+        let dir = models.join(name);
+        std::fs::create_dir_all(&dir).unwrap();
+        for file in ["config.json", "tokenizer.json", "model.safetensors"] {
+            std::fs::copy(stories.join(file), dir.join(file)).unwrap();
+        }
+        if change {
+            let mut bytes = std::fs::read(dir.join("model.safetensors")).unwrap();
+            let last = bytes.len() - 1;
+            bytes[last] ^= 1;
+            std::fs::write(dir.join("model.safetensors"), bytes).unwrap();
+        }
+    }
+    let dirs: Vec<String> = ["f32", "waived", "recorded", "retrained", "fresh-int8"]
         .iter()
         .map(|n| crates.join(n).display().to_string())
         .collect();
@@ -968,6 +988,11 @@ fn eval_stale_picks_the_crates_check_asks_an_evaluation_of() {
     assert!(said.contains("/waived: nothing to evaluate (its evaluation is waived: "), "{said}");
     assert!(
         said.contains("/recorded: nothing to evaluate (its record over the default text is current ("),
+        "{said}"
+    );
+    assert!(
+        said.contains("/retrained: needs an evaluation (the weights of ")
+            && said.contains("models/retrained are not those it was evaluated on over the default text"),
         "{said}"
     );
     assert_eq!(out.status.code(), Some(2), "{said}{}", stderr(&out));

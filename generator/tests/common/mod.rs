@@ -14,6 +14,24 @@ pub fn models_root() -> PathBuf {
         .map_or_else(|| workspace_root().join("../shared/models"), PathBuf::from)
 }
 
+/// The folder of real model `model`, or `None` after saying that `test` skipped without it
+/// (counted as tests/src/skip.rs counts skips); under CI (`CI=true`) a missing model fails.
+pub fn model_or_skip(model: &str, test: &str) -> Option<PathBuf> {
+    let dir = models_root().join(model);
+    if dir.join("config.json").is_file() {
+        return Some(dir);
+    }
+    assert!(std::env::var("CI").map_or(true, |v| v != "true"), "{} is missing under CI", dir.display());
+    let reason = format!("model {model} is not present (set MONOGEN_MODELS)");
+    eprintln!("skipped {test}: {reason}");
+    if let Some(log) = std::env::var_os("MONOGEN_SKIP_LOG") {
+        use std::io::Write;
+        let mut log = std::fs::OpenOptions::new().create(true).append(true).open(log).unwrap();
+        log.write_all(format!("{reason}\t{test}\n").as_bytes()).unwrap();
+    }
+    None
+}
+
 /// `monogen ARGS` in `root`, untouched by the environment's `MONOGEN_ROOT` and `MONOGEN_FAULT`.
 pub fn command(root: &Path, args: &[&str]) -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_monogen"));
