@@ -187,6 +187,10 @@ pub struct ServingPlan {
     pub kv_slots: usize,
     /// Largest request body accepted, in bytes.
     pub max_body_bytes: usize,
+    /// The server keeps finished requests' KV caches and reuses one for a request that starts
+    /// with at least this many of its tokens (half `request.shared_prefix_len`, at least 1);
+    /// `None`: no prefix cache.
+    pub prefix_cache_min: Option<usize>,
     /// The server answers chat completions with this chat template, which the crate embeds.
     pub chat: Option<Box<crate::workload::Chat>>,
 }

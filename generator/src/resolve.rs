@@ -771,6 +771,7 @@ fn consts(w: &Workload) -> Consts {
                     max_queue: s.max_queue,
                     kv_slots: s.kv_slots(r.max_batch),
                     max_body_bytes: s.max_body_bytes,
+                    prefix_cache_min: r.shared_prefix_len.map(|n| n.div_ceil(2).max(1)),
                     chat: s.chat.clone().map(Box::new),
                 }),
             })

@@ -541,6 +541,12 @@ pub struct DecoderRequest {
     /// packing).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub requests_per_load: Option<u64>,
+    /// A server's: the tokens its requests typically share at their start (a system prompt, a
+    /// conversation so far). Set, the server keeps finished requests' KV caches and a request
+    /// that starts with one's tokens (at least half this many) runs only the rest of its
+    /// prompt; absent, the crate has no prefix cache.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shared_prefix_len: Option<usize>,
 }
 
 /// What an encoder (embedding, classification) serves.
@@ -902,6 +908,28 @@ fn check(w: &Workload, span: &SpanOf, src: &WorkloadSource) -> Vec<Diagnostic> {
         (Some(serving), Request::Decoder(r)) => check_serving(serving, r, &mut out, &mk),
         (Some(serving), Request::Encoder(_)) => check_embedding_serving(serving, &mut out, &mk),
         (None, _) => {}
+    }
+    if let Request::Decoder(r) = &w.request
+        && let Some(shared) = r.shared_prefix_len
+    {
+        if w.serving.is_none() {
+            out.push(mk(
+                &["request", "shared_prefix_len"],
+                "request.shared_prefix_len applies to a server".into(),
+                "the prefix cache keeps the KV caches of a server's finished requests",
+                "add a [serving] table, or remove shared_prefix_len".into(),
+            ));
+        } else if shared == 0 || shared >= r.max_seq_len {
+            out.push(mk(
+                &["request", "shared_prefix_len"],
+                format!(
+                    "request.shared_prefix_len ({shared}) must be between 1 and request.max_seq_len - 1 ({})",
+                    r.max_seq_len.saturating_sub(1)
+                ),
+                "out of range",
+                "use the tokens requests typically share at their start, e.g. a system prompt's".into(),
+            ));
+        }
     }
     if let Some(q) = &w.quality {
         check_quality(q, &w.request, &mut out, &mk);

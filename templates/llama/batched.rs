@@ -43,6 +43,12 @@ impl Sequence {
         self.pos = 0;
     }
 
+    /// Keeps its first `len` positions and forgets the rest: the start that another sequence
+    /// shares, whose keys and values depend only on the tokens up to them.
+    pub fn truncate(&mut self, len: usize) {
+        self.pos = self.pos.min(len);
+    }
+
     /// Whether `tokens` can run at the next positions: not empty, every id in the
     /// vocabulary, and room for all of them in the KV cache.
     pub fn check(&self, tokens: &[u32]) -> Result<(), Error> {

@@ -25,6 +25,8 @@ use crate::generate::Rng;
 use crate::kernels::sampler::sample;
 use crate::metrics::Metrics;
 use crate::model::{Batch, Run, Sequence, check_tokens};
+#[only_if(prefix_cache)]
+use crate::PREFIX_CACHE_MIN;
 use crate::{EOS_TOKEN_IDS, Error, GenerateParams, KV_SLOTS, MAX_BATCH, MAX_QUEUE, MAX_SEQ_LEN, Model, PREFILL_CHUNK, StopReason, VOCAB_SIZE};
 
 /// Prompt positions a step reads beside decode rows: a quarter of a prefill chunk, so that a
@@ -84,6 +86,8 @@ impl Engine {
             waiting: Vec::new(),
             held: Vec::new(),
             free: Vec::new(),
+            #[only_if(prefix_cache)]
+            kept: Vec::new(),
             arrivals: 0,
         };
         let thread = std::thread::Builder::new()
@@ -172,7 +176,26 @@ struct Scheduler {
     held: Vec<(Active, Sequence)>,
     /// KV caches no request holds.
     free: Vec<Sequence>,
+    /// Finished requests' KV caches, with the tokens they hold, for the requests that start
+    /// with them.
+    #[only_if(prefix_cache)]
+    kept: Vec<Kept>,
     arrivals: u64,
+}
+
+/// A finished request's KV cache, kept with the tokens it holds (the prefix cache of
+/// `request.shared_prefix_len`): a request that starts with at least PREFIX_CACHE_MIN of them
+/// takes the cache and reads only the rest of its prompt. The keys and values of a position
+/// depend only on the tokens up to it, so its tokens are the same. Kept caches count among the
+/// KV_SLOTS; the least recently used one is given up first when a request needs a cache, and a
+/// cache a request holds never is.
+#[only_if(prefix_cache)]
+struct Kept {
+    /// The tokens whose keys and values the cache holds, in order.
+    tokens: Vec<u32>,
+    sequence: Sequence,
+    /// When it was last kept or taken, by the arrivals' count: the least recent goes first.
+    used: u64,
 }
 
 impl Scheduler {
@@ -247,32 +270,103 @@ impl Scheduler {
         }
     }
 
-    /// Gives KV caches to the most urgent waiting requests: free ones first, then those of
-    /// less urgent holders, which wait again.
+    /// Gives KV caches to the most urgent waiting requests: a kept cache that holds the start
+    /// of its tokens first (with a prefix cache), then free ones, new ones while fewer than
+    /// KV_SLOTS are taken, the least recently used kept one, and last those of less urgent
+    /// holders, which wait again.
     fn admit(&mut self) {
         self.waiting.sort_by_key(Active::rank);
         while !self.waiting.is_empty() {
-            let sequence = if let Some(sequence) = self.free.pop() {
-                sequence
-            } else if self.held.len() < KV_SLOTS {
-                Sequence::new()
-            } else if self.held.last().is_some_and(|(last, _)| last.rank() > self.waiting[0].rank()) {
-                let (mut evicted, mut sequence) = self.held.pop().expect("held is not empty");
-                sequence.reset();
-                evicted.fed = 0;
-                self.metrics.evicted.fetch_add(1, Ordering::Relaxed);
-                self.queued.fetch_add(1, Ordering::AcqRel);
-                self.waiting.push(evicted);
-                self.waiting.sort_by_key(Active::rank);
-                sequence
-            } else {
-                break;
+            #[only_if(prefix_cache)]
+            if let Some(sequence) = self.take_prefix() {
+                self.hold(sequence);
+                continue;
+            }
+            let sequence = match self.free.pop() {
+                Some(mut sequence) => {
+                    sequence.reset();
+                    sequence
+                }
+                None if self.taken() < KV_SLOTS => Sequence::new(),
+                #[only_if(prefix_cache)]
+                None if !self.kept.is_empty() => self.give_up_kept(),
+                None if self.held.last().is_some_and(|(last, _)| last.rank() > self.waiting[0].rank()) => {
+                    let (mut evicted, mut sequence) = self.held.pop().expect("held is not empty");
+                    sequence.reset();
+                    evicted.fed = 0;
+                    self.metrics.evicted.fetch_add(1, Ordering::Relaxed);
+                    self.queued.fetch_add(1, Ordering::AcqRel);
+                    self.waiting.push(evicted);
+                    self.waiting.sort_by_key(Active::rank);
+                    sequence
+                }
+                None => break,
             };
-            let active = self.waiting.remove(0);
-            self.queued.fetch_sub(1, Ordering::AcqRel);
-            let at = self.held.partition_point(|(held, _)| held.rank() < active.rank());
-            self.held.insert(at, (active, sequence));
+            self.hold(sequence);
         }
+    }
+
+    /// Hands `sequence` to the most urgent waiting request, which takes its place among the
+    /// holders.
+    fn hold(&mut self, sequence: Sequence) {
+        let active = self.waiting.remove(0);
+        self.queued.fetch_sub(1, Ordering::AcqRel);
+        let at = self.held.partition_point(|(held, _)| held.rank() < active.rank());
+        self.held.insert(at, (active, sequence));
+    }
+
+    /// KV caches allocated: the held ones.
+    #[only_if(not(prefix_cache))]
+    fn taken(&self) -> usize {
+        self.held.len()
+    }
+
+    /// KV caches allocated: the held ones and the kept ones.
+    #[only_if(prefix_cache)]
+    fn taken(&self) -> usize {
+        self.held.len() + self.kept.len()
+    }
+
+    /// The least recently used kept cache, emptied (one is kept).
+    #[only_if(prefix_cache)]
+    fn give_up_kept(&mut self) -> Sequence {
+        let oldest = (0..self.kept.len()).min_by_key(|&i| self.kept[i].used).expect("a cache is kept");
+        let mut sequence = self.kept.swap_remove(oldest).sequence;
+        sequence.reset();
+        self.metrics.prefix_evictions.fetch_add(1, Ordering::Relaxed);
+        sequence
+    }
+
+    /// For the most urgent waiting request, the kept cache that holds the longest start of its
+    /// tokens, if at least PREFIX_CACHE_MIN: cut to that start (and to one token short of all of
+    /// them, whose logits are needed), its positions counted as read.
+    #[only_if(prefix_cache)]
+    fn take_prefix(&mut self) -> Option<Sequence> {
+        let active = &mut self.waiting[0];
+        let common = |kept: &Kept| kept.tokens.iter().zip(&active.tokens).take_while(|(a, b)| a == b).count();
+        let best = self.kept.iter().enumerate().map(|(i, k)| (i, common(k))).max_by_key(|&(_, n)| n);
+        let Some((best, length)) = best.filter(|&(_, n)| n.min(active.tokens.len() - 1) >= PREFIX_CACHE_MIN) else {
+            // A request that gave its cache up reads its tokens again: not a miss of its own.
+            if active.generated == 0 {
+                self.metrics.prefix_misses.fetch_add(1, Ordering::Relaxed);
+            }
+            return None;
+        };
+        let length = length.min(active.tokens.len() - 1);
+        let mut sequence = self.kept.swap_remove(best).sequence;
+        sequence.truncate(length);
+        active.fed = length;
+        self.metrics.prefix_hits.fetch_add(1, Ordering::Relaxed);
+        self.metrics.prefix_reused_tokens.fetch_add(length as u64, Ordering::Relaxed);
+        Some(sequence)
+    }
+
+    /// Keeps the KV cache of a finished request that held `tokens`, for those that start
+    /// with them.
+    #[only_if(prefix_cache)]
+    fn keep(&mut self, mut tokens: Vec<u32>, sequence: Sequence) {
+        tokens.truncate(sequence.position());
+        self.kept.push(Kept { tokens, sequence, used: self.arrivals });
     }
 
     fn publish(&self) {
@@ -384,9 +478,17 @@ impl Scheduler {
             }
         }
         for &i in finished.iter().rev() {
-            let (_, mut sequence) = self.held.remove(i);
-            sequence.reset();
-            self.free.push(sequence);
+            #[only_if(prefix_cache)]
+            {
+                let (active, sequence) = self.held.remove(i);
+                self.keep(active.tokens, sequence);
+            }
+            #[only_if(not(prefix_cache))]
+            {
+                let (_, mut sequence) = self.held.remove(i);
+                sequence.reset();
+                self.free.push(sequence);
+            }
         }
     }
 }

@@ -25,6 +25,16 @@ pub struct Metrics {
     pub kv_positions: AtomicUsize,
     pub time_to_first_token: Histogram,
     pub inter_token_latency: Histogram,
+    /// The prefix cache: requests that took a kept cache, those that found none, the kept
+    /// caches given up for room, and the prompt positions not read again.
+    #[only_if(prefix_cache)]
+    pub prefix_hits: AtomicU64,
+    #[only_if(prefix_cache)]
+    pub prefix_misses: AtomicU64,
+    #[only_if(prefix_cache)]
+    pub prefix_evictions: AtomicU64,
+    #[only_if(prefix_cache)]
+    pub prefix_reused_tokens: AtomicU64,
 }
 
 impl Default for Metrics {
@@ -46,6 +56,14 @@ impl Default for Metrics {
             kv_positions: AtomicUsize::new(0),
             time_to_first_token: Histogram::default(),
             inter_token_latency: Histogram::default(),
+            #[only_if(prefix_cache)]
+            prefix_hits: AtomicU64::new(0),
+            #[only_if(prefix_cache)]
+            prefix_misses: AtomicU64::new(0),
+            #[only_if(prefix_cache)]
+            prefix_evictions: AtomicU64::new(0),
+            #[only_if(prefix_cache)]
+            prefix_reused_tokens: AtomicU64::new(0),
         }
     }
 }
@@ -112,6 +130,29 @@ impl Metrics {
             "KV caches given up to a more urgent request.",
             self.evicted.load(Ordering::Relaxed),
         );
+        #[only_if(prefix_cache)]
+        {
+            counter(
+                "monogen_prefix_cache_hits_total",
+                "Requests that took a finished request's KV cache holding the start of their prompt.",
+                self.prefix_hits.load(Ordering::Relaxed),
+            );
+            counter(
+                "monogen_prefix_cache_misses_total",
+                "Requests that found no kept KV cache holding the start of their prompt.",
+                self.prefix_misses.load(Ordering::Relaxed),
+            );
+            counter(
+                "monogen_prefix_cache_evictions_total",
+                "Kept KV caches given up to make room.",
+                self.prefix_evictions.load(Ordering::Relaxed),
+            );
+            counter(
+                "monogen_prefix_cache_reused_tokens_total",
+                "Prompt positions taken from kept KV caches instead of read again.",
+                self.prefix_reused_tokens.load(Ordering::Relaxed),
+            );
+        }
         counter("monogen_steps_total", "Engine steps.", self.steps.load(Ordering::Relaxed));
         counter("monogen_step_positions_total", "Positions run by engine steps.", self.step_rows.load(Ordering::Relaxed));
         write_metric(

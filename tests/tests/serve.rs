@@ -639,7 +639,7 @@ fn an_api_key_is_required_when_set() {
 #[test]
 fn a_full_queue_answers_429_and_a_client_that_leaves_frees_its_place() {
     let Some(dir) = model_dir("stories260k") else { return };
-    let server = Running::start(dir, None);
+    let server = Running::start(dir.clone(), None);
     let addr = server.addr();
     // 8 KV slots and 16 waiting places: of 40 long requests at once, some are turned away.
     let body = json!({ "model": WORKLOAD, "prompt": "Once upon a time", "max_tokens": 500, "temperature": 0, "priority": "batch" });
@@ -685,6 +685,24 @@ fn a_full_queue_answers_429_and_a_client_that_leaves_frees_its_place() {
             metric(addr, "monogen_running_sequences")
         );
         std::thread::sleep(Duration::from_millis(20));
+    }
+    // The cache it left is emptied before another request takes it: every place, the freed
+    // ones among them, gives a request its own tokens.
+    let tokenizer = Tokenizer::load_with_encoder(&dir).unwrap();
+    let answers: Vec<Answer> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..served::KV_SLOTS)
+            .map(|i| {
+                s.spawn(move || {
+                    let body = json!({ "model": WORKLOAD, "prompt": format!("Tom had {i} apples"), "max_tokens": 8, "temperature": 0 });
+                    post(addr, "/v1/completions", &body)
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for (i, answer) in answers.iter().enumerate() {
+        let prompt = tokenizer.encode(&format!("Tom had {i} apples")).unwrap();
+        assert_eq!(answer.json()["choices"][0]["text"], alone_text(&tokenizer, &prompt, 8).0, "request {i}");
     }
 }
 
@@ -809,4 +827,131 @@ fn the_openai_python_client_talks_to_the_server() {
     assert_eq!(got["errors"]["max_tokens"]["status"], 400);
     assert_eq!(got["errors"]["priority_header"]["status"], 400);
     assert_eq!(got["wrong_key"], 401);
+}
+
+/// The chat twin keeps finished requests' KV caches (`request.shared_prefix_len = 32`): a
+/// request that starts with one's tokens reads only the rest of its prompt, and its tokens are
+/// those of the prompt run alone, whether the requests come one after another or together,
+/// whether a kept cache holds a longer start than the request shares (cut to it), or all of
+/// its prompt (the last token is read again, for its logits). More distinct starts than KV
+/// slots give the least recently used kept caches up; a cache left by a client that went away
+/// is not reused as a start. The base crate has no prefix cache at all.
+#[test]
+fn prefix_cached_requests_equal_the_sequences_run_alone() {
+    const WORKLOAD: &str = chatty::WORKLOAD;
+    let Some(dir) = model_dir("stories260k") else { return };
+    const { assert!(chatty::PREFIX_CACHE_MIN == 16 && chatty::KV_SLOTS == 8) };
+    let server = Running::start_chat(dir.clone(), None);
+    let addr = server.addr();
+    let tokenizer = chatty::Tokenizer::load_with_encoder(&dir).unwrap();
+    let shared = tokenizer
+        .encode("Once upon a time, there was a little girl named Lily. She loved to play outside with her friends in the big park.")
+        .unwrap();
+    assert!(shared.len() >= 32, "{}", shared.len());
+    let tails = ["One day, she saw a dog.", "Her mom said", "They went to the park and", "The sun was hot."];
+    let prompt_of = |start: &[u32], tail: &str| -> Vec<u32> {
+        let mut ids = start.to_vec();
+        ids.extend(&tokenizer.encode(tail).unwrap()[1..]); // without its BOS
+        ids
+    };
+    let check = |prompt: &[u32], max_tokens: usize, answer: &Answer| {
+        assert_eq!(answer.status, 200, "{}", answer.body);
+        let want: Vec<u32> =
+            alone(model().unwrap(), prompt, max_tokens).into_iter().map(|(t, _)| t).collect();
+        assert_eq!(
+            answer.json()["choices"][0]["text"],
+            tokenizer.decode(&want).unwrap(),
+            "prompt {prompt:?}"
+        );
+    };
+    let complete = |prompt: &[u32], max_tokens: usize| {
+        post(
+            addr,
+            "/v1/completions",
+            &json!({ "model": WORKLOAD, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0 }),
+        )
+    };
+    let hits = || metric(addr, "monogen_prefix_cache_hits_total");
+    let reused = || metric(addr, "monogen_prefix_cache_reused_tokens_total");
+
+    // One after another: the first reads everything, the others take its start.
+    for (i, tail) in tails.iter().enumerate() {
+        let prompt = prompt_of(&shared, tail);
+        check(&prompt, 12, &complete(&prompt, 12));
+        assert_eq!(hits(), i as f64, "after request {i}");
+    }
+    assert!(reused() >= 3.0 * shared.len() as f64, "{}", reused());
+    // The last prompt again: its request's cache holds all of it, and all but its last token
+    // are taken (a kept cache moves to the request that takes it).
+    let prompt = prompt_of(&shared, tails[3]);
+    let before = reused();
+    check(&prompt, 12, &complete(&prompt, 12));
+    assert_eq!(reused() - before, (prompt.len() - 1) as f64);
+
+    // Together, with two starts and the same prompts twice.
+    let other =
+        tokenizer.encode("The little bird sat on a tree and sang a song every morning for the cat.").unwrap();
+    let prompts: Vec<Vec<u32>> =
+        (0..8).map(|i| prompt_of(if i % 2 == 0 { &shared } else { &other }, tails[i % 4])).collect();
+    let answers: Vec<Answer> = std::thread::scope(|s| {
+        let handles: Vec<_> = prompts.iter().map(|p| s.spawn(move || complete(p, 10))).collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for (prompt, answer) in prompts.iter().zip(&answers) {
+        check(prompt, 10, answer);
+    }
+
+    // A client that goes away mid-request leaves its cache free, not kept: the next request
+    // with a start of its own takes it, emptied, and gets its own tokens.
+    let mut stream = TcpStream::connect(addr).unwrap();
+    let gone = prompt_of(&other, "Then the cat ran");
+    let body =
+        json!({ "model": WORKLOAD, "prompt": gone, "max_tokens": 200, "temperature": 0, "stream": true })
+            .to_string();
+    write!(
+        stream,
+        "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut reader = BufReader::new(stream);
+    let mut line = String::new();
+    while !line.starts_with("data: ") {
+        line.clear();
+        reader.read_line(&mut line).unwrap();
+    }
+    drop(reader);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while metric(addr, "monogen_running_sequences") > 0.0 {
+        assert!(Instant::now() < deadline, "the request still runs after its client left");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let fresh = tokenizer.encode("A red car went down the hill, fast.").unwrap();
+    check(&fresh, 10, &complete(&fresh, 10));
+    for tail in tails {
+        let prompt = prompt_of(&other, tail);
+        check(&prompt, 10, &complete(&prompt, 10));
+    }
+
+    // More distinct starts than KV slots: the least recently used kept caches are given up.
+    let evictions = metric(addr, "monogen_prefix_cache_evictions_total");
+    for i in 0..12 {
+        let start = tokenizer
+            .encode(&format!("Story number {i}: a boy named Tim found a box under the bed."))
+            .unwrap();
+        let prompt = prompt_of(&start, tails[i % 4]);
+        check(&prompt, 6, &complete(&prompt, 6));
+    }
+    assert!(metric(addr, "monogen_prefix_cache_evictions_total") - evictions >= 4.0);
+    assert!(metric(addr, "monogen_prefix_cache_misses_total") >= 13.0);
+    assert!(metric(addr, "monogen_kv_cache_usage_ratio") <= 1.0);
+
+    // The base crate generates no prefix cache.
+    let plain = Running::start(dir, None);
+    let text = send(plain.addr(), "GET", "/metrics", &[], b"").body;
+    assert!(!text.contains("prefix_cache"), "{text}");
+    let engine =
+        std::fs::read_to_string(workspace_root().join("generated/stories260k-serve-cpu-f32/src/engine.rs"))
+            .unwrap();
+    assert!(!engine.contains("Kept") && !engine.contains("PREFIX_CACHE_MIN"));
 }

@@ -86,7 +86,8 @@ pub fn rust_files(
     ];
     let matrices = Matrices::of(plan);
     let serving = if c.serving.is_some() { SERVING_FILES } else { &[] };
-    let features = [("chat", chats(c))];
+    let prefix_cache = c.serving.as_ref().is_some_and(|s| s.prefix_cache_min.is_some());
+    let features = [("chat", chats(c)), ("prefix_cache", prefix_cache)];
     for file in RUNTIME_FILES.iter().chain(serving) {
         let mut source = templates.runtime(file, &krate)?;
         rust_source::select(&mut source, &features)
@@ -230,6 +231,15 @@ fn lib_rs(plan: &Plan, c: &LlamaConsts) -> TokenStream {
             );
             let (max_queue, kv_slots, max_body) =
                 (usize_lit(s.max_queue), usize_lit(s.kv_slots), usize_lit(s.max_body_bytes));
+            let prefix_const = s.prefix_cache_min.map(|min| {
+                let min = usize_lit(min);
+                quote! {
+                    /// The prefix cache: a finished request's KV cache is kept, and a request that
+                    /// starts with at least this many of its tokens runs only the rest of its prompt
+                    /// (half `request.shared_prefix_len`).
+                    pub const PREFIX_CACHE_MIN: usize = #min;
+                }
+            });
             (
                 Some(quote! {
                     #chat_mod
@@ -250,6 +260,7 @@ fn lib_rs(plan: &Plan, c: &LlamaConsts) -> TokenStream {
                     pub const KV_SLOTS: usize = #kv_slots;
                     /// Largest request body the server reads, in bytes.
                     pub const MAX_BODY_BYTES: usize = #max_body;
+                    #prefix_const
                 }),
             )
         }
