@@ -238,6 +238,11 @@ struct InitArgs {
     /// should count in the choice of kernels (1: a process per request); default: not counted.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
     requests_per_load: Option<u64>,
+    /// With --serve, decoders: the tokens requests typically share at their start (a system
+    /// prompt); the server then keeps finished requests' KV caches for the requests that start
+    /// with them (request.shared_prefix_len).
+    #[arg(long, value_name = "N", requires = "serve")]
+    shared_prefix_len: Option<usize>,
     /// Hardware class whose measurements (rankings/<CLASS>/) choose the kernels: `this`
     /// (this machine's), `none` (declared priority only), or a class name.
     #[arg(long, default_value = "this", value_name = "CLASS")]
@@ -497,6 +502,7 @@ fn init(root: Option<PathBuf>, args: InitArgs) -> Result<ExitCode, Error> {
         max_batch,
         serve,
         requests_per_load,
+        shared_prefix_len,
         hardware,
         force,
     } = args;
@@ -515,6 +521,7 @@ fn init(root: Option<PathBuf>, args: InitArgs) -> Result<ExitCode, Error> {
         max_batch,
         serve,
         requests_per_load,
+        shared_prefix_len,
     };
     let label = output.clone().unwrap_or_else(|| PathBuf::from("<standard output>"));
     let text = init::workload_file(&hf, &opts, &templates, &label)?;

@@ -1008,3 +1008,45 @@ fn eval_stale_picks_the_crates_check_asks_an_evaluation_of() {
     assert_eq!(out.status.code(), Some(2));
     assert!(stderr(&out).contains("eval takes one --crate"), "{}", stderr(&out));
 }
+
+/// `init --serve --shared-prefix-len N` gives a decoder's server a prefix cache (a crate with
+/// `PREFIX_CACHE_MIN`, half of N); without `--serve`, or for an encoder, it is refused.
+#[test]
+fn init_writes_the_shared_prefix_of_a_decoder_server() {
+    let root = workspace_root();
+    let temp = tempfile::tempdir().unwrap();
+    for (model, config) in [("llama", LLAMA_CONFIG), ("bert", BERT_CONFIG)] {
+        std::fs::create_dir_all(temp.path().join(model)).unwrap();
+        std::fs::write(temp.path().join(model).join("config.json"), config).unwrap();
+    }
+    let llama = temp.path().join("llama");
+    let workload = temp.path().join("p.toml");
+    let args = ["init", "--hf", llama.to_str().unwrap(), "--name", "p", "--hardware", "none"];
+    let out = monogen(
+        &root,
+        &[&args[..], &["--serve", "--shared-prefix-len", "64", "-o", workload.to_str().unwrap()]].concat(),
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(std::fs::read_to_string(&workload).unwrap().contains("\nshared_prefix_len = 64\n"));
+    let krate = temp.path().join("p-crate");
+    let out = monogen(&root, &["build", workload.to_str().unwrap(), "--out", krate.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let lib = std::fs::read_to_string(krate.join("src/lib.rs")).unwrap();
+    assert!(lib.contains("pub const PREFIX_CACHE_MIN: usize = 32;"), "{lib}");
+    assert!(std::fs::read_to_string(krate.join("src/engine.rs")).unwrap().contains("struct Kept"));
+
+    let out = monogen(&root, &[&args[..], &["--shared-prefix-len", "64"]].concat());
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("--serve"), "{}", stderr(&out));
+    let bert = temp.path().join("bert");
+    let out = monogen(
+        &root,
+        &["init", "--hf", bert.to_str().unwrap(), "--name", "b", "--serve", "--shared-prefix-len", "8"],
+    );
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).contains("is a BERT encoder, whose server keeps no KV caches to share"),
+        "{}",
+        stderr(&out)
+    );
+}

@@ -41,6 +41,7 @@ fn synthetic_weights_load_run_and_read_back() {
         max_batch: None,
         serve: false,
         requests_per_load: None,
+        shared_prefix_len: None,
     };
     let back = workload_from_hf(dir.path(), &opts).unwrap();
     assert_eq!(back.model, workload.model);

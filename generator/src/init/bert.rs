@@ -61,6 +61,12 @@ pub fn workload(
             path.display()
         )));
     }
+    if opts.shared_prefix_len.is_some() {
+        return Err(Error::Refused(format!(
+            "--shared-prefix-len: {} is a BERT encoder, whose server keeps no KV caches to share; leave the option out",
+            path.display()
+        )));
+    }
     let diag = |key: &str, message: String| super::config_diag(path, source, key, message);
     let mut problems = Vec::new();
     for (key, value) in config {

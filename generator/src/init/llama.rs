@@ -375,7 +375,7 @@ fn build(
             typical_prompt_len,
             typical_decode_len,
             requests_per_load: opts.requests_per_load,
-            shared_prefix_len: None,
+            shared_prefix_len: opts.shared_prefix_len,
         }),
         serving: opts.serve.then(|| Serving {
             chat: path.parent().and_then(chat_template),

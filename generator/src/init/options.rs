@@ -89,6 +89,8 @@ pub struct InitOptions {
     pub serve: bool,
     /// `request.requests_per_load`: when the load counts in the rankings.
     pub requests_per_load: Option<u64>,
+    /// `request.shared_prefix_len` (a decoder's server): the prefix cache.
+    pub shared_prefix_len: Option<usize>,
 }
 
 impl InitOptions {
@@ -109,6 +111,7 @@ impl InitOptions {
             max_batch: None,
             serve: false,
             requests_per_load: None,
+            shared_prefix_len: None,
         }
     }
 
