@@ -121,8 +121,15 @@ fn header(plan: &Plan, path: &Path) -> String {
     };
     s.push_str(&format!("  request: {request}{load}\n"));
     if let Consts::Llama(LlamaConsts { serving: Some(serving), request, .. }) = &plan.consts {
+        let chat = if serving.chat.is_some() { "completions and chat completions" } else { "completions" };
+        let prefix = match serving.prefix_cache_min {
+            Some(min) => format!(
+                "; a prefix cache: finished requests' KV caches are kept among the slots, and a request that starts with at least {min} of one's tokens reads only the rest"
+            ),
+            None => String::new(),
+        };
         s.push_str(&format!(
-            "  serving: an OpenAI-compatible server (`serve`) batching up to {} sequences; classes {} (default {}); {} requests may wait; {} KV slots\n",
+            "  serving: an OpenAI-compatible server (`serve`, {chat}) batching up to {} sequences; classes {} (default {}); {} requests may wait; {} KV slots{prefix}\n",
             request.max_batch,
             serving.priorities.join(" > "),
             serving.default_priority,

@@ -922,7 +922,15 @@ fn explain_shows_the_server_and_the_memory_of_its_kv_slots() {
     assert!(out.status.success(), "{}", stderr(&out));
     let text = stdout(&out);
     assert!(
-        text.contains("serving: an OpenAI-compatible server (`serve`) batching up to 4 sequences; classes interactive > batch (default interactive); 16 requests may wait; 8 KV slots"),
+        text.contains("serving: an OpenAI-compatible server (`serve`, completions) batching up to 4 sequences; classes interactive > batch (default interactive); 16 requests may wait; 8 KV slots\n"),
+        "{text}"
+    );
+    // The chat twin chats and keeps a prefix cache.
+    let out = monogen(&root, &["explain", "workloads/stories260k-chat-cpu-f32.toml"]);
+    let text = stdout(&out);
+    assert!(
+        text.contains("(`serve`, completions and chat completions)")
+            && text.contains("8 KV slots; a prefix cache: finished requests' KV caches are kept among the slots, and a request that starts with at least 16 of one's tokens reads only the rest\n"),
         "{text}"
     );
     assert!(
