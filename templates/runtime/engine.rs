@@ -302,6 +302,11 @@ impl Scheduler {
                 }
                 None => break,
             };
+            // A request that gave its cache up reads its tokens again: not a miss of its own.
+            #[only_if(prefix_cache)]
+            if self.waiting[0].generated == 0 {
+                self.metrics.prefix_misses.fetch_add(1, Ordering::Relaxed);
+            }
             self.hold(sequence);
         }
     }
@@ -345,13 +350,7 @@ impl Scheduler {
         let active = &mut self.waiting[0];
         let common = |kept: &Kept| kept.tokens.iter().zip(&active.tokens).take_while(|(a, b)| a == b).count();
         let best = self.kept.iter().enumerate().map(|(i, k)| (i, common(k))).max_by_key(|&(_, n)| n);
-        let Some((best, length)) = best.filter(|&(_, n)| n.min(active.tokens.len() - 1) >= PREFIX_CACHE_MIN) else {
-            // A request that gave its cache up reads its tokens again: not a miss of its own.
-            if active.generated == 0 {
-                self.metrics.prefix_misses.fetch_add(1, Ordering::Relaxed);
-            }
-            return None;
-        };
+        let (best, length) = best.filter(|&(_, n)| n.min(active.tokens.len() - 1) >= PREFIX_CACHE_MIN)?;
         let length = length.min(active.tokens.len() - 1);
         let mut sequence = self.kept.swap_remove(best).sequence;
         sequence.truncate(length);

@@ -910,11 +910,11 @@ fn prefix_cached_requests_equal_the_sequences_run_alone() {
     check(&prompt, 12, &complete(&prompt, 12));
     assert_eq!(reused() - before, (prompt.len() - 1) as f64);
 
-    // Together, with two starts and the same prompts twice.
+    // Together, more than the KV slots, with two starts and the same prompts three times.
     let other =
         tokenizer.encode("The little bird sat on a tree and sang a song every morning for the cat.").unwrap();
     let prompts: Vec<Vec<u32>> =
-        (0..8).map(|i| prompt_of(if i % 2 == 0 { &shared } else { &other }, tails[i % 4])).collect();
+        (0..12).map(|i| prompt_of(if i % 2 == 0 { &shared } else { &other }, tails[i % 4])).collect();
     let answers: Vec<Answer> = std::thread::scope(|s| {
         let handles: Vec<_> = prompts.iter().map(|p| s.spawn(move || complete(p, 10))).collect();
         handles.into_iter().map(|h| h.join().unwrap()).collect()
@@ -965,7 +965,9 @@ fn prefix_cached_requests_equal_the_sequences_run_alone() {
         check(&prompt, 6, &complete(&prompt, 6));
     }
     assert!(metric(addr, "monogen_prefix_cache_evictions_total") - evictions >= 4.0);
-    assert!(metric(addr, "monogen_prefix_cache_misses_total") >= 13.0);
+    // Each of the 35 requests counted once, when it got its cache (not while it waited: 12
+    // came together for 8 slots).
+    assert_eq!(hits() + metric(addr, "monogen_prefix_cache_misses_total"), 35.0);
     assert!(metric(addr, "monogen_kv_cache_usage_ratio") <= 1.0);
 
     // The base crate generates no prefix cache.
