@@ -137,6 +137,16 @@ fn header(plan: &Plan, path: &Path) -> String {
             serving.kv_slots
         ));
     }
+    if let Consts::Llama(LlamaConsts { speculation: Some(spec), .. }) = &plan.consts {
+        s.push_str(&format!(
+            "  speculation: {} drafts up to {} tokens (n-grams of {} down to {}), verified in one pass of up to {} rows; output as without it\n",
+            spec.speculator,
+            spec.draft_tokens,
+            spec.lookup_max,
+            spec.lookup_min,
+            spec.draft_tokens + 1
+        ));
+    }
     if let Consts::Bert(BertConsts { serving: Some(serving), max_batch, .. }) = &plan.consts {
         s.push_str(&format!(
             "  serving: an OpenAI-compatible embeddings server (`serve`) batching up to {max_batch} sentences, waiting up to {} ms for a batch to fill; {} requests may wait\n",

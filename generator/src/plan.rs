@@ -163,6 +163,19 @@ pub struct LlamaConsts {
     pub step_rows: usize,
     /// The HTTP server, when the workload has a `[serving]` table.
     pub serving: Option<ServingPlan>,
+    /// Speculative decoding, when the workload's `[speculation]` names a speculator.
+    pub speculation: Option<Box<SpeculationPlan>>,
+}
+
+/// How generation speculates: the crate's `DRAFT_TOKENS`, `LOOKUP_MAX` and `LOOKUP_MIN`, and
+/// its `speculator` kernel.
+#[derive(Debug, Clone, Serialize)]
+pub struct SpeculationPlan {
+    /// The `speculator` implementation that drafts.
+    pub speculator: String,
+    pub draft_tokens: usize,
+    pub lookup_max: usize,
+    pub lookup_min: usize,
 }
 
 impl LlamaConsts {

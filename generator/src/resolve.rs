@@ -26,6 +26,15 @@ use crate::workload::{Dtype, Model, Pooling, Workload};
 /// never generated. The workload's element types pick each interface's element type
 /// ([`Workload::element_types`]).
 pub fn required_interfaces(w: &Workload) -> Vec<&'static str> {
+    let mut list = architecture_interfaces(w);
+    if w.speculation.as_ref().is_some_and(|s| s.speculates()) {
+        list.push("speculator");
+    }
+    list
+}
+
+/// The interfaces of the workload's architecture and its options.
+fn architecture_interfaces(w: &Workload) -> Vec<&'static str> {
     match &w.model {
         // With a sliding window, every row attends through attention_decode over its own
         // window of the cache, and no prefill attention is generated.
@@ -773,6 +782,14 @@ fn consts(w: &Workload) -> Consts {
                     max_body_bytes: s.max_body_bytes,
                     prefix_cache_min: r.shared_prefix_len.map(|n| n.div_ceil(2).max(1)),
                     chat: s.chat.clone().map(Box::new),
+                }),
+                speculation: w.speculation.as_ref().and_then(|s| {
+                    Some(Box::new(crate::plan::SpeculationPlan {
+                        speculator: s.speculator.implementation()?.to_string(),
+                        draft_tokens: s.draft_tokens,
+                        lookup_max: s.lookup_max,
+                        lookup_min: s.lookup_min,
+                    }))
                 }),
             })
         }

@@ -43,6 +43,11 @@ pub struct Workload {
     /// The `[quality]` table: the bar `monogen eval` holds the crate to against its f32 twin.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub quality: Option<Quality>,
+    /// The `[speculation]` table: how a decoder's generation drafts tokens for the model to
+    /// verify several at a time. Absent (or `speculator = "none"`), the crate has no
+    /// speculation code at all.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub speculation: Option<Speculation>,
     /// The text of the file it was parsed from, which a generated crate keeps as its
     /// `workload.toml` (none for a workload made in code, such as `init`'s).
     #[serde(skip)]
@@ -162,6 +167,64 @@ pub struct Quality {
     /// has): `check` then asks for no evaluation record. Excludes every bar.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub waived: Option<String>,
+}
+
+/// How a decoder speculates: the optional `[speculation]` table. docs/workload.md documents
+/// each field.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Speculation {
+    /// Where drafted tokens come from.
+    pub speculator: Speculator,
+    /// Tokens drafted at most per step: the model verifies them and the last picked token in
+    /// one forward pass of `draft_tokens + 1` rows.
+    #[serde(default = "Speculation::default_draft_tokens")]
+    pub draft_tokens: usize,
+    /// Prompt lookup: the longest n-gram of the context's end that it looks for.
+    #[serde(default = "Speculation::default_lookup_max")]
+    pub lookup_max: usize,
+    /// Prompt lookup: the shortest.
+    #[serde(default = "Speculation::default_lookup_min")]
+    pub lookup_min: usize,
+}
+
+impl Speculation {
+    fn default_draft_tokens() -> usize {
+        4
+    }
+
+    fn default_lookup_max() -> usize {
+        3
+    }
+
+    fn default_lookup_min() -> usize {
+        2
+    }
+
+    /// Whether the crate speculates at all.
+    pub fn speculates(&self) -> bool {
+        self.speculator != Speculator::None
+    }
+}
+
+/// The implementations of the `speculator` interface a workload can name, and none.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Speculator {
+    /// No speculation: every step runs one token.
+    None,
+    /// Drafts copied from earlier in the context (implementations/speculator/prompt-lookup).
+    PromptLookup,
+}
+
+impl Speculator {
+    /// The implementation of the `speculator` interface it names.
+    pub fn implementation(self) -> Option<&'static str> {
+        match self {
+            Speculator::None => None,
+            Speculator::PromptLookup => Some("prompt-lookup"),
+        }
+    }
 }
 
 impl Quality {
@@ -587,6 +650,8 @@ struct WorkloadFile<M, R> {
     serving: Option<Serving>,
     #[serde(default)]
     quality: Option<Quality>,
+    #[serde(default)]
+    speculation: Option<Speculation>,
 }
 
 /// Stands for the `architecture` key inside an architecture's model table; the key is
@@ -708,6 +773,7 @@ impl WorkloadSource {
                     request: Request::Decoder(file.request),
                     serving: file.serving,
                     quality: file.quality,
+                    speculation: file.speculation,
                     source: SourceText(Some(self.text.clone())),
                 }
             }
@@ -750,6 +816,14 @@ impl WorkloadSource {
                             .hint("remove the [kv_cache] table"),
                     ]);
                 }
+                if file.speculation.is_some() {
+                    let span = span_of(&doc, &["speculation"]).unwrap_or(0..0);
+                    return Err(vec![
+                        self.diag("a `bert` workload does not generate tokens to speculate on")
+                            .primary(span, "speculative decoding drafts a decoder's (`llama`) next tokens")
+                            .hint("remove the [speculation] table"),
+                    ]);
+                }
                 if file.serving.is_some() && file.model.pooling == Pooling::None {
                     let span = span_of(&doc, &["serving"]).unwrap_or(0..0);
                     return Err(vec![
@@ -768,6 +842,7 @@ impl WorkloadSource {
                     request: Request::Encoder(file.request),
                     serving: file.serving,
                     quality: file.quality,
+                    speculation: file.speculation,
                     source: SourceText(Some(self.text.clone())),
                 }
             }
@@ -934,8 +1009,71 @@ fn check(w: &Workload, span: &SpanOf, src: &WorkloadSource) -> Vec<Diagnostic> {
     if let Some(q) = &w.quality {
         check_quality(q, &w.request, &mut out, &mk);
     }
+    if let (Some(s), Request::Decoder(r)) = (&w.speculation, &w.request) {
+        check_speculation(s, r, w.serving.is_some(), &mut out, &mk);
+    }
     out
 }
+
+/// The `[speculation]` table: a single sequence's generation for now, drafts that fit one
+/// prefill chunk, n-gram lengths in order.
+fn check_speculation(
+    s: &Speculation,
+    r: &DecoderRequest,
+    serving: bool,
+    out: &mut Vec<Diagnostic>,
+    mk: &MakeDiagnostic,
+) {
+    if !s.speculates() {
+        return;
+    }
+    if serving {
+        out.push(mk(
+            &["speculation"],
+            "a server does not speculate yet".into(),
+            "speculative decoding runs in a single sequence's generation (the CLI and `Session::generate`)",
+            "remove the [speculation] table, or generate a crate without [serving] for speculation".into(),
+        ));
+    } else if r.max_batch > 1 {
+        out.push(mk(
+            &["speculation"],
+            format!("request.max_batch is {}: batched sequences do not speculate yet", r.max_batch),
+            "speculative decoding runs in a single sequence's generation",
+            "set request.max_batch = 1, or remove the [speculation] table".into(),
+        ));
+    }
+    let chunk = r.typical_prompt_len.min(r.max_seq_len);
+    let most = chunk.saturating_sub(1).min(MAX_DRAFT_TOKENS);
+    if s.draft_tokens == 0 || s.draft_tokens > most {
+        out.push(mk(
+            &["speculation", "draft_tokens"],
+            format!("speculation.draft_tokens is {}; it must be between 1 and {most}", s.draft_tokens),
+            "the drafted tokens and the last picked one run as one chunk of rows",
+            format!(
+                "use 1 to {most} (at most {MAX_DRAFT_TOKENS}, and fewer than the prefill chunk, request.typical_prompt_len = {})",
+                r.typical_prompt_len
+            ),
+        ));
+    }
+    if s.lookup_min == 0 || s.lookup_min > s.lookup_max || s.lookup_max > MAX_LOOKUP {
+        let key = if s.lookup_min == 0 || s.lookup_max <= MAX_LOOKUP { "lookup_min" } else { "lookup_max" };
+        out.push(mk(
+            &["speculation", key],
+            format!(
+                "speculation.lookup_min ({}) and lookup_max ({}) must satisfy 1 <= lookup_min <= lookup_max <= {MAX_LOOKUP}",
+                s.lookup_min, s.lookup_max
+            ),
+            "out of range",
+            "prompt lookup matches the context's last lookup_max down to lookup_min tokens, e.g. 3 and 2".into(),
+        ));
+    }
+}
+
+/// The most tokens a step drafts: more rarely all match, and each one adds a row.
+pub const MAX_DRAFT_TOKENS: usize = 16;
+
+/// The longest n-gram prompt lookup matches.
+pub const MAX_LOOKUP: usize = 8;
 
 /// The `[quality]` table: bars of the workload's kind, in range, or a reason for none.
 fn check_quality(q: &Quality, r: &Request, out: &mut Vec<Diagnostic>, mk: &MakeDiagnostic) {

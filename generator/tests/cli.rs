@@ -940,6 +940,24 @@ fn explain_shows_the_server_and_the_memory_of_its_kv_slots() {
     assert!(text.contains("per batch of 4 sequences, 132 positions a step"), "{text}");
 }
 
+/// `explain` says how a crate speculates, and lists the speculator among the interfaces; a
+/// crate without `[speculation]` has neither.
+#[test]
+fn explain_shows_how_a_crate_speculates() {
+    let root = workspace_root();
+    let out = monogen(&root, &["explain", "workloads/stories260k-cpu-f32-lookup.toml"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    assert!(
+        text.contains("  speculation: prompt-lookup drafts up to 4 tokens (n-grams of 3 down to 2), verified in one pass of up to 5 rows; output as without it\n")
+            && text.contains("\nspeculator: ")
+            && text.contains("prompt-lookup 1.0.0 (priority 0): CHOSEN"),
+        "{text}"
+    );
+    let plain = stdout(&monogen(&root, &["explain", "workloads/stories260k-cpu-f32.toml"]));
+    assert!(!plain.contains("speculat"), "{plain}");
+}
+
 /// `eval --stale` evaluates exactly the crates `check` would ask it of, and says why of the
 /// others: an f32 crate, a waived one and one whose record is current have nothing to do; one
 /// without a record needs its model, which it looks for in a folder named as the crate.

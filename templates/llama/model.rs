@@ -22,6 +22,8 @@ use crate::{
     RMS_NORM_EPS, ROPE_THETA, VOCAB_SIZE,
 };
 __slot!(window_use);
+#[only_if(speculation)]
+use crate::DRAFT_TOKENS;
 
 /// A loaded model: the weights and the rotary tables. It never changes after loading,
 /// so share it between threads and give each sequence its own [`Session`].
@@ -98,6 +100,9 @@ pub struct Session<'m> {
     scores: Buffer,
     /// Logits of one position: [VOCAB_SIZE]
     logits: Buffer,
+    /// Logits of each row a speculative step verifies: [DRAFT_TOKENS + 1, VOCAB_SIZE]
+    #[only_if(speculation)]
+    verified: Vec<f32>,
     /// The memory of the buffers above, in huge pages where the kernel grants them.
     _scratch: Scratch,
 }
@@ -117,7 +122,24 @@ impl<'m> Session<'m> {
             Room::new(MAX_SEQ_LEN),
             Room::new(VOCAB_SIZE),
         ]);
-        Session { model, pos: 0, kv, x, xb, q, k, v, att, gate, up, scores, logits, _scratch: scratch }
+        Session {
+            model,
+            pos: 0,
+            kv,
+            x,
+            xb,
+            q,
+            k,
+            v,
+            att,
+            gate,
+            up,
+            scores,
+            logits,
+            #[only_if(speculation)]
+            verified: vec![0.0; (DRAFT_TOKENS + 1) * VOCAB_SIZE],
+            _scratch: scratch,
+        }
     }
 
     /// Positions the session holds.
@@ -160,6 +182,39 @@ impl<'m> Session<'m> {
             }
         }
         Ok(all)
+    }
+
+    /// Runs `tokens` at the next positions, the last picked token and then the drafted ones
+    /// (at most DRAFT_TOKENS + 1 of them), and returns the logits of every one:
+    /// [tokens.len(), VOCAB_SIZE]. Row i's logits pick the token after `tokens[i]`; the
+    /// positions of drafted tokens that are not kept are given back with [`Session::rewind`].
+    #[only_if(speculation)]
+    pub fn verify(&mut self, tokens: &[u32]) -> Result<&[f32], Error> {
+        self.check(tokens)?;
+        if tokens.len() > DRAFT_TOKENS + 1 {
+            return Err(Error::InvalidParameter {
+                name: "tokens",
+                reason: format!("{} rows; a verification runs at most DRAFT_TOKENS + 1 = {}", tokens.len(), DRAFT_TOKENS + 1),
+            });
+        }
+        let t = tokens.len();
+        self.forward(tokens);
+        let Session { model, x, xb, verified, .. } = self;
+        let w = &model.weights;
+        let xb = &mut xb[..t * HIDDEN_SIZE];
+        let logits = &mut verified[..t * VOCAB_SIZE];
+        // xb = rmsnorm(x) · norm: [T, HIDDEN_SIZE]
+        rmsnorm::<HIDDEN_SIZE>(xb, &x[..t * HIDDEN_SIZE], &w.norm, RMS_NORM_EPS, t);
+        __slot!(c_classifier_rows);
+        __slot!(mm_classifier_rows);
+        Ok(logits)
+    }
+
+    /// Forgets every position from `pos` on (the rows of drafted tokens that were not kept):
+    /// the next token runs at `pos`. A `pos` at or past the session's position changes nothing.
+    #[only_if(speculation)]
+    pub fn rewind(&mut self, pos: usize) {
+        self.pos = self.pos.min(pos);
     }
 
     /// Whether `tokens` can run at the next positions: not empty, every id in the

@@ -1,11 +1,17 @@
 //! Token generation: prefill the prompt, then sample and decode one token at a time until
 //! an end-of-sequence id, the token limit or the end of the context.
 
+#[only_if(speculation)]
+use std::collections::VecDeque;
 use std::time::Instant;
 
 use crate::kernels::sampler::sample;
+#[only_if(speculation)]
+use crate::kernels::speculator::draft;
 use crate::model::Session;
 use crate::{Error, EOS_TOKEN_IDS, MAX_SEQ_LEN, VOCAB_SIZE};
+#[only_if(speculation)]
+use crate::{DRAFT_TOKENS, LOOKUP_MAX, LOOKUP_MIN};
 
 /// How to pick tokens and when to stop.
 #[derive(Debug, Clone, PartialEq)]
@@ -77,8 +83,15 @@ pub struct Generation {
     pub prefill_ms: f64,
     /// Time of the decode steps that followed.
     pub decode_ms: f64,
-    /// Number of decode steps (each one runs one token and picks the next).
+    /// Tokens the decode steps picked: every new token after the first.
     pub decode_steps: usize,
+    /// Tokens the speculator drafted.
+    #[only_if(speculation)]
+    pub drafted: usize,
+    /// Drafted tokens the model picked too, which cost no step of their own (a step picks its
+    /// kept drafted tokens and one more).
+    #[only_if(speculation)]
+    pub accepted: usize,
 }
 
 impl Generation {
@@ -114,11 +127,15 @@ impl Session<'_> {
         let mut generated = Vec::new();
         let mut stop = StopReason::MaxTokens;
         let mut decode_steps = 0;
+        #[only_if(speculation)]
+        let start = self.position();
 
         let started = Instant::now();
         let logits = self.prefill(prompt)?;
         let mut token = sample::<VOCAB_SIZE>(logits, params.temperature, params.top_k, params.top_p, rng.next_f32(), &mut scratch);
         let prefill_ms = started.elapsed().as_secs_f64() * 1000.0;
+        #[only_if(speculation)]
+        let mut spec = Speculation::new(prompt, token);
 
         let decode_started = Instant::now();
         while generated.len() < params.max_tokens {
@@ -134,14 +151,33 @@ impl Session<'_> {
             if generated.len() == params.max_tokens {
                 break;
             }
+            // while a verification's picks remain, the cache already holds the token handed out
+            #[only_if(speculation)]
+            if let Some(next) = spec.ahead.pop_front() {
+                token = next;
+                continue;
+            }
             if self.position() == MAX_SEQ_LEN {
                 stop = StopReason::ContextFull;
                 break;
             }
-            let logits = self.decode(token)?;
-            token = sample::<VOCAB_SIZE>(logits, params.temperature, params.top_k, params.top_p, rng.next_f32(), &mut scratch);
-            decode_steps += 1;
+            #[only_if(not(speculation))]
+            {
+                let logits = self.decode(token)?;
+                token = sample::<VOCAB_SIZE>(logits, params.temperature, params.top_k, params.top_p, rng.next_f32(), &mut scratch);
+                decode_steps += 1;
+            }
+            // drafts fit beside `token` in the cache, and among the tokens still to pick after it
+            #[only_if(speculation)]
+            {
+                let room = (MAX_SEQ_LEN - self.position() - 1).min(params.max_tokens - generated.len() - 1);
+                decode_steps += self.speculate(token, room, &mut spec, params, &mut rng, &mut scratch)?;
+                token = spec.ahead.pop_front().expect("a verification picks at least one token");
+            }
         }
+        // the session holds the prompt and every handed-out token but the last, as without drafts
+        #[only_if(speculation)]
+        self.rewind(start + prompt.len() + generated.len().saturating_sub(1));
         Ok(Generation {
             prompt_ids: prompt.to_vec(),
             generated_ids: generated,
@@ -149,7 +185,80 @@ impl Session<'_> {
             prefill_ms,
             decode_ms: decode_started.elapsed().as_secs_f64() * 1000.0,
             decode_steps,
+            #[only_if(speculation)]
+            drafted: spec.drafted,
+            #[only_if(speculation)]
+            accepted: spec.accepted,
         })
+    }
+
+    /// One speculative step after `token`: drafts at most `room` tokens (DRAFT_TOKENS at most),
+    /// runs `token` and them in one pass, and picks from each row's logits as a decode step
+    /// would (the same sampler, the next coin), keeping drafted tokens while each is the pick.
+    /// The picks go to `spec.ahead`; the cache keeps `token` and the kept drafted tokens.
+    /// Returns the number of picks: the kept drafted tokens and one more.
+    #[only_if(speculation)]
+    fn speculate(
+        &mut self,
+        token: u32,
+        room: usize,
+        spec: &mut Speculation,
+        params: &GenerateParams,
+        rng: &mut Rng,
+        scratch: &mut Vec<(f32, u32)>,
+    ) -> Result<usize, Error> {
+        let Speculation { context, ahead, rows, drafted, accepted } = spec;
+        // rows = token, then the drafted tokens
+        rows.clear();
+        rows.push(token);
+        draft::<LOOKUP_MAX, LOOKUP_MIN>(context, room.min(DRAFT_TOKENS), rows);
+        let at = self.position();
+        // logits = the model over rows: [rows.len(), VOCAB_SIZE]
+        let logits = self.verify(rows)?;
+        for (row, logits) in logits.chunks_exact(VOCAB_SIZE).enumerate() {
+            let pick = sample::<VOCAB_SIZE>(logits, params.temperature, params.top_k, params.top_p, rng.next_f32(), scratch);
+            ahead.push_back(pick);
+            context.push(pick);
+            if rows.get(row + 1) != Some(&pick) {
+                break;
+            }
+        }
+        let kept = ahead.len() - 1;
+        *drafted += rows.len() - 1;
+        *accepted += kept;
+        // forget the rows of drafted tokens that were not picked
+        self.rewind(at + 1 + kept);
+        Ok(ahead.len())
+    }
+}
+
+/// A speculative generation's state.
+#[only_if(speculation)]
+struct Speculation {
+    /// What prompt lookup searches: the prompt and every token picked since.
+    context: Vec<u32>,
+    /// Tokens the last verification picked and `generate` has not handed out yet; the cache
+    /// holds all but the last.
+    ahead: VecDeque<u32>,
+    /// The rows of a verification: the last picked token and the drafted ones.
+    rows: Vec<u32>,
+    drafted: usize,
+    accepted: usize,
+}
+
+#[only_if(speculation)]
+impl Speculation {
+    fn new(prompt: &[u32], first: u32) -> Speculation {
+        let mut context = Vec::with_capacity(MAX_SEQ_LEN);
+        context.extend_from_slice(prompt);
+        context.push(first);
+        Speculation {
+            context,
+            ahead: VecDeque::with_capacity(DRAFT_TOKENS + 1),
+            rows: Vec::with_capacity(DRAFT_TOKENS + 1),
+            drafted: 0,
+            accepted: 0,
+        }
     }
 }
 

@@ -120,6 +120,13 @@ fn run(args: &Args, started: Instant) -> Result<(), Error> {
             ("decode_ms".to_string(), json!(generation.decode_ms)),
             ("decode_tok_s".to_string(), json!(generation.decode_tok_s())),
         ]));
+        #[only_if(speculation)]
+        let report = {
+            let mut report = report;
+            report["drafted"] = json!(generation.drafted);
+            report["accepted"] = json!(generation.accepted);
+            report
+        };
 
         // A closed stdout (e.g. `| head`) is not an error worth reporting.
         let _ = writeln!(io::stdout().lock(), "{report}");
@@ -153,6 +160,8 @@ fn run(args: &Args, started: Instant) -> Result<(), Error> {
     eprintln!(
         "[{prompt_tokens} prompt tokens: prefill {prefill:.1} tok/s; {new_tokens} new tokens: decode {decode:.1} tok/s; stop: {stop}]"
     );
+    #[only_if(speculation)]
+    eprintln!("[speculation: {} tokens drafted, {} kept]", generation.drafted, generation.accepted);
     Ok(())
 }
 

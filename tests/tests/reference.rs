@@ -211,6 +211,8 @@ macro_rules! llama_reference_tests {
 
 llama_reference_tests!(stories260k, stories260k_cpu_f32, model_dir("stories260k"));
 llama_reference_tests!(aidreams260k, aidreams260k_cpu_f32, model_dir("aidreams260k"));
+// Speculative decoding by prompt lookup: generation verifies drafted tokens several at a time.
+llama_reference_tests!(stories260k_lookup, stories260k_cpu_f32_lookup, model_dir("stories260k"));
 // Untied embeddings (the classifier is lm_head.weight) and the scalar reference kernels.
 llama_reference_tests!(stories260k_untied, stories260k_untied_scalar, untied_stories260k());
 

@@ -87,7 +87,8 @@ pub fn rust_files(
     let matrices = Matrices::of(plan);
     let serving = if c.serving.is_some() { SERVING_FILES } else { &[] };
     let prefix_cache = c.serving.as_ref().is_some_and(|s| s.prefix_cache_min.is_some());
-    let features = [("chat", chats(c)), ("prefix_cache", prefix_cache)];
+    let features =
+        [("chat", chats(c)), ("prefix_cache", prefix_cache), ("speculation", c.speculation.is_some())];
     for file in RUNTIME_FILES.iter().chain(serving) {
         let mut source = templates.runtime(file, &krate)?;
         rust_source::select(&mut source, &features)
@@ -265,6 +266,18 @@ fn lib_rs(plan: &Plan, c: &LlamaConsts) -> TokenStream {
             )
         }
     };
+    let speculation_consts = c.speculation.as_ref().map(|s| {
+        let (draft, max, min) = (usize_lit(s.draft_tokens), usize_lit(s.lookup_max), usize_lit(s.lookup_min));
+        quote! {
+            /// Tokens a generation step drafts at most (`speculation.draft_tokens`): the model
+            /// verifies them, with the last picked token, in one forward pass.
+            pub const DRAFT_TOKENS: usize = #draft;
+            /// The longest n-gram of the context's end that prompt lookup looks for earlier in it.
+            pub const LOOKUP_MAX: usize = #max;
+            /// The shortest.
+            pub const LOOKUP_MIN: usize = #min;
+        }
+    });
     let resident_mod = c.resident_weights.then(|| {
         quote!(
             mod huge_pages;
@@ -324,6 +337,7 @@ fn lib_rs(plan: &Plan, c: &LlamaConsts) -> TokenStream {
         /// Positions run through the layers at once during prefill (`request.typical_prompt_len`).
         pub const PREFILL_CHUNK: usize = #prefill_chunk;
         #batch
+        #speculation_consts
         #window_const
         /// Base of the rotary embedding's frequencies.
         pub const ROPE_THETA: f32 = #rope_theta;
@@ -356,13 +370,15 @@ fn model_rs(plan: &Plan, c: &LlamaConsts, templates: &Templates) -> Result<Strin
     slots.extend(attention_slots(c));
     let n_layers = c.num_layers.to_string();
     let replacements = [("__workload_name", plan.name.as_str()), ("__n_layers", n_layers.as_str())];
+    let mut file = templates.rust("llama/model.rs", &replacements)?;
+    rust_source::select(&mut file, &[("speculation", c.speculation.is_some())])
+        .map_err(|message| Error::Template { name: "llama/model.rs".into(), message })?;
     if !batched {
-        return templates.fill("llama/model.rs", &replacements, &slots);
+        return Templates::fill_file("llama/model.rs", file, &slots);
     }
     // The batch's buffers are not tied to one sequence's cache.
     slots.remove("new_keys");
     slots.remove("new_values");
-    let mut file = templates.rust("llama/model.rs", &replacements)?;
     let session = |item: &syn::Item| match item {
         syn::Item::Struct(s) => s.ident == "Session",
         syn::Item::Impl(i) => {
@@ -416,7 +432,8 @@ fn embedding_slots(matrices: Matrices) -> [(&'static str, TokenStream); 2] {
 /// The linear layers' products with the crate's matmul (and the biases of a model whose q, k
 /// and v projections have them), and the classifier.
 /// With `batched`, the classifier runs the N rows of a batched step's last positions.
-fn product_slots(c: &LlamaConsts, matrices: Matrices, batched: bool) -> [(&'static str, TokenStream); 15] {
+/// A crate that speculates also classifies the T rows of a verification at once.
+fn product_slots(c: &LlamaConsts, matrices: Matrices, batched: bool) -> Vec<(&'static str, TokenStream)> {
     let mm = |shape: [&str; 2], out: TokenStream, x: TokenStream, w: TokenStream| {
         matrices.matmul_call(shape, out, x, w, quote!(t))
     };
@@ -445,9 +462,26 @@ fn product_slots(c: &LlamaConsts, matrices: Matrices, batched: bool) -> [(&'stat
     } else {
         (quote!(w.lm_head), format!("logits = xb · lm_headᵀ: {shape}"))
     };
+    let classifier_comment_text = classifier_comment.clone();
     let classifier_comment = comment(&classifier_comment);
-    let mm_classifier =
-        matrices.matmul_call(["VOCAB_SIZE", "HIDDEN_SIZE"], quote!(logits), quote!(xb), classifier, rows);
+    let mm_classifier = matrices.matmul_call(
+        ["VOCAB_SIZE", "HIDDEN_SIZE"],
+        quote!(logits),
+        quote!(xb),
+        classifier.clone(),
+        rows,
+    );
+    let verify_slots = c.speculation.is_some().then(|| {
+        let comment_rows = comment(&classifier_comment_text.replace(shape, "[T, VOCAB_SIZE]"));
+        let call = matrices.matmul_call(
+            ["VOCAB_SIZE", "HIDDEN_SIZE"],
+            quote!(logits),
+            quote!(xb),
+            classifier,
+            quote!(t),
+        );
+        [("c_classifier_rows", comment_rows), ("mm_classifier_rows", call)]
+    });
 
     let (c_q, c_kv) = if c.qkv_bias {
         (
@@ -493,6 +527,9 @@ fn product_slots(c: &LlamaConsts, matrices: Matrices, batched: bool) -> [(&'stat
         ("mm_classifier", mm_classifier),
         ("add_bias_fn", add_bias_fn),
     ]
+    .into_iter()
+    .chain(verify_slots.into_iter().flatten())
+    .collect()
 }
 
 /// The KV cache's element type and the attention over it: full (decode and prefill kernels) or

@@ -176,6 +176,7 @@ pub fn workload(
             ..toml::from_str("").expect("every field of [serving] has a default")
         }),
         quality: opts.quality(true),
+        speculation: None,
         source: Default::default(),
     })
 }

@@ -245,3 +245,82 @@ fn int8_packed_scales_convert_to_binary16_as_f16c_does() {
         assert_eq!(binary16(v), unsafe { narrow(v) }, "{v:e}");
     }
 }
+
+mod speculator {
+    use crate::kernels::speculator__prompt_lookup::draft;
+    use crate::rng::Rng;
+
+    fn drafted<const MAX: usize, const MIN: usize>(context: &[u32], max: usize) -> Vec<u32> {
+        let mut out = vec![99];
+        draft::<MAX, MIN>(context, max, &mut out);
+        assert_eq!(out[0], 99, "draft appends, and leaves what `out` held");
+        out.split_off(1)
+    }
+
+    #[test]
+    fn copies_what_followed_the_latest_occurrence_of_the_longest_suffix() {
+        // "5 6" recurs at 1 (followed by 7 8 9) and at 6 (followed by 1 2): the latest wins.
+        let context = [4, 5, 6, 7, 8, 9, 5, 6, 1, 2, 3, 5, 6];
+        assert_eq!(drafted::<3, 1>(&context, 2), [1, 2]);
+        // Past the context's end the copy reads itself: the period of 5 tokens goes on.
+        assert_eq!(drafted::<3, 1>(&context, 12), [1, 2, 3, 5, 6, 1, 2, 3, 5, 6, 1, 2]);
+        // "3 5 6" recurs nowhere, "5 6" does: a longer n is tried first, then shorter ones.
+        let context = [3, 5, 6, 0, 5, 6, 7, 9, 3, 5, 6];
+        assert_eq!(drafted::<3, 1>(&context, 3), [0, 5, 6], "the 3-gram 3 5 6 wins over the later 5 6");
+        assert_eq!(drafted::<2, 1>(&context, 3), [7, 9, 3], "without 3-grams, the latest 5 6");
+    }
+
+    #[test]
+    fn drafts_nothing_without_a_recurring_n_gram() {
+        assert!(drafted::<3, 1>(&[1, 2, 3, 4, 5], 4).is_empty());
+        assert!(drafted::<3, 2>(&[1, 2, 3, 1, 9, 2, 3, 1, 4, 1], 4).is_empty(), "only the 1-gram 1 recurs");
+        assert_eq!(drafted::<3, 1>(&[1, 2, 3, 1, 9, 2, 3, 1, 4, 1], 4), [4, 1, 4, 1]);
+        assert!(drafted::<3, 1>(&[], 4).is_empty());
+        assert!(drafted::<3, 1>(&[7], 4).is_empty());
+        assert!(drafted::<3, 1>(&[1, 2, 1, 2], 0).is_empty(), "max 0 drafts nothing");
+    }
+
+    #[test]
+    fn a_repeated_token_drafts_more_of_itself() {
+        assert_eq!(drafted::<3, 1>(&[8, 8, 8, 8, 8], 6), [8; 6], "a period of one token");
+        assert_eq!(drafted::<1, 1>(&[2, 8, 8], 4), [8; 4]);
+        assert_eq!(drafted::<2, 2>(&[5, 1, 2, 1, 2], 5), [1, 2, 1, 2, 1], "a period of two");
+    }
+
+    #[test]
+    fn every_draft_is_a_copy_of_context_following_a_match() {
+        let mut rng = Rng::new(11);
+        for _ in 0..500 {
+            let len = 1 + (rng.unit() * 60.0) as usize;
+            let context: Vec<u32> = (0..len).map(|_| (rng.unit() * 4.0) as u32).collect();
+            let max = (rng.unit() * 6.0) as usize;
+            let out = drafted::<3, 2>(&context, max);
+            if max == 0 {
+                assert!(out.is_empty());
+                continue;
+            }
+            if out.is_empty() {
+                // no 2- or 3-gram suffix recurs with a token after it
+                for n in 2..=3.min(len.saturating_sub(1)) {
+                    let suffix = &context[len - n..];
+                    assert!(!(0..len - n).any(|s| &context[s..s + n] == suffix), "{context:?} max {max}");
+                }
+                continue;
+            }
+            assert_eq!(out.len(), max, "a match drafts `max` tokens");
+            // out is what followed an earlier occurrence of a 2- or 3-token suffix, the copy
+            // reading itself past the context's end
+            let hit = (0..len).any(|from| {
+                (2..=3).any(|n| {
+                    let copy =
+                        |i: usize| if from + i < len { context[from + i] } else { out[from + i - len] };
+                    from >= n
+                        && from < len
+                        && context[from - n..from] == context[len - n..]
+                        && (0..max).all(|i| out[i] == copy(i))
+                })
+            });
+            assert!(hit, "{context:?} drafted {out:?}");
+        }
+    }
+}
