@@ -1010,37 +1010,15 @@ fn check(w: &Workload, span: &SpanOf, src: &WorkloadSource) -> Vec<Diagnostic> {
         check_quality(q, &w.request, &mut out, &mk);
     }
     if let (Some(s), Request::Decoder(r)) = (&w.speculation, &w.request) {
-        check_speculation(s, r, w.serving.is_some(), &mut out, &mk);
+        check_speculation(s, r, &mut out, &mk);
     }
     out
 }
 
-/// The `[speculation]` table: a single sequence's generation for now, drafts that fit one
-/// prefill chunk, n-gram lengths in order.
-fn check_speculation(
-    s: &Speculation,
-    r: &DecoderRequest,
-    serving: bool,
-    out: &mut Vec<Diagnostic>,
-    mk: &MakeDiagnostic,
-) {
+/// The `[speculation]` table: drafts that fit one prefill chunk, n-gram lengths in order.
+fn check_speculation(s: &Speculation, r: &DecoderRequest, out: &mut Vec<Diagnostic>, mk: &MakeDiagnostic) {
     if !s.speculates() {
         return;
-    }
-    if serving {
-        out.push(mk(
-            &["speculation"],
-            "a server does not speculate yet".into(),
-            "speculative decoding runs in a single sequence's generation (the CLI and `Session::generate`)",
-            "remove the [speculation] table, or generate a crate without [serving] for speculation".into(),
-        ));
-    } else if r.max_batch > 1 {
-        out.push(mk(
-            &["speculation"],
-            format!("request.max_batch is {}: batched sequences do not speculate yet", r.max_batch),
-            "speculative decoding runs in a single sequence's generation",
-            "set request.max_batch = 1, or remove the [speculation] table".into(),
-        ));
     }
     let chunk = r.typical_prompt_len.min(r.max_seq_len);
     let most = chunk.saturating_sub(1).min(MAX_DRAFT_TOKENS);

@@ -4,6 +4,15 @@
 //~ model.rs's. Lines starting with `//~`, like these, are not generated.
 use crate::{MAX_BATCH, STEP_ROWS};
 
+/// Rows of a step whose logits it returns at most: each sequence's last.
+#[only_if(not(speculation))]
+const LOGIT_ROWS: usize = MAX_BATCH;
+
+/// Rows of a step whose logits it returns at most: each sequence's last, or the rows of its
+/// verification (the last picked token and DRAFT_TOKENS drafted ones), within STEP_ROWS.
+#[only_if(speculation)]
+const LOGIT_ROWS: usize = if MAX_BATCH * (DRAFT_TOKENS + 1) < STEP_ROWS { MAX_BATCH * (DRAFT_TOKENS + 1) } else { STEP_ROWS };
+
 impl Model {
     /// The activation buffers of a step of up to MAX_BATCH sequences, which a server shares
     /// between all of them.
@@ -101,7 +110,7 @@ pub struct Batch<'m> {
     up: Buffer,
     /// Attention scores of one query: [MAX_SEQ_LEN]
     scores: Buffer,
-    /// Logits of the last position of each sequence of a step: [MAX_BATCH, VOCAB_SIZE]
+    /// Logits of the rows of a step that pick a token: [LOGIT_ROWS, VOCAB_SIZE]
     logits: Buffer,
     /// The memory of the buffers above, in huge pages where the kernel grants them.
     _scratch: Scratch,
@@ -119,7 +128,7 @@ impl<'m> Batch<'m> {
             Room::new(STEP_ROWS * INTERMEDIATE_SIZE),
             Room::new(STEP_ROWS * INTERMEDIATE_SIZE),
             Room::new(MAX_SEQ_LEN),
-            Room::new(MAX_BATCH * VOCAB_SIZE),
+            Room::new(LOGIT_ROWS * VOCAB_SIZE),
         ]);
         Batch { model, x, xb, q, k, v, att, gate, up, scores, logits, _scratch: scratch }
     }
@@ -138,6 +147,35 @@ impl<'m> Batch<'m> {
         }
         self.classify(&rows[..runs.len()]);
         Ok(&self.logits[..runs.len() * VOCAB_SIZE])
+    }
+
+    /// Runs each run's tokens as [`Batch::step`] does, and returns the logits of the last
+    /// `picks[i]` tokens of run i, run after run: a verification's rows (its last picked token
+    /// and the drafted ones, each row's logits picking the token after it), or a run's last.
+    /// [picks.iter().sum(), VOCAB_SIZE].
+    #[only_if(speculation)]
+    pub fn step_rows(&mut self, runs: &mut [Run<'_>], picks: &[usize]) -> Result<&[f32], Error> {
+        self.check(runs)?;
+        let wanted: usize = picks.iter().sum();
+        let fits = picks.len() == runs.len() && runs.iter().zip(picks).all(|(run, &n)| (1..=run.tokens.len()).contains(&n));
+        if !fits || wanted > LOGIT_ROWS {
+            return Err(Error::InvalidParameter {
+                name: "picks",
+                reason: format!("each run picks from 1 to all of its rows, {LOGIT_ROWS} rows in all"),
+            });
+        }
+        self.forward(runs);
+        let mut rows = [0; LOGIT_ROWS];
+        let (mut end, mut at) = (0, 0);
+        for (run, &n) in runs.iter().zip(picks) {
+            end += run.tokens.len();
+            for (row, r) in rows[at..at + n].iter_mut().zip(end - n..end) {
+                *row = r;
+            }
+            at += n;
+        }
+        self.classify(&rows[..wanted]);
+        Ok(&self.logits[..wanted * VOCAB_SIZE])
     }
 
     /// Whether `runs` fit one step: 1 to MAX_BATCH of them, STEP_ROWS tokens at most in all,
@@ -230,7 +268,7 @@ impl<'m> Batch<'m> {
     }
 
     /// The final norm and the classifier for rows `rows` of the last step's `x` (N of them, at
-    /// most MAX_BATCH): fills `logits` with one row each.
+    /// most LOGIT_ROWS): fills `logits` with one row each.
     fn classify(&mut self, rows: &[usize]) {
         let Batch { model, x, xb, logits, .. } = self;
         let w = &model.weights;
@@ -299,6 +337,30 @@ impl<'m> Session<'m> {
             }
         }
         Ok(all)
+    }
+
+    /// Runs `tokens` at the next positions, the last picked token and then the drafted ones
+    /// (at most DRAFT_TOKENS + 1 of them), and returns the logits of every one:
+    /// [tokens.len(), VOCAB_SIZE]. Row i's logits pick the token after `tokens[i]`; the
+    /// positions of drafted tokens that are not kept are given back with [`Session::rewind`].
+    #[only_if(speculation)]
+    pub fn verify(&mut self, tokens: &[u32]) -> Result<&[f32], Error> {
+        self.check(tokens)?;
+        if tokens.len() > DRAFT_TOKENS + 1 {
+            return Err(Error::InvalidParameter {
+                name: "tokens",
+                reason: format!("{} rows; a verification runs at most DRAFT_TOKENS + 1 = {}", tokens.len(), DRAFT_TOKENS + 1),
+            });
+        }
+        let picks = [tokens.len()];
+        self.batch.step_rows(&mut [Run { sequence: &mut self.sequence, tokens }], &picks)
+    }
+
+    /// Forgets every position from `pos` on (the rows of drafted tokens that were not kept):
+    /// the next token runs at `pos`. A `pos` at or past the session's position changes nothing.
+    #[only_if(speculation)]
+    pub fn rewind(&mut self, pos: usize) {
+        self.sequence.truncate(pos);
     }
 
     /// Whether `tokens` can run at the next positions: not empty, every id in the

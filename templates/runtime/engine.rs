@@ -13,6 +13,10 @@
 //!
 //! A sequence samples and stops exactly as [`Session::generate`](crate::Session::generate) does,
 //! so a request's tokens are those of the same prompt and parameters run alone.
+//!
+//! With speculation, a decoding sequence's step runs its next token and the tokens prompt lookup
+//! drafts after it, and picks from each of those rows in turn, as long as each pick is the
+//! drafted token; sequences of one step may draft different numbers of tokens.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, mpsc};
@@ -27,6 +31,10 @@ use crate::metrics::Metrics;
 use crate::model::{Batch, Run, Sequence, check_tokens};
 #[only_if(prefix_cache)]
 use crate::PREFIX_CACHE_MIN;
+#[only_if(speculation)]
+use crate::kernels::speculator::draft;
+#[only_if(speculation)]
+use crate::{DRAFT_TOKENS, LOOKUP_MAX, LOOKUP_MIN, STEP_ROWS};
 use crate::{EOS_TOKEN_IDS, Error, GenerateParams, KV_SLOTS, MAX_BATCH, MAX_QUEUE, MAX_SEQ_LEN, Model, PREFILL_CHUNK, StopReason, VOCAB_SIZE};
 
 /// Prompt positions a step reads beside decode rows: a quarter of a prefill chunk, so that a
@@ -368,6 +376,36 @@ impl Scheduler {
         self.kept.push(Kept { tokens, sequence, used: self.arrivals });
     }
 
+    /// Drafts tokens for the decoding sequences among the first `running` holders, within the
+    /// rows the step has left (`ends[i]` is where holder i's run ends): a sequence's drafted
+    /// tokens join its tokens, and its run ends past them. Returns how many each one drafted.
+    #[only_if(speculation)]
+    fn draft(&mut self, running: usize, ends: &mut [usize; MAX_BATCH]) -> [usize; MAX_BATCH] {
+        let mut drafts = [0; MAX_BATCH];
+        let rows: usize =
+            self.held[..running].iter().zip(ends.iter()).map(|((active, _), &end)| end.saturating_sub(active.fed)).sum();
+        let mut spare = STEP_ROWS - rows;
+        let mut drafted = Vec::with_capacity(DRAFT_TOKENS);
+        for (((active, sequence), end), count) in self.held[..running].iter_mut().zip(ends.iter_mut()).zip(drafts.iter_mut()) {
+            let decoding = active.tokens.len() - active.fed == 1 && *end == active.tokens.len();
+            if !decoding || spare == 0 {
+                continue;
+            }
+            // drafts fit in the cache beside the next token, and among the tokens still to pick
+            let room = DRAFT_TOKENS
+                .min(spare)
+                .min(MAX_SEQ_LEN - sequence.position() - 1)
+                .min(active.request.params.max_tokens.saturating_sub(active.generated + 1));
+            drafted.clear();
+            draft::<LOOKUP_MAX, LOOKUP_MIN>(&active.tokens, room, &mut drafted);
+            active.tokens.extend_from_slice(&drafted);
+            *end = active.tokens.len();
+            *count = drafted.len();
+            spare -= drafted.len();
+        }
+        drafts
+    }
+
     fn publish(&self) {
         let running = self.held.len().min(MAX_BATCH);
         self.metrics.running.store(running, Ordering::Relaxed);
@@ -409,6 +447,8 @@ impl Scheduler {
                 *end = active.fed + piece;
             }
         }
+        #[only_if(speculation)]
+        let drafts = self.draft(running, &mut ends);
         let mut runs: Vec<Run<'_>> = Vec::with_capacity(running);
         let mut members = [0; MAX_BATCH];
         for (i, ((active, sequence), &end)) in self.held[..running].iter_mut().zip(ends.iter()).enumerate() {
@@ -419,8 +459,14 @@ impl Scheduler {
         }
         let rows: usize = runs.iter().map(|run| run.tokens.len()).sum();
         let n = runs.len();
+        // rows of each run that pick a token: its last, or a verification's
+        #[only_if(speculation)]
+        let picks: Vec<usize> = members[..n].iter().map(|&i| 1 + drafts[i]).collect();
         // The logits borrow the batch, not the sequences.
+        #[only_if(not(speculation))]
         let result = batch.step(&mut runs);
+        #[only_if(speculation)]
+        let result = batch.step_rows(&mut runs, &picks);
         drop(runs);
         let logits = match result {
             Ok(logits) => logits,
@@ -438,42 +484,89 @@ impl Scheduler {
         let mut finished = Vec::new();
         let mut scratch = Vec::with_capacity(VOCAB_SIZE);
         for (r, &i) in members[..n].iter().enumerate() {
+            // the rows of the logits that pick this run's tokens
+            #[only_if(not(speculation))]
+            let rows = r..r + 1;
+            #[only_if(speculation)]
+            let rows = {
+                let first: usize = picks[..r].iter().sum();
+                first..first + picks[r]
+            };
+            #[only_if(speculation)]
+            let first = rows.start;
+            #[only_if(not(speculation))]
+            let active = &mut self.held[i].0;
+            #[only_if(speculation)]
             let (active, sequence) = &mut self.held[i];
             active.fed = ends[i];
+            // the drafted tokens leave the tokens again: each stays only as the model's pick
+            #[only_if(speculation)]
+            let drafted = if drafts[i] > 0 {
+                self.metrics.drafted_tokens.fetch_add(drafts[i] as u64, Ordering::Relaxed);
+                let drafted = active.tokens.split_off(active.fed - drafts[i]);
+                active.fed = active.tokens.len();
+                drafted
+            } else {
+                Vec::new()
+            };
             if active.fed < active.tokens.len() {
                 continue;
             }
             let params = &active.request.params;
-            let row = &logits[r * VOCAB_SIZE..(r + 1) * VOCAB_SIZE];
-            let token =
-                sample::<VOCAB_SIZE>(row, params.temperature, params.top_k, params.top_p, active.rng.next_f32(), &mut scratch);
-            active.tokens.push(token);
-            active.generated += 1;
-            let now = Instant::now();
-            match active.last_token {
-                None => self.metrics.time_to_first_token.observe(now - active.arrived),
-                Some(last) => self.metrics.inter_token_latency.observe(now - last),
+            for at in rows {
+                let row = &logits[at * VOCAB_SIZE..(at + 1) * VOCAB_SIZE];
+                let token = sample::<VOCAB_SIZE>(
+                    row,
+                    params.temperature,
+                    params.top_k,
+                    params.top_p,
+                    active.rng.next_f32(),
+                    &mut scratch,
+                );
+                active.tokens.push(token);
+                active.generated += 1;
+                let now = Instant::now();
+                match active.last_token {
+                    None => self.metrics.time_to_first_token.observe(now - active.arrived),
+                    Some(last) => self.metrics.inter_token_latency.observe(now - last),
+                }
+                active.last_token = Some(now);
+                self.metrics.generated_tokens.fetch_add(1, Ordering::Relaxed);
+                if active.request.events.send(Event::Token(token)).is_err() {
+                    self.metrics.cancelled.fetch_add(1, Ordering::Relaxed);
+                    finished.push(i);
+                    break;
+                }
+                // the positions the cache holds once this token is the last picked
+                let held = active.tokens.len() - 1;
+                let stop = if EOS_TOKEN_IDS.contains(&token) {
+                    Some(StopReason::Eos)
+                } else if active.generated >= params.max_tokens {
+                    Some(StopReason::MaxTokens)
+                } else if held == MAX_SEQ_LEN {
+                    Some(StopReason::ContextFull)
+                } else {
+                    None
+                };
+                if let Some(stop) = stop {
+                    let _ = active.request.events.send(Event::Done(stop));
+                    self.metrics.finished.fetch_add(1, Ordering::Relaxed);
+                    finished.push(i);
+                    break;
+                }
+                // a drafted token that is the model's pick: the next row picks after it
+                #[only_if(speculation)]
+                if drafted.get(at - first) != Some(&token) {
+                    break;
+                }
+                #[only_if(speculation)]
+                self.metrics.accepted_tokens.fetch_add(1, Ordering::Relaxed);
             }
-            active.last_token = Some(now);
-            self.metrics.generated_tokens.fetch_add(1, Ordering::Relaxed);
-            if active.request.events.send(Event::Token(token)).is_err() {
-                self.metrics.cancelled.fetch_add(1, Ordering::Relaxed);
-                finished.push(i);
-                continue;
-            }
-            let stop = if EOS_TOKEN_IDS.contains(&token) {
-                Some(StopReason::Eos)
-            } else if active.generated >= params.max_tokens {
-                Some(StopReason::MaxTokens)
-            } else if sequence.position() == MAX_SEQ_LEN {
-                Some(StopReason::ContextFull)
-            } else {
-                None
-            };
-            if let Some(stop) = stop {
-                let _ = active.request.events.send(Event::Done(stop));
-                self.metrics.finished.fetch_add(1, Ordering::Relaxed);
-                finished.push(i);
+            // the cache forgets the rows of drafted tokens that were not picked
+            #[only_if(speculation)]
+            {
+                active.fed = active.tokens.len() - 1;
+                sequence.truncate(active.fed);
             }
         }
         for &i in finished.iter().rev() {

@@ -35,6 +35,11 @@ pub struct Metrics {
     pub prefix_evictions: AtomicU64,
     #[only_if(prefix_cache)]
     pub prefix_reused_tokens: AtomicU64,
+    /// Speculation: tokens drafted, and drafted tokens the model picked too.
+    #[only_if(speculation)]
+    pub drafted_tokens: AtomicU64,
+    #[only_if(speculation)]
+    pub accepted_tokens: AtomicU64,
 }
 
 impl Default for Metrics {
@@ -64,6 +69,10 @@ impl Default for Metrics {
             prefix_evictions: AtomicU64::new(0),
             #[only_if(prefix_cache)]
             prefix_reused_tokens: AtomicU64::new(0),
+            #[only_if(speculation)]
+            drafted_tokens: AtomicU64::new(0),
+            #[only_if(speculation)]
+            accepted_tokens: AtomicU64::new(0),
         }
     }
 }
@@ -151,6 +160,19 @@ impl Metrics {
                 "monogen_prefix_cache_reused_tokens_total",
                 "Prompt positions taken from kept KV caches instead of read again.",
                 self.prefix_reused_tokens.load(Ordering::Relaxed),
+            );
+        }
+        #[only_if(speculation)]
+        {
+            counter(
+                "monogen_speculation_drafted_tokens_total",
+                "Tokens prompt lookup drafted for the model to verify.",
+                self.drafted_tokens.load(Ordering::Relaxed),
+            );
+            counter(
+                "monogen_speculation_accepted_tokens_total",
+                "Drafted tokens the model picked too, which took no step of their own.",
+                self.accepted_tokens.load(Ordering::Relaxed),
             );
         }
         counter("monogen_steps_total", "Engine steps.", self.steps.load(Ordering::Relaxed));

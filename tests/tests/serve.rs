@@ -850,6 +850,74 @@ fn the_openai_python_client_talks_to_the_server() {
     assert_eq!(got["wrong_key"], 401);
 }
 
+/// The chat twin speculates (`[speculation]`, prompt lookup): requests served together, whose
+/// prompts repeat themselves so that drafts are kept, each get the tokens of their prompt run
+/// alone by plain decoding, greedy (up to a tie) and sampled with a seed (exactly); drafted and
+/// kept tokens show in /metrics, which the base crate's lacks.
+#[test]
+fn speculating_requests_equal_the_sequences_run_alone() {
+    const WORKLOAD: &str = chatty::WORKLOAD;
+    let (Some(dir), Some(plain)) = (model_dir("stories260k"), model()) else { return };
+    const { assert!(chatty::DRAFT_TOKENS == 4 && chatty::MAX_BATCH == 4) };
+    let server = Running::start_chat(dir.clone(), None);
+    let addr = server.addr();
+    let tokenizer = chatty::Tokenizer::load_with_encoder(&dir).unwrap();
+    let story = "Once upon a time, there was a little girl named Lily. She loved to play outside in the park. \
+        One day, she saw a big, red ball.";
+    let prompts: Vec<Vec<u32>> = [
+        format!("{story} {story} Once upon a time, there was"),
+        format!("{story} Lily and Ben went to the park. {story} One day, she"),
+        "The cat sat. The dog ran. The cat sat. The dog ran. The cat sat. The".to_string(),
+        format!("{story} {story} {story} Once upon"),
+        "Tom had a red ball. Tom had a red ball. Tom had a".to_string(),
+        format!("{story} Once upon a time, there was a little"),
+    ]
+    .iter()
+    .map(|text| tokenizer.encode(text).unwrap())
+    .collect();
+    let complete = |prompt: &[u32], max_tokens: usize, temperature: f32, seed: u64| {
+        post(
+            addr,
+            "/v1/completions",
+            &json!({ "model": WORKLOAD, "prompt": prompt, "max_tokens": max_tokens, "temperature": temperature, "seed": seed }),
+        )
+    };
+    // Greedy and sampled, all at once: more requests than the batch holds.
+    let cases: Vec<(usize, usize, f32, u64)> = (0..12)
+        .map(|i| (i % prompts.len(), 20 + 7 * i, if i % 3 == 2 { 0.9 } else { 0.0 }, i as u64))
+        .collect();
+    let answers: Vec<Answer> = std::thread::scope(|s| {
+        let handles: Vec<_> = cases
+            .iter()
+            .map(|&(p, max_tokens, temperature, seed)| {
+                let prompt = &prompts[p];
+                s.spawn(move || complete(prompt, max_tokens, temperature, seed))
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for (&(p, max_tokens, temperature, seed), answer) in cases.iter().zip(&answers) {
+        assert_eq!(answer.status, 200, "{}", answer.body);
+        let got = answer.json()["choices"][0]["text"].as_str().unwrap().to_string();
+        let what = format!("prompt {p}, max_tokens {max_tokens}, temperature {temperature}, seed {seed}");
+        if temperature == 0.0 {
+            assert_text_as_alone(|t| tokenizer.decode(t).unwrap(), &prompts[p], max_tokens, &got, &what);
+        } else {
+            let params = GenerateParams { max_tokens, temperature, top_k: 0, top_p: 1.0, seed };
+            let alone = plain.session().generate(&prompts[p], &params, |_| true).unwrap();
+            assert_eq!(got, tokenizer.decode(&alone.generated_ids).unwrap(), "{what}");
+        }
+    }
+    let drafted = metric(addr, "monogen_speculation_drafted_tokens_total");
+    let kept = metric(addr, "monogen_speculation_accepted_tokens_total");
+    assert!(drafted >= 20.0 && kept >= 10.0 && kept <= drafted, "{drafted} drafted, {kept} kept");
+    drop(server);
+
+    let base = Running::start(dir, None);
+    let text = send(base.addr(), "GET", "/metrics", &[], b"").body;
+    assert!(text.contains("monogen_steps_total") && !text.contains("speculation"), "{text}");
+}
+
 /// The chat twin keeps finished requests' KV caches (`request.shared_prefix_len = 32`): a
 /// request that starts with one's tokens reads only the rest of its prompt, and its tokens are
 /// those of the prompt run alone, whether the requests come one after another or together,

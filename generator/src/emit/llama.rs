@@ -391,11 +391,11 @@ fn model_rs(plan: &Plan, c: &LlamaConsts, templates: &Templates) -> Result<Strin
         message: "no `Session` to put the batched one in place of".into(),
     })?;
     file.items.retain(|item| !session(item));
-    let (uses, items): (Vec<syn::Item>, Vec<syn::Item>) = templates
-        .rust("llama/batched.rs", &replacements)?
-        .items
-        .into_iter()
-        .partition(|item| matches!(item, syn::Item::Use(_)));
+    let mut batched_file = templates.rust("llama/batched.rs", &replacements)?;
+    rust_source::select(&mut batched_file, &[("speculation", c.speculation.is_some())])
+        .map_err(|message| Error::Template { name: "llama/batched.rs".into(), message })?;
+    let (uses, items): (Vec<syn::Item>, Vec<syn::Item>) =
+        batched_file.items.into_iter().partition(|item| matches!(item, syn::Item::Use(_)));
     file.items.splice(at..at, items);
     let last_use = file.items.iter().rposition(|item| matches!(item, syn::Item::Use(_))).map_or(0, |i| i + 1);
     file.items.splice(last_use..last_use, uses);
@@ -471,7 +471,8 @@ fn product_slots(c: &LlamaConsts, matrices: Matrices, batched: bool) -> Vec<(&'s
         classifier.clone(),
         rows,
     );
-    let verify_slots = c.speculation.is_some().then(|| {
+    // A batched crate's Session verifies through `Batch::step_rows`, with the classifier above.
+    let verify_slots = (c.speculation.is_some() && !batched).then(|| {
         let comment_rows = comment(&classifier_comment_text.replace(shape, "[T, VOCAB_SIZE]"));
         let call = matrices.matmul_call(
             ["VOCAB_SIZE", "HIDDEN_SIZE"],
