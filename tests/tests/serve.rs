@@ -908,6 +908,21 @@ fn speculating_requests_equal_the_sequences_run_alone() {
             assert_eq!(got, tokenizer.decode(&alone.generated_ids).unwrap(), "{what}");
         }
     }
+    // A prompt that leaves 6 positions, asking for all of them (the server refuses more): the
+    // drafts shrink to fit, and the answer has the tokens and usage of plain decoding.
+    let mut long: Vec<u32> = Vec::new();
+    while long.len() < chatty::MAX_SEQ_LEN - 6 {
+        long.extend_from_slice(&prompts[0][1..]);
+    }
+    long.truncate(chatty::MAX_SEQ_LEN - 6);
+    let answer = complete(&long, 6, 0.0, 0);
+    assert_eq!(answer.status, 200, "{}", answer.body);
+    let body = answer.json();
+    let params = GenerateParams { max_tokens: 6, ..Default::default() };
+    let alone = plain.session().generate(&long, &params, |_| true).unwrap();
+    assert_eq!(body["choices"][0]["text"], tokenizer.decode(&alone.generated_ids).unwrap());
+    assert_eq!(body["usage"]["completion_tokens"], alone.generated_ids.len());
+
     let drafted = metric(addr, "monogen_speculation_drafted_tokens_total");
     let kept = metric(addr, "monogen_speculation_accepted_tokens_total");
     assert!(drafted >= 20.0 && kept >= 10.0 && kept <= drafted, "{drafted} drafted, {kept} kept");

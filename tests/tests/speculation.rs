@@ -316,3 +316,33 @@ fn a_crate_without_speculation_has_none_of_its_code() {
     }
     assert!(root.join("stories260k-cpu-f32-lookup/src/kernels/speculator.rs").is_file());
 }
+
+/// A crate that batches (the chat twin, a server) verifies through its `Batch`: its
+/// `Session::generate` speculates as the unbatched crate's does, with the same tokens.
+#[test]
+fn a_batched_crates_session_speculates_with_the_same_tokens() {
+    use stories260k_chat_cpu_f32 as chatty;
+    let Some(m) = models() else { return };
+    let dir = model_dir("stories260k").unwrap();
+    let batched = chatty::Model::load(&dir).unwrap();
+    let mut kept = 0;
+    for (n, prompt) in prompts(&m).iter().enumerate() {
+        for (max_tokens, temperature) in [(1, 0.0), (40, 0.0), (150, 0.0), (60, 0.8)] {
+            let params = plain_params(max_tokens, temperature, 0, 1.0, n as u64);
+            let want = m.plain.session().generate(prompt, &params, |_| true).unwrap();
+            let chatty_params =
+                chatty::GenerateParams { max_tokens, temperature, top_k: 0, top_p: 1.0, seed: n as u64 };
+            let mut session = batched.session();
+            let got = session.generate(prompt, &chatty_params, |_| true).unwrap();
+            let what = format!("prompt {n}, max_tokens {max_tokens}, temperature {temperature}");
+            assert_same_or_tie(&m, prompt, &want.generated_ids, &got.generated_ids, &what);
+            assert_eq!(
+                session.position(),
+                prompt.len() + got.generated_ids.len().saturating_sub(1),
+                "{what}"
+            );
+            kept += got.accepted;
+        }
+    }
+    assert!(kept > 0, "drafted tokens were kept somewhere");
+}
