@@ -137,6 +137,14 @@ fn header(plan: &Plan, path: &Path) -> String {
             serving.kv_slots
         ));
     }
+    if let Consts::Llama(c) = &plan.consts
+        && c.serving.is_none()
+        && let Some(min) = c.prefix_cache_min()
+    {
+        s.push_str(&format!(
+            "  prefix cache: a session's `generate_anew` keeps the positions it holds that a new prompt starts with, at least {min} of them, and runs only the rest\n"
+        ));
+    }
     if let Consts::Llama(LlamaConsts { speculation: Some(spec), .. }) = &plan.consts {
         s.push_str(&format!(
             "  speculation: {} drafts up to {} tokens (n-grams of {} down to {}), verified in one pass of up to {} rows; output as without it\n",

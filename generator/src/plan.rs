@@ -179,6 +179,13 @@ pub struct SpeculationPlan {
 }
 
 impl LlamaConsts {
+    /// The prefix cache's least shared start (`PREFIX_CACHE_MIN`), where the workload sets
+    /// `request.shared_prefix_len`: half of it. A server keeps finished requests' caches; a
+    /// `Session` keeps its own positions for `generate_anew`.
+    pub fn prefix_cache_min(&self) -> Option<usize> {
+        self.request.shared_prefix_len.map(|n| n.div_ceil(2).max(1))
+    }
+
     /// Whether the crate runs sequences in batches (`model::Batch`): it batches them
     /// (request.max_batch above 1), or serves them (a batch of one still interleaves prompts
     /// with decode steps).

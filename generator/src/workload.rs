@@ -986,25 +986,17 @@ fn check(w: &Workload, span: &SpanOf, src: &WorkloadSource) -> Vec<Diagnostic> {
     }
     if let Request::Decoder(r) = &w.request
         && let Some(shared) = r.shared_prefix_len
+        && (shared == 0 || shared >= r.max_seq_len)
     {
-        if w.serving.is_none() {
-            out.push(mk(
-                &["request", "shared_prefix_len"],
-                "request.shared_prefix_len applies to a server".into(),
-                "the prefix cache keeps the KV caches of a server's finished requests",
-                "add a [serving] table, or remove shared_prefix_len".into(),
-            ));
-        } else if shared == 0 || shared >= r.max_seq_len {
-            out.push(mk(
-                &["request", "shared_prefix_len"],
-                format!(
-                    "request.shared_prefix_len ({shared}) must be between 1 and request.max_seq_len - 1 ({})",
-                    r.max_seq_len.saturating_sub(1)
-                ),
-                "out of range",
-                "use the tokens requests typically share at their start, e.g. a system prompt's".into(),
-            ));
-        }
+        out.push(mk(
+            &["request", "shared_prefix_len"],
+            format!(
+                "request.shared_prefix_len ({shared}) must be between 1 and request.max_seq_len - 1 ({})",
+                r.max_seq_len.saturating_sub(1)
+            ),
+            "out of range",
+            "use the tokens requests typically share at their start, e.g. a system prompt's".into(),
+        ));
     }
     if let Some(q) = &w.quality {
         check_quality(q, &w.request, &mut out, &mk);

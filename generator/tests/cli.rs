@@ -951,11 +951,12 @@ fn explain_shows_how_a_crate_speculates() {
     assert!(
         text.contains("  speculation: prompt-lookup drafts up to 4 tokens (n-grams of 3 down to 2), verified in one pass of up to 5 rows; output as without it\n")
             && text.contains("\nspeculator: ")
-            && text.contains("prompt-lookup 1.0.0 (priority 0): CHOSEN"),
+            && text.contains("prompt-lookup 1.0.0 (priority 0): CHOSEN")
+            && text.contains("  prefix cache: a session's `generate_anew` keeps the positions it holds that a new prompt starts with, at least 16 of them, and runs only the rest\n"),
         "{text}"
     );
     let plain = stdout(&monogen(&root, &["explain", "workloads/stories260k-cpu-f32.toml"]));
-    assert!(!plain.contains("speculat"), "{plain}");
+    assert!(!plain.contains("speculat") && !plain.contains("prefix cache"), "{plain}");
 }
 
 /// `eval --stale` evaluates exactly the crates `check` would ask it of, and says why of the

@@ -290,11 +290,25 @@ impl<'m> Batch<'m> {
 pub struct Session<'m> {
     batch: Batch<'m>,
     sequence: Sequence,
+    /// The tokens whose keys and values the sequence holds, in order (for `generate_anew`).
+    #[only_if(prefix_cache)]
+    held: Vec<u32>,
 }
 
 impl<'m> Session<'m> {
     fn new(model: &'m Model) -> Session<'m> {
-        Session { batch: Batch::new(model), sequence: Sequence::new() }
+        Session {
+            batch: Batch::new(model),
+            sequence: Sequence::new(),
+            #[only_if(prefix_cache)]
+            held: Vec::with_capacity(MAX_SEQ_LEN),
+        }
+    }
+
+    /// The tokens whose keys and values the session holds, in order.
+    #[only_if(prefix_cache)]
+    pub fn held(&self) -> &[u32] {
+        &self.held
     }
 
     /// Positions the session holds.
@@ -305,6 +319,8 @@ impl<'m> Session<'m> {
     /// Forgets the sequence, keeping the buffers, to start a new one.
     pub fn reset(&mut self) {
         self.sequence.reset();
+        #[only_if(prefix_cache)]
+        self.held.clear();
     }
 
     /// Runs `tokens` at the next positions and returns the logits of the last one:
@@ -315,6 +331,8 @@ impl<'m> Session<'m> {
         for chunk in tokens.chunks(PREFILL_CHUNK) {
             self.batch.forward(&mut [Run { sequence: &mut self.sequence, tokens: chunk }]);
         }
+        #[only_if(prefix_cache)]
+        self.held.extend_from_slice(tokens);
         self.batch.classify(&[(tokens.len() - 1) % PREFILL_CHUNK]);
         Ok(&self.batch.logits[..VOCAB_SIZE])
     }
@@ -331,6 +349,8 @@ impl<'m> Session<'m> {
         let mut all = Vec::with_capacity(tokens.len() * VOCAB_SIZE);
         for chunk in tokens.chunks(PREFILL_CHUNK) {
             self.batch.forward(&mut [Run { sequence: &mut self.sequence, tokens: chunk }]);
+            #[only_if(prefix_cache)]
+            self.held.extend_from_slice(chunk);
             for row in 0..chunk.len() {
                 self.batch.classify(&[row]);
                 all.extend_from_slice(&self.batch.logits[..VOCAB_SIZE]);
@@ -352,15 +372,20 @@ impl<'m> Session<'m> {
                 reason: format!("{} rows; a verification runs at most DRAFT_TOKENS + 1 = {}", tokens.len(), DRAFT_TOKENS + 1),
             });
         }
+        #[only_if(prefix_cache)]
+        self.held.extend_from_slice(tokens);
         let picks = [tokens.len()];
         self.batch.step_rows(&mut [Run { sequence: &mut self.sequence, tokens }], &picks)
     }
 
-    /// Forgets every position from `pos` on (the rows of drafted tokens that were not kept):
-    /// the next token runs at `pos`. A `pos` at or past the session's position changes nothing.
-    #[only_if(speculation)]
+    /// Forgets every position from `pos` on: the next token runs at `pos`. The keys and values
+    /// of a position depend only on the tokens up to it, so the positions kept are those of
+    /// their tokens run alone. A `pos` at or past the session's position changes nothing.
+    #[only_if(rewind)]
     pub fn rewind(&mut self, pos: usize) {
         self.sequence.truncate(pos);
+        #[only_if(prefix_cache)]
+        self.held.truncate(self.sequence.position());
     }
 
     /// Whether `tokens` can run at the next positions: not empty, every id in the

@@ -103,6 +103,9 @@ pub struct Session<'m> {
     /// Logits of each row a speculative step verifies: [DRAFT_TOKENS + 1, VOCAB_SIZE]
     #[only_if(speculation)]
     verified: Vec<f32>,
+    /// The tokens whose keys and values the cache holds, in order (for `generate_anew`).
+    #[only_if(prefix_cache)]
+    held: Vec<u32>,
     /// The memory of the buffers above, in huge pages where the kernel grants them.
     _scratch: Scratch,
 }
@@ -138,6 +141,8 @@ impl<'m> Session<'m> {
             logits,
             #[only_if(speculation)]
             verified: vec![0.0; (DRAFT_TOKENS + 1) * VOCAB_SIZE],
+            #[only_if(prefix_cache)]
+            held: Vec::with_capacity(MAX_SEQ_LEN),
             _scratch: scratch,
         }
     }
@@ -150,6 +155,14 @@ impl<'m> Session<'m> {
     /// Forgets the sequence, keeping the buffers, to start a new one.
     pub fn reset(&mut self) {
         self.pos = 0;
+        #[only_if(prefix_cache)]
+        self.held.clear();
+    }
+
+    /// The tokens whose keys and values the session holds, in order.
+    #[only_if(prefix_cache)]
+    pub fn held(&self) -> &[u32] {
+        &self.held
     }
 
     /// Runs `tokens` at the next positions and returns the logits of the last one:
@@ -210,11 +223,14 @@ impl<'m> Session<'m> {
         Ok(logits)
     }
 
-    /// Forgets every position from `pos` on (the rows of drafted tokens that were not kept):
-    /// the next token runs at `pos`. A `pos` at or past the session's position changes nothing.
-    #[only_if(speculation)]
+    /// Forgets every position from `pos` on: the next token runs at `pos`. The keys and values
+    /// of a position depend only on the tokens up to it, so the positions kept are those of
+    /// their tokens run alone. A `pos` at or past the session's position changes nothing.
+    #[only_if(rewind)]
     pub fn rewind(&mut self, pos: usize) {
         self.pos = self.pos.min(pos);
+        #[only_if(prefix_cache)]
+        self.held.truncate(self.pos);
     }
 
     /// Whether `tokens` can run at the next positions: not empty, every id in the
@@ -287,6 +303,8 @@ impl<'m> Session<'m> {
             add_assign(x, xb);
         }
         *pos += t;
+        #[only_if(prefix_cache)]
+        self.held.extend_from_slice(tokens);
     }
 
     /// The final norm and the classifier for row `row` of the last chunk: fills `logits`.

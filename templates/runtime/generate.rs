@@ -12,6 +12,8 @@ use crate::model::Session;
 use crate::{Error, EOS_TOKEN_IDS, MAX_SEQ_LEN, VOCAB_SIZE};
 #[only_if(speculation)]
 use crate::{DRAFT_TOKENS, LOOKUP_MAX, LOOKUP_MIN};
+#[only_if(prefix_cache)]
+use crate::PREFIX_CACHE_MIN;
 
 /// How to pick tokens and when to stop.
 #[derive(Debug, Clone, PartialEq)]
@@ -75,7 +77,12 @@ impl StopReason {
 /// The outcome of one generation, with its timings.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Generation {
+    /// The prompt this generation ran.
     pub prompt_ids: Vec<u32>,
+    /// Tokens at the start of the prompt that [`Session::generate_anew`] kept from what the
+    /// session held, and did not run again (`prompt_ids` is the rest).
+    #[only_if(prefix_cache)]
+    pub reused: usize,
     /// The new ids, including the end-of-sequence id if generation stopped at one.
     pub generated_ids: Vec<u32>,
     pub stop: StopReason,
@@ -180,6 +187,8 @@ impl Session<'_> {
         self.rewind(start + prompt.len() + generated.len().saturating_sub(1));
         Ok(Generation {
             prompt_ids: prompt.to_vec(),
+            #[only_if(prefix_cache)]
+            reused: 0,
             generated_ids: generated,
             stop,
             prefill_ms,
@@ -190,6 +199,38 @@ impl Session<'_> {
             #[only_if(speculation)]
             accepted: spec.accepted,
         })
+    }
+
+    /// Generates after `prompt` as a new sequence, as [`Session::reset`] then
+    /// [`Session::generate`] would, with the same tokens; but where the session holds the start
+    /// of `prompt` (at least PREFIX_CACHE_MIN tokens: a shared system prompt, a conversation
+    /// so far), those positions are kept and only the rest of the prompt runs. The keys and
+    /// values of a position depend only on the tokens up to it. Its last token always runs,
+    /// for the logits that pick the first new one.
+    #[only_if(prefix_cache)]
+    pub fn generate_anew(
+        &mut self,
+        prompt: &[u32],
+        params: &GenerateParams,
+        on_token: impl FnMut(u32) -> bool,
+    ) -> Result<Generation, Error> {
+        params.validate()?;
+        if prompt.is_empty() {
+            return Err(Error::EmptyPrompt);
+        }
+        let shared = self.held().iter().zip(prompt).take_while(|(a, b)| a == b).count().min(prompt.len() - 1);
+        let keep = if shared >= PREFIX_CACHE_MIN { shared } else { 0 };
+        // refused before the session forgets anything
+        if let Some(&id) = prompt.iter().find(|&&id| id as usize >= VOCAB_SIZE) {
+            return Err(Error::TokenOutOfRange { id, vocab_size: VOCAB_SIZE });
+        }
+        if prompt.len() > MAX_SEQ_LEN {
+            return Err(Error::SequenceTooLong { len: prompt.len(), max: MAX_SEQ_LEN });
+        }
+        self.rewind(keep);
+        let mut generation = self.generate(&prompt[keep..], params, on_token)?;
+        generation.reused = keep;
+        Ok(generation)
     }
 
     /// One speculative step after `token`: drafts at most `room` tokens (DRAFT_TOKENS at most),

@@ -86,7 +86,7 @@ pub fn rust_files(
     ];
     let matrices = Matrices::of(plan);
     let serving = if c.serving.is_some() { SERVING_FILES } else { &[] };
-    let prefix_cache = c.serving.as_ref().is_some_and(|s| s.prefix_cache_min.is_some());
+    let prefix_cache = c.prefix_cache_min().is_some();
     let features =
         [("chat", chats(c)), ("prefix_cache", prefix_cache), ("speculation", c.speculation.is_some())];
     for file in RUNTIME_FILES.iter().chain(serving) {
@@ -232,15 +232,6 @@ fn lib_rs(plan: &Plan, c: &LlamaConsts) -> TokenStream {
             );
             let (max_queue, kv_slots, max_body) =
                 (usize_lit(s.max_queue), usize_lit(s.kv_slots), usize_lit(s.max_body_bytes));
-            let prefix_const = s.prefix_cache_min.map(|min| {
-                let min = usize_lit(min);
-                quote! {
-                    /// The prefix cache: a finished request's KV cache is kept, and a request that
-                    /// starts with at least this many of its tokens runs only the rest of its prompt
-                    /// (half `request.shared_prefix_len`).
-                    pub const PREFIX_CACHE_MIN: usize = #min;
-                }
-            });
             (
                 Some(quote! {
                     #chat_mod
@@ -261,11 +252,19 @@ fn lib_rs(plan: &Plan, c: &LlamaConsts) -> TokenStream {
                     pub const KV_SLOTS: usize = #kv_slots;
                     /// Largest request body the server reads, in bytes.
                     pub const MAX_BODY_BYTES: usize = #max_body;
-                    #prefix_const
                 }),
             )
         }
     };
+    let prefix_const = c.prefix_cache_min().map(|min| {
+        let min = usize_lit(min);
+        quote! {
+            /// The prefix cache: the tokens a sequence must share with what a KV cache holds for
+            /// its start to be kept rather than run again (half `request.shared_prefix_len`): a
+            /// server's finished requests' caches, a `Session`'s own for `generate_anew`.
+            pub const PREFIX_CACHE_MIN: usize = #min;
+        }
+    });
     let speculation_consts = c.speculation.as_ref().map(|s| {
         let (draft, max, min) = (usize_lit(s.draft_tokens), usize_lit(s.lookup_max), usize_lit(s.lookup_min));
         quote! {
@@ -337,6 +336,7 @@ fn lib_rs(plan: &Plan, c: &LlamaConsts) -> TokenStream {
         /// Positions run through the layers at once during prefill (`request.typical_prompt_len`).
         pub const PREFILL_CHUNK: usize = #prefill_chunk;
         #batch
+        #prefix_const
         #speculation_consts
         #window_const
         /// Base of the rotary embedding's frequencies.
@@ -371,7 +371,7 @@ fn model_rs(plan: &Plan, c: &LlamaConsts, templates: &Templates) -> Result<Strin
     let n_layers = c.num_layers.to_string();
     let replacements = [("__workload_name", plan.name.as_str()), ("__n_layers", n_layers.as_str())];
     let mut file = templates.rust("llama/model.rs", &replacements)?;
-    rust_source::select(&mut file, &[("speculation", c.speculation.is_some())])
+    rust_source::select(&mut file, &model_features(c))
         .map_err(|message| Error::Template { name: "llama/model.rs".into(), message })?;
     if !batched {
         return Templates::fill_file("llama/model.rs", file, &slots);
@@ -392,7 +392,7 @@ fn model_rs(plan: &Plan, c: &LlamaConsts, templates: &Templates) -> Result<Strin
     })?;
     file.items.retain(|item| !session(item));
     let mut batched_file = templates.rust("llama/batched.rs", &replacements)?;
-    rust_source::select(&mut batched_file, &[("speculation", c.speculation.is_some())])
+    rust_source::select(&mut batched_file, &model_features(c))
         .map_err(|message| Error::Template { name: "llama/batched.rs".into(), message })?;
     let (uses, items): (Vec<syn::Item>, Vec<syn::Item>) =
         batched_file.items.into_iter().partition(|item| matches!(item, syn::Item::Use(_)));
@@ -400,6 +400,13 @@ fn model_rs(plan: &Plan, c: &LlamaConsts, templates: &Templates) -> Result<Strin
     let last_use = file.items.iter().rposition(|item| matches!(item, syn::Item::Use(_))).map_or(0, |i| i + 1);
     file.items.splice(last_use..last_use, uses);
     Templates::fill_file("llama/batched.rs", file, &slots)
+}
+
+/// The conditions of model.rs's `#[only_if(..)]` parts.
+/// `rewind` only where something rewinds a session: speculation, or the prefix cache.
+fn model_features(c: &LlamaConsts) -> [(&'static str, bool); 3] {
+    let (speculation, prefix_cache) = (c.speculation.is_some(), c.prefix_cache_min().is_some());
+    [("speculation", speculation), ("prefix_cache", prefix_cache), ("rewind", speculation || prefix_cache)]
 }
 
 /// How a token's embedding row enters the residual stream: copied (f32), widened (bfloat16)
