@@ -238,10 +238,10 @@ struct InitArgs {
     /// should count in the choice of kernels (1: a process per request); default: not counted.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
     requests_per_load: Option<u64>,
-    /// With --serve, decoders: the tokens requests typically share at their start (a system
-    /// prompt); the server then keeps finished requests' KV caches for the requests that start
-    /// with them (request.shared_prefix_len).
-    #[arg(long, value_name = "N", requires = "serve")]
+    /// Decoders: the tokens requests typically share at their start (a system prompt); a server
+    /// then keeps finished requests' KV caches for the requests that start with them, and a
+    /// library Session's generate_anew its own (request.shared_prefix_len).
+    #[arg(long, value_name = "N")]
     shared_prefix_len: Option<usize>,
     /// Hardware class whose measurements (rankings/<CLASS>/) choose the kernels: `this`
     /// (this machine's), `none` (declared priority only), or a class name.

@@ -1037,7 +1037,8 @@ fn eval_stale_picks_the_crates_check_asks_an_evaluation_of() {
 }
 
 /// `init --serve --shared-prefix-len N` gives a decoder's server a prefix cache (a crate with
-/// `PREFIX_CACHE_MIN`, half of N); without `--serve`, or for an encoder, it is refused.
+/// `PREFIX_CACHE_MIN`, half of N); without `--serve`, the crate's sessions get `generate_anew`;
+/// for an encoder, it is refused.
 #[test]
 fn init_writes_the_shared_prefix_of_a_decoder_server() {
     let root = workspace_root();
@@ -1062,9 +1063,19 @@ fn init_writes_the_shared_prefix_of_a_decoder_server() {
     assert!(lib.contains("pub const PREFIX_CACHE_MIN: usize = 32;"), "{lib}");
     assert!(std::fs::read_to_string(krate.join("src/engine.rs")).unwrap().contains("struct Kept"));
 
-    let out = monogen(&root, &[&args[..], &["--shared-prefix-len", "64"]].concat());
-    assert_eq!(out.status.code(), Some(2));
-    assert!(stderr(&out).contains("--serve"), "{}", stderr(&out));
+    let alone = temp.path().join("q.toml");
+    let out =
+        monogen(&root, &[&args[..], &["--shared-prefix-len", "64", "-o", alone.to_str().unwrap()]].concat());
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = std::fs::read_to_string(&alone).unwrap();
+    assert!(text.contains("\nshared_prefix_len = 64\n") && !text.contains("[serving]"), "{text}");
+    let krate = temp.path().join("q-crate");
+    let out = monogen(&root, &["build", alone.to_str().unwrap(), "--out", krate.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        std::fs::read_to_string(krate.join("src/generate.rs")).unwrap().contains("pub fn generate_anew(")
+    );
+    assert!(!krate.join("src/engine.rs").exists());
     let bert = temp.path().join("bert");
     let out = monogen(
         &root,

@@ -372,10 +372,11 @@ impl<'m> Session<'m> {
                 reason: format!("{} rows; a verification runs at most DRAFT_TOKENS + 1 = {}", tokens.len(), DRAFT_TOKENS + 1),
             });
         }
+        let picks = [tokens.len()];
+        let logits = self.batch.step_rows(&mut [Run { sequence: &mut self.sequence, tokens }], &picks)?;
         #[only_if(prefix_cache)]
         self.held.extend_from_slice(tokens);
-        let picks = [tokens.len()];
-        self.batch.step_rows(&mut [Run { sequence: &mut self.sequence, tokens }], &picks)
+        Ok(logits)
     }
 
     /// Forgets every position from `pos` on: the next token runs at `pos`. The keys and values

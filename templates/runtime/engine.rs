@@ -523,6 +523,13 @@ impl Scheduler {
                     active.rng.next_f32(),
                     &mut scratch,
                 );
+                // a drafted token that is the model's pick: the next row picks after it
+                #[only_if(speculation)]
+                let kept = drafted.get(at - first) == Some(&token);
+                #[only_if(speculation)]
+                if kept {
+                    self.metrics.accepted_tokens.fetch_add(1, Ordering::Relaxed);
+                }
                 active.tokens.push(token);
                 active.generated += 1;
                 let now = Instant::now();
@@ -554,13 +561,10 @@ impl Scheduler {
                     finished.push(i);
                     break;
                 }
-                // a drafted token that is the model's pick: the next row picks after it
                 #[only_if(speculation)]
-                if drafted.get(at - first) != Some(&token) {
+                if !kept {
                     break;
                 }
-                #[only_if(speculation)]
-                self.metrics.accepted_tokens.fetch_add(1, Ordering::Relaxed);
             }
             // the cache forgets the rows of drafted tokens that were not picked
             #[only_if(speculation)]

@@ -133,6 +133,7 @@ impl Session<'_> {
         let mut scratch = Vec::with_capacity(VOCAB_SIZE);
         let mut generated = Vec::new();
         let mut stop = StopReason::MaxTokens;
+        #[only_if(not(speculation))]
         let mut decode_steps = 0;
         #[only_if(speculation)]
         let start = self.position();
@@ -178,13 +179,18 @@ impl Session<'_> {
             #[only_if(speculation)]
             {
                 let room = (MAX_SEQ_LEN - self.position() - 1).min(params.max_tokens - generated.len() - 1);
-                decode_steps += self.speculate(token, room, &mut spec, params, &mut rng, &mut scratch)?;
+                self.speculate(token, room, &mut spec, params, &mut rng, &mut scratch)?;
                 token = spec.ahead.pop_front().expect("a verification picks at least one token");
             }
         }
         // the session holds the prompt and every handed-out token but the last, as without drafts
         #[only_if(speculation)]
         self.rewind(start + prompt.len() + generated.len().saturating_sub(1));
+        // picks still ahead were not handed out: all but the last of them kept drafts
+        #[only_if(speculation)]
+        let accepted = spec.accepted - spec.ahead.len().saturating_sub(1);
+        #[only_if(speculation)]
+        let decode_steps = generated.len().saturating_sub(1);
         Ok(Generation {
             prompt_ids: prompt.to_vec(),
             #[only_if(prefix_cache)]
@@ -197,7 +203,7 @@ impl Session<'_> {
             #[only_if(speculation)]
             drafted: spec.drafted,
             #[only_if(speculation)]
-            accepted: spec.accepted,
+            accepted,
         })
     }
 
@@ -237,7 +243,6 @@ impl Session<'_> {
     /// runs `token` and them in one pass, and picks from each row's logits as a decode step
     /// would (the same sampler, the next coin), keeping drafted tokens while each is the pick.
     /// The picks go to `spec.ahead`; the cache keeps `token` and the kept drafted tokens.
-    /// Returns the number of picks: the kept drafted tokens and one more.
     #[only_if(speculation)]
     fn speculate(
         &mut self,
@@ -247,7 +252,7 @@ impl Session<'_> {
         params: &GenerateParams,
         rng: &mut Rng,
         scratch: &mut Vec<(f32, u32)>,
-    ) -> Result<usize, Error> {
+    ) -> Result<(), Error> {
         let Speculation { context, ahead, rows, drafted, accepted } = spec;
         // rows = token, then the drafted tokens
         rows.clear();
@@ -269,7 +274,7 @@ impl Session<'_> {
         *accepted += kept;
         // forget the rows of drafted tokens that were not picked
         self.rewind(at + 1 + kept);
-        Ok(ahead.len())
+        Ok(())
     }
 }
 
