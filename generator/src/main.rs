@@ -234,6 +234,13 @@ struct InitArgs {
     /// embeddings, batching requests that arrive together).
     #[arg(long)]
     serve: bool,
+    /// Decoders: add a [speculation] table, so that generation speculates by prompt lookup
+    /// (drafts copied from earlier in the text, verified several at a time; the same output).
+    #[arg(long)]
+    speculate: bool,
+    /// With --speculate: tokens drafted at most per step (speculation.draft_tokens; default 4).
+    #[arg(long, value_name = "N", requires = "speculate")]
+    draft_tokens: Option<usize>,
     /// Requests a process serves per load of the model from its checkpoint, if the load
     /// should count in the choice of kernels (1: a process per request); default: not counted.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
@@ -501,6 +508,8 @@ fn init(root: Option<PathBuf>, args: InitArgs) -> Result<ExitCode, Error> {
         decode_len,
         max_batch,
         serve,
+        speculate,
+        draft_tokens,
         requests_per_load,
         shared_prefix_len,
         hardware,
@@ -520,6 +529,7 @@ fn init(root: Option<PathBuf>, args: InitArgs) -> Result<ExitCode, Error> {
         hardware: init::parse_hardware(&hardware)?,
         max_batch,
         serve,
+        speculation: speculate.then(|| monogen::workload::Speculation::prompt_lookup(draft_tokens)),
         requests_per_load,
         shared_prefix_len,
     };

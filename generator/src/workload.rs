@@ -189,6 +189,16 @@ pub struct Speculation {
 }
 
 impl Speculation {
+    /// Prompt lookup with `draft_tokens` (4 unless given) and the default n-gram lengths.
+    pub fn prompt_lookup(draft_tokens: Option<usize>) -> Speculation {
+        Speculation {
+            speculator: Speculator::PromptLookup,
+            draft_tokens: draft_tokens.unwrap_or_else(Speculation::default_draft_tokens),
+            lookup_max: Speculation::default_lookup_max(),
+            lookup_min: Speculation::default_lookup_min(),
+        }
+    }
+
     fn default_draft_tokens() -> usize {
         4
     }

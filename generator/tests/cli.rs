@@ -1088,3 +1088,46 @@ fn init_writes_the_shared_prefix_of_a_decoder_server() {
         stderr(&out)
     );
 }
+
+/// `init --speculate [--draft-tokens N]` writes a `[speculation]` table that `build` turns
+/// into a speculating crate; `--draft-tokens` needs `--speculate`, an encoder refuses it, and a
+/// draft too long for the prefill chunk is refused with the workload's line.
+#[test]
+fn init_writes_a_speculation_table() {
+    let root = workspace_root();
+    let temp = tempfile::tempdir().unwrap();
+    for (model, config) in [("llama", LLAMA_CONFIG), ("bert", BERT_CONFIG)] {
+        std::fs::create_dir_all(temp.path().join(model)).unwrap();
+        std::fs::write(temp.path().join(model).join("config.json"), config).unwrap();
+    }
+    let llama = temp.path().join("llama");
+    let args = ["init", "--hf", llama.to_str().unwrap(), "--name", "s", "--hardware", "none"];
+    let workload = temp.path().join("s.toml");
+    let out = monogen(
+        &root,
+        &[&args[..], &["--speculate", "--draft-tokens", "6", "-o", workload.to_str().unwrap()]].concat(),
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = std::fs::read_to_string(&workload).unwrap();
+    assert!(
+        text.contains("\n[speculation]\nspeculator = \"prompt-lookup\"\ndraft_tokens = 6\nlookup_max = 3\nlookup_min = 2\n"),
+        "{text}"
+    );
+    let krate = temp.path().join("s-crate");
+    let out = monogen(&root, &["build", workload.to_str().unwrap(), "--out", krate.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(krate.join("src/kernels/speculator.rs").is_file());
+    let lib = std::fs::read_to_string(krate.join("src/lib.rs")).unwrap();
+    assert!(lib.contains("pub const DRAFT_TOKENS: usize = 6;"), "{lib}");
+
+    let out = monogen(&root, &[&args[..], &["--draft-tokens", "6"]].concat());
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("--speculate"), "{}", stderr(&out));
+    let out = monogen(&root, &[&args[..], &["--speculate", "--draft-tokens", "99"]].concat());
+    assert_ne!(out.status.code(), Some(0));
+    assert!(stderr(&out).contains("speculation.draft_tokens is 99"), "{}", stderr(&out));
+    let bert = temp.path().join("bert");
+    let out = monogen(&root, &["init", "--hf", bert.to_str().unwrap(), "--name", "b", "--speculate"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("generates no tokens to draft"), "{}", stderr(&out));
+}

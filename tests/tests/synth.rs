@@ -40,6 +40,7 @@ fn synthetic_weights_load_run_and_read_back() {
         hardware: None,
         max_batch: None,
         serve: false,
+        speculation: None,
         requests_per_load: None,
         shared_prefix_len: None,
     };

@@ -61,6 +61,12 @@ pub fn workload(
             path.display()
         )));
     }
+    if opts.speculation.is_some() {
+        return Err(Error::Refused(format!(
+            "--speculate: {} is a BERT encoder, which generates no tokens to draft; leave the option out",
+            path.display()
+        )));
+    }
     if opts.shared_prefix_len.is_some() {
         return Err(Error::Refused(format!(
             "--shared-prefix-len: {} is a BERT encoder, whose server keeps no KV caches to share; leave the option out",

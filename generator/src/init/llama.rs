@@ -382,7 +382,7 @@ fn build(
             ..toml::from_str("").expect("every field of [serving] has a default")
         }),
         quality: opts.quality(false),
-        speculation: None,
+        speculation: opts.speculation.clone(),
         source: Default::default(),
     })
 }

@@ -87,6 +87,8 @@ pub struct InitOptions {
     pub max_batch: Option<usize>,
     /// Decoders: write a `[serving]` table.
     pub serve: bool,
+    /// Decoders: the `[speculation]` table to write.
+    pub speculation: Option<crate::workload::Speculation>,
     /// `request.requests_per_load`: when the load counts in the rankings.
     pub requests_per_load: Option<u64>,
     /// `request.shared_prefix_len` (a decoder's server): the prefix cache.
@@ -110,6 +112,7 @@ impl InitOptions {
             hardware: None,
             max_batch: None,
             serve: false,
+            speculation: None,
             requests_per_load: None,
             shared_prefix_len: None,
         }
