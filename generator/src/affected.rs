@@ -318,9 +318,17 @@ impl Impact<'_> {
         let known = self.known;
         // confirmations.toml: the end-to-end checks of flips, of any interface.
         let every = format!("{interface}.toml") == crate::rankings::CONFIRMATIONS_FILE;
+        // speculation.toml: the measurements of speculation left to measurement.
+        let speculation = format!("{interface}.toml") == crate::speculation::SPECULATION_FILE;
         for (i, k) in known.iter().enumerate() {
             let same_class = k.workload.as_ref().and_then(|w| w.target.hardware.as_deref()) == Some(class);
-            if same_class && every {
+            if speculation {
+                if same_class
+                    && k.workload.as_ref().is_some_and(|w| crate::speculation::measured(w).is_some())
+                {
+                    self.regen(i, format!("the measurements of speculation on {class} changed"));
+                }
+            } else if same_class && every {
                 self.regen(i, format!("the end-to-end checks of flips on {class} changed"));
             } else if same_class && all_interfaces(k).iter().any(|x| x == interface) {
                 self.regen(i, format!("the rankings of {interface} on {class} changed"));

@@ -451,6 +451,10 @@ pub enum Progress<'a> {
     Round(&'a str),
     /// Building and timing the crate both ways for a flip of this interface.
     Confirming(&'a str),
+    /// Building the crate of one speculation candidate (`none`, `2 drafts`, ...).
+    BuildingCandidate(&'a str),
+    /// Timing the speculation candidates: this round of that many.
+    SpeculationRound(usize, usize),
 }
 
 /// A choice that the new measurements change.
@@ -706,6 +710,257 @@ pub fn bench(
     })
 }
 
+/// What `monogen bench --model DIR` measured of a workload whose speculator is left to
+/// measurement.
+#[derive(Debug, Clone, Serialize)]
+pub struct SpeculationReport {
+    pub workload: String,
+    pub hardware: Host,
+    /// One per candidate, none first.
+    pub records: Vec<crate::speculation::Record>,
+    /// What `build` now generates (`none`, or `prompt-lookup, N drafts`), and why.
+    pub chosen: String,
+    pub reason: String,
+    /// What the crate holds now, where it has a lock that says.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub crate_has: Option<String>,
+    pub rankings_written: Vec<String>,
+    pub dry_run: bool,
+}
+
+/// Measures speculation for the workload at `path`, whose `[speculation]` leaves the speculator
+/// to measurement: builds its crate once per candidate (no speculation, then prompt lookup with
+/// each draft length of [`crate::workload::Speculation::draft_candidates`]), decodes the
+/// workload's `typical_text` with each on the real weights in `model` (the typical number of
+/// decode steps, with the crates' default greedy decoding), in `options.confirm_rounds`
+/// interleaved rounds after one untimed run each, records the results under
+/// rankings/<this machine's class>/speculation.toml (unless `dry_run`), and reports what
+/// `build` now chooses.
+pub fn bench_speculation(
+    project: &mut Project,
+    path: &Path,
+    model: &Path,
+    options: &Options,
+    mut progress: impl FnMut(Progress),
+) -> Result<SpeculationReport, Error> {
+    use crate::speculation::{self, Record};
+    let w = project.read_workload(path)?;
+    let Some(spec) = speculation::measured(&w).cloned() else {
+        return Err(Error::Refused(format!(
+            "{} names its speculator itself, so there is no speculation to measure; `speculator = \"measured\"` under [speculation] leaves it to `bench --model`",
+            crate::shown(path)
+        )));
+    };
+    let crate::workload::Request::Decoder(request) = &w.request else {
+        unreachable!("only decoders speculate (the workload parser refuses the rest)");
+    };
+    for file in ["config.json", "tokenizer.json"] {
+        if !model.join(file).is_file() {
+            return Err(Error::Refused(format!(
+                "{} has no {file}; --model takes the Hugging Face folder of {}'s model (real weights: acceptance on synthetic ones says nothing)",
+                crate::shown(model),
+                w.name
+            )));
+        }
+    }
+    let host = Host::detect().map_err(Error::Refused)?;
+    let class = host.class.clone();
+    let mut here = w.clone();
+    here.target.hardware = Some(class.clone());
+    let key = speculation::Key::of(&here, &project.registry)
+        .expect("the workload leaves its speculator to measurement");
+    let workload_crate = options.crate_dir.clone().unwrap_or_else(|| project.default_out_dir(&w.name));
+    let dir = bench_dir(project).join("speculation").join(&w.name);
+    let target = crates_target_dir(project);
+    let candidates = speculation::candidates(&spec);
+    let tag = |c: Option<usize>| c.map_or_else(|| "none".to_string(), |k| format!("{k} drafts"));
+    let mut binaries = Vec::new();
+    for &c in &candidates {
+        progress(Progress::BuildingCandidate(&tag(c)));
+        let mut candidate = here.clone();
+        candidate.speculation = c.map(|k| spec.concrete(crate::workload::Speculator::PromptLookup, k));
+        let mut plan = project.plan_for(&candidate, path, &workload_crate)?;
+        let suffix = c.map_or_else(|| "none".to_string(), |k| format!("k{k}"));
+        // Several packages in one target folder need several names.
+        plan.name = format!("{}-spec-{suffix}", w.name);
+        let output = project.emit(&plan)?;
+        let out = dir.join(&suffix);
+        crate::write::write(&out, &output, true)?;
+        seed_lock(project, &out)?;
+        binaries.push(build_release(&out, &target, &plan.name, "the crate", "")?);
+    }
+    let text = spec.typical_text.clone().unwrap_or_default();
+    let decode_len = request.typical_decode_len.max(1);
+    let rounds = options.confirm_rounds.max(3);
+    // One untimed run each (the page cache, the tokenizer's file), which also gives the tokens.
+    let mut outputs = Vec::new();
+    for exe in &binaries {
+        outputs.push(decode_typical(exe, model, &text, decode_len)?);
+    }
+    let mut times: Vec<Vec<u64>> = vec![Vec::new(); binaries.len()];
+    let mut last: Vec<Option<Decoded>> = vec![None; binaries.len()];
+    for round in 0..rounds {
+        progress(Progress::SpeculationRound(round + 1, rounds));
+        let n = binaries.len();
+        // Each round starts with another candidate, and every other one runs backwards.
+        let order: Vec<usize> =
+            (0..n).map(|i| if round % 2 == 0 { (i + round) % n } else { (n - 1 - i + round) % n }).collect();
+        for i in order {
+            let run = decode_typical(&binaries[i], model, &text, decode_len)?;
+            times[i].push(run.ns);
+            last[i] = Some(run);
+        }
+    }
+    let measured_at = now_utc();
+    let weights_sha256 = crate::eval::weights_sha256(model)?;
+    let reference = outputs[0].generated.clone();
+    let records: Vec<Record> = candidates
+        .iter()
+        .enumerate()
+        .map(|(i, &c)| {
+            let run = last[i].as_ref().unwrap_or(&outputs[i]);
+            let median = median_p90(&times[i].iter().map(|&t| t as f64).collect::<Vec<_>>()).0;
+            Record {
+                workload: key.workload.clone(),
+                shapes: key.shapes.clone(),
+                text_sha256: key.text_sha256.clone(),
+                lookup_max: key.lookup_max,
+                lookup_min: key.lookup_min,
+                source_sha256: key.source_sha256.clone(),
+                speculator: if c.is_some() { "prompt-lookup" } else { "none" }.into(),
+                draft_tokens: c.unwrap_or(0),
+                weights_sha256: weights_sha256.clone(),
+                model: crate::shown(model),
+                cpu: host.cpu.clone(),
+                cores: host.cores,
+                rustc: host.rustc.clone(),
+                measured_at: measured_at.clone(),
+                prompt_tokens: run.prompt_tokens,
+                generated: run.generated.len(),
+                drafted: run.drafted,
+                accepted: run.accepted,
+                same_output: outputs[i].generated == reference && run.generated == reference,
+                median_ns: median.round() as u64,
+                rounds_ns: times[i].clone(),
+            }
+        })
+        .collect();
+    let mut updated = project.rankings.clone();
+    speculation::replace(&mut updated, &class, &w.name, records.clone());
+    let mut written = Vec::new();
+    if !options.dry_run {
+        let (rel, text) = speculation::render(&updated, &class);
+        let file = project.rankings_dir.join(&rel);
+        if crate::write::write_file(&file, text.as_bytes())? {
+            written.push(crate::shown(&file));
+        }
+        project.rankings = updated.clone();
+    }
+    let decision = speculation::decide(&here, &updated, &project.registry).expect("measured");
+    let crate_has =
+        crate::lock::Lock::read(&workload_crate).ok().map(|l| l.speculation.unwrap_or_else(|| "none".into()));
+    Ok(SpeculationReport {
+        workload: w.name.clone(),
+        hardware: host,
+        records,
+        chosen: decision.summary(),
+        reason: decision.reason,
+        crate_has,
+        rankings_written: written,
+        dry_run: options.dry_run,
+    })
+}
+
+/// One decode of the typical text by a candidate's binary.
+#[derive(Debug, Clone)]
+struct Decoded {
+    /// Nanoseconds of the typical number of decode steps (at the time per token it reports).
+    ns: u64,
+    prompt_tokens: usize,
+    generated: Vec<u64>,
+    drafted: usize,
+    accepted: usize,
+}
+
+/// Runs the crate binary `exe` on `model` with the prompt `text`, `decode_len` tokens at most.
+fn decode_typical(exe: &Path, model: &Path, text: &str, decode_len: usize) -> Result<Decoded, Error> {
+    let report = run_json(exe, model, ["--prompt", text], decode_len, &crate::shown(model))?;
+    let ids = |key: &str| -> Vec<u64> {
+        report[key]
+            .as_array()
+            .map(|a| a.iter().filter_map(serde_json::Value::as_u64).collect())
+            .unwrap_or_default()
+    };
+    let generated = ids("generated_ids");
+    let count = |key: &str| report[key].as_u64().unwrap_or(0) as usize;
+    let per_token_ms = report["decode_ms"].as_f64().unwrap_or(0.0) / generated.len().max(1) as f64;
+    Ok(Decoded {
+        ns: (per_token_ms * decode_len as f64 * 1e6).round() as u64,
+        prompt_tokens: ids("prompt_ids").len(),
+        generated,
+        drafted: count("drafted"),
+        accepted: count("accepted"),
+    })
+}
+
+impl SpeculationReport {
+    /// The text `monogen bench --model` prints.
+    pub fn render(&self) -> String {
+        use crate::plan::human_ns;
+        let h = &self.hardware;
+        let none = &self.records[0];
+        let mut s = format!(
+            "{}: speculation on {} ({}, {} cores, {})\n  decoding the typical text ({} tokens) for {} tokens with {}, {} interleaved rounds\n",
+            self.workload,
+            h.class,
+            h.cpu,
+            h.cores,
+            h.rustc,
+            none.prompt_tokens,
+            none.generated,
+            none.model,
+            none.rounds_ns.len()
+        );
+        for r in &self.records {
+            let what = match r.candidate() {
+                None => "none".to_string(),
+                Some(k) => format!("prompt lookup, {k} drafts"),
+            };
+            let mut line = format!("  {what:<26} {:>10} per request", human_ns(r.median_ns as f64));
+            if r.candidate().is_some() {
+                let v = rankings::judge_rounds(&r.rounds_ns, &none.rounds_ns);
+                line.push_str(&format!(
+                    "  {:.2}x none's speed (noise margin {:.0}%), {:.0}% of {} drafts kept",
+                    1.0 / v.ratio,
+                    v.margin * 100.0,
+                    r.kept_percent(),
+                    r.drafted
+                ));
+                if !r.same_output {
+                    line.push_str(", BUT its tokens differ from none's");
+                }
+            }
+            s.push_str(&line);
+            s.push('\n');
+        }
+        s.push_str(&format!("  build chooses: {}\n", self.chosen));
+        match &self.crate_has {
+            Some(has) if *has != self.chosen => {
+                s.push_str(&format!("  the crate has {has}; `monogen build` regenerates it\n"))
+            }
+            Some(_) => s.push_str("  the crate already has this choice\n"),
+            None => {}
+        }
+        if self.dry_run {
+            s.push_str("  dry run: rankings/ left as it was\n");
+        }
+        for file in &self.rankings_written {
+            s.push_str(&format!("  wrote {file}\n"));
+        }
+        s
+    }
+}
+
 /// The choices of `plan` that differ from the crate's (`locked`).
 fn changes(plan: &Plan, locked: &BTreeMap<String, String>) -> Vec<Change> {
     plan.interfaces
@@ -828,25 +1083,40 @@ fn confirm(
     })
 }
 
-/// Nanoseconds of one typical request of the crate binary `exe` on `model`: its prefill of the
-/// prompt `ids` plus `decode_len` decode steps at the time per step it reports (a synthetic
-/// model may stop early at its end-of-sequence token).
-fn time_request(exe: &Path, model: &Path, ids: &str, decode_len: usize) -> Result<u64, Error> {
+/// The JSON report of the crate binary `exe` on `model`, given the prompt `prompt` (`--prompt`
+/// or `--prompt-ids` and its value) and `decode_len` tokens at most; `weights` names the
+/// weights in an error.
+fn run_json(
+    exe: &Path,
+    model: &Path,
+    prompt: [&str; 2],
+    decode_len: usize,
+    weights: &str,
+) -> Result<serde_json::Value, Error> {
     let out = Command::new(exe)
         .arg("--model")
         .arg(model)
-        .args(["--prompt-ids", ids, "--max-tokens", &decode_len.to_string(), "--json"])
+        .args(prompt)
+        .args(["--max-tokens", &decode_len.to_string(), "--json"])
         .output()
         .map_err(|e| Error::Refused(format!("cannot run {}: {e}", exe.display())))?;
     let text = String::from_utf8_lossy(&out.stdout);
     let report: Option<serde_json::Value> = text.lines().last().and_then(|l| serde_json::from_str(l).ok());
-    let (Some(report), true) = (report, out.status.success()) else {
-        return Err(Error::Refused(format!(
-            "{} failed on synthetic weights: {}",
+    match (report, out.status.success()) {
+        (Some(report), true) => Ok(report),
+        _ => Err(Error::Refused(format!(
+            "{} failed on {weights}: {}",
             exe.display(),
             String::from_utf8_lossy(&out.stderr).trim_end()
-        )));
-    };
+        ))),
+    }
+}
+
+/// Nanoseconds of one typical request of the crate binary `exe` on `model`: its prefill of the
+/// prompt `ids` plus `decode_len` decode steps at the time per step it reports (a synthetic
+/// model may stop early at its end-of-sequence token).
+fn time_request(exe: &Path, model: &Path, ids: &str, decode_len: usize) -> Result<u64, Error> {
+    let report = run_json(exe, model, ["--prompt-ids", ids], decode_len, "synthetic weights")?;
     let ms = |key: &str| report[key].as_f64().unwrap_or(0.0);
     let generated = report["generated_ids"].as_array().map_or(0, Vec::len).max(1);
     let per_step = ms("decode_ms") / generated as f64;

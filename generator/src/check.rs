@@ -35,6 +35,17 @@ pub fn reasons(
     if lock.workload_sha256 != plan.workload_sha256 {
         out.push("the workload changed".into());
     }
+    if let crate::plan::Consts::Llama(crate::plan::LlamaConsts { speculation_measured: Some(m), .. }) =
+        &plan.consts
+        && lock.speculation.as_deref() != Some(m.chosen.as_str())
+    {
+        out.push(format!(
+            "speculation: the measured choice changed from {} to {} ({})",
+            lock.speculation.as_deref().unwrap_or("none"),
+            m.chosen,
+            m.reason
+        ));
+    }
     for i in &plan.interfaces {
         let c = &i.chosen;
         match lock.choice.iter().find(|l| l.interface == i.interface) {
@@ -250,7 +261,11 @@ fn finding(
     let unmeasured: Vec<&String> = plan.interfaces.iter().flat_map(|i| &i.unmeasured).collect();
     let workload = project.read_workload(path)?;
     let quality = crate::eval::gate(project, &workload, path, output)?;
-    if diff.is_clean() && unmeasured.is_empty() && quality.is_empty() {
+    let speculation = match &plan.consts {
+        crate::plan::Consts::Llama(c) => c.speculation_measured.as_ref().and_then(|m| m.unmeasured.clone()),
+        crate::plan::Consts::Bert(_) => None,
+    };
+    if diff.is_clean() && unmeasured.is_empty() && quality.is_empty() && speculation.is_none() {
         return Ok(Finding::Ok { dir: dir.to_path_buf(), workload: path.to_path_buf() });
     }
     let mut because = Vec::new();
@@ -259,6 +274,9 @@ fn finding(
         because.extend(reasons(old_lock.as_deref(), plan, &project.registry, &diff));
     }
     because.extend(unmeasured.iter().map(|n| n.to_string()));
+    if let Some(why) = &speculation {
+        because.push(format!("speculation is left to measurement, and it is {why}"));
+    }
     because.extend(quality.iter().cloned());
     let mut files = Vec::new();
     for (what, list) in [("missing", &diff.missing), ("differs", &diff.modified), ("stale", &diff.stale)] {
@@ -281,7 +299,13 @@ fn finding(
             plan.target.hardware.as_deref().unwrap_or_default()
         ));
     }
-    if !unmeasured.is_empty() || !diff.is_clean() {
+    if speculation.is_some() {
+        steps.push(format!(
+            "monogen bench {what} --interface speculator --model MODEL_DIR (on hardware class {})",
+            plan.target.hardware.as_deref().unwrap_or_default()
+        ));
+    }
+    if !unmeasured.is_empty() || speculation.is_some() || !diff.is_clean() {
         steps.push(build);
     }
     if !quality.is_empty() {

@@ -559,7 +559,7 @@ fn run_harness(
 }
 
 /// sha256 of the weights in `model`: model.safetensors, or the shard index and every shard.
-fn weights_sha256(model: &Path) -> Result<String, Error> {
+pub(crate) fn weights_sha256(model: &Path) -> Result<String, Error> {
     let single = model.join("model.safetensors");
     let index = model.join("model.safetensors.index.json");
     let mut files = Vec::new();

@@ -155,6 +155,13 @@ fn header(plan: &Plan, path: &Path) -> String {
             spec.draft_tokens + 1
         ));
     }
+    if let Consts::Llama(LlamaConsts { speculation_measured: Some(m), .. }) = &plan.consts {
+        // One figure a line: the reason is `;`-separated.
+        s.push_str("  speculation chosen by measurement (speculator = \"measured\"):\n");
+        for part in m.reason.split("; ") {
+            s.push_str(&format!("    {part}\n"));
+        }
+    }
     if let Consts::Bert(BertConsts { serving: Some(serving), max_batch, .. }) = &plan.consts {
         s.push_str(&format!(
             "  serving: an OpenAI-compatible embeddings server (`serve`) batching up to {max_batch} sentences, waiting up to {} ms for a batch to fill; {} requests may wait\n",

@@ -29,6 +29,7 @@ pub mod rankings;
 pub mod registry;
 pub mod resolve;
 pub mod rust_source;
+pub mod speculation;
 pub mod synth;
 pub mod workload;
 pub mod write;

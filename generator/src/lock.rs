@@ -34,6 +34,10 @@ pub struct Lock {
     /// sha256 of the workload's canonical TOML.
     #[serde(default)]
     pub workload_sha256: String,
+    /// Where the workload leaves the speculator to measurement: the choice made
+    /// (`none`, or `prompt-lookup, N drafts`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub speculation: Option<String>,
     /// One per interface, in the order the forward pass uses them.
     #[serde(default)]
     pub choice: Vec<Choice>,
@@ -147,6 +151,7 @@ mod tests {
             format: FORMAT,
             monogen: "0.1.0".into(),
             workload_sha256: "ab".into(),
+            speculation: Some("prompt-lookup, 4 drafts".into()),
             choice: vec![Choice {
                 interface: "matmul".into(),
                 implementation: "scalar".into(),
@@ -171,6 +176,7 @@ mod tests {
             format: FORMAT,
             monogen: String::new(),
             workload_sha256: String::new(),
+            speculation: None,
             choice: vec![],
             shared: vec![],
             file: vec![File { path: "../x".into(), sha256: String::new() }],

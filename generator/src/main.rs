@@ -103,9 +103,14 @@ enum Command {
         /// timing it end to end, which `bench` otherwise does for each choice it changes.
         #[arg(long)]
         no_confirm: bool,
-        /// Interleaved rounds of that end-to-end check.
+        /// Interleaved rounds of that end-to-end check, and of the measurement of speculation.
         #[arg(long, default_value_t = 7, value_name = "N", value_parser = clap::value_parser!(u64).range(3..=1000))]
         confirm_rounds: u64,
+        /// The Hugging Face folder of the workload's model (real weights): measure speculation,
+        /// for a workload whose [speculation] says `speculator = "measured"`, by decoding its
+        /// typical_text with each candidate's crate. `--interface speculator` measures only that.
+        #[arg(long, value_name = "DIR", conflicts_with = "build_only")]
+        model: Option<PathBuf>,
         /// Only write and compile each workload's benchmark harness and print the path of its
         /// executable; measure nothing (bench/same_harness.sh compares two trees' harnesses).
         #[arg(long, conflicts_with_all = ["dry_run", "json", "interfaces"])]
@@ -397,6 +402,7 @@ fn run(cli: Cli) -> Result<ExitCode, Error> {
             no_confirm,
             confirm_rounds,
             interfaces,
+            model,
             ..
         } => {
             let options = monogen::bench::Options {
@@ -421,7 +427,7 @@ fn run(cli: Cli) -> Result<ExitCode, Error> {
             for dir in crates {
                 targets.push((check::crate_workload(&dir)?, dir, true));
             }
-            bench(project, &targets, &options, stale, json)
+            bench(project, &targets, &options, stale, json, model.as_deref())
         }
         Command::Eval { workload, krate, model, models, stale, text, json } => {
             let project = project(cli.root, cli.rankings)?;
@@ -555,12 +561,59 @@ fn bench(
     options: &monogen::bench::Options,
     stale: bool,
     json: bool,
+    model: Option<&Path>,
 ) -> Result<ExitCode, Error> {
     let mut reports = Vec::new();
     for (path, dir, from_crate) in targets {
         let mut options = options.clone();
         if *from_crate {
             options.crate_dir = Some(dir.clone());
+        }
+        // Speculation is measured on real weights, apart from the kernels: `--interface
+        // speculator` asks for it alone.
+        let w = project.read_workload(path)?;
+        let measured = monogen::speculation::measured(&w).is_some();
+        let speculation_only = !options.only.is_empty() && options.only.iter().all(|i| i == "speculator");
+        options.only.retain(|i| i != "speculator");
+        if let (Some(model), true) = (model, measured) {
+            let unmeasured = project.plan_for(&w, path, dir).ok().and_then(|p| match p.consts {
+                monogen::plan::Consts::Llama(c) => c.speculation_measured.and_then(|m| m.unmeasured),
+                monogen::plan::Consts::Bert(_) => None,
+            });
+            if !stale || unmeasured.is_some() {
+                let bar = progress_bar(json);
+                let report = monogen::bench::bench_speculation(&mut project, path, model, &options, |p| {
+                    show_progress(&bar, path, p)
+                })?;
+                bar.finish_and_clear();
+                if !json {
+                    print!("{}", report.render());
+                }
+                reports.push(serde_json::to_value(&report).expect("reports serialize"));
+            }
+        } else if let Some(model) = model {
+            return Err(Error::Refused(format!(
+                "--model {} is read to measure speculation, and {} names its speculator itself (or has no [speculation]); `speculator = \"measured\"` leaves it to `bench --model`",
+                shown(model),
+                shown(path)
+            )));
+        } else if speculation_only {
+            return Err(Error::Refused(format!(
+                "`--interface speculator` measures speculation on real weights: add --model DIR{}",
+                if measured {
+                    ""
+                } else {
+                    ", with `speculator = \"measured\"` under the workload's [speculation]"
+                }
+            )));
+        } else if measured && !json {
+            eprintln!(
+                "{}: its speculator is left to measurement; `--model DIR` (the model's real weights) measures it",
+                shown(path)
+            );
+        }
+        if speculation_only {
+            continue;
         }
         if stale {
             let found = monogen::bench::stale(&project, path, dir)?;
@@ -592,25 +645,7 @@ fn bench(
             options.only = interfaces;
         }
         let bar = progress_bar(json);
-        let report = monogen::bench::bench(&mut project, path, &options, |p| match p {
-            Progress::Compiling => {
-                bar.set_message(format!("{}: compiling the benchmark harness", shown(path)))
-            }
-            Progress::Validating => bar.set_message(format!("{}: validating", shown(path))),
-            Progress::Rounds(n) => {
-                bar.set_length(n as u64);
-                bar.set_position(0);
-                bar.reset_eta();
-            }
-            Progress::Round(interface) => {
-                bar.set_message(format!("{}: {interface}", shown(path)));
-                bar.inc(1);
-            }
-            Progress::Confirming(interface) => bar.set_message(format!(
-                "{}: checking the flip of {interface} end to end (building the crate both ways)",
-                shown(path)
-            )),
-        })?;
+        let report = monogen::bench::bench(&mut project, path, &options, |p| show_progress(&bar, path, p))?;
         bar.finish_and_clear();
         if !json {
             print!("{}", report.render());
@@ -626,6 +661,35 @@ fn bench(
         println!("{}", serde_json::to_string_pretty(&doc).expect("reports serialize"));
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Shows `bench`'s progress on `bar`.
+fn show_progress(bar: &indicatif::ProgressBar, path: &Path, p: Progress) {
+    match p {
+        Progress::Compiling => bar.set_message(format!("{}: compiling the benchmark harness", shown(path))),
+        Progress::Validating => bar.set_message(format!("{}: validating", shown(path))),
+        Progress::Rounds(n) => {
+            bar.set_length(n as u64);
+            bar.set_position(0);
+            bar.reset_eta();
+        }
+        Progress::Round(interface) => {
+            bar.set_message(format!("{}: {interface}", shown(path)));
+            bar.inc(1);
+        }
+        Progress::Confirming(interface) => bar.set_message(format!(
+            "{}: checking the flip of {interface} end to end (building the crate both ways)",
+            shown(path)
+        )),
+        Progress::BuildingCandidate(candidate) => {
+            bar.set_message(format!("{}: building the candidate crate of {candidate}", shown(path)))
+        }
+        Progress::SpeculationRound(round, rounds) => {
+            bar.set_length(rounds as u64);
+            bar.set_position(round as u64 - 1);
+            bar.set_message(format!("{}: decoding the typical text with each candidate", shown(path)));
+        }
+    }
 }
 
 /// `monogen eval` of one workload (at `path`, its crate in `krate` where given) on `model`,

@@ -165,6 +165,26 @@ pub struct LlamaConsts {
     pub serving: Option<ServingPlan>,
     /// Speculative decoding, when the workload's `[speculation]` names a speculator.
     pub speculation: Option<Box<SpeculationPlan>>,
+    /// Where the workload leaves the speculator to measurement (`speculator = "measured"`):
+    /// what was chosen and why.
+    pub speculation_measured: Option<Box<MeasuredSpeculation>>,
+}
+
+/// The choice made for `speculator = "measured"`.
+#[derive(Debug, Clone, Serialize)]
+pub struct MeasuredSpeculation {
+    /// `none` or `prompt-lookup, N drafts`.
+    pub chosen: String,
+    /// Why, with the figures.
+    pub reason: String,
+    /// Why the workload's hardware class lacks a fresh measurement, where it does.
+    pub unmeasured: Option<String>,
+}
+
+impl From<crate::speculation::Decision> for MeasuredSpeculation {
+    fn from(d: crate::speculation::Decision) -> MeasuredSpeculation {
+        MeasuredSpeculation { chosen: d.summary(), reason: d.reason, unmeasured: d.unmeasured }
+    }
 }
 
 /// How generation speculates: the crate's `DRAFT_TOKENS`, `LOOKUP_MAX` and `LOOKUP_MIN`, and

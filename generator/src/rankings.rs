@@ -551,6 +551,8 @@ pub struct Rankings {
     pub current: Current,
     /// Hardware class → its end-to-end confirmations of flips.
     pub confirmations: BTreeMap<String, Vec<Confirmation>>,
+    /// Hardware class → its measurements of speculation (crate::speculation).
+    pub speculation: BTreeMap<String, Vec<crate::speculation::Record>>,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -587,23 +589,21 @@ impl Rankings {
                 }
                 let interface = path.file_stem().unwrap_or_default().to_string_lossy().into_owned();
                 let text = std::fs::read_to_string(&path).map_err(|e| Error::io(&path, e))?;
+                if path.file_name().is_some_and(|n| n == crate::speculation::SPECULATION_FILE) {
+                    match toml::from_str::<crate::speculation::RecordFile>(&text) {
+                        Ok(file) => {
+                            rankings.speculation.insert(class_name.clone(), file.record);
+                        }
+                        Err(e) => problems.push(unreadable(&path, &text, &e)),
+                    }
+                    continue;
+                }
                 if path.file_name().is_some_and(|n| n == CONFIRMATIONS_FILE) {
                     match toml::from_str::<ConfirmationFile>(&text) {
                         Ok(file) => {
                             rankings.confirmations.insert(class_name.clone(), file.confirmation);
                         }
-                        Err(e) => {
-                            let shown = crate::shown(&path);
-                            let mut d =
-                                Diagnostic::new(format!("{shown} cannot be read: {}", e.message().trim()))
-                                    .in_file(Path::new(&shown), &std::sync::Arc::from(text.as_str()));
-                            if let Some(span) = e.span() {
-                                d = d.primary(span, "here");
-                            }
-                            problems.push(
-                                d.hint("fix the file by hand, or delete it and run `monogen bench` again"),
-                            );
-                        }
+                        Err(e) => problems.push(unreadable(&path, &text, &e)),
                     }
                     continue;
                 }
@@ -702,6 +702,17 @@ impl Rankings {
         );
         (path, text)
     }
+}
+
+/// The error of a database file that does not parse.
+fn unreadable(path: &Path, text: &str, e: &toml::de::Error) -> Diagnostic {
+    let shown = crate::shown(path);
+    let mut d = Diagnostic::new(format!("{shown} cannot be read: {}", e.message().trim()))
+        .in_file(Path::new(&shown), &std::sync::Arc::from(text));
+    if let Some(span) = e.span() {
+        d = d.primary(span, "here");
+    }
+    d.hint("fix the file by hand, or delete it and run `monogen bench` again")
 }
 
 fn parse_file(text: &str, shown: &Path) -> Result<Vec<Record>, Box<Diagnostic>> {

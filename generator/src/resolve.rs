@@ -27,6 +27,7 @@ use crate::workload::{Dtype, Model, Pooling, Workload};
 /// ([`Workload::element_types`]).
 pub fn required_interfaces(w: &Workload) -> Vec<&'static str> {
     let mut list = architecture_interfaces(w);
+    // A speculator left to measurement may be chosen: its sources matter to the workload.
     if w.speculation.as_ref().is_some_and(|s| s.speculates()) {
         list.push("speculator");
     }
@@ -171,6 +172,18 @@ pub fn resolve(
     selection: &Selection,
     path: &Path,
 ) -> Result<Plan, Vec<Diagnostic>> {
+    // A speculator left to measurement is chosen first; the crate is then resolved as if the
+    // workload named the choice (the plan keeps the workload as written, and why).
+    let original = w;
+    let decision = crate::speculation::decide(w, &selection.rankings, registry);
+    let decided;
+    let w = match &decision {
+        Some(d) => {
+            decided = Workload { speculation: d.chosen.clone(), ..w.clone() };
+            &decided
+        }
+        None => w,
+    };
     let mut problems = Vec::new();
     let mut interfaces = Vec::new();
     for name in required_interfaces(w) {
@@ -249,6 +262,7 @@ pub fn resolve(
     let mut consts = consts(w);
     let footprint = footprint(w, &consts);
     if let Consts::Llama(c) = &mut consts {
+        c.speculation_measured = decision.map(|d| Box::new(d.into()));
         // Int8 matrices quantized at load are copies in anonymous memory already, and so are
         // the matrices of a matmul that packs its weights. Int8 matrices saved with
         // `--save-model` stay mapped: a TinyLlama int8 crate decoded as fast from the mapping
@@ -268,8 +282,8 @@ pub fn resolve(
         }),
         weights: w.weights.clone(),
         target: w.target.clone(),
-        workload_table: toml::Table::try_from(w).expect("a workload always serializes"),
-        workload_file: w.source.0.as_deref().map_or_else(|| w.canonical_toml(), str::to_string),
+        workload_table: toml::Table::try_from(original).expect("a workload always serializes"),
+        workload_file: original.source.0.as_deref().map_or_else(|| original.canonical_toml(), str::to_string),
         float_literals: match &w.model {
             Model::Llama(m) => BTreeMap::from([
                 ("rope_theta".to_string(), format!("{:?}", m.rope_theta)),
@@ -279,7 +293,7 @@ pub fn resolve(
                 BTreeMap::from([("layer_norm_eps".to_string(), format!("{:?}", m.layer_norm_eps))])
             }
         },
-        workload_sha256: sha256_hex(w.canonical_toml().as_bytes()),
+        workload_sha256: sha256_hex(original.canonical_toml().as_bytes()),
         shapes: rankings::shapes_signature(w),
         consts,
         interfaces,
@@ -783,6 +797,7 @@ fn consts(w: &Workload) -> Consts {
                     prefix_cache_min: r.shared_prefix_len.map(|n| n.div_ceil(2).max(1)),
                     chat: s.chat.clone().map(Box::new),
                 }),
+                speculation_measured: None,
                 speculation: w.speculation.as_ref().and_then(|s| {
                     Some(Box::new(crate::plan::SpeculationPlan {
                         speculator: s.speculator.implementation()?.to_string(),

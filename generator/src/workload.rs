@@ -186,6 +186,10 @@ pub struct Speculation {
     /// Prompt lookup: the shortest.
     #[serde(default = "Speculation::default_lookup_min")]
     pub lookup_min: usize,
+    /// With `speculator = "measured"`: the prompt text of a typical request, which the
+    /// authority (`monogen bench --model DIR`) decodes with and without speculation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub typical_text: Option<String>,
 }
 
 impl Speculation {
@@ -196,6 +200,7 @@ impl Speculation {
             draft_tokens: draft_tokens.unwrap_or_else(Speculation::default_draft_tokens),
             lookup_max: Speculation::default_lookup_max(),
             lookup_min: Speculation::default_lookup_min(),
+            typical_text: None,
         }
     }
 
@@ -211,9 +216,24 @@ impl Speculation {
         2
     }
 
-    /// Whether the crate speculates at all.
+    /// Whether the crate may speculate: it names a speculator, or leaves the choice to
+    /// measurement.
     pub fn speculates(&self) -> bool {
         self.speculator != Speculator::None
+    }
+
+    /// The draft lengths the authority tries for `speculator = "measured"`: 2, 4, 8 and 16 up
+    /// to `draft_tokens`, and `draft_tokens` itself (the most it may draft).
+    pub fn draft_candidates(&self) -> Vec<usize> {
+        let mut out: Vec<usize> = [2, 4, 8, 16].into_iter().filter(|&k| k < self.draft_tokens).collect();
+        out.push(self.draft_tokens);
+        out
+    }
+
+    /// This table with the speculator `speculator` drafting `draft_tokens` at most: one
+    /// candidate of a measured choice, or the choice made.
+    pub fn concrete(&self, speculator: Speculator, draft_tokens: usize) -> Speculation {
+        Speculation { speculator, draft_tokens, typical_text: None, ..self.clone() }
     }
 }
 
@@ -225,6 +245,10 @@ pub enum Speculator {
     None,
     /// Drafts copied from earlier in the context (implementations/speculator/prompt-lookup).
     PromptLookup,
+    /// None or prompt lookup, with 2 up to `draft_tokens` drafts: whichever decodes the
+    /// typical text fastest on the workload's hardware class, as `monogen bench --model DIR`
+    /// measured it (none until it has).
+    Measured,
 }
 
 impl Speculator {
@@ -233,6 +257,7 @@ impl Speculator {
         match self {
             Speculator::None => None,
             Speculator::PromptLookup => Some("prompt-lookup"),
+            Speculator::Measured => None,
         }
     }
 }
@@ -1019,6 +1044,27 @@ fn check(w: &Workload, span: &SpanOf, src: &WorkloadSource) -> Vec<Diagnostic> {
 
 /// The `[speculation]` table: drafts that fit one prefill chunk, n-gram lengths in order.
 fn check_speculation(s: &Speculation, r: &DecoderRequest, out: &mut Vec<Diagnostic>, mk: &MakeDiagnostic) {
+    match (&s.speculator, &s.typical_text) {
+        (Speculator::Measured, None) => out.push(mk(
+            &["speculation", "speculator"],
+            "speculator = \"measured\" needs speculation.typical_text".into(),
+            "the authority measures on a typical request's text",
+            "add `typical_text = '''...'''`: the prompt of a typical request (a document being quoted, code being edited)".into(),
+        )),
+        (Speculator::Measured, Some(text)) if text.trim().is_empty() => out.push(mk(
+            &["speculation", "typical_text"],
+            "speculation.typical_text is empty".into(),
+            "nothing to decode",
+            "write the prompt of a typical request".into(),
+        )),
+        (Speculator::None | Speculator::PromptLookup, Some(_)) => out.push(mk(
+            &["speculation", "typical_text"],
+            "speculation.typical_text is read only where the authority chooses the speculator".into(),
+            "no measurement reads it",
+            "set `speculator = \"measured\"`, or remove `typical_text`".into(),
+        )),
+        _ => {}
+    }
     if !s.speculates() {
         return;
     }

@@ -861,3 +861,143 @@ fn a_flip_the_crate_does_not_confirm_end_to_end_is_not_adopted() {
     let line = explain.lines().find(|l| l.contains("but the crate built with it was not faster end to end"));
     eprintln!("{}", line.unwrap_or_else(|| panic!("{explain}")));
 }
+
+/// The scratch copy of the prompt-lookup workload with its speculator left to measurement:
+/// prompt lookup with 2 drafts against none, on this machine's class.
+const MEASURED: &str = "workloads/stories260k-measured.toml";
+
+fn measured_workload(repo: &Path, typical_text: &str) {
+    let text = for_this_class("workloads/stories260k-cpu-f32-lookup.toml")
+        .replace("name = \"stories260k-cpu-f32-lookup\"", "name = \"stories260k-measured\"")
+        .replace(
+            "speculator = \"prompt-lookup\"",
+            &format!("speculator = \"measured\"\ntypical_text = \"{typical_text}\""),
+        )
+        .replace("draft_tokens = 4", "draft_tokens = 2");
+    assert!(text.contains("speculator = \"measured\"") && text.contains("draft_tokens = 2"), "{text}");
+    std::fs::write(repo.join(MEASURED), text).unwrap();
+}
+
+/// Sets the rounds of the speculation record of `draft_tokens` (0: none) in `class`'s records.
+fn set_speculation_rounds(repo: &Path, class: &str, draft_tokens: i64, rounds: &[i64]) {
+    let file = repo.join(format!("rankings/{class}/speculation.toml"));
+    let mut db: toml::Table = toml::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
+    let records = db.get_mut("record").unwrap().as_array_mut().unwrap();
+    let r = records
+        .iter_mut()
+        .find(|r| {
+            r["workload"].as_str() == Some("stories260k-measured")
+                && r["draft_tokens"].as_integer() == Some(draft_tokens)
+        })
+        .unwrap()
+        .as_table_mut()
+        .unwrap();
+    let mut sorted = rounds.to_vec();
+    sorted.sort();
+    r.insert("median_ns".into(), toml::Value::Integer(sorted[sorted.len() / 2]));
+    r.insert(
+        "rounds_ns".into(),
+        toml::Value::Array(rounds.iter().map(|&t| toml::Value::Integer(t)).collect()),
+    );
+    std::fs::write(&file, toml::to_string(&db).unwrap()).unwrap();
+}
+
+#[test]
+fn speculation_left_to_measurement_is_timed_on_real_weights_and_chosen_by_the_flip_rule() {
+    let test = "speculation_left_to_measurement_is_timed_on_real_weights_and_chosen_by_the_flip_rule";
+    let Some(model) = model_or_skip("stories260k", test) else {
+        return;
+    };
+    let model = model.to_string_lossy().into_owned();
+    let repo = measured_repo();
+    let class = monogen::host::this_class();
+    let text = "Lily and Tom went to the park. They played on the swings. Lily and Tom went to the park. They played";
+    measured_workload(repo.path(), text);
+    let crate_dir = repo.path().join("generated/stories260k-measured");
+    let lib = || std::fs::read_to_string(crate_dir.join("src/lib.rs")).unwrap();
+    let lock = || std::fs::read_to_string(crate_dir.join("monogen.lock")).unwrap();
+
+    // Unmeasured: no speculation code, and check asks for the measurement.
+    let out = monogen(repo.path(), &["build", MEASURED]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(!lib().contains("DRAFT_TOKENS") && lock().contains("speculation = \"none\""), "{}", lock());
+    let explain = stdout(&monogen(repo.path(), &["explain", MEASURED]));
+    assert!(
+        explain.contains(&format!("measured, but not measured on {class} (missing: none, 2 drafts)")),
+        "{explain}"
+    );
+    let check = monogen(repo.path(), &["check", MEASURED]);
+    assert!(!check.status.success());
+    let check = stdout(&check);
+    assert!(
+        check.contains("because speculation is left to measurement, and it is not measured on")
+            && check.contains(&format!("monogen bench {MEASURED} --interface speculator --model MODEL_DIR")),
+        "{check}"
+    );
+
+    // --interface speculator needs real weights, and --model a workload that measures.
+    let out = monogen(repo.path(), &["bench", MEASURED, "--interface", "speculator"]);
+    assert!(!out.status.success() && stderr(&out).contains("add --model DIR"), "{}", stderr(&out));
+    let out = monogen(repo.path(), &["bench", WORKLOAD, "--model", &model]);
+    assert!(
+        !out.status.success() && stderr(&out).contains("names its speculator itself"),
+        "{}",
+        stderr(&out)
+    );
+
+    // The measurement: each candidate's crate decodes the typical text in interleaved rounds.
+    let out = monogen(
+        repo.path(),
+        &["bench", MEASURED, "--interface", "speculator", "--model", &model, "--confirm-rounds", "3"],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let report = stdout(&out);
+    eprintln!("{report}");
+    assert!(report.contains("none ") && report.contains("prompt lookup, 2 drafts"), "{report}");
+    assert!(report.contains("build chooses: "), "{report}");
+    let file = repo.path().join(format!("rankings/{class}/speculation.toml"));
+    let db: toml::Table = toml::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
+    let records = db["record"].as_array().unwrap();
+    assert_eq!(records.len(), 2, "{records:?}");
+    for r in records {
+        assert_eq!(r["rounds_ns"].as_array().unwrap().len(), 3, "{r}");
+        assert!(
+            r["generated"].as_integer().unwrap() > 0 && r["prompt_tokens"].as_integer().unwrap() > 20,
+            "{r}"
+        );
+    }
+    // The text repeats itself: prompt lookup finds drafts, and keeps some.
+    let two = records.iter().find(|r| r["draft_tokens"].as_integer() == Some(2)).unwrap();
+    assert!(two["drafted"].as_integer().unwrap() > 0 && two["accepted"].as_integer().unwrap() > 0, "{two}");
+
+    // Records where prompt lookup is twice as fast: build speculates, and check says why first.
+    set_speculation_rounds(repo.path(), &class, 0, &[1000, 1010, 990]);
+    set_speculation_rounds(repo.path(), &class, 2, &[500, 505, 495]);
+    let check = stdout(&monogen(repo.path(), &["check", MEASURED]));
+    assert!(
+        check.contains("speculation: the measured choice changed from none to prompt-lookup, 2 drafts"),
+        "{check}"
+    );
+    assert!(monogen(repo.path(), &["build", MEASURED]).status.success());
+    assert!(lib().contains("pub const DRAFT_TOKENS: usize = 2;"), "{}", lib());
+    assert!(lock().contains("speculation = \"prompt-lookup, 2 drafts\""), "{}", lock());
+    let explain = stdout(&monogen(repo.path(), &["explain", MEASURED]));
+    assert!(explain.contains("chosen: prompt lookup with 2 drafts: 2.00x none's speed"), "{explain}");
+
+    // Where it is slower, the authority turns it off: no speculation code at all.
+    set_speculation_rounds(repo.path(), &class, 2, &[1500, 1490, 1510]);
+    assert!(monogen(repo.path(), &["build", MEASURED]).status.success());
+    let generate = std::fs::read_to_string(crate_dir.join("src/generate.rs")).unwrap();
+    assert!(!lib().contains("DRAFT_TOKENS") && !generate.contains("fn speculate"), "{}", lib());
+    let explain = stdout(&monogen(repo.path(), &["explain", MEASURED]));
+    assert!(explain.contains("prompt lookup with 2 drafts 1.5 µs (0.67x none's speed"), "{explain}");
+    assert!(explain.contains("chosen: none: no speculating candidate beats it"), "{explain}");
+
+    // Another typical text makes the records stale.
+    measured_workload(repo.path(), "Once upon a time, there was a little girl named Lily.");
+    let explain = stdout(&monogen(repo.path(), &["explain", MEASURED]));
+    assert!(
+        explain.contains("its records on") && explain.contains("are stale: the typical text changed"),
+        "{explain}"
+    );
+}

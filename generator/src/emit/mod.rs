@@ -203,6 +203,10 @@ pub fn emit(plan: &Plan, registry: &Registry, templates: &Templates) -> Result<O
         format: crate::lock::FORMAT,
         monogen: MONOGEN_VERSION.to_string(),
         workload_sha256: plan.workload_sha256.clone(),
+        speculation: match &plan.consts {
+            crate::plan::Consts::Llama(c) => c.speculation_measured.as_ref().map(|m| m.chosen.clone()),
+            crate::plan::Consts::Bert(_) => None,
+        },
         choice: plan
             .interfaces
             .iter()
