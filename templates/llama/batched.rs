@@ -58,6 +58,17 @@ impl Sequence {
         self.pos = self.pos.min(len);
     }
 
+    /// Holds the first `len` positions of `from`, copied: the start that another sequence
+    /// shares, whose keys and values depend only on the tokens up to them. `from` keeps them.
+    #[only_if(prefix_cache)]
+    pub fn copy_start(&mut self, from: &Sequence, len: usize) {
+        let len = len.min(from.pos);
+        for (to, from) in self.kv.iter_mut().zip(&from.kv) {
+            __slot!(copy_layer);
+        }
+        self.pos = len;
+    }
+
     /// Whether `tokens` can run at the next positions: not empty, every id in the
     /// vocabulary, and room for all of them in the KV cache.
     pub fn check(&self, tokens: &[u32]) -> Result<(), Error> {

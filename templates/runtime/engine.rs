@@ -193,7 +193,7 @@ struct Scheduler {
 
 /// A finished request's KV cache, kept with the tokens it holds (the prefix cache of
 /// `request.shared_prefix_len`): a request that starts with at least PREFIX_CACHE_MIN of them
-/// takes the cache and reads only the rest of its prompt. The keys and values of a position
+/// takes a copy of that start and reads only the rest of its prompt. The keys and values of a position
 /// depend only on the tokens up to it, so its tokens are the same. Kept caches count among the
 /// KV_SLOTS; the least recently used one is given up first when a request needs a cache, and a
 /// cache a request holds never is.
@@ -351,28 +351,71 @@ impl Scheduler {
     }
 
     /// For the most urgent waiting request, the kept cache that holds the longest start of its
-    /// tokens, if at least PREFIX_CACHE_MIN: cut to that start (and to one token short of all of
-    /// them, whose logits are needed), its positions counted as read.
+    /// tokens, if at least PREFIX_CACHE_MIN: that start (up to one token short of all of them,
+    /// whose logits are needed), its positions counted as read. The start is copied into a
+    /// cache to be had without taking one from a request (a free one, a new one, or the least
+    /// recently used other kept one), so that the kept cache stays for the next request that
+    /// shares it (a system prompt, the turns of a chat); where none is, the kept cache moves.
     #[only_if(prefix_cache)]
     fn take_prefix(&mut self) -> Option<Sequence> {
-        let active = &mut self.waiting[0];
-        let common = |kept: &Kept| kept.tokens.iter().zip(&active.tokens).take_while(|(a, b)| a == b).count();
+        let tokens = &self.waiting[0].tokens;
+        let common = |kept: &Kept| kept.tokens.iter().zip(tokens).take_while(|(a, b)| a == b).count();
         let best = self.kept.iter().enumerate().map(|(i, k)| (i, common(k))).max_by_key(|&(_, n)| n);
-        let (best, length) = best.filter(|&(_, n)| n.min(active.tokens.len() - 1) >= PREFIX_CACHE_MIN)?;
-        let length = length.min(active.tokens.len() - 1);
-        let mut sequence = self.kept.swap_remove(best).sequence;
-        sequence.truncate(length);
-        active.fed = length;
+        let (mut best, length) = best.filter(|&(_, n)| n.min(tokens.len() - 1) >= PREFIX_CACHE_MIN)?;
+        let length = length.min(tokens.len() - 1);
+        let copy = match self.free.pop() {
+            Some(sequence) => Some(sequence),
+            None if self.taken() < KV_SLOTS => Some(Sequence::new()),
+            None if self.kept.len() > 1 => {
+                let oldest = (0..self.kept.len())
+                    .filter(|&i| i != best)
+                    .min_by_key(|&i| self.kept[i].used)
+                    .expect("another cache is kept");
+                let sequence = self.kept.swap_remove(oldest).sequence;
+                // the last one took the given-up one's place
+                if best == self.kept.len() {
+                    best = oldest;
+                }
+                self.metrics.prefix_evictions.fetch_add(1, Ordering::Relaxed);
+                Some(sequence)
+            }
+            None => None,
+        };
+        let sequence = match copy {
+            Some(mut sequence) => {
+                let kept = &mut self.kept[best];
+                sequence.copy_start(&kept.sequence, length);
+                kept.used = self.arrivals;
+                sequence
+            }
+            None => {
+                let mut sequence = self.kept.swap_remove(best).sequence;
+                sequence.truncate(length);
+                sequence
+            }
+        };
+        self.waiting[0].fed = length;
         self.metrics.prefix_hits.fetch_add(1, Ordering::Relaxed);
         self.metrics.prefix_reused_tokens.fetch_add(length as u64, Ordering::Relaxed);
         Some(sequence)
     }
 
     /// Keeps the KV cache of a finished request that held `tokens`, for those that start
-    /// with them.
+    /// with them. A kept cache whose tokens all start these serves no request that this one
+    /// does not serve as well: it is freed.
     #[only_if(prefix_cache)]
     fn keep(&mut self, mut tokens: Vec<u32>, sequence: Sequence) {
         tokens.truncate(sequence.position());
+        let mut i = 0;
+        while i < self.kept.len() {
+            if tokens.starts_with(&self.kept[i].tokens) {
+                let mut covered = self.kept.swap_remove(i).sequence;
+                covered.reset();
+                self.free.push(covered);
+            } else {
+                i += 1;
+            }
+        }
         self.kept.push(Kept { tokens, sequence, used: self.arrivals });
     }
 

@@ -987,11 +987,25 @@ fn prefix_cached_requests_equal_the_sequences_run_alone() {
     }
     assert!(reused() >= 3.0 * shared.len() as f64, "{}", reused());
     // The last prompt again: its request's cache holds all of it, and all but its last token
-    // are taken (a kept cache moves to the request that takes it).
+    // are taken.
     let prompt = prompt_of(&shared, tails[3]);
     let before = reused();
     check(&prompt, 12, &complete(&prompt, 12));
     assert_eq!(reused() - before, (prompt.len() - 1) as f64);
+
+    // Six at once that share the start, with four kept caches that hold it: each takes a copy
+    // of the start, and the kept caches stay for the next (moved, the last two would miss).
+    let before = hits();
+    let together: Vec<Vec<u32>> =
+        (0..6).map(|i| prompt_of(&shared, &format!("{} {i}", tails[i % 4]))).collect();
+    let answers: Vec<Answer> = std::thread::scope(|s| {
+        let handles: Vec<_> = together.iter().map(|p| s.spawn(move || complete(p, 8))).collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for (prompt, answer) in together.iter().zip(&answers) {
+        check(prompt, 8, answer);
+    }
+    assert_eq!(hits() - before, 6.0, "every request that shares the start takes it");
 
     // Together, more than the KV slots, with two starts and the same prompts three times.
     let other =
@@ -1048,9 +1062,9 @@ fn prefix_cached_requests_equal_the_sequences_run_alone() {
         check(&prompt, 6, &complete(&prompt, 6));
     }
     assert!(metric(addr, "monogen_prefix_cache_evictions_total") - evictions >= 4.0);
-    // Each of the 35 requests counted once, when it got its cache (not while it waited: 12
+    // Each of the 41 requests counted once, when it got its cache (not while it waited: 12
     // came together for 8 slots).
-    assert_eq!(hits() + metric(addr, "monogen_prefix_cache_misses_total"), 35.0);
+    assert_eq!(hits() + metric(addr, "monogen_prefix_cache_misses_total"), 41.0);
     assert!(metric(addr, "monogen_kv_cache_usage_ratio") <= 1.0);
 
     // The base crate generates no prefix cache.

@@ -379,6 +379,18 @@ fn model_rs(plan: &Plan, c: &LlamaConsts, templates: &Templates) -> Result<Strin
     // The batch's buffers are not tied to one sequence's cache.
     slots.remove("new_keys");
     slots.remove("new_values");
+    // A prefix cache copies a kept start layer by layer: a bfloat16 cache's values
+    // widen exactly to f32, which `store` rounds back to themselves.
+    if c.prefix_cache_min().is_some() {
+        let copy_layer = match c.kv_dtype {
+            KvDtype::F32 => quote!(to.store(0, from.keys(len), from.values(len));),
+            KvDtype::Bf16 => quote! {
+                let widen = |bits: &[u16]| -> Vec<f32> { bits.iter().map(|&b| f32::from_bits(u32::from(b) << 16)).collect() };
+                to.store(0, &widen(from.keys(len)), &widen(from.values(len)));
+            },
+        };
+        slots.insert("copy_layer", copy_layer);
+    }
     let session = |item: &syn::Item| match item {
         syn::Item::Struct(s) => s.ident == "Session",
         syn::Item::Impl(i) => {
