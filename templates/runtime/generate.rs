@@ -143,7 +143,13 @@ impl Session<'_> {
         let mut token = sample::<VOCAB_SIZE>(logits, params.temperature, params.top_k, params.top_p, rng.next_f32(), &mut scratch);
         let prefill_ms = started.elapsed().as_secs_f64() * 1000.0;
         #[only_if(speculation)]
+        #[only_if(not(prefix_cache))]
         let mut spec = Speculation::new(prompt, token);
+        // the lookup reads all the session holds: the start `generate_anew` kept (the system
+        // prompt, the earlier turns) as well as the prompt
+        #[only_if(speculation)]
+        #[only_if(prefix_cache)]
+        let mut spec = Speculation::new(self.held(), token);
 
         let decode_started = Instant::now();
         while generated.len() < params.max_tokens {

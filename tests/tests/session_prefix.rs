@@ -52,6 +52,10 @@ fn generate_anew_keeps_the_shared_start_and_gives_the_tokens_of_a_fresh_session(
         }
         assert_eq!(g.prompt_ids, prompt[g.reused..], "prompt {i}");
         assert_eq!(g.generated_ids, fresh(&reference, prompt, 30), "prompt {i}");
+        // Prompt lookup reads the kept start too: it drafts as a fresh session given the
+        // whole prompt does.
+        let whole = model.session().generate(prompt, &params, |_| true).unwrap();
+        assert_eq!((g.drafted, g.accepted), (whole.drafted, whole.accepted), "prompt {i}");
         assert_eq!(session.held().len(), session.position());
         assert_eq!(session.held()[..prompt.len()], prompt[..], "prompt {i}");
     }
