@@ -246,6 +246,10 @@ struct InitArgs {
     /// With --speculate: tokens drafted at most per step (speculation.draft_tokens; default 4).
     #[arg(long, value_name = "N", requires = "speculate")]
     draft_tokens: Option<usize>,
+    /// With --speculate: leave the speculator to measurement (`speculator = "measured"`) on the
+    /// text of FILE, the prompt of a typical request (`monogen bench --model DIR` measures it).
+    #[arg(long, value_name = "FILE", requires = "speculate")]
+    typical_text: Option<PathBuf>,
     /// Requests a process serves per load of the model from its checkpoint, if the load
     /// should count in the choice of kernels (1: a process per request); default: not counted.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
@@ -516,6 +520,7 @@ fn init(root: Option<PathBuf>, args: InitArgs) -> Result<ExitCode, Error> {
         serve,
         speculate,
         draft_tokens,
+        typical_text,
         requests_per_load,
         shared_prefix_len,
         hardware,
@@ -536,6 +541,7 @@ fn init(root: Option<PathBuf>, args: InitArgs) -> Result<ExitCode, Error> {
         max_batch,
         serve,
         speculation: speculate.then(|| monogen::workload::Speculation::prompt_lookup(draft_tokens)),
+        typical_text,
         requests_per_load,
         shared_prefix_len,
     };

@@ -1120,6 +1120,36 @@ fn init_writes_a_speculation_table() {
     let lib = std::fs::read_to_string(krate.join("src/lib.rs")).unwrap();
     assert!(lib.contains("pub const DRAFT_TOKENS: usize = 6;"), "{lib}");
 
+    // --typical-text leaves the speculator to measurement on that text.
+    let text = temp.path().join("typical.txt");
+    std::fs::write(&text, "fn main() {\n    println!(\"hello\");\n}\n").unwrap();
+    let measured = temp.path().join("m.toml");
+    let out = monogen(
+        &root,
+        &[
+            &args[..],
+            &["--speculate", "--typical-text", text.to_str().unwrap(), "-o", measured.to_str().unwrap()],
+        ]
+        .concat(),
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let written = std::fs::read_to_string(&measured).unwrap();
+    let w = monogen::workload::WorkloadSource::from_text("m.toml", &written).parse().unwrap();
+    let s = w.speculation.unwrap();
+    assert_eq!(s.speculator, monogen::workload::Speculator::Measured, "{written}");
+    assert_eq!(s.typical_text.as_deref(), Some("fn main() {\n    println!(\"hello\");\n}\n"), "{written}");
+    let explain = stdout(&monogen(&root, &["explain", measured.to_str().unwrap()]));
+    assert!(
+        explain.contains("names no hardware class (target.hardware) whose records choose: no speculation"),
+        "{explain}"
+    );
+    std::fs::write(&text, " \n").unwrap();
+    let out =
+        monogen(&root, &[&args[..], &["--speculate", "--typical-text", text.to_str().unwrap()]].concat());
+    assert!(!out.status.success() && stderr(&out).contains("is empty"), "{}", stderr(&out));
+    let out = monogen(&root, &[&args[..], &["--typical-text", text.to_str().unwrap()]].concat());
+    assert_eq!(out.status.code(), Some(2));
+
     let out = monogen(&root, &[&args[..], &["--draft-tokens", "6"]].concat());
     assert_eq!(out.status.code(), Some(2));
     assert!(stderr(&out).contains("--speculate"), "{}", stderr(&out));

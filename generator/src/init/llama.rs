@@ -382,9 +382,29 @@ fn build(
             ..toml::from_str("").expect("every field of [serving] has a default")
         }),
         quality: opts.quality(false),
-        speculation: opts.speculation.clone(),
+        speculation: speculation(opts)?,
         source: Default::default(),
     })
+}
+
+/// The `[speculation]` table to write: the one asked for, left to measurement on the text of
+/// `opts.typical_text` where that names a file.
+fn speculation(opts: &InitOptions) -> Result<Option<crate::workload::Speculation>, Error> {
+    let (Some(speculation), Some(file)) = (&opts.speculation, &opts.typical_text) else {
+        return Ok(opts.speculation.clone());
+    };
+    let text = std::fs::read_to_string(file).map_err(|e| Error::io(file, e))?;
+    if text.trim().is_empty() {
+        return Err(Error::Refused(format!(
+            "--typical-text {} is empty; it takes a file holding the prompt of a typical request",
+            crate::shown(file)
+        )));
+    }
+    Ok(Some(crate::workload::Speculation {
+        speculator: crate::workload::Speculator::Measured,
+        typical_text: Some(text),
+        ..speculation.clone()
+    }))
 }
 
 /// The chat template of model directory `dir`, as Hugging Face's tokenizer loads it:

@@ -89,6 +89,9 @@ pub struct InitOptions {
     pub serve: bool,
     /// Decoders: the `[speculation]` table to write.
     pub speculation: Option<crate::workload::Speculation>,
+    /// Decoders, with `speculation`: a file whose text is a typical request's prompt, which
+    /// leaves the speculator to measurement (`speculator = "measured"`, `typical_text`).
+    pub typical_text: Option<std::path::PathBuf>,
     /// `request.requests_per_load`: when the load counts in the rankings.
     pub requests_per_load: Option<u64>,
     /// `request.shared_prefix_len` (a decoder's server): the prefix cache.
@@ -113,6 +116,7 @@ impl InitOptions {
             max_batch: None,
             serve: false,
             speculation: None,
+            typical_text: None,
             requests_per_load: None,
             shared_prefix_len: None,
         }
