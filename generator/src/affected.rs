@@ -369,6 +369,13 @@ impl Affected {
                 "  monogen bench {}   # on each workload's hardware class\n",
                 list.join(" ")
             ));
+            // Speculation left to measurement is measured on the model's real weights.
+            for e in self.rebench.iter().filter(|e| e.interfaces.iter().any(|i| i == "speculator")) {
+                s.push_str(&format!(
+                    "  monogen bench {} --interface speculator --model MODEL_DIR   # on its real weights\n",
+                    e.workload
+                ));
+            }
         }
         let list: Vec<&str> = self.regenerate.iter().map(|e| e.workload.as_str()).collect();
         if !list.is_empty() {

@@ -724,6 +724,10 @@ pub struct SpeculationReport {
     /// What the crate holds now, where it has a lock that says.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub crate_has: Option<String>,
+    /// The hardware class the workload names (`target.hardware`, `none` for none), when it is
+    /// not this machine's: `chosen` is then what `build` would choose here, not for the crate.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub workload_hardware: Option<String>,
     pub rankings_written: Vec<String>,
     pub dry_run: bool,
 }
@@ -823,6 +827,7 @@ pub fn bench_speculation(
             Record {
                 workload: key.workload.clone(),
                 shapes: key.shapes.clone(),
+                workload_sha256: key.workload_sha256.clone(),
                 text_sha256: key.text_sha256.clone(),
                 lookup_max: key.lookup_max,
                 lookup_min: key.lookup_min,
@@ -857,8 +862,18 @@ pub fn bench_speculation(
         project.rankings = updated.clone();
     }
     let decision = speculation::decide(&here, &updated, &project.registry).expect("measured");
-    let crate_has =
-        crate::lock::Lock::read(&workload_crate).ok().map(|l| l.speculation.unwrap_or_else(|| "none".into()));
+    let workload_hardware = match &w.target.hardware {
+        None => Some("none".to_string()),
+        Some(c) if *c == class => None,
+        Some(c) => Some(c.clone()),
+    };
+    // A crate of another class is not chosen from these records.
+    let crate_has = match workload_hardware {
+        None => crate::lock::Lock::read(&workload_crate)
+            .ok()
+            .map(|l| l.speculation.unwrap_or_else(|| "none".into())),
+        Some(_) => None,
+    };
     Ok(SpeculationReport {
         workload: w.name.clone(),
         hardware: host,
@@ -866,6 +881,7 @@ pub fn bench_speculation(
         chosen: decision.summary(),
         reason: decision.reason,
         crate_has,
+        workload_hardware,
         rankings_written: written,
         dry_run: options.dry_run,
     })
@@ -926,7 +942,7 @@ impl SpeculationReport {
                 None => "none".to_string(),
                 Some(k) => format!("prompt lookup, {k} drafts"),
             };
-            let mut line = format!("  {what:<26} {:>10} per request", human_ns(r.median_ns as f64));
+            let mut line = format!("  {what:<26} {:>10} decoding", human_ns(r.median_ns as f64));
             if r.candidate().is_some() {
                 let v = rankings::judge_rounds(&r.rounds_ns, &none.rounds_ns);
                 line.push_str(&format!(
@@ -943,7 +959,13 @@ impl SpeculationReport {
             s.push_str(&line);
             s.push('\n');
         }
-        s.push_str(&format!("  build chooses: {}\n", self.chosen));
+        match &self.workload_hardware {
+            None => s.push_str(&format!("  build chooses: {}\n", self.chosen)),
+            Some(other) => s.push_str(&format!(
+                "  on {} build would choose: {}; but the workload names hardware class {other} (target.hardware), whose records choose its crate\n",
+                h.class, self.chosen
+            )),
+        }
         match &self.crate_has {
             Some(has) if *has != self.chosen => {
                 s.push_str(&format!("  the crate has {has}; `monogen build` regenerates it\n"))

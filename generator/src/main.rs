@@ -570,6 +570,19 @@ fn bench(
     model: Option<&Path>,
 ) -> Result<ExitCode, Error> {
     let mut reports = Vec::new();
+    // --model measures speculation: refused before anything is measured where a workload
+    // names its speculator itself.
+    if let Some(model) = model {
+        for (path, _, _) in targets {
+            if monogen::speculation::measured(&project.read_workload(path)?).is_none() {
+                return Err(Error::Refused(format!(
+                    "--model {} is read to measure speculation, and {} names its speculator itself (or has no [speculation]); `speculator = \"measured\"` leaves it to `bench --model`",
+                    shown(model),
+                    shown(path)
+                )));
+            }
+        }
+    }
     for (path, dir, from_crate) in targets {
         let mut options = options.clone();
         if *from_crate {
@@ -586,7 +599,16 @@ fn bench(
                 monogen::plan::Consts::Llama(c) => c.speculation_measured.and_then(|m| m.unmeasured),
                 monogen::plan::Consts::Bert(_) => None,
             });
-            if !stale || unmeasured.is_some() {
+            let here = monogen::host::this_class();
+            let elsewhere = w.target.hardware.as_deref().is_some_and(|class| class != here);
+            if stale && unmeasured.is_some() && elsewhere {
+                eprintln!(
+                    "{}: its speculation lacks a fresh measurement on its hardware class {}, and this machine is {here}: run `monogen bench --stale --model DIR` on a {} machine",
+                    shown(path),
+                    w.target.hardware.as_deref().unwrap_or_default(),
+                    w.target.hardware.as_deref().unwrap_or_default()
+                );
+            } else if !stale || unmeasured.is_some() {
                 let bar = progress_bar(json);
                 let report = monogen::bench::bench_speculation(&mut project, path, model, &options, |p| {
                     show_progress(&bar, path, p)
@@ -597,12 +619,6 @@ fn bench(
                 }
                 reports.push(serde_json::to_value(&report).expect("reports serialize"));
             }
-        } else if let Some(model) = model {
-            return Err(Error::Refused(format!(
-                "--model {} is read to measure speculation, and {} names its speculator itself (or has no [speculation]); `speculator = \"measured\"` leaves it to `bench --model`",
-                shown(model),
-                shown(path)
-            )));
         } else if speculation_only {
             return Err(Error::Refused(format!(
                 "`--interface speculator` measures speculation on real weights: add --model DIR{}",

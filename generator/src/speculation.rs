@@ -27,6 +27,8 @@ pub struct Record {
     pub workload: String,
     /// [`rankings::shapes_signature`] of the workload.
     pub shapes: String,
+    /// sha256 of the rest of the workload ([`Key::of`]): its dtypes, KV cache, batch, serving.
+    pub workload_sha256: String,
     /// sha256 of `speculation.typical_text`.
     pub text_sha256: String,
     pub lookup_max: usize,
@@ -83,6 +85,7 @@ pub(crate) struct RecordFile {
 pub struct Key {
     pub workload: String,
     pub shapes: String,
+    pub workload_sha256: String,
     pub text_sha256: String,
     pub lookup_max: usize,
     pub lookup_min: usize,
@@ -96,9 +99,16 @@ impl Key {
         let source_sha256 = registry
             .implementation("speculator", "prompt-lookup", None)
             .map_or_else(String::new, |imp| rankings::measured_source_sha256(imp, registry));
+        // Everything of the workload but the table being decided and the class it is decided for.
+        let rest = Workload {
+            speculation: None,
+            target: crate::workload::Target { hardware: None, ..w.target.clone() },
+            ..w.clone()
+        };
         Some(Key {
             workload: w.name.clone(),
             shapes: rankings::shapes_signature(w),
+            workload_sha256: sha256_hex(rest.canonical_toml().as_bytes()),
             text_sha256: sha256_hex(s.typical_text.as_deref().unwrap_or_default().as_bytes()),
             lookup_max: s.lookup_max,
             lookup_min: s.lookup_min,
@@ -110,6 +120,7 @@ impl Key {
     pub fn matches(&self, r: &Record) -> bool {
         r.workload == self.workload
             && r.shapes == self.shapes
+            && r.workload_sha256 == self.workload_sha256
             && r.text_sha256 == self.text_sha256
             && r.lookup_max == self.lookup_max
             && r.lookup_min == self.lookup_min
@@ -121,6 +132,8 @@ impl Key {
         let mut out = Vec::new();
         if r.shapes != self.shapes {
             out.push("the shapes");
+        } else if r.workload_sha256 != self.workload_sha256 {
+            out.push("the workload (beyond its [speculation])");
         }
         if r.text_sha256 != self.text_sha256 {
             out.push("the typical text");
@@ -302,6 +315,7 @@ mod tests {
         Record {
             workload: w.name.clone(),
             shapes: key.shapes.clone(),
+            workload_sha256: key.workload_sha256.clone(),
             text_sha256: key.text_sha256.clone(),
             lookup_max: key.lookup_max,
             lookup_min: key.lookup_min,
@@ -384,6 +398,14 @@ mod tests {
         let d = decide(&other, &rankings, &registry).unwrap();
         assert_eq!(d.chosen, None);
         assert!(d.unmeasured.as_deref().unwrap().contains("the typical text changed"), "{d:?}");
+        // So does another KV cache dtype, which the shapes do not name.
+        let mut other = w.clone();
+        other.kv_cache.dtype = crate::workload::KvDtype::Bf16;
+        let d = decide(&other, &rankings, &registry).unwrap();
+        assert!(
+            d.unmeasured.as_deref().unwrap().contains("the workload (beyond its [speculation]) changed"),
+            "{d:?}"
+        );
         // Without a hardware class, none, and nothing to measure.
         let mut unclassed = w.clone();
         unclassed.target.hardware = None;

@@ -222,10 +222,10 @@ impl Speculation {
         self.speculator != Speculator::None
     }
 
-    /// The draft lengths the authority tries for `speculator = "measured"`: 2, 4, 8 and 16 up
-    /// to `draft_tokens`, and `draft_tokens` itself (the most it may draft).
+    /// The draft lengths the authority tries for `speculator = "measured"`: 2, 4 and 8 below
+    /// `draft_tokens`, and `draft_tokens` itself (the most it may draft, at most 16).
     pub fn draft_candidates(&self) -> Vec<usize> {
-        let mut out: Vec<usize> = [2, 4, 8, 16].into_iter().filter(|&k| k < self.draft_tokens).collect();
+        let mut out: Vec<usize> = [2, 4, 8].into_iter().filter(|&k| k < self.draft_tokens).collect();
         out.push(self.draft_tokens);
         out
     }
