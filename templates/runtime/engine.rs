@@ -97,6 +97,7 @@ impl Engine {
             #[only_if(prefix_cache)]
             kept: Vec::new(),
             arrivals: 0,
+            scratch: Vec::with_capacity(VOCAB_SIZE),
         };
         let thread = std::thread::Builder::new()
             .name("engine".into())
@@ -189,6 +190,8 @@ struct Scheduler {
     #[only_if(prefix_cache)]
     kept: Vec<Kept>,
     arrivals: u64,
+    /// The sampler's working space, kept from step to step.
+    scratch: Vec<(f32, u32)>,
 }
 
 /// A finished request's KV cache, kept with the tokens it holds (the prefix cache of
@@ -504,12 +507,16 @@ impl Scheduler {
         let n = runs.len();
         // rows of each run that pick a token: its last, or a verification's
         #[only_if(speculation)]
-        let picks: Vec<usize> = members[..n].iter().map(|&i| 1 + drafts[i]).collect();
+        let mut picks = [0; MAX_BATCH];
+        #[only_if(speculation)]
+        for (pick, &i) in picks.iter_mut().zip(&members[..n]) {
+            *pick = 1 + drafts[i];
+        }
         // The logits borrow the batch, not the sequences.
         #[only_if(not(speculation))]
         let result = batch.step(&mut runs);
         #[only_if(speculation)]
-        let result = batch.step_rows(&mut runs, &picks);
+        let result = batch.step_rows(&mut runs, &picks[..n]);
         drop(runs);
         let logits = match result {
             Ok(logits) => logits,
@@ -525,7 +532,6 @@ impl Scheduler {
         };
         self.metrics.record_step(rows, started.elapsed());
         let mut finished = Vec::new();
-        let mut scratch = Vec::with_capacity(VOCAB_SIZE);
         for (r, &i) in members[..n].iter().enumerate() {
             // the rows of the logits that pick this run's tokens
             #[only_if(not(speculation))]
@@ -544,14 +550,17 @@ impl Scheduler {
             active.fed = ends[i];
             // the drafted tokens leave the tokens again: each stays only as the model's pick
             #[only_if(speculation)]
-            let drafted = if drafts[i] > 0 {
-                self.metrics.drafted_tokens.fetch_add(drafts[i] as u64, Ordering::Relaxed);
-                let drafted = active.tokens.split_off(active.fed - drafts[i]);
-                active.fed = active.tokens.len();
-                drafted
-            } else {
-                Vec::new()
-            };
+            let mut drafted = [0; DRAFT_TOKENS];
+            #[only_if(speculation)]
+            let drafted = &mut drafted[..drafts[i]];
+            #[only_if(speculation)]
+            if !drafted.is_empty() {
+                self.metrics.drafted_tokens.fetch_add(drafted.len() as u64, Ordering::Relaxed);
+                let from = active.fed - drafted.len();
+                drafted.copy_from_slice(&active.tokens[from..active.fed]);
+                active.tokens.truncate(from);
+                active.fed = from;
+            }
             if active.fed < active.tokens.len() {
                 continue;
             }
@@ -564,7 +573,7 @@ impl Scheduler {
                     params.top_k,
                     params.top_p,
                     active.rng.next_f32(),
-                    &mut scratch,
+                    &mut self.scratch,
                 );
                 // a drafted token that is the model's pick: the next row picks after it
                 #[only_if(speculation)]
