@@ -969,6 +969,7 @@ fn speculation_left_to_measurement_is_timed_on_real_weights_and_chosen_by_the_fl
     // The text repeats itself: prompt lookup finds drafts, and keeps some.
     let two = records.iter().find(|r| r["draft_tokens"].as_integer() == Some(2)).unwrap();
     assert!(two["drafted"].as_integer().unwrap() > 0 && two["accepted"].as_integer().unwrap() > 0, "{two}");
+    prompts_file_runs_each_prompt_after_the_start_it_shares(&model);
 
     // Records where prompt lookup is twice as fast: build speculates, and check says why first.
     set_speculation_rounds(repo.path(), &class, 0, &[1000, 1010, 990]);
@@ -1000,4 +1001,42 @@ fn speculation_left_to_measurement_is_timed_on_real_weights_and_chosen_by_the_fl
         explain.contains("its records on") && explain.contains("are stale: the typical text changed"),
         "{explain}"
     );
+}
+
+/// The command line of a crate with a prefix cache (`shared_prefix_len`): `--prompts FILE` runs
+/// each line in one session, keeping the start it shares with the one before, with the tokens
+/// a run of that prompt alone gives. Run on the binary `bench --model` built for 2 drafts.
+fn prompts_file_runs_each_prompt_after_the_start_it_shares(model: &str) {
+    let exe = workspace_root().join("target/monogen-bench-tests/crates/release/stories260k-measured-spec-k2");
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("prompts.txt");
+    let start = "Once upon a time, there was a little girl named Lily. She loved to play outside";
+    let lines = [
+        format!("{start} in the park."),
+        String::new(),
+        format!("{start} with her dog."),
+        format!("{start}."),
+    ];
+    std::fs::write(&file, lines.join("\n")).unwrap();
+    let run = |args: &[&str]| {
+        Command::new(&exe).args(["--model", model, "--max-tokens", "12"]).args(args).output().unwrap()
+    };
+    let out = run(&["--prompts", file.to_str().unwrap(), "--json"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let reports: Vec<serde_json::Value> =
+        stdout(&out).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(reports.len(), 3, "one line each, the empty line skipped: {}", stdout(&out));
+    assert_eq!(reports[0]["reused"], 0);
+    for (i, report) in reports.iter().enumerate() {
+        let prompt = report["prompt"].as_str().unwrap();
+        if i > 0 {
+            assert!(report["reused"].as_u64().unwrap() >= 16, "{report}");
+        }
+        let alone: serde_json::Value =
+            serde_json::from_slice(&run(&["--prompt", prompt, "--json"]).stdout).unwrap();
+        assert_eq!(report["generated_ids"], alone["generated_ids"], "{prompt}");
+    }
+    let out = run(&["--prompts", dir.path().join("missing.txt").to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(3));
+    assert!(stderr(&out).contains("missing.txt"), "{}", stderr(&out));
 }

@@ -14,10 +14,17 @@ use serde_json::{Map, Value, json};
 use __crate::tokenizer::TextStream;
 use __crate::{Error, GenerateParams, Model, Tokenizer, WORKLOAD};
 
+/// The options that say what to run: exactly one of them.
+#[only_if(not(prefix_cache))]
+const INPUTS: [&str; 3] = ["prompt", "prompt_ids", "save_model"];
+/// The options that say what to run: exactly one of them.
+#[only_if(prefix_cache)]
+const INPUTS: [&str; 4] = ["prompt", "prompt_ids", "prompts", "save_model"];
+
 /// Generates text with the model this crate was generated for.
 #[derive(Parser)]
 #[command(version, about, long_about = None)]
-#[command(group(clap::ArgGroup::new("input").required(true).args(["prompt", "prompt_ids", "save_model"])))]
+#[command(group(clap::ArgGroup::new("input").required(true).args(INPUTS)))]
 struct Args {
     /// Model directory holding model.safetensors and tokenizer.json.
     #[arg(long, value_name = "DIR")]
@@ -28,6 +35,12 @@ struct Args {
     /// Prompt token ids, comma-separated, used exactly as given.
     #[arg(long, value_name = "IDS", value_delimiter = ',')]
     prompt_ids: Option<Vec<u32>>,
+    /// A file of prompt texts, one a line (empty lines skipped), run in order in one session:
+    /// each keeps the start it shares with the one before (the prefix cache) and reads only the
+    /// rest. Prints each one's text, or with --json one object a line.
+    #[only_if(prefix_cache)]
+    #[arg(long, value_name = "FILE")]
+    prompts: Option<PathBuf>,
     /// Number of new tokens to generate at most.
     #[arg(long, value_name = "N", default_value_t = 128)]
     max_tokens: usize,
@@ -94,6 +107,10 @@ fn run(args: &Args, started: Instant) -> Result<(), Error> {
     let model = ManuallyDrop::new(Model::load(&args.model)?);
     for warning in model.warnings() {
         eprintln!("warning: {warning}");
+    }
+    #[only_if(prefix_cache)]
+    if let Some(file) = &args.prompts {
+        return run_prompts(args, &model, &tokenizer, &params, file);
     }
     let prompt_ids = match (&args.prompt, &args.prompt_ids) {
         (Some(text), _) if text.is_empty() => return Err(Error::EmptyPrompt),
@@ -165,6 +182,60 @@ fn run(args: &Args, started: Instant) -> Result<(), Error> {
     Ok(())
 }
 
+/// Runs the prompts of `file` in order in one session (`Session::generate_anew`), each after
+/// the start it shares with what the session holds; prints each one's text and a line of
+/// figures (with --json, one object a line).
+#[only_if(prefix_cache)]
+fn run_prompts(
+    args: &Args,
+    model: &Model,
+    tokenizer: &TokenizerThread,
+    params: &GenerateParams,
+    file: &PathBuf,
+) -> Result<(), Error> {
+    let text = std::fs::read_to_string(file).map_err(|source| Error::Io { path: file.clone(), source })?;
+    let tokenizer = tokenizer.get()?;
+    let mut session = model.session();
+    let mut out = io::stdout().lock();
+    for line in text.lines().filter(|line| !line.trim().is_empty()) {
+        let prompt_ids = tokenizer.encode(line)?;
+        let generation = session.generate_anew(&prompt_ids, params, |_| true)?;
+        let completion = tokenizer.decode(&generation.generated_ids)?;
+        let written = if args.json {
+            let report = json!({
+                "workload": WORKLOAD,
+                "prompt": line,
+                "reused": generation.reused,
+                "prompt_ids": prompt_ids,
+                "generated_ids": generation.generated_ids,
+                "text": completion,
+                "stop": generation.stop.as_str(),
+                "prefill_ms": generation.prefill_ms,
+                "decode_ms": generation.decode_ms,
+            });
+            writeln!(out, "{report}")
+        } else {
+            let whole = tokenizer.decode(&[&prompt_ids[..], &generation.generated_ids[..]].concat())?;
+            writeln!(out, "{whole}").and_then(|()| {
+                eprintln!(
+                    "[{} prompt tokens, {} of them kept from the one before: prefill {:.1} ms; {} new tokens; stop: {}]",
+                    prompt_ids.len(),
+                    generation.reused,
+                    generation.prefill_ms,
+                    generation.generated_ids.len(),
+                    generation.stop.as_str()
+                );
+                Ok(())
+            })
+        };
+        // A closed stdout (e.g. `| head`) ends the run without an error.
+        if written.is_err() {
+            return Ok(());
+        }
+    }
+    Ok(())
+}
+
 /// The tokenizer, read on a thread of its own until something first needs it.
 struct TokenizerThread {
     reading: Cell<Option<JoinHandle<Result<Tokenizer, Error>>>>,
@@ -176,6 +247,8 @@ impl TokenizerThread {
     /// what decodes for ids.
     fn spawn(args: &Args) -> TokenizerThread {
         let (dir, encodes) = (args.model.clone(), args.prompt.is_some());
+        #[only_if(prefix_cache)]
+        let encodes = encodes || args.prompts.is_some();
         let reading = std::thread::spawn(move || {
             if encodes { Tokenizer::load_with_encoder(&dir) } else { Tokenizer::load(&dir) }
         });
