@@ -1001,12 +1001,10 @@ fn changes(plan: &Plan, locked: &BTreeMap<String, String>) -> Vec<Change> {
 
 /// Why a flip of `w` cannot be checked end to end, if it cannot: the check runs the crate's
 /// binary on one sequence, which is a decoder's typical request only where it decodes one at a
-/// time.
+/// time (an encoder's binary takes its typical batch of sentences).
 fn unconfirmable(w: &Workload) -> Option<String> {
     match &w.request {
-        crate::workload::Request::Encoder(_) => {
-            Some("an encoder's crate is not timed end to end yet; adopted on the kernels' records".into())
-        }
+        crate::workload::Request::Encoder(_) => None,
         crate::workload::Request::Decoder(r) if r.max_batch > 1 => Some(format!(
             "the end-to-end check runs one sequence, and this workload decodes {} at once; adopted on the kernels' records",
             r.max_batch
@@ -1028,9 +1026,6 @@ fn confirm(
     host: &Host,
     rounds: usize,
 ) -> Result<Confirmation, Error> {
-    let crate::workload::Request::Decoder(request) = &w.request else {
-        unreachable!("unconfirmable() turns encoders away");
-    };
     let dir = bench_dir(project).join("confirm").join(&w.name);
     let target = crates_target_dir(project);
     let mut binaries = Vec::new();
@@ -1063,17 +1058,37 @@ fn confirm(
     if !model.join("model.safetensors").is_file() || !model.join("config.json").is_file() {
         crate::synth::write_model_dir(w, &model, 1)?;
     }
-    let vocab = w.llama().vocab_size;
-    let prompt_len = request.typical_prompt_len.min(request.max_seq_len.saturating_sub(1)).max(1);
-    let ids: Vec<String> =
-        (0..prompt_len).map(|i| (1 + (i * 7919) % vocab.saturating_sub(1).max(1)).to_string()).collect();
-    let ids = ids.join(",");
-    let decode_len = request.typical_decode_len.max(1);
+    // The typical request: a prompt of ids and the decode steps, or a batch of sentences of
+    // the synthetic tokenizer's words (`w5`, `w6`, ...).
+    let time = |exe: &Path| -> Result<u64, Error> {
+        match &w.request {
+            crate::workload::Request::Decoder(request) => {
+                let vocab = w.llama().vocab_size;
+                let prompt_len = request.typical_prompt_len.min(request.max_seq_len.saturating_sub(1)).max(1);
+                let ids: Vec<String> = (0..prompt_len)
+                    .map(|i| (1 + (i * 7919) % vocab.saturating_sub(1).max(1)).to_string())
+                    .collect();
+                time_request(exe, &model, &ids.join(","), request.typical_decode_len.max(1))
+            }
+            crate::workload::Request::Encoder(request) => {
+                let words = w.bert().vocab_size.saturating_sub(5).max(1);
+                let sentences: Vec<String> = (0..request.typical_batch.max(1))
+                    .map(|s| {
+                        (0..request.typical_seq_len.saturating_sub(2).max(1))
+                            .map(|i| format!("w{}", 5 + (s * 31 + i * 7919) % words))
+                            .collect::<Vec<_>>()
+                            .join(" ")
+                    })
+                    .collect();
+                time_encode(exe, &model, &sentences)
+            }
+        }
+    };
     let mut times: [Vec<u64>; 2] = [Vec::new(), Vec::new()];
     for round in 0..rounds {
         let order: [usize; 2] = if round % 2 == 0 { [0, 1] } else { [1, 0] };
         for side in order {
-            times[side].push(time_request(&binaries[side], &model, &ids, decode_len)?);
+            times[side].push(time(&binaries[side])?);
         }
     }
     let verdict = rankings::judge_rounds(&times[1], &times[0]);
@@ -1128,6 +1143,27 @@ fn run_json(
         (Some(report), true) => Ok(report),
         _ => Err(Error::Refused(format!(
             "{} failed on {weights}: {}",
+            exe.display(),
+            String::from_utf8_lossy(&out.stderr).trim_end()
+        ))),
+    }
+}
+
+/// Nanoseconds of one call of an encoder's crate binary `exe` on `model` with `sentences`, as
+/// it reports them (tokenizing and loading left out).
+fn time_encode(exe: &Path, model: &Path, sentences: &[String]) -> Result<u64, Error> {
+    let mut command = Command::new(exe);
+    command.arg("--model").arg(model).arg("--json");
+    for sentence in sentences {
+        command.args(["--text", sentence]);
+    }
+    let out = command.output().map_err(|e| Error::Refused(format!("cannot run {}: {e}", exe.display())))?;
+    let report: Option<serde_json::Value> =
+        String::from_utf8_lossy(&out.stdout).lines().last().and_then(|l| serde_json::from_str(l).ok());
+    match (report.and_then(|r| r["encode_ms"].as_f64()), out.status.success()) {
+        (Some(ms), true) => Ok((ms * 1e6).round() as u64),
+        _ => Err(Error::Refused(format!(
+            "{} failed on synthetic weights: {}",
             exe.display(),
             String::from_utf8_lossy(&out.stderr).trim_end()
         ))),

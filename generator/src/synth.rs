@@ -5,8 +5,10 @@
 //! for a bf16 or int8 workload, as their checkpoints are) drawn
 //! uniformly with the standard deviation of a trained model's linear layers (0.02; norm
 //! weights are 1), written as it is generated so that multi-gigabyte shapes never sit in
-//! memory, and a tokenizer.json that works: a word-level vocabulary of `vocab_size` entries
-//! (`<unk>`, `<s>`, `</s>`, then `w3`, `w4`, ...) split on whitespace.
+//! memory, and a tokenizer.json that works: for a LLaMA model a word-level vocabulary of
+//! `vocab_size` entries (`<unk>`, `<s>`, `</s>`, then `w3`, `w4`, ...) split on whitespace; for
+//! a BERT encoder a WordPiece one (`[PAD]`, `[UNK]`, `[CLS]`, `[SEP]`, `[MASK]`, then `w5`, ...)
+//! that adds `[CLS]` and `[SEP]` as BERT's does.
 
 use std::io::Write;
 use std::path::Path;
@@ -60,6 +62,93 @@ fn llama_tensors(w: &Workload) -> Vec<TensorSpec> {
     }
     specs.sort_by(|a, b| a.name.cmp(&b.name));
     specs
+}
+
+/// The tensors of a BERT workload (the encoder, without the classification pooler), sorted by
+/// name. LayerNorm weights are 1.
+fn bert_tensors(w: &Workload) -> Vec<TensorSpec> {
+    let m = w.bert();
+    let (d, h) = (m.hidden_size, m.intermediate_size);
+    let mut specs = vec![
+        ("embeddings.word_embeddings.weight".to_string(), vec![m.vocab_size, d], false),
+        ("embeddings.position_embeddings.weight".into(), vec![m.max_position_embeddings, d], false),
+        ("embeddings.token_type_embeddings.weight".into(), vec![m.type_vocab_size, d], false),
+        ("embeddings.LayerNorm.weight".into(), vec![d], true),
+        ("embeddings.LayerNorm.bias".into(), vec![d], false),
+    ];
+    for l in 0..m.num_layers {
+        let p = format!("encoder.layer.{l}");
+        for (linear, rows, cols) in [
+            ("attention.self.query", d, d),
+            ("attention.self.key", d, d),
+            ("attention.self.value", d, d),
+            ("attention.output.dense", d, d),
+            ("intermediate.dense", h, d),
+            ("output.dense", d, h),
+        ] {
+            specs.push((format!("{p}.{linear}.weight"), vec![rows, cols], false));
+            specs.push((format!("{p}.{linear}.bias"), vec![rows], false));
+        }
+        for norm in ["attention.output.LayerNorm", "output.LayerNorm"] {
+            specs.push((format!("{p}.{norm}.weight"), vec![d], true));
+            specs.push((format!("{p}.{norm}.bias"), vec![d], false));
+        }
+    }
+    let mut specs: Vec<TensorSpec> =
+        specs.into_iter().map(|(name, shape, ones)| TensorSpec { name, shape, ones }).collect();
+    specs.sort_by(|a, b| a.name.cmp(&b.name));
+    specs
+}
+
+/// config.json of a BERT workload, as transformers would read it.
+fn bert_config(w: &Workload) -> Value {
+    let m = w.bert();
+    json!({
+        "architectures": ["BertModel"],
+        "model_type": "bert",
+        "hidden_size": m.hidden_size,
+        "intermediate_size": m.intermediate_size,
+        "num_hidden_layers": m.num_layers,
+        "num_attention_heads": m.num_heads,
+        "vocab_size": m.vocab_size,
+        "max_position_embeddings": m.max_position_embeddings,
+        "type_vocab_size": m.type_vocab_size,
+        "layer_norm_eps": m.layer_norm_eps,
+        "hidden_act": "gelu",
+        "pad_token_id": 0,
+        "torch_dtype": if file_is_bf16(w) { "bfloat16" } else { "float32" },
+    })
+}
+
+/// A WordPiece tokenizer.json with `vocab_size` entries that adds [CLS] and [SEP], as BERT's.
+fn bert_tokenizer(vocab_size: usize) -> Value {
+    const SPECIAL: [&str; 5] = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"];
+    let mut vocab = serde_json::Map::new();
+    for id in 0..vocab_size {
+        let token = SPECIAL.get(id).map_or_else(|| format!("w{id}"), |s| s.to_string());
+        vocab.insert(token, json!(id));
+    }
+    let special = |id: usize| json!({ "id": id, "content": SPECIAL[id], "single_word": false, "lstrip": false, "rstrip": false, "normalized": false, "special": true });
+    let token = |id: usize| json!({ "SpecialToken": { "id": SPECIAL[id], "type_id": 0 } });
+    json!({
+        "version": "1.0",
+        "truncation": null,
+        "padding": null,
+        "added_tokens": (0..SPECIAL.len().min(vocab_size)).map(special).collect::<Vec<_>>(),
+        "normalizer": { "type": "BertNormalizer", "clean_text": true, "handle_chinese_chars": true, "strip_accents": null, "lowercase": true },
+        "pre_tokenizer": { "type": "BertPreTokenizer" },
+        "post_processor": {
+            "type": "TemplateProcessing",
+            "single": [token(2), { "Sequence": { "id": "A", "type_id": 0 } }, token(3)],
+            "pair": [token(2), { "Sequence": { "id": "A", "type_id": 0 } }, token(3), { "Sequence": { "id": "B", "type_id": 1 } }, { "SpecialToken": { "id": "[SEP]", "type_id": 1 } }],
+            "special_tokens": {
+                "[CLS]": { "id": "[CLS]", "ids": [2], "tokens": ["[CLS]"] },
+                "[SEP]": { "id": "[SEP]", "ids": [3], "tokens": ["[SEP]"] }
+            }
+        },
+        "decoder": { "type": "WordPiece", "prefix": "##", "cleanup": true },
+        "model": { "type": "WordPiece", "unk_token": "[UNK]", "continuing_subword_prefix": "##", "max_input_chars_per_word": 100, "vocab": vocab }
+    })
 }
 
 /// config.json of a LLaMA workload, as transformers would read it.
@@ -120,26 +209,51 @@ fn tokenizer(vocab_size: usize) -> Value {
 /// Writes config.json, model.safetensors and tokenizer.json for `w` into `dir`; returns the
 /// number of parameters written.
 pub fn write_model_dir(w: &Workload, dir: &Path, seed: u64) -> Result<u64, Error> {
-    let Model::Llama(m) = &w.model else {
-        return Err(Error::Refused(format!(
-            "synth-weights writes LLaMA models for now; `{}` is a {} workload",
-            w.name,
-            w.model.architecture().as_str()
-        )));
-    };
     let write_json = |name: &str, value: &Value| {
         let text = serde_json::to_string_pretty(value).expect("JSON serializes") + "\n";
         crate::write::write_file(&dir.join(name), text.as_bytes())
     };
-    write_json("config.json", &llama_config(w))?;
-    write_json("tokenizer.json", &tokenizer(m.vocab_size))?;
+    let specs = match &w.model {
+        Model::Llama(m) => {
+            write_json("config.json", &llama_config(w))?;
+            write_json("tokenizer.json", &tokenizer(m.vocab_size))?;
+            llama_tensors(w)
+        }
+        Model::Bert(m) => {
+            write_json("config.json", &bert_config(w))?;
+            write_json("tokenizer.json", &bert_tokenizer(m.vocab_size))?;
+            // sentence-transformers' modules: the pooling and normalization `init` reads back.
+            let mut modules = vec![
+                json!({ "idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer" }),
+            ];
+            if m.pooling != crate::workload::Pooling::None {
+                modules.push(json!({ "idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling" }));
+                let mean = m.pooling == crate::workload::Pooling::Mean;
+                write_json(
+                    "1_Pooling/config.json",
+                    &json!({
+                        "word_embedding_dimension": m.hidden_size,
+                        "pooling_mode_cls_token": !mean,
+                        "pooling_mode_mean_tokens": mean,
+                        "pooling_mode_max_tokens": false,
+                        "pooling_mode_mean_sqrt_len_tokens": false
+                    }),
+                )?;
+            }
+            if m.normalize {
+                let idx = modules.len();
+                modules.push(json!({ "idx": idx, "name": idx.to_string(), "path": "2_Normalize", "type": "sentence_transformers.models.Normalize" }));
+            }
+            write_json("modules.json", &Value::Array(modules))?;
+            bert_tensors(w)
+        }
+    };
 
     // The file holds what a checkpoint for the workload would: bfloat16 for a bf16 workload
     // (its crate then maps the matrices in place) and for an int8 one (its crate quantizes
     // them at load, as it would a published bfloat16 checkpoint), f32 otherwise.
     let bf16 = file_is_bf16(w);
     let (dtype, width) = if bf16 { ("BF16", 2) } else { ("F32", 4) };
-    let specs = llama_tensors(w);
     let mut header = serde_json::Map::new();
     let mut offset = 0usize;
     for s in &specs {

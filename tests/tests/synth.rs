@@ -41,6 +41,50 @@ fn synthetic_weights_load_run_and_read_back() {
         max_batch: None,
         serve: false,
         speculation: None,
+        typical_text: None,
+        requests_per_load: None,
+        shared_prefix_len: None,
+    };
+    let back = workload_from_hf(dir.path(), &opts).unwrap();
+    assert_eq!(back.model, workload.model);
+}
+
+/// A BERT encoder's synthetic weights load in its crate, its WordPiece tokenizer adds [CLS] and
+/// [SEP], the crate embeds sentences, and `monogen init` reads the folder back into the same
+/// model (sentence-transformers' pooling and normalization included).
+#[test]
+fn synthetic_bert_weights_load_embed_and_read_back() {
+    use all_minilm_l6_v2_cpu_f32 as minilm;
+    let path = workspace_root().join("workloads/all-minilm-l6-v2-cpu-f32.toml");
+    let workload = WorkloadSource::read(&path).unwrap().parse().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let parameters = monogen::synth::write_model_dir(&workload, dir.path(), 7).unwrap();
+    assert_eq!(parameters, 22_565_376);
+
+    let model = minilm::Model::load(dir.path()).unwrap();
+    let tokenizer = minilm::Tokenizer::load(dir.path()).unwrap();
+    let ids = tokenizer.encode("w5 W9 w100").unwrap();
+    assert_eq!(ids, [2, 5, 9, 100, 3], "[CLS], the words lowercased, [SEP]");
+    let vectors = model.encoder().embed(&[ids, tokenizer.encode("w7").unwrap()]).unwrap();
+    assert_eq!(vectors.len(), 2);
+    assert!(vectors.iter().all(|v| v.len() == minilm::HIDDEN_SIZE && v.iter().all(|x| x.is_finite())));
+    assert_ne!(vectors[0], vectors[1]);
+
+    let opts = InitOptions {
+        name: "synth".into(),
+        dtype: Dtype::F32,
+        activations: monogen::workload::Activations::F32,
+        kv_cache: KvDtype::F32,
+        threads: Some(2),
+        cpu_features: CpuFeatures::parse("x86-64-v3").unwrap(),
+        max_seq_len: None,
+        typical_prompt_len: None,
+        typical_decode_len: None,
+        hardware: None,
+        max_batch: None,
+        serve: false,
+        speculation: None,
+        typical_text: None,
         requests_per_load: None,
         shared_prefix_len: None,
     };
