@@ -7,6 +7,28 @@ use monogen::workload::{Dtype, KvDtype, WorkloadSource};
 use monogen_tests::workspace_root;
 use stories260k_cpu_f32::{GenerateParams, Model, Tokenizer, VOCAB_SIZE};
 
+/// What `monogen init` is given to read a synthetic folder back: f32, nothing optional.
+fn init_options() -> InitOptions {
+    InitOptions {
+        name: "synth".into(),
+        dtype: Dtype::F32,
+        activations: monogen::workload::Activations::F32,
+        kv_cache: KvDtype::F32,
+        threads: Some(2),
+        cpu_features: CpuFeatures::parse("x86-64-v3").unwrap(),
+        max_seq_len: None,
+        typical_prompt_len: None,
+        typical_decode_len: None,
+        hardware: None,
+        max_batch: None,
+        serve: false,
+        speculation: None,
+        typical_text: None,
+        requests_per_load: None,
+        shared_prefix_len: None,
+    }
+}
+
 #[test]
 fn synthetic_weights_load_run_and_read_back() {
     let path = workspace_root().join("workloads/stories260k-cpu-f32.toml");
@@ -27,24 +49,7 @@ fn synthetic_weights_load_run_and_read_back() {
     let generation = model.session().generate(&prompt, &params, |_| true).unwrap();
     assert!(!generation.generated_ids.is_empty());
 
-    let opts = InitOptions {
-        name: "synth".into(),
-        dtype: Dtype::F32,
-        activations: monogen::workload::Activations::F32,
-        kv_cache: KvDtype::F32,
-        threads: Some(2),
-        cpu_features: CpuFeatures::parse("x86-64-v3").unwrap(),
-        max_seq_len: None,
-        typical_prompt_len: None,
-        typical_decode_len: None,
-        hardware: None,
-        max_batch: None,
-        serve: false,
-        speculation: None,
-        typical_text: None,
-        requests_per_load: None,
-        shared_prefix_len: None,
-    };
+    let opts = init_options();
     let back = workload_from_hf(dir.path(), &opts).unwrap();
     assert_eq!(back.model, workload.model);
 }
@@ -70,24 +75,7 @@ fn synthetic_bert_weights_load_embed_and_read_back() {
     assert!(vectors.iter().all(|v| v.len() == minilm::HIDDEN_SIZE && v.iter().all(|x| x.is_finite())));
     assert_ne!(vectors[0], vectors[1]);
 
-    let opts = InitOptions {
-        name: "synth".into(),
-        dtype: Dtype::F32,
-        activations: monogen::workload::Activations::F32,
-        kv_cache: KvDtype::F32,
-        threads: Some(2),
-        cpu_features: CpuFeatures::parse("x86-64-v3").unwrap(),
-        max_seq_len: None,
-        typical_prompt_len: None,
-        typical_decode_len: None,
-        hardware: None,
-        max_batch: None,
-        serve: false,
-        speculation: None,
-        typical_text: None,
-        requests_per_load: None,
-        shared_prefix_len: None,
-    };
+    let opts = init_options();
     let back = workload_from_hf(dir.path(), &opts).unwrap();
     assert_eq!(back.model, workload.model);
 }
