@@ -197,20 +197,31 @@ pub fn decide(w: &Workload, rankings: &Rankings, registry: &Registry) -> Option<
         });
     };
     let all = rankings.speculation.get(class).map_or(&[][..], Vec::as_slice);
-    let mine: Vec<&Record> = all.iter().filter(|r| key.matches(r)).collect();
+    // A toolchain the repository pins (rust-toolchain.toml) stales records of another, as it
+    // does kernels' records.
+    let pinned = |r: &Record| {
+        rankings.current.rustc_pin.as_ref().is_none_or(|(pin, _)| rankings::rustc_release(&r.rustc) == pin)
+    };
+    let mine: Vec<&Record> = all.iter().filter(|r| key.matches(r) && pinned(r)).collect();
     let missing: Vec<String> = candidates(s)
         .into_iter()
         .filter(|c| !mine.iter().any(|r| r.candidate() == *c))
         .map(|c| c.map_or_else(|| "none".to_string(), |k| format!("{k} drafts")))
         .collect();
     if !missing.is_empty() {
-        let stale: Vec<&str> = all
+        let mut stale: Vec<String> = all
             .iter()
             .filter(|r| r.workload == key.workload && !key.matches(r))
             .flat_map(|r| key.differences(r))
+            .map(str::to_string)
             .collect::<std::collections::BTreeSet<_>>()
             .into_iter()
             .collect();
+        if let Some((pin, file)) = &rankings.current.rustc_pin
+            && all.iter().any(|r| r.workload == key.workload && key.matches(r) && !pinned(r))
+        {
+            stale.push(format!("the toolchain ({file} pins rustc {pin})"));
+        }
         let why = if stale.is_empty() {
             format!("not measured on {class} (missing: {})", missing.join(", "))
         } else {
@@ -404,6 +415,17 @@ mod tests {
         let d = decide(&other, &rankings, &registry).unwrap();
         assert!(
             d.unmeasured.as_deref().unwrap().contains("the workload (beyond its [speculation]) changed"),
+            "{d:?}"
+        );
+        // A pinned toolchain other than the records' stales them too.
+        let mut pinned = rankings.clone();
+        pinned.current.rustc_pin = Some(("1.99.0".into(), "rust-toolchain.toml".into()));
+        let d = decide(&w, &pinned, &registry).unwrap();
+        assert!(
+            d.unmeasured
+                .as_deref()
+                .unwrap()
+                .contains("the toolchain (rust-toolchain.toml pins rustc 1.99.0) changed"),
             "{d:?}"
         );
         // Without a hardware class, none, and nothing to measure.
