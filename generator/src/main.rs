@@ -595,10 +595,9 @@ fn bench(
         let speculation_only = !options.only.is_empty() && options.only.iter().all(|i| i == "speculator");
         options.only.retain(|i| i != "speculator");
         if let (Some(model), true) = (model, measured) {
-            let unmeasured = project.plan_for(&w, path, dir).ok().and_then(|p| match p.consts {
-                monogen::plan::Consts::Llama(c) => c.speculation_measured.and_then(|m| m.unmeasured),
-                monogen::plan::Consts::Bert(_) => None,
-            });
+            // What `check` would ask for: whether the workload's class lacks a fresh measurement.
+            let unmeasured = monogen::speculation::decide(&w, &project.rankings, &project.registry)
+                .and_then(|d| d.unmeasured);
             let here = monogen::host::this_class();
             let elsewhere = w.target.hardware.as_deref().is_some_and(|class| class != here);
             if stale && unmeasured.is_some() && elsewhere {
