@@ -204,7 +204,7 @@ struct InitArgs {
     /// Where to write the workload; standard output when omitted.
     #[arg(short, long, value_name = "FILE")]
     output: Option<PathBuf>,
-    /// Weight dtype: f32, bf16, or int8 (blockwise, quantized at load); f16 is planned.
+    /// Weight dtype: f32, bf16, int8 or int4 (blockwise, quantized at load); f16 is planned.
     #[arg(long, default_value = "f32", value_parser = parse_dtype)]
     dtype: Dtype,
     /// What the linear layers' products read their activations as: f32, or bf16 (rounded; needs --dtype bf16), one term per activation on AMX tiles.
@@ -274,7 +274,8 @@ fn parse_dtype(s: &str) -> Result<Dtype, String> {
         "bf16" => Ok(Dtype::Bf16),
         "f16" => Ok(Dtype::F16),
         "int8" => Ok(Dtype::Int8),
-        other => Err(format!("unknown dtype `{other}`; use f32, bf16, f16 or int8")),
+        "int4" => Ok(Dtype::Int4),
+        other => Err(format!("unknown dtype `{other}`; use f32, bf16, f16, int8 or int4")),
     }
 }
 
@@ -457,8 +458,8 @@ fn run(cli: Cli) -> Result<ExitCode, Error> {
             let w = project.read_workload(&workload)?;
             let parameters = monogen::synth::write_model_dir(&w, &out, seed)?;
             let (dtype, bytes) = match w.weights.dtype {
-                // Int8 crates quantize a bfloat16 checkpoint at load.
-                monogen::workload::Dtype::Int8 => ("bf16", 2),
+                // Int8 and int4 crates quantize a bfloat16 checkpoint at load.
+                monogen::workload::Dtype::Int8 | monogen::workload::Dtype::Int4 => ("bf16", 2),
                 other => (other.as_str(), other.size() as u64),
             };
             eprintln!(

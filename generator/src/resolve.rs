@@ -263,13 +263,14 @@ pub fn resolve(
     let footprint = footprint(w, &consts);
     if let Consts::Llama(c) = &mut consts {
         c.speculation_measured = decision.map(|d| Box::new(d.into()));
-        // Int8 matrices quantized at load are copies in anonymous memory already, and so are
+        // Int8 and int4 matrices quantized at load are copies in anonymous memory already, and so are
         // the matrices of a matmul that packs its weights. Int8 matrices saved with
         // `--save-model` stay mapped: a TinyLlama int8 crate decoded as fast from the mapping
         // as from a copy (1.007x, 6 rounds), which cost 2.2 s of load (bench/RESULTS.md).
         let packed = crate::plan::matmul_packs_weights(&interfaces);
-        c.resident_weights =
-            w.weights.dtype != Dtype::Int8 && !packed && footprint.weight_bytes >= RESIDENT_WEIGHT_BYTES;
+        c.resident_weights = !matches!(w.weights.dtype, Dtype::Int8 | Dtype::Int4)
+            && !packed
+            && footprint.weight_bytes >= RESIDENT_WEIGHT_BYTES;
     }
     Ok(Plan {
         name: w.name.clone(),
@@ -930,6 +931,7 @@ mod tests {
             ("stories260k-cpu-bf16", "bf16"),
             ("stories260k-cpu-bf16-bf16act", "bf16act"),
             ("stories260k-cpu-int8", "q8"),
+            ("stories260k-cpu-int4", "q4"),
             ("all-minilm-l6-v2-cpu-f32", "f32"),
             ("all-minilm-l6-v2-cpu-bf16", "bf16"),
             ("all-minilm-l6-v2-cpu-int8", "q8"),

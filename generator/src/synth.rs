@@ -175,9 +175,9 @@ fn llama_config(w: &Workload) -> Value {
     })
 }
 
-/// Whether the synthetic file holds bfloat16 (for bf16 and int8 workloads) rather than f32.
+/// Whether the synthetic file holds bfloat16 (for bf16, int8 and int4 workloads) rather than f32.
 fn file_is_bf16(w: &Workload) -> bool {
-    matches!(w.weights.dtype, Dtype::Bf16 | Dtype::Int8)
+    matches!(w.weights.dtype, Dtype::Bf16 | Dtype::Int8 | Dtype::Int4)
 }
 
 /// A word-level tokenizer.json with `vocab_size` entries.

@@ -473,8 +473,8 @@ impl Activations {
     }
 }
 
-/// Weight data types. LLaMA workloads have implementations for `f32`, `bf16` and `int8`
-/// (blockwise, a scale per 32 values), and so have BERT ones. `f16` is part of the schema so that
+/// Weight data types. LLaMA and BERT workloads have implementations for `f32`, `bf16`, `int8`
+/// (blockwise, a scale per 32 values) and `int4` (blockwise too, two values per byte). `f16` is part of the schema so that
 /// workloads can name it and resolution can say what is missing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -483,6 +483,7 @@ pub enum Dtype {
     Bf16,
     F16,
     Int8,
+    Int4,
 }
 
 impl Dtype {
@@ -492,22 +493,26 @@ impl Dtype {
             Dtype::Bf16 => "bf16",
             Dtype::F16 => "f16",
             Dtype::Int8 => "int8",
+            Dtype::Int4 => "int4",
         }
     }
 
-    /// Bytes per weight (int8 counts its payload only; block scales are extra).
+    /// Bytes per value of a KV cache or a file of this type (whole bytes: int4, which packs
+    /// two values in one, counts as the byte it reads them from).
     pub fn size(self) -> usize {
         match self {
             Dtype::F32 => 4,
             Dtype::Bf16 | Dtype::F16 => 2,
-            Dtype::Int8 => 1,
+            Dtype::Int8 | Dtype::Int4 => 1,
         }
     }
 
-    /// Bytes of `parameters` weights in memory: int8 adds an f32 scale per block of 32.
+    /// Bytes of `parameters` weights in memory: int8 adds an f32 scale per block of 32, and
+    /// int4 holds a block of 32 values in 16 bytes and a binary16 scale.
     pub fn bytes(self, parameters: u64) -> u64 {
         match self {
             Dtype::Int8 => parameters + parameters.div_ceil(32) * 4,
+            Dtype::Int4 => parameters.div_ceil(32) * (16 + 2),
             _ => parameters * self.size() as u64,
         }
     }

@@ -129,6 +129,35 @@ pub fn q8_scale(amax: f32) -> f32 {
     }
 }
 
+/// `[n, k]` weights quantized to int4 as the crates quantize them at load (q4_tensor.rs): the
+/// bytes of their four-bit values (16 per block of 32 of a row, GGML's Q4_0 layout) and each
+/// block's binary16 scale (the value of largest magnitude `m` gives `m / -8`, rounded away from
+/// zero). The inputs here are finite and small.
+pub fn q4_quantize(w: &[f32], n: usize, k: usize) -> (Vec<u8>, Vec<u16>) {
+    let blocks = k.div_ceil(32);
+    let (mut values, mut scales) = (vec![0u8; n * blocks * 16], Vec::with_capacity(n * blocks));
+    for (row, bytes) in w.chunks(k).zip(values.chunks_mut(blocks * 16)) {
+        for (b, out) in bytes.chunks_mut(16).enumerate() {
+            let mut block = [0.0f32; 32];
+            let values = &row[b * 32..((b + 1) * 32).min(k)];
+            block[..values.len()].copy_from_slice(values);
+            let m = block.iter().fold(0.0f32, |m, &v| if v.abs() > m.abs() { v } else { m });
+            let magnitude = (m.abs() / 8.0).max(f32::MIN_POSITIVE);
+            // 10 bits of mantissa, rounded up (the values here stay in binary16's normal range).
+            let rounded = f32::from_bits((magnitude.to_bits() + 0x1fff) & !0x1fff);
+            let exponent = ((rounded.to_bits() >> 23) as i32 - 127 + 15).clamp(0, 30) as u16;
+            let sign = if m > 0.0 { 0x8000 } else { 0 };
+            scales.push(sign | (exponent << 10) | ((rounded.to_bits() >> 13) & 0x3ff) as u16);
+            let inverse = if m > 0.0 { -1.0 / rounded } else { 1.0 / rounded };
+            let nibble = |v: f32| ((v * inverse).round_ties_even().clamp(-8.0, 7.0) + 8.0) as u8;
+            for (i, byte) in out.iter_mut().enumerate() {
+                *byte = nibble(block[i]) | (nibble(block[i + 16]) << 4);
+            }
+        }
+    }
+    (values, scales)
+}
+
 /// Ok unless `|got − want| > tolerance · (1 + |want|)` somewhere (NaN included).
 pub fn compare(what: &str, got: &[f32], want: &[f32], tolerance: f32) -> Result<(), String> {
     if got.len() != want.len() {

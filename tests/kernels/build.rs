@@ -368,6 +368,14 @@ fn kernels_module(implementations: &[Implementation], shared_modules: &BTreeMap<
             "(packed, Vec::new())",
             "(w.to_vec(), scales.to_vec())",
         ),
+        (
+            "matmul_q4",
+            "(w, scales): (&[u8], &[u16])",
+            "(Vec<u8>, Vec<u16>)",
+            "(w, scales)",
+            "(packed, Vec::new())",
+            "(w.to_vec(), scales.to_vec())",
+        ),
     ];
     for (family, params, ret, args, read, copy) in layouts {
         writeln!(out, "/// `[n, k]` weights in the layout each `{family}` implementation reads.").unwrap();

@@ -1,7 +1,7 @@
 //! Accuracy of reduced-precision weights, measured rather than assumed: the crates generated
 //! for `stories260k-cpu-bf16` (matrices converted to bfloat16 at load) and
 //! `stories260k-cpu-int8` (matrices quantized to blockwise int8 at load, activations quantized
-//! per block in every product), both for x86-64-v3 (AVX2) so that they run on every machine
+//! per block in every product) and `stories260k-cpu-int4` (matrices in four bits), all for x86-64-v3 (AVX2) so that they run on every machine
 //! that runs the tests, against the f32 crate of the same model, teacher-forced over the
 //! 821 positions of sampled stories: the share of positions where both pick the same
 //! most likely next token, and the mean KL divergence of the reduced-precision next-token
@@ -24,6 +24,7 @@ use stories260k_cpu_bf16_bf16act_amx as bf16act_amx;
 use stories260k_cpu_bf16_bf16act_avx512bf16 as bf16act_dot;
 use stories260k_cpu_f32 as f32m;
 use stories260k_cpu_f32_kv_bf16 as kv_bf16;
+use stories260k_cpu_int4 as int4;
 use stories260k_cpu_int8 as int8;
 
 /// Positions scored: every position of the four sampled stories of [`sequences`], the count
@@ -80,6 +81,11 @@ const BF16_ACTIVATIONS_REORDERED: Measured = Measured { top1: 0.9951, kl: 1.9e-5
 const AMX_REORDERED_LOGITS: f32 = 9e-5;
 /// int8 weights and activations against f32 (`stories260k-cpu-int8`).
 const INT8: Measured = Measured { top1: 0.9866, kl: 1.00e-3 };
+/// int4 weights (GGML's Q4_0 layout) and int8 activations against f32
+/// (`stories260k-cpu-int4`): four bits cost this 260K-parameter model far more than a real one
+/// (bench/RESULTS.md has SmolLM2-135M's). Measured on intel-xeon-2c (2026-12-07, `cargo test
+/// -p monogen-tests --test accuracy int4 -- --nocapture`).
+const INT4: Measured = Measured { top1: 0.7954, kl: 1.47e-1 };
 
 /// The largest gap between two logits of the f32 model at which a reduced-precision crate's
 /// greedy pick may differ from f32's: 3x the one such step of the reference's greedy runs
@@ -302,6 +308,13 @@ fn int8_weights_agree_with_f32_on_top1_and_kl() {
 }
 
 #[test]
+fn int4_weights_agree_with_f32_on_top1_and_kl() {
+    let Some(dir) = model_dir("stories260k") else { return };
+    let model = int4::Model::load(&dir).unwrap();
+    assert_agreement("int4", |ids| model.session().logits_all(ids).unwrap(), INT4);
+}
+
+#[test]
 fn bf16_kv_cache_agrees_with_f32_on_top1_and_kl_in_prefill_and_decode() {
     let Some(dir) = model_dir("stories260k") else { return };
     let model = kv_bf16::Model::load(&dir).unwrap();
@@ -414,4 +427,30 @@ fn int8_load_reports_a_bad_matrix_by_name() {
     edited[at..at + 4].copy_from_slice(&8e6f32.to_le_bytes());
     std::fs::write(temp.path().join("model.safetensors"), edited).unwrap();
     assert!(int8::Model::load(temp.path()).is_ok());
+}
+
+#[test]
+fn int4_load_reports_a_bad_matrix_by_name() {
+    // A value too large for a block's scale (binary16, at most 65504 · 8 = 524032) is an error
+    // naming the matrix, and so is one that is not finite; below it, the block quantizes.
+    let Some(dir) = model_dir("stories260k") else { return };
+    let temp = tempfile::tempdir().unwrap();
+    let bytes = std::fs::read(dir.join("model.safetensors")).unwrap();
+    let header_len = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let header = std::str::from_utf8(&bytes[8..8 + header_len]).unwrap();
+    let json: serde_json::Value = serde_json::from_str(header).unwrap();
+    let name = "model.layers.3.self_attn.o_proj.weight";
+    let at = 8 + header_len + json[name]["data_offsets"][0].as_u64().unwrap() as usize + 4 * 45;
+    for (value, fails) in [(6e5f32, true), (f32::NAN, true), (f32::NEG_INFINITY, true), (-5e5, false)] {
+        let mut edited = bytes.clone();
+        edited[at..at + 4].copy_from_slice(&value.to_le_bytes());
+        std::fs::write(temp.path().join("model.safetensors"), edited).unwrap();
+        let loaded = int4::Model::load(temp.path());
+        if fails {
+            let err = loaded.err().unwrap_or_else(|| panic!("{value} is an error")).to_string();
+            assert!(err.contains(name) && err.contains("binary16"), "{value}: {err}");
+        } else {
+            assert!(loaded.is_ok(), "{value} quantizes");
+        }
+    }
 }

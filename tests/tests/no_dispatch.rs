@@ -21,6 +21,7 @@ const RESOLVED_NAMES: &[&str] = &[
     "bf16",
     "f16",
     "int8",
+    "int4",
     "cpu",
     "cuda",
     "avx2",

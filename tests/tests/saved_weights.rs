@@ -14,6 +14,7 @@ use monogen_tests::model_dir;
 use serde_json::Value;
 use stories260k_cpu_bf16 as bf16;
 use stories260k_cpu_bf16_bf16act as bf16act;
+use stories260k_cpu_int4 as int4;
 use stories260k_cpu_int8 as int8;
 
 /// The JSON header of a safetensors file and the offset of its data.
@@ -92,6 +93,69 @@ fn an_int8_crate_saves_its_quantized_matrices_and_computes_the_same_from_them() 
     }
 
     assert_faithful!(int8, &dir, &saved, &bytes, temp.path());
+}
+
+#[test]
+fn an_int4_crate_saves_its_four_bit_matrices_as_the_interface_lays_them_out() {
+    let Some(dir) = model_dir("stories260k") else { return };
+    let temp = tempfile::tempdir().unwrap();
+    let saved = temp.path().join("saved");
+    let warnings = int4::Model::save_model(&dir, &saved).unwrap();
+    assert!(warnings.is_empty(), "{warnings:?}");
+    let bytes = std::fs::read(saved.join("model.safetensors")).unwrap();
+    let (saved_header, offset) = header(&bytes);
+    let data = &bytes[offset..];
+    let original = std::fs::read(dir.join("model.safetensors")).unwrap();
+    let (original_header, offset) = header(&original);
+    let original_data = &original[offset..];
+    let header = saved_header;
+    assert_eq!(header["__metadata__"]["monogen.workload"], "stories260k-cpu-int4");
+    // 5 layers of 7 matrices and the (tied) embedding, 16 bytes and a binary16 scale per block
+    // of 32; the norms in f32.
+    assert_eq!(dtypes_ending(&header, "proj.weight"), vec!["U8"; 35]);
+    assert_eq!(dtypes_ending(&header, "proj.weight_scale"), vec!["F16"; 35]);
+    assert_eq!(header["model.embed_tokens.weight"]["shape"], serde_json::json!([512, 32]));
+    assert_eq!(header["model.layers.0.mlp.down_proj.weight"]["shape"], serde_json::json!([64, 96]));
+    assert_eq!(header["model.layers.0.mlp.down_proj.weight_scale"]["shape"], serde_json::json!([64, 6]));
+    assert_eq!(dtypes_ending(&header, "norm.weight"), vec!["F32"; 11]);
+
+    // Every value of the checkpoint is within a step of its block's scale of what the saved
+    // bytes stand for (half a step, but where the largest positive values round past 7).
+    let tensor = |header: &serde_json::Value, data: &[u8], name: &str| {
+        let range = &header[name]["data_offsets"];
+        data[range[0].as_u64().unwrap() as usize..range[1].as_u64().unwrap() as usize].to_vec()
+    };
+    for name in ["model.layers.0.mlp.down_proj.weight", "model.layers.4.self_attn.q_proj.weight"] {
+        let values = tensor(&original_header, original_data, name);
+        let values: Vec<f32> =
+            values.chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect();
+        let cols = original_header[name]["shape"][1].as_u64().unwrap() as usize;
+        let (packed, scales) = (tensor(&header, data, name), tensor(&header, data, &format!("{name}_scale")));
+        let blocks = cols.div_ceil(32);
+        for (i, &v) in values.iter().enumerate() {
+            let (row, k) = (i / cols, i % cols);
+            let block = row * blocks + k / 32;
+            let scale = half(u16::from_le_bytes([scales[2 * block], scales[2 * block + 1]]));
+            let byte = packed[block * 16 + k % 16];
+            let q = if k % 32 < 16 { byte & 0x0f } else { byte >> 4 };
+            let error = (v - scale * (f32::from(q) - 8.0)).abs();
+            let allowed = if q == 15 && v * scale > 0.0 { scale.abs() } else { scale.abs() / 2.0 };
+            assert!(
+                error <= allowed * 1.0001,
+                "{name}[{row}, {k}] = {v}: {q} of scale {scale} is {error} off"
+            );
+        }
+    }
+    assert_faithful!(int4, &dir, &saved, &bytes, temp.path());
+}
+
+/// The value of binary16 `bits`.
+fn half(bits: u16) -> f32 {
+    let magnitude = match (bits >> 10) & 0x1f {
+        0 => f32::from(bits & 0x3ff) * 2f32.powi(-24),
+        e => (1.0 + f32::from(bits & 0x3ff) / 1024.0) * 2f32.powi(i32::from(e) - 15),
+    };
+    if bits & 0x8000 != 0 { -magnitude } else { magnitude }
 }
 
 #[test]

@@ -348,6 +348,9 @@ fn weights_doc(name: &str, matrices: Matrices) -> [String; 2] {
         Matrices::Q8 => {
             ", except the linear layers' weights, quantized at load to blockwise int8 copies (q8_tensor.rs), and tensors it does not hold as F32 or misaligns (copied)."
         }
+        Matrices::Q4 => {
+            ", except the linear layers' weights, quantized at load to blockwise int4 copies (q4_tensor.rs), and tensors it does not hold as F32 or misaligns (copied)."
+        }
         Matrices::Q8Packed => {
             ", except the linear layers' weights, quantized at load to blockwise int8 and packed into copies in the layout of the matmul kernel (q8_tensor.rs), and tensors it does not hold as F32 or misaligns (copied)."
         }

@@ -30,6 +30,8 @@ pub enum Matrices {
     /// Blockwise int8 values and scales rewritten at load by the chosen `matmul<q8>`'s `pack`
     /// (q8_tensor.rs's `q8_packed_many`); `matmul<q8>`.
     Q8Packed,
+    /// Blockwise int4 values, two to a byte, and binary16 scales (q4_tensor.rs); `matmul<q4>`.
+    Q4,
 }
 
 impl Matrices {
@@ -39,6 +41,7 @@ impl Matrices {
             Dtype::Bf16 => Matrices::Bf16,
             Dtype::Int8 if crate::plan::matmul_packs_weights(&plan.interfaces) => Matrices::Q8Packed,
             Dtype::Int8 => Matrices::Q8,
+            Dtype::Int4 => Matrices::Q4,
             Dtype::F32 | Dtype::F16 if crate::plan::matmul_packs_weights(&plan.interfaces) => {
                 Matrices::Packed
             }
@@ -54,6 +57,7 @@ impl Matrices {
             Matrices::Packed => Some("packed.rs"),
             Matrices::Bf16 | Matrices::Bf16Packed => Some("bf16_tensor.rs"),
             Matrices::Q8 | Matrices::Q8Packed => Some("q8_tensor.rs"),
+            Matrices::Q4 => Some("q4_tensor.rs"),
         }
     }
 
@@ -79,7 +83,7 @@ impl Matrices {
         match self {
             Matrices::Bf16Packed | Matrices::Q8Packed => &["slice_f32", "in_pages"],
             Matrices::Packed => &["on_cache_line"],
-            Matrices::F32 | Matrices::Bf16 | Matrices::Q8 => {
+            Matrices::F32 | Matrices::Bf16 | Matrices::Q8 | Matrices::Q4 => {
                 &["packed_entry", "save_packed", "slice_f32", "in_pages", "on_cache_line"]
             }
         }
@@ -98,6 +102,7 @@ impl Matrices {
         match self {
             Matrices::Bf16 | Matrices::Bf16Packed => (module, None),
             Matrices::Q8 | Matrices::Q8Packed | Matrices::Packed => (None, module),
+            Matrices::Q4 => (None, module),
             Matrices::F32 => (None, None),
         }
     }
@@ -134,6 +139,13 @@ impl Matrices {
                     use crate::q8_tensor::Q8Tensor;
                 ),
             ),
+            Matrices::Q4 => (
+                quote!(Q4Tensor),
+                format_ident!("q4"),
+                quote!(
+                    use crate::q4_tensor::Q4Tensor;
+                ),
+            ),
             Matrices::F32 => (quote!(Tensor), format_ident!("f32"), quote!()),
             Matrices::Packed => (quote!(Tensor), format_ident!("packed"), quote!()),
         }
@@ -141,7 +153,7 @@ impl Matrices {
 
     /// The statement `out = x · wᵀ` over `rows` rows, for `[n, k]` weights `w`, with the
     /// crate's matmul (`kernels::matmul::matmul`, whose weights are one slice at every element
-    /// type but int8, whose are a pair of the values and their scales).
+    /// type but int8 and int4, whose are a pair of the values and their scales).
     pub fn matmul_call(
         self,
         [n, k]: [&str; 2],
@@ -155,7 +167,7 @@ impl Matrices {
             Matrices::F32 | Matrices::Packed | Matrices::Bf16 | Matrices::Bf16Packed => {
                 quote!(matmul::<#n, #k>(#out, #x, &#w, #rows);)
             }
-            Matrices::Q8 | Matrices::Q8Packed => {
+            Matrices::Q8 | Matrices::Q8Packed | Matrices::Q4 => {
                 quote!(matmul::<#n, #k>(#out, #x, (#w.values(), #w.scales()), #rows);)
             }
         }

@@ -410,7 +410,8 @@ fn forwarding_impl(
 }
 
 /// `harness::Matmul` for a product of the weights as its crate holds them: f32, bfloat16
-/// (with f32 or bfloat16 activations) or blockwise int8, each as read or packed.
+/// (with f32 or bfloat16 activations), blockwise int8, each as read or packed, or blockwise
+/// int4.
 fn matmul_impl(imp: &Implementation, ty: &proc_macro2::Ident, m: &proc_macro2::Ident) -> TokenStream {
     match imp.elements.get("weights").map(String::as_str) {
         Some(dtype @ ("f32" | "bf16")) => {
@@ -508,6 +509,32 @@ fn matmul_impl(imp: &Implementation, ty: &proc_macro2::Ident, m: &proc_macro2::I
             }
             }
         }
+        Some("int4") => quote! {
+            impl harness::Matmul for #ty {
+                /// The bytes of the four-bit values and the binary16 scale of each block of 32
+                /// of a row.
+                type Weights = (harness::Placed<u8>, harness::Placed<u16>);
+                /// Quantized per block of 32 of each row, as the crate quantizes at load.
+                fn weights(
+                    storage: &mut harness::Storage,
+                    w: &[f32],
+                    n: usize,
+                    k: usize,
+                ) -> (harness::Placed<u8>, harness::Placed<u16>) {
+                    let (values, scales) = harness::q4_quantize(w, n, k);
+                    (storage.place(&values), storage.place(&scales))
+                }
+                #[inline]
+                fn matmul<const N: usize, const K: usize>(
+                    out: &mut [f32],
+                    x: &[f32],
+                    w: &(harness::Placed<u8>, harness::Placed<u16>),
+                    rows: usize,
+                ) {
+                    kernels::#m::matmul::<N, K>(out, x, (&w.0, &w.1), rows)
+                }
+            }
+        },
         other => unreachable!("the harness has no matmul of weights {other:?}"),
     }
 }

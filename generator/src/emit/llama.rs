@@ -436,7 +436,7 @@ fn embedding_slots(matrices: Matrices) -> [(&'static str, TokenStream); 2] {
                 }
             },
         ),
-        Matrices::Q8 | Matrices::Q8Packed => (
+        Matrices::Q8 | Matrices::Q8Packed | Matrices::Q4 => (
             quote!(w.embed_tokens.dequantize_row(token, &mut x[row * HIDDEN_SIZE..(row + 1) * HIDDEN_SIZE]);),
             quote!(),
         ),
@@ -631,8 +631,8 @@ fn weights_rs(plan: &Plan, c: &LlamaConsts) -> TokenStream {
         let dtype = match matrices {
             Matrices::Bf16 | Matrices::Bf16Packed => format_ident!("BF16"),
             Matrices::F32 | Matrices::Packed => format_ident!("F32"),
-            Matrices::Q8 | Matrices::Q8Packed => {
-                unreachable!("int8 matrices are never resident (resolve::resolve)")
+            Matrices::Q8 | Matrices::Q8Packed | Matrices::Q4 => {
+                unreachable!("int8 and int4 matrices are never resident (resolve::resolve)")
             }
         };
         quote!(.resident(safetensors::Dtype::#dtype)?)
@@ -734,6 +734,9 @@ fn weights_doc(plan: &Plan, c: &LlamaConsts) -> [String; 2] {
         }
         Matrices::Q8 => {
             " except the matrices, quantized at load to blockwise int8 copies (q8_tensor.rs), and norms or biases the file does not hold as F32 (widened to f32 copies)."
+        }
+        Matrices::Q4 => {
+            " except the matrices, quantized at load to blockwise int4 copies (q4_tensor.rs), and norms or biases the file does not hold as F32 (widened to f32 copies)."
         }
         Matrices::Q8Packed => {
             " except the matrices, quantized at load to blockwise int8 and packed into copies in the layout of the matmul kernel (q8_tensor.rs), the embedding rows (quantized to int8 copies), and norms or biases the file does not hold as F32 (widened to f32 copies)."
@@ -857,7 +860,7 @@ fn layer_parts(
     });
     // An int8 crate quantizes a layer's matrices together (`TensorFile::q8_many`: one start of
     // the other threads for all seven); every other tensor loads where its field is set.
-    let together = matches!(matrices, Matrices::Q8 | Matrices::Q8Packed);
+    let together = matches!(matrices, Matrices::Q8 | Matrices::Q8Packed | Matrices::Q4);
     let many = format_ident!("{load_matrix}_many");
     let loads = tensors.iter().map(|t| {
         let field = format_ident!("{}", t.field);

@@ -341,6 +341,110 @@ macro_rules! conform_matmul_q8 {
     };
 }
 
+/// The value of binary16 `bits`, exactly (the f16 scales of `matmul<q4>`; never infinite or
+/// NaN here).
+pub fn binary16(bits: u16) -> f32 {
+    let magnitude = match (bits >> 10) & 0x1f {
+        0 => f32::from(bits & 0x3ff) * 2f32.powi(-24),
+        e => (1.0 + f32::from(bits & 0x3ff) / 1024.0) * 2f32.powi(i32::from(e) - 15),
+    };
+    if bits & 0x8000 != 0 { -magnitude } else { magnitude }
+}
+
+/// The four-bit value of `[n, k]` weights in `matmul<q4>`'s layout (GGML's Q4_0): block b's
+/// byte i holds k = 32b + i in its low half and k = 32b + 16 + i in its high half.
+pub fn q4_value(w: &[u8], k_len: usize, n: usize, k: usize) -> u8 {
+    let (b, i) = (k / 32, k % 32);
+    let byte = w[(n * k_len.div_ceil(32) + b) * 16 + i % 16];
+    if i < 16 { byte & 0x0f } else { byte >> 4 }
+}
+
+/// Checks an int4 matmul at one shape against the reference, and against an f64 evaluation of
+/// the interface's formula (activations quantized in f32 as the interface says, the sums in
+/// f64) and the unquantized product of the dequantized weights within the error that
+/// quantizing the activations allows, for several row counts. The bytes span every four-bit
+/// value, a short last block's padding holds random bits (which the product must not read),
+/// the scales are binary16 values of both signs, tiny ones (subnormal) among them, and some
+/// activation blocks are all zeros.
+pub fn matmul_q4<const N: usize, const K: usize>(
+    candidate: impl Fn(&mut [f32], &[f32], (&[u8], &[u16]), usize),
+    layout: impl Fn((&[u8], &[u16])) -> (Vec<u8>, Vec<u16>),
+    reference: impl Fn(&mut [f32], &[f32], (&[u8], &[u16]), usize),
+) {
+    let mut rng = Rng::for_shape(&[N, K, 4]);
+    let tolerance = TOLERANCE * (K as f32 / 64.0).max(1.0);
+    let blocks = K.div_ceil(32);
+    let w: Vec<u8> =
+        rng.vec(N * blocks * 16, 1.0).iter().map(|v| ((v + 1.0) * 128.0).clamp(0.0, 255.0) as u8).collect();
+    // binary16 bits of magnitude about 0.01 to 0.03, both signs, and every 7th one subnormal.
+    let scales: Vec<u16> = rng
+        .vec(N * blocks, 1.0)
+        .iter()
+        .enumerate()
+        .map(|(i, v)| {
+            let sign = if *v < 0.0 { 0x8000 } else { 0 };
+            let magnitude =
+                if i % 7 == 3 { 1 + (v.abs() * 1000.0) as u16 } else { 0x2000 + (v.abs() * 2000.0) as u16 };
+            sign | magnitude
+        })
+        .collect();
+    let (laid_out, laid_out_scales) = layout((&w, &scales));
+    for &rows in rows_for(N, K, &[1, 2, 5, 7, 32, 100]) {
+        let mut x = rng.vec(rows * K, 1.0);
+        if K > 32 {
+            // A block of zeros, which quantizes with scale 0.
+            x[..32].fill(0.0);
+        }
+        let what = format!("matmul<q4> N={N} K={K} rows={rows}");
+        let got = output_of(rows * N, |out| candidate(out, &x, (&laid_out, &laid_out_scales), rows));
+        let want = output_of(rows * N, |out| reference(out, &x, (&w, &scales), rows));
+        assert_close(&format!("{what}, against the reference"), &got, &want, tolerance);
+        let quantized: Vec<(Vec<i8>, Vec<f32>)> = x.chunks(K).map(quantize_q8).collect();
+        let (mut exact, mut plain, mut bound) = (Vec::new(), Vec::new(), Vec::new());
+        for i in 0..rows * N {
+            let (r, n) = (i / N, i % N);
+            let (q, d) = &quantized[r];
+            let (mut sum, mut unquantized, mut error) = (0f64, 0f64, 0f64);
+            for k in 0..K {
+                let dw = f64::from(binary16(scales[n * blocks + k / 32]));
+                let weight = dw * (f64::from(q4_value(&w, K, n, k)) - 8.0);
+                sum += f64::from(d[k / 32]) * f64::from(q[k]) * weight;
+                unquantized += f64::from(x[r * K + k]) * weight;
+                error += 0.5 * f64::from(d[k / 32]) * weight.abs();
+            }
+            exact.push(sum as f32);
+            plain.push(unquantized);
+            bound.push(error * 1.001 + 1e-6);
+        }
+        assert_close(&format!("{what}, against f64"), &got, &exact, tolerance);
+        for (i, ((&g, &p), &b)) in got.iter().zip(&plain).zip(&bound).enumerate() {
+            assert!(
+                (f64::from(g) - p).abs() <= b,
+                "{what}: at index {i} got {g}, the unquantized product is {p}, further than the {b} quantization allows"
+            );
+        }
+    }
+    candidate(&mut [], &[], (&laid_out, &laid_out_scales), 0);
+}
+
+#[macro_export]
+macro_rules! conform_matmul_q4 {
+    ($candidate:ident, $reference:ident) => {
+        $crate::conform_matmul_q4!(@shapes $candidate, $reference,
+            (1, 1) (1, 172) (5, 3) (5, 64) (9, 32) (32, 17) (33, 61) (64, 172) (172, 64) (512, 64)
+            (3, 7) (8, 96) (384, 384) (100, 1000) (16, 2048) (640, 5632));
+    };
+    (@shapes $candidate:ident, $reference:ident, $(($n:literal, $k:literal))*) => {
+        $(
+            $crate::check::matmul_q4::<$n, $k>(
+                $crate::kernels::$candidate::matmul::<$n, $k>,
+                |w| $crate::matmul_q4_weights::$candidate(w, $n, $k),
+                $crate::kernels::$reference::matmul::<$n, $k>,
+            );
+        )*
+    };
+}
+
 /// Attention of one query row (`[n_heads · head_dim]`) over `len` positions, in f64.
 fn attention_f64(q: &[f32], keys: &[f32], values: &[f32], len: usize, heads: [usize; 3]) -> Vec<f32> {
     let [n_heads, n_kv_heads, head_dim] = heads;

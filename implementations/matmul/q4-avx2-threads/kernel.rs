@@ -1,0 +1,25 @@
+//! Matrix product `out = x · wᵀ` with blockwise int4 weights, AVX2, FMA and F16C, on
+//! `THREADS` threads, for CPUs without AVX-512 VNNI: the product of `shared/avx2_q4.rs`, its
+//! activations quantized once by the calling thread, and its weight rows cut into `THREADS`
+//! equal shares that the persistent team of `shared/team.rs` computes, the calling thread
+//! taking the first.
+
+use super::shared::avx2_q4::Q4Product;
+use super::shared::team;
+
+/// Computes `out[r, n] = Σ_b dx[r, b] · dw[n, b] · Σ_{k in b} qx[r, k] · (q[n, k] − 8)` for
+/// `rows` rows.
+///
+/// `x`: `[rows, K]`, `w`: `[N, ⌈K/32⌉ · 16]` bytes of four-bit values and their
+/// `[N, ⌈K/32⌉]` binary16 scales, `out`: `[rows, N]`, all row-major.
+#[inline]
+pub fn matmul<const N: usize, const K: usize>(out: &mut [f32], x: &[f32], w: (&[u8], &[u16]), rows: usize) {
+    let (w, scales) = w;
+    // SAFETY: the generated crate checks at start-up that the CPU has AVX2, FMA and F16C,
+    // and the product's pointers come from slices whose lengths
+    // `Q4Product::new` checked; `out` and the quantized activations stay alive until every
+    // share is done.
+    unsafe {
+        Q4Product::new::<N, K>(out, x, w, scales, rows).prepared(|product| team::run(*product))
+    }
+}

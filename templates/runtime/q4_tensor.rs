@@ -1,0 +1,291 @@
+//! Blockwise int4 matrices, for a crate whose workload holds its weights in 4 bits
+//! (`weights.dtype = "int4"`), in the layout of GGML's Q4_0. Every matrix of the file (F32,
+//! BF16 or F16) is quantized once, at load, on `THREADS` threads, into huge pages
+//! (`TensorFile::pages_for`): per block of [`BLOCK`] consecutive values of a row, the value
+//! of largest magnitude `m` gives the scale `d = m / -8`, rounded away from zero to a binary16
+//! value, and each value `v` becomes `round(v / d)`, kept in −8..=7 and stored plus 8 in four
+//! bits. A block's 16 bytes hold its first 16 values in their low halves and its last 16 in
+//! their high halves, as `matmul<q4>` reads them.
+
+use std::ops::Range;
+
+use safetensors::Dtype;
+
+use crate::tensor_file::{TensorFile, widened};
+use crate::{Error, THREADS};
+
+/// Values of a row that share one scale; they fill `BLOCK / 2` bytes.
+pub const BLOCK: usize = 32;
+
+/// An int4 matrix of `[rows, cols]` values (`[rows, ⌈cols / BLOCK⌉ · 16]` bytes) and
+/// `[rows, ⌈cols / BLOCK⌉]` binary16 scales. Both lie in the huge pages of the
+/// [`Storage`](crate::tensor_file::Storage) that [`TensorFile::finish`] returns, or in its
+/// mapping of a file that holds them already (as `--save-model` writes it); whoever holds the
+/// matrix holds that storage too.
+pub struct Q4Tensor {
+    values: *const u8,
+    len: usize,
+    scales: *const u16,
+    scales_len: usize,
+}
+
+// SAFETY: the values and scales are never written after loading, and their memory lives as
+// long as the Storage that the matrix's owner holds.
+unsafe impl Send for Q4Tensor {}
+// SAFETY: as above; shared reads of immutable memory.
+unsafe impl Sync for Q4Tensor {}
+
+impl Q4Tensor {
+    /// The bytes of the four-bit values, row-major.
+    pub fn values(&self) -> &[u8] {
+        // SAFETY: `values` points to `len` bytes, written once at load (or mapped) and alive
+        // while the Storage is (see Q4Tensor).
+        unsafe { std::slice::from_raw_parts(self.values, self.len) }
+    }
+
+    /// The binary16 scale of each block of each row, row-major.
+    pub fn scales(&self) -> &[u16] {
+        // SAFETY: as for the values; `scales` is aligned for u16.
+        unsafe { std::slice::from_raw_parts(self.scales, self.scales_len) }
+    }
+
+    /// Writes row `row`, dequantized (each value times its block's scale), into `out`, which
+    /// holds a row (`cols` values).
+    pub fn dequantize_row(&self, row: usize, out: &mut [f32]) {
+        let blocks = out.len().div_ceil(BLOCK);
+        let bytes = &self.values()[row * blocks * BLOCK / 2..(row + 1) * blocks * BLOCK / 2];
+        let scales = &self.scales()[row * blocks..(row + 1) * blocks];
+        for ((out, bytes), &scale) in out.chunks_mut(BLOCK).zip(bytes.chunks_exact(BLOCK / 2)).zip(scales) {
+            let scale = binary16_value(scale);
+            for (i, o) in out.iter_mut().enumerate() {
+                let nibble = if i < BLOCK / 2 { bytes[i] & 0x0f } else { bytes[i - BLOCK / 2] >> 4 };
+                *o = scale * (f32::from(nibble) - 8.0);
+            }
+        }
+    }
+}
+
+/// The name of the scales of int4 matrix `name` in a file that holds it quantized:
+/// `….weight_scale` for `….weight`.
+pub fn scale_name(name: &str) -> String {
+    format!("{name}_scale")
+}
+
+impl TensorFile {
+    /// The matrix `name`, which must have exactly `shape` (`[rows, cols]`), as int4: quantized
+    /// now from F32, BF16 or F16, or mapped where the file holds it as U8 `[rows, ⌈cols / 32⌉ ·
+    /// 16]` with its scales (`scale_name`) as F16 `[rows, ⌈cols / 32⌉]`.
+    pub fn q4(&mut self, name: &str, shape: &[usize]) -> Result<Q4Tensor, Error> {
+        let &[rows, cols] = shape else { panic!("q4: `{name}` is not a matrix") };
+        let [matrix] = self.q4_many([(name, [rows, cols])])?;
+        Ok(matrix)
+    }
+
+    /// The matrices `matrices` (name and `[rows, cols]`), read as [`TensorFile::q4`] reads
+    /// each, those to quantize quantized together: one start of the `THREADS - 1` other
+    /// threads for all of them, which a layer's matrices share.
+    pub fn q4_many<const M: usize>(&mut self, matrices: [(&str, [usize; 2]); M]) -> Result<[Q4Tensor; M], Error> {
+        let dtypes = [Dtype::F32, Dtype::BF16, Dtype::F16, Dtype::U8];
+        let expected = "F32, BF16, F16, or U8 with its scales (as `--save-model` writes them)";
+        let mut read = Vec::with_capacity(M);
+        // What to quantize: the file's dtype and bytes, and the matrix's rows and columns.
+        let mut quantize = Vec::new();
+        for &(name, [rows, cols]) in &matrices {
+            let blocks = cols.div_ceil(BLOCK);
+            // A saved model holds the bytes, `[rows, blocks · 16]`; a checkpoint the values.
+            let saved = self.entries.get(name).is_some_and(|e| e.dtype == Dtype::U8);
+            let shape = if saved { [rows, blocks * BLOCK / 2] } else { [rows, cols] };
+            let (dtype, range) = self.checked_as(name, &shape, &dtypes, expected)?;
+            if dtype == Dtype::U8 {
+                read.push(self.mapped_q4(name, rows, blocks, range)?);
+            } else {
+                let values = self.pages_for(rows * blocks * BLOCK / 2)?;
+                let scales = self.pages_for(rows * blocks * 2)?.cast::<u16>();
+                let matrix = Q4Tensor { values, len: rows * blocks * BLOCK / 2, scales, scales_len: rows * blocks };
+                quantize.push((name, dtype, range, rows, cols, values, scales));
+                read.push(matrix);
+            }
+        }
+        // Whole rows per thread: thread t quantizes the t-th part of every matrix's rows into
+        // its parts of both buffers, this thread the first part.
+        let mut parts: [Vec<Part>; THREADS] = std::array::from_fn(|_| Vec::new());
+        for &(name, dtype, ref range, rows, cols, values, scales) in &quantize {
+            let (blocks, width) = (cols.div_ceil(BLOCK), if dtype == Dtype::F32 { 4 } else { 2 });
+            // SAFETY: `pages_for` handed out room for the values' bytes and the scales (aligned
+            // for u16) that nothing else points to; each part below is written once, by one
+            // thread, before the matrix is handed out.
+            let (values, scales) = unsafe {
+                (
+                    std::slice::from_raw_parts_mut(values, rows * blocks * BLOCK / 2),
+                    std::slice::from_raw_parts_mut(scales, rows * blocks),
+                )
+            };
+            let rows_per_thread = rows.div_ceil(THREADS).max(1);
+            let chunks = values.chunks_mut(rows_per_thread * blocks * BLOCK / 2).zip(scales.chunks_mut(rows_per_thread * blocks));
+            for (i, (values, scales)) in chunks.enumerate() {
+                let from = range.start + i * rows_per_thread * cols * width;
+                let bytes = &self.map[from..from + scales.len() / blocks * cols * width];
+                parts[i].push(Part { name, dtype, cols, bytes, values, scales });
+            }
+        }
+        let [first, others @ ..] = parts;
+        let fits = std::thread::scope(|scope| {
+            let others: Vec<_> =
+                others.into_iter().filter(|p| !p.is_empty()).map(|part| scope.spawn(move || Part::all(part))).collect();
+            let fits = Part::all(first);
+            others.into_iter().map(|t| t.join().expect("quantizing does not panic")).fold(fits, Result::and)
+        });
+        if let Err(name) = fits {
+            // A scale beyond binary16's largest: a value of magnitude above 8 · 65504.
+            return Err(Error::InvalidWeights {
+                path: self.path.clone(),
+                reason: format!(
+                    "tensor `{name}` holds a value of magnitude above {} (or not finite), too large for \
+                     the scale (binary16) of an int4 block",
+                    8.0 * MAX_SCALE
+                ),
+            });
+        }
+        for (matrix, &(name, [rows, cols])) in read.iter().zip(&matrices) {
+            let blocks = cols.div_ceil(BLOCK);
+            self.save(name, Dtype::U8, &[rows, blocks * BLOCK / 2], || matrix.values().to_vec());
+            self.save(&scale_name(name), Dtype::F16, &[rows, blocks], || {
+                matrix.scales().iter().flat_map(|v| v.to_le_bytes()).collect()
+            });
+        }
+        Ok(read.try_into().unwrap_or_else(|_| unreachable!("one matrix read per name")))
+    }
+
+    /// The U8 matrix `name` (at `range`, `rows` rows of `blocks` blocks) and its F16 scales,
+    /// slices of the mapping once every scale is known to be finite. The scales are copied if
+    /// the file misaligns them.
+    fn mapped_q4(&mut self, name: &str, rows: usize, blocks: usize, range: Range<usize>) -> Result<Q4Tensor, Error> {
+        let scales_name = scale_name(name);
+        let (_, scales) = self.checked_as(&scales_name, &[rows, blocks], &[Dtype::F16], "F16")?;
+        let finite = |b: &[u8]| u16::from_le_bytes([b[0], b[1]]) & 0x7c00 != 0x7c00;
+        // With no early exit, so that it vectorizes.
+        if !self.map[scales.clone()].chunks_exact(2).fold(true, |ok, b| ok & finite(b)) {
+            return Err(Error::InvalidWeights {
+                path: self.path.clone(),
+                reason: format!("tensor `{scales_name}` holds a scale that is infinite or NaN"),
+            });
+        }
+        let values = self.map[range].as_ptr();
+        let scales = if self.map[scales.clone()].as_ptr().align_offset(std::mem::align_of::<u16>()) == 0 {
+            self.map[scales].as_ptr().cast::<u16>()
+        } else {
+            let at = self.pages_for(scales.len())?;
+            // SAFETY: `pages_for` handed out room for the scales' bytes, aligned, that nothing
+            // else points to; the mapping does not overlap it.
+            unsafe { std::ptr::copy_nonoverlapping(self.map[scales.clone()].as_ptr(), at, scales.len()) };
+            at.cast::<u16>()
+        };
+        Ok(Q4Tensor { values, len: rows * blocks * BLOCK / 2, scales, scales_len: rows * blocks })
+    }
+}
+
+/// Rows of a matrix for one thread to quantize: `bytes` (the file's, in `dtype`, `cols` values a
+/// row) into `values` (16 bytes a block) and their `scales`.
+struct Part<'a> {
+    /// The matrix's name, for an error.
+    name: &'a str,
+    dtype: Dtype,
+    cols: usize,
+    bytes: &'a [u8],
+    values: &'a mut [u8],
+    scales: &'a mut [u16],
+}
+
+impl<'a> Part<'a> {
+    /// Quantizes every part; the name of a matrix that [`Part::quantize`] refuses.
+    fn all(parts: Vec<Part<'a>>) -> Result<(), &'a str> {
+        parts.into_iter().try_for_each(Part::quantize)
+    }
+
+    /// Quantizes the part's rows; the matrix's name if a value is not finite or a block's scale
+    /// is too large for binary16.
+    fn quantize(self) -> Result<(), &'a str> {
+        let width = if self.dtype == Dtype::F32 { 4 } else { 2 };
+        let blocks = self.cols.div_ceil(BLOCK);
+        let mut row = vec![0f32; blocks * BLOCK];
+        let mut fits = true;
+        for ((bytes, values), scales) in self
+            .bytes
+            .chunks(self.cols * width)
+            .zip(self.values.chunks_mut(blocks * BLOCK / 2))
+            .zip(self.scales.chunks_mut(blocks))
+        {
+            if self.dtype == Dtype::F32 {
+                for (o, b) in row.iter_mut().zip(bytes.chunks_exact(4)) {
+                    *o = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+                }
+            } else {
+                for (o, v) in row.iter_mut().zip(widened(self.dtype, bytes)) {
+                    *o = v;
+                }
+            }
+            for ((block, out), scale) in row.chunks_exact(BLOCK).zip(values.chunks_exact_mut(BLOCK / 2)).zip(scales) {
+                let block: &[f32; BLOCK] = block.try_into().expect("a whole block");
+                match quantize_block(block, out.try_into().expect("16 bytes")) {
+                    Some(bits) => *scale = bits,
+                    None => fits = false,
+                }
+            }
+        }
+        if fits { Ok(()) } else { Err(self.name) }
+    }
+}
+
+/// The largest binary16 value.
+const MAX_SCALE: f32 = 65504.0;
+
+/// binary16's smallest normal value, 2⁻¹⁴.
+const MIN_NORMAL: f32 = 6.103_515_6e-5;
+
+/// binary16's smallest step, 2⁻²⁴: the spacing of its values below [`MIN_NORMAL`].
+const SMALLEST: f32 = 5.960_464_5e-8;
+
+/// Quantizes one block (a short last one padded with zeros) into `out`, and returns the bits of
+/// its binary16 scale; `None` if a value is not finite or the scale too large for binary16.
+fn quantize_block(block: &[f32; BLOCK], out: &mut [u8; BLOCK / 2]) -> Option<u16> {
+    if !block.iter().fold(true, |finite, v| finite & v.is_finite()) {
+        return None;
+    }
+    // The value of largest magnitude, which becomes −8, the end of the range with room for it.
+    let m = block.iter().fold(0.0f32, |m, &v| if v.abs() > m.abs() { v } else { m });
+    let (magnitude, bits) = binary16_up(m.abs() / 8.0)?;
+    let sign = if m > 0.0 { 0x8000 } else { 0 };
+    let scale = if m > 0.0 { -magnitude } else { magnitude };
+    let inverse = if magnitude > 0.0 { 1.0 / scale } else { 0.0 };
+    let nibble = |v: f32| ((v * inverse).round_ties_even().clamp(-8.0, 7.0) + 8.0) as u8;
+    for (i, byte) in out.iter_mut().enumerate() {
+        *byte = nibble(block[i]) | (nibble(block[i + BLOCK / 2]) << 4);
+    }
+    Some(sign | bits)
+}
+
+/// `v` (not negative) rounded up to a binary16 value: that value, and its bits; `None` above
+/// [`MAX_SCALE`] or for a NaN.
+fn binary16_up(v: f32) -> Option<(f32, u16)> {
+    if v < MIN_NORMAL {
+        // A multiple of the smallest step (1024 of them are MIN_NORMAL, whose bits are 0x0400).
+        let steps = (v / SMALLEST).ceil();
+        return Some((steps * SMALLEST, steps as u16));
+    }
+    // Rounded up to 10 bits of mantissa.
+    let rounded = f32::from_bits((v.to_bits() + 0x1fff) & !0x1fff);
+    if !(rounded <= MAX_SCALE) {
+        return None;
+    }
+    let exponent = (rounded.to_bits() >> 23) as i32 - 127 + 15;
+    Some((rounded, ((exponent as u16) << 10) | ((rounded.to_bits() >> 13) & 0x3ff) as u16))
+}
+
+/// The value of binary16 `bits`, exactly (finite, as every scale of a loaded matrix is).
+fn binary16_value(bits: u16) -> f32 {
+    let magnitude = match (bits >> 10) & 0x1f {
+        0 => f32::from(bits & 0x3ff) * SMALLEST,
+        e => f32::from_bits(((u32::from(e) + 127 - 15) << 23) | (u32::from(bits & 0x3ff) << 13)),
+    };
+    if bits & 0x8000 != 0 { -magnitude } else { magnitude }
+}
