@@ -19,7 +19,7 @@ folios a crate asks for (bench/beside.py, which also runs the rounds). The bandw
 is in huge pages as well (bench/peaks). Keep the machine otherwise idle.
 
 Usage: bench/floor.py [--rounds R] [--threads T] [--max-tokens M] [--dir DIR] MODEL_DIR DTYPE BINARY...
-       (DTYPE as the crate holds the weights: f32, bf16, int8, or int8-packed for an int8 crate
+       (DTYPE as the crate holds the weights: f32, bf16, int8, int4, or int8-packed for an int8 crate
        whose matmul packs them with binary16 scales; T the crates' thread count; MODEL_DIR the
        checkpoint, whose weights are counted, and DIR a directory the binaries read instead,
        such as one a packing crate saved with `--save-model`)
@@ -41,7 +41,7 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--dir", help="the model directory the binaries read (default: MODEL_DIR)")
     parser.add_argument("model")
-    parser.add_argument("dtype", choices=["f32", "bf16", "int8", "int8-packed"])
+    parser.add_argument("dtype", choices=["f32", "bf16", "int8", "int8-packed", "int4"])
     parser.add_argument("binaries", nargs="+")
     args = parser.parse_args()
 

@@ -508,11 +508,11 @@ impl Dtype {
     }
 
     /// Bytes of `parameters` weights in memory: int8 adds an f32 scale per block of 32, and
-    /// int4 holds a block of 32 values in 16 bytes and a binary16 scale.
+    /// int4 holds a block of 32 values in 16 bytes, a binary16 scale and a binary16 minimum.
     pub fn bytes(self, parameters: u64) -> u64 {
         match self {
             Dtype::Int8 => parameters + parameters.div_ceil(32) * 4,
-            Dtype::Int4 => parameters.div_ceil(32) * (16 + 2),
+            Dtype::Int4 => parameters.div_ceil(32) * (16 + 4),
             _ => parameters * self.size() as u64,
         }
     }

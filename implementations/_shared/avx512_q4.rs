@@ -1,20 +1,24 @@
-//! The AVX-512 VNNI matrix product with blockwise int4 weights (two to a byte, GGML's Q4_0
-//! layout) that the `matmul<q4>` implementations share, computed over a range of weight rows
-//! (output columns) so that threads can share a call.
+//! The AVX-512 VNNI matrix product with blockwise int4 weights (two to a byte, each block with
+//! a scale and a minimum: GGML's Q4_1 layout) that the `matmul<q4>` implementations share,
+//! computed over a range of weight rows (output columns) so that threads can share a call.
 //!
-//! [`Q4Product::prepared`] first quantizes the activations, once per call, into buffers of the
-//! calling thread: each row's int8 values, padded with zeros to a multiple of 64, their block
-//! scales spread over the 16 lanes of a step (8 lanes a block), and per lane minus 8 times the
-//! sum of the lane's 4 values, which is where each lane's sum starts.
+//! A step along K takes 64 values, two blocks: 32 bytes of weights, whose low halves are the
+//! first 16 values of each block and whose high halves the last 16. One load broadcasts the 32
+//! bytes to both halves of a register, and one `vpsrlvw` shifts the upper half by four bits, so
+//! that after a mask the register holds, in this order, the first 16 values of each block and
+//! then the last 16 of each. [`Q4Product::prepared`] quantizes the activations, once per call,
+//! into buffers of the calling thread in that order (the middle 16-byte quarters of each step
+//! swapped), each row padded with zeros to a multiple of 64, with their block scales spread
+//! over the 16 lanes of a step in the same order (lanes 0–3 and 8–11 the first block, 4–7 and
+//! 12–15 the second).
 //!
-//! A step along K takes 64 values, two blocks: 32 bytes of weights. Their low halves are the
-//! first 16 values of each block, their high halves the last 16; masking and a shift give both,
-//! and one `vpermt2q` puts the 64 four-bit values in the order of K. Then, per activation row,
-//! one `vpdpbusd` multiplies the weights (unsigned, 0..=15) by the activations (signed) and adds
-//! 4 products into each of 16 i32 lanes (lanes 0–7 the first block, 8–15 the second). Started
-//! at −8 · Σ qx, a lane holds Σ qx · (q − 8) exactly. It becomes f32 and is multiplied into its
-//! accumulator by dx · dw of its block. At the end of K, the 16 lanes of each accumulator are
-//! added.
+//! Per activation row and step, one `vpdpbusd` multiplies the weights (unsigned, 0..=15) by the
+//! activations (signed) and adds 4 products into each of 16 i32 lanes, exactly; each lane
+//! becomes f32 and is multiplied into its accumulator by dx · d of its block. The scales and
+//! minimums of 8 blocks (4 steps) of a weight row become f32 with one conversion, from which a
+//! permutation spreads each step's two scales. The minimums' term, Σ_b m · dx · Σ qx, is one
+//! multiply-add per 8 blocks: the converted pairs (d, m) times a vector of the activations'
+//! (0, dx · Σ qx) pairs. At the end of K, the 16 lanes of both accumulators are added.
 //!
 //! A tile holds up to 4 activation rows × 4 weight rows; the 4 weight rows stay in L1 while
 //! every tile of rows passes over them, so each weight is read from memory once per call.
@@ -23,8 +27,8 @@
 //!
 //! [`Q4Product::columns`] may be called only on a CPU with AVX-512F, AVX-512BW and AVX-512
 //! VNNI, from inside [`Q4Product::prepared`], with pointers that hold `[n, ⌈k/32⌉ · 16]` bytes
-//! of weights, their `[n, ⌈k/32⌉]` scales and `[rows, n]` outputs, and never twice at once on
-//! overlapping column ranges of the same `out`.
+//! of weights, their `[n, ⌈k/32⌉, 2]` scales and minimums and `[rows, n]` outputs, and never
+//! twice at once on overlapping column ranges of the same `out`.
 #![allow(dead_code, clippy::missing_safety_doc, clippy::needless_range_loop)]
 
 use std::arch::x86_64::*;
@@ -39,6 +43,9 @@ pub const BLOCK: usize = 32;
 /// Values of K per step: the bytes of one AVX-512 register, two blocks.
 pub const STEP: usize = 64;
 
+/// Blocks whose scales and minimums one conversion reads: 8 pairs of binary16 values.
+const GROUP: usize = 8;
+
 /// Weight rows per tile.
 const COLUMNS: usize = 4;
 
@@ -47,14 +54,15 @@ const ROWS: usize = 4;
 
 thread_local! {
     /// The quantized activations of the calling thread's current product: the values
-    /// (`[rows, steps · 64]`), the spread scales (`[rows, steps, 16]`) and each lane's start
-    /// (`[rows, steps, 16]`).
-    static QUANTIZED: RefCell<(Vec<i8>, Vec<f32>, Vec<i32>)> =
+    /// (`[rows, steps · 64]`, each step's quarters in the weights' order), the spread scales
+    /// (`[rows, steps, 16]`) and per group of 8 blocks the pairs (0, dx · Σ qx)
+    /// (`[rows, groups, 16]`).
+    static QUANTIZED: RefCell<(Vec<i8>, Vec<f32>, Vec<f32>)> =
         const { RefCell::new((Vec::new(), Vec::new(), Vec::new())) };
 }
 
 /// One call's operands: `out[r, j]` for `r < rows`, `j < n`, from `x: [rows, k]` and the
-/// weights `w: [n, ⌈k/32⌉ · 16]` with their `scales: [n, ⌈k/32⌉]`.
+/// weights `w: [n, ⌈k/32⌉ · 16]` with their scales and minimums, `scales: [n, ⌈k/32⌉, 2]`.
 #[derive(Clone, Copy)]
 pub struct Q4Product {
     pub out: *mut f32,
@@ -66,10 +74,11 @@ pub struct Q4Product {
     pub k: usize,
     /// The quantized activations, `[rows, steps · 64]`, once `prepared` has written them.
     pub qx: *const i8,
-    /// Their scales, `[rows, steps, 16]`: lanes 0–7 the first block of a step, 8–15 the second.
+    /// Their scales, `[rows, steps, 16]`: lanes 0–3 and 8–11 the first block of a step, 4–7 and
+    /// 12–15 the second.
     pub dx: *const f32,
-    /// Each lane's start, −8 times the sum of its 4 activations, `[rows, steps, 16]`.
-    pub start: *const i32,
+    /// Per group of 8 blocks, (0, dx · Σ qx) for each block, `[rows, groups, 16]`.
+    pub sums: *const f32,
 }
 
 // SAFETY: a product is only pointers to buffers that its caller keeps alive and shares out
@@ -90,7 +99,7 @@ impl Q4Product {
         let blocks = K.div_ceil(BLOCK);
         assert!(x.len() >= rows * K, "matmul: x is shorter than {rows} rows of {K}");
         assert!(w.len() >= N * blocks * BLOCK / 2, "matmul: w is shorter than {N} rows of {blocks} blocks");
-        assert!(scales.len() >= N * blocks, "matmul: scales is shorter than {N} rows of {blocks}");
+        assert!(scales.len() >= N * blocks * 2, "matmul: scales is shorter than {N} rows of {blocks} pairs");
         assert!(out.len() >= rows * N, "matmul: out is shorter than {rows} rows of {N}");
         Q4Product {
             out: out.as_mut_ptr(),
@@ -102,13 +111,18 @@ impl Q4Product {
             k: K,
             qx: std::ptr::null(),
             dx: std::ptr::null(),
-            start: std::ptr::null(),
+            sums: std::ptr::null(),
         }
     }
 
     /// Steps of 64 along K.
     fn steps(&self) -> usize {
         self.k.div_ceil(STEP)
+    }
+
+    /// Blocks of 32 along K.
+    fn blocks(&self) -> usize {
+        self.k.div_ceil(BLOCK)
     }
 
     /// Quantizes the activations into this thread's buffers (alive until `f` returns), then
@@ -118,32 +132,39 @@ impl Q4Product {
     ///
     /// Only on a CPU with AVX-512F and AVX-512BW, with `x` holding `[rows, k]` values.
     pub unsafe fn prepared<T>(mut self, f: impl FnOnce(&Q4Product) -> T) -> T {
-        QUANTIZED.with_borrow_mut(|(qx, dx, start)| {
-            let steps = self.steps();
+        QUANTIZED.with_borrow_mut(|(qx, dx, sums)| {
+            let (steps, blocks) = (self.steps(), self.blocks());
+            let groups = blocks.div_ceil(GROUP);
             qx.clear();
             qx.resize(self.rows * steps * STEP, 0);
             dx.clear();
             dx.resize(self.rows * steps * 16, 0.0);
-            start.clear();
-            start.resize(self.rows * steps * 16, 0);
+            sums.clear();
+            sums.resize(self.rows * groups * 16, 0.0);
+            let mut scales = vec![0.0f32; blocks];
             for r in 0..self.rows {
                 let q = &mut qx[r * steps * STEP..(r + 1) * steps * STEP];
-                // SAFETY: row `r` of x holds k values (the caller's contract), and the rows of
-                // the buffers have the sizes `quantize_row` writes.
-                unsafe {
-                    quantize_row(
-                        std::slice::from_raw_parts(self.x.add(r * self.k), self.k),
-                        q,
-                        &mut dx[r * steps * 16..(r + 1) * steps * 16],
-                    )
-                };
-                for (lane, four) in start[r * steps * 16..(r + 1) * steps * 16].iter_mut().zip(q.chunks_exact(4)) {
-                    *lane = -8 * four.iter().map(|&v| i32::from(v)).sum::<i32>();
+                // SAFETY: row `r` of x holds k values (the caller's contract), and `q` holds
+                // whole steps.
+                unsafe { quantize_row(std::slice::from_raw_parts(self.x.add(r * self.k), self.k), q, &mut scales) };
+                for (b, &d) in scales.iter().enumerate() {
+                    let sum: i32 = q[b * BLOCK..(b + 1) * BLOCK].iter().map(|&v| i32::from(v)).sum();
+                    sums[(r * groups + b / GROUP) * 16 + 2 * (b % GROUP) + 1] = d * sum as f32;
+                    // Lanes 0–3 and 8–11 of a step the first block, 4–7 and 12–15 the second.
+                    let lanes = &mut dx[(r * steps + b / 2) * 16..][..16];
+                    for half in [0, 8] {
+                        lanes[half + 4 * (b % 2)..][..4].fill(d);
+                    }
+                }
+                // The first 16 values of the step's second block before the last 16 of its first.
+                for step in q.chunks_exact_mut(STEP) {
+                    let (first, second) = step.split_at_mut(32);
+                    first[16..].swap_with_slice(&mut second[..16]);
                 }
             }
             self.qx = qx.as_ptr();
             self.dx = dx.as_ptr();
-            self.start = start.as_ptr();
+            self.sums = sums.as_ptr();
             f(&self)
         })
     }
@@ -152,6 +173,12 @@ impl Q4Product {
     #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
     pub unsafe fn columns(&self, cols: Range<usize>) {
         let mut j = cols.start;
+        // A lone row (a decode step) takes 8 weight rows at a time.
+        while self.rows == 1 && j + 2 * COLUMNS <= cols.end {
+            // SAFETY: the row and columns are in range (the caller's contract).
+            unsafe { self.tile::<1, { 2 * COLUMNS }>(0, j) };
+            j += 2 * COLUMNS;
+        }
         while j + COLUMNS <= cols.end {
             let mut r = 0;
             while r + ROWS <= self.rows {
@@ -177,52 +204,86 @@ impl Q4Product {
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
     unsafe fn tile<const R: usize, const C: usize>(&self, r: usize, j: usize) {
-        let (steps, blocks) = (self.steps(), self.k.div_ceil(BLOCK));
-        let nibble = _mm256_set1_epi8(0x0f);
-        // Low halves of both blocks' bytes, then high halves: the values in the order of K.
-        let order = _mm512_setr_epi64(0, 1, 8, 9, 2, 3, 10, 11);
+        let (steps, blocks) = (self.steps(), self.blocks());
+        let groups = blocks.div_ceil(GROUP);
+        let nibble = _mm512_set1_epi8(0x0f);
+        // The upper 256 bits' 16-bit lanes shift by 4: the high halves of the bytes.
+        let shifts = _mm512_inserti64x4::<1>(_mm512_setzero_si512(), _mm256_set1_epi16(4));
+        // Per step of a group, the lanes of its two scales among the group's (d, m) pairs.
+        let spread: [__m512i; 4] = std::array::from_fn(|t| {
+            let (a, b) = (4 * t as i32, 4 * t as i32 + 2);
+            _mm512_setr_epi32(a, a, a, a, b, b, b, b, a, a, a, a, b, b, b, b)
+        });
         let mut acc = [[_mm512_setzero_ps(); C]; R];
-        for s in 0..steps {
-            // A last step of one block, when the row has an odd number of blocks.
-            let both = 2 * s + 1 < blocks;
-            let mut weights = [_mm512_setzero_si512(); C];
-            let mut dw = [_mm512_setzero_ps(); C];
+        for g in 0..groups {
+            let mut pairs = [_mm512_setzero_ps(); C];
             for c in 0..C {
-                // SAFETY: weight row j + c holds `blocks` blocks of 16 bytes and `blocks`
-                // scales; step s reads blocks 2s and, where there is one, 2s + 1.
-                unsafe {
-                    let at = self.w.add((j + c) * blocks * 16 + s * 32);
-                    let bytes = if both {
+                let row = (j + c) * blocks;
+                let count = (blocks - g * GROUP).min(GROUP);
+                // SAFETY: weight row j + c holds `blocks` pairs; a last group of fewer than 8
+                // is copied to a buffer of zeros first.
+                pairs[c] = unsafe {
+                    let at = self.scales.add((row + g * GROUP) * 2);
+                    // The next tile's pairs, as its weights below.
+                    if g % 2 == 0 {
+                        _mm_prefetch::<_MM_HINT_T0>(at.wrapping_add(C * blocks * 2).cast());
+                    }
+                    let bits = if count == GROUP {
                         _mm256_loadu_si256(at.cast())
                     } else {
-                        _mm256_zextsi128_si256(_mm_loadu_si128(at.cast()))
+                        let mut padded = [0u16; 2 * GROUP];
+                        std::ptr::copy_nonoverlapping(at, padded.as_mut_ptr(), 2 * count);
+                        _mm256_loadu_si256(padded.as_ptr().cast())
                     };
-                    let low = _mm256_and_si256(bytes, nibble);
-                    let high = _mm256_and_si256(_mm256_srli_epi16::<4>(bytes), nibble);
-                    weights[c] =
-                        _mm512_permutex2var_epi64(_mm512_castsi256_si512(low), order, _mm512_castsi256_si512(high));
-                    let scales = self.scales.add((j + c) * blocks + 2 * s);
-                    let (first, second) = (*scales, if both { *scales.add(1) } else { 0 });
-                    let halves = _mm256_inserti128_si256::<1>(
-                        _mm256_castsi128_si256(_mm_set1_epi16(first as i16)),
-                        _mm_set1_epi16(second as i16),
-                    );
-                    dw[c] = _mm512_cvtph_ps(halves);
-                }
+                    _mm512_cvtph_ps(bits)
+                };
             }
             for i in 0..R {
-                // SAFETY: row r + i holds `steps` steps of values, scales and starts.
-                let (x, dx, start) = unsafe {
-                    let at = (r + i) * steps + s;
-                    (
-                        _mm512_loadu_si512(self.qx.add(at * STEP).cast()),
-                        _mm512_loadu_ps(self.dx.add(at * 16)),
-                        _mm512_loadu_si512(self.start.add(at * 16).cast()),
-                    )
-                };
+                // SAFETY: row r + i holds `groups` groups of pairs.
+                let sums = unsafe { _mm512_loadu_ps(self.sums.add(((r + i) * groups + g) * 16)) };
                 for c in 0..C {
-                    let exact = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(start, weights[c], x));
-                    acc[i][c] = _mm512_fmadd_ps(exact, _mm512_mul_ps(dx, dw[c]), acc[i][c]);
+                    acc[i][c] = _mm512_fmadd_ps(pairs[c], sums, acc[i][c]);
+                }
+            }
+            for t in 0..4 {
+                let s = g * 4 + t;
+                if s == steps {
+                    break;
+                }
+                // A last step of one block, when the row has an odd number of blocks.
+                let both = 2 * s + 1 < blocks;
+                let mut weights = [_mm512_setzero_si512(); C];
+                let mut dw = [_mm512_setzero_ps(); C];
+                for c in 0..C {
+                    // SAFETY: weight row j + c holds `blocks` blocks of 16 bytes; step s reads
+                    // blocks 2s and, where there is one, 2s + 1.
+                    let bytes = unsafe {
+                        let at = self.w.add((j + c) * blocks * 16 + s * 32);
+                        // The same bytes of the next tile's rows, whose short streams (a row of
+                        // TinyLlama's is 1 KiB) the hardware prefetcher would find too late. A
+                        // prefetch never faults, past the matrix's end either.
+                        if s % 2 == 0 {
+                            _mm_prefetch::<_MM_HINT_T0>(at.wrapping_add(C * blocks * 16).cast());
+                        }
+                        if both {
+                            _mm512_broadcast_i64x4(_mm256_loadu_si256(at.cast()))
+                        } else {
+                            _mm512_broadcast_i64x4(_mm256_zextsi128_si256(_mm_loadu_si128(at.cast())))
+                        }
+                    };
+                    weights[c] = _mm512_and_si512(_mm512_srlv_epi16(bytes, shifts), nibble);
+                    dw[c] = _mm512_permutexvar_ps(spread[t], pairs[c]);
+                }
+                for i in 0..R {
+                    // SAFETY: row r + i holds `steps` steps of values and scales.
+                    let (x, dx) = unsafe {
+                        let at = (r + i) * steps + s;
+                        (_mm512_loadu_si512(self.qx.add(at * STEP).cast()), _mm512_loadu_ps(self.dx.add(at * 16)))
+                    };
+                    for c in 0..C {
+                        let exact = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), weights[c], x));
+                        acc[i][c] = _mm512_fmadd_ps(exact, _mm512_mul_ps(dx, dw[c]), acc[i][c]);
+                    }
                 }
             }
         }
@@ -237,11 +298,11 @@ impl Q4Product {
 }
 
 /// Quantizes one row of activations: per block of 32, `d = max|x| / 127` and
-/// `q = round(x · (127 / max|x|))` (ties to even, as the CPU rounds by default); `q` is padded
-/// with zeros to whole steps and `d` spread over 8 lanes per block.
+/// `q = round(x · (127 / max|x|))` (ties to even, as the CPU rounds by default), into `q`, padded
+/// with zeros to whole steps, and each block's `d`.
 #[target_feature(enable = "avx512f,avx512bw")]
 pub fn quantize_row(x: &[f32], q: &mut [i8], d: &mut [f32]) {
-    assert!(q.len() >= x.len().div_ceil(STEP) * STEP && d.len() >= x.len().div_ceil(STEP) * 16);
+    assert!(q.len() >= x.len().div_ceil(STEP) * STEP && d.len() >= x.len().div_ceil(BLOCK));
     for (b, block) in x.chunks(BLOCK).enumerate() {
         let (low, high) = block.split_at(block.len().min(16));
         // SAFETY: the masks limit each load to the values of the block.
@@ -258,7 +319,7 @@ pub fn quantize_row(x: &[f32], q: &mut [i8], d: &mut [f32]) {
             // SAFETY: block `b`'s half lies inside `q`, whose length was checked above.
             unsafe { _mm_storeu_si128(q.as_mut_ptr().add(b * BLOCK + half * 16).cast(), bytes) };
         }
-        d[b * 8..(b + 1) * 8].fill(amax / 127.0);
+        d[b] = amax / 127.0;
     }
 }
 

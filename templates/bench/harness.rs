@@ -130,32 +130,45 @@ pub fn q8_scale(amax: f32) -> f32 {
 }
 
 /// `[n, k]` weights quantized to int4 as the crates quantize them at load (q4_tensor.rs): the
-/// bytes of their four-bit values (16 per block of 32 of a row, GGML's Q4_0 layout) and each
-/// block's binary16 scale (the value of largest magnitude `m` gives `m / -8`, rounded away from
-/// zero). The inputs here are finite and small.
+/// bytes of their four-bit values (16 per block of 32 of a row, GGML's Q4_1 layout) and each
+/// block's binary16 scale and minimum (the block's smallest value, and its range over 15, each
+/// rounded to nearest). The inputs here are finite and small.
 pub fn q4_quantize(w: &[f32], n: usize, k: usize) -> (Vec<u8>, Vec<u16>) {
     let blocks = k.div_ceil(32);
-    let (mut values, mut scales) = (vec![0u8; n * blocks * 16], Vec::with_capacity(n * blocks));
+    let (mut values, mut scales) = (vec![0u8; n * blocks * 16], Vec::with_capacity(n * blocks * 2));
     for (row, bytes) in w.chunks(k).zip(values.chunks_mut(blocks * 16)) {
-        for (b, out) in bytes.chunks_mut(16).enumerate() {
-            let mut block = [0.0f32; 32];
-            let values = &row[b * 32..((b + 1) * 32).min(k)];
-            block[..values.len()].copy_from_slice(values);
-            let m = block.iter().fold(0.0f32, |m, &v| if v.abs() > m.abs() { v } else { m });
-            let magnitude = (m.abs() / 8.0).max(f32::MIN_POSITIVE);
-            // 10 bits of mantissa, rounded up (the values here stay in binary16's normal range).
-            let rounded = f32::from_bits((magnitude.to_bits() + 0x1fff) & !0x1fff);
-            let exponent = ((rounded.to_bits() >> 23) as i32 - 127 + 15).clamp(0, 30) as u16;
-            let sign = if m > 0.0 { 0x8000 } else { 0 };
-            scales.push(sign | (exponent << 10) | ((rounded.to_bits() >> 13) & 0x3ff) as u16);
-            let inverse = if m > 0.0 { -1.0 / rounded } else { 1.0 / rounded };
-            let nibble = |v: f32| ((v * inverse).round_ties_even().clamp(-8.0, 7.0) + 8.0) as u8;
+        for (block, out) in row.chunks(32).zip(bytes.chunks_mut(16)) {
+            let (low, high) = block.iter().fold((f32::INFINITY, f32::NEG_INFINITY), |(l, h), &v| (l.min(v), h.max(v)));
+            let (scale, scale_bits) = binary16((high - low) / 15.0);
+            let (minimum, minimum_bits) = binary16(low);
+            scales.extend([scale_bits, minimum_bits]);
+            let inverse = if scale > 0.0 { 1.0 / scale } else { 0.0 };
+            let nibble = |i: usize| {
+                let v = block.get(i).copied().unwrap_or(minimum);
+                ((v - minimum) * inverse).round_ties_even().clamp(0.0, 15.0) as u8
+            };
             for (i, byte) in out.iter_mut().enumerate() {
-                *byte = nibble(block[i]) | (nibble(block[i + 16]) << 4);
+                *byte = nibble(i) | (nibble(i + 16) << 4);
             }
         }
     }
     (values, scales)
+}
+
+/// `v` (finite, well inside binary16's range) rounded to the nearest binary16 value, ties to
+/// even: the value and its bits.
+fn binary16(v: f32) -> (f32, u16) {
+    let (sign, magnitude) = (if v < 0.0 { 0x8000u16 } else { 0 }, v.abs());
+    let (rounded, bits) = if magnitude < 6.103_515_6e-5 {
+        let steps = (magnitude * 16_777_216.0).round_ties_even();
+        (steps / 16_777_216.0, steps as u16)
+    } else {
+        let b = magnitude.to_bits();
+        let rounded = f32::from_bits((b + 0xfff + ((b >> 13) & 1)) & !0x1fff);
+        let exponent = ((rounded.to_bits() >> 23) as i32 - 127 + 15) as u16;
+        (rounded, (exponent << 10) | ((rounded.to_bits() >> 13) & 0x3ff) as u16)
+    };
+    (if sign != 0 { -rounded } else { rounded }, sign | bits)
 }
 
 /// Ok unless `|got − want| > tolerance · (1 + |want|)` somewhere (NaN included).

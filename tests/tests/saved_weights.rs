@@ -110,17 +110,17 @@ fn an_int4_crate_saves_its_four_bit_matrices_as_the_interface_lays_them_out() {
     let original_data = &original[offset..];
     let header = saved_header;
     assert_eq!(header["__metadata__"]["monogen.workload"], "stories260k-cpu-int4");
-    // 5 layers of 7 matrices and the (tied) embedding, 16 bytes and a binary16 scale per block
-    // of 32; the norms in f32.
+    // 5 layers of 7 matrices and the (tied) embedding, 16 bytes and a binary16 scale and
+    // minimum per block of 32; the norms in f32.
     assert_eq!(dtypes_ending(&header, "proj.weight"), vec!["U8"; 35]);
     assert_eq!(dtypes_ending(&header, "proj.weight_scale"), vec!["F16"; 35]);
     assert_eq!(header["model.embed_tokens.weight"]["shape"], serde_json::json!([512, 32]));
     assert_eq!(header["model.layers.0.mlp.down_proj.weight"]["shape"], serde_json::json!([64, 96]));
-    assert_eq!(header["model.layers.0.mlp.down_proj.weight_scale"]["shape"], serde_json::json!([64, 6]));
+    assert_eq!(header["model.layers.0.mlp.down_proj.weight_scale"]["shape"], serde_json::json!([64, 6, 2]));
     assert_eq!(dtypes_ending(&header, "norm.weight"), vec!["F32"; 11]);
 
-    // Every value of the checkpoint is within a step of its block's scale of what the saved
-    // bytes stand for (half a step, but where the largest positive values round past 7).
+    // Every value of the checkpoint is within half a step of what the saved bytes stand for, and
+    // what the minimum's and the scale's rounding to binary16 adds.
     let tensor = |header: &serde_json::Value, data: &[u8], name: &str| {
         let range = &header[name]["data_offsets"];
         data[range[0].as_u64().unwrap() as usize..range[1].as_u64().unwrap() as usize].to_vec()
@@ -135,18 +135,31 @@ fn an_int4_crate_saves_its_four_bit_matrices_as_the_interface_lays_them_out() {
         for (i, &v) in values.iter().enumerate() {
             let (row, k) = (i / cols, i % cols);
             let block = row * blocks + k / 32;
-            let scale = half(u16::from_le_bytes([scales[2 * block], scales[2 * block + 1]]));
+            let value = |i: usize| half(u16::from_le_bytes([scales[2 * i], scales[2 * i + 1]]));
+            let (scale, minimum) = (value(2 * block), value(2 * block + 1));
             let byte = packed[block * 16 + k % 16];
             let q = if k % 32 < 16 { byte & 0x0f } else { byte >> 4 };
-            let error = (v - scale * (f32::from(q) - 8.0)).abs();
-            let allowed = if q == 15 && v * scale > 0.0 { scale.abs() } else { scale.abs() / 2.0 };
+            let error = (v - (scale * f32::from(q) + minimum)).abs();
+            let allowed = scale / 2.0 + (15.0 * scale + minimum.abs()) / 2048.0 + 1e-7;
+            assert!(scale >= 0.0, "{name}: block {block}'s scale {scale} is negative");
             assert!(
-                error <= allowed * 1.0001,
-                "{name}[{row}, {k}] = {v}: {q} of scale {scale} is {error} off"
+                error <= allowed,
+                "{name}[{row}, {k}] = {v}: {q} of {scale} from {minimum} is {error} off"
             );
         }
     }
     assert_faithful!(int4, &dir, &saved, &bytes, temp.path());
+
+    // A scale or a minimum that is infinite or NaN, and a matrix of the wrong size, are errors
+    // naming the tensor.
+    let error = |damaged: &tempfile::TempDir| {
+        int4::Model::load(damaged.path()).err().expect("a damaged file is an error").to_string()
+    };
+    let scales = "model.layers.2.mlp.gate_proj.weight_scale";
+    for (at, bits) in [(6, 0x7c00u16), (0, 0xfc00), (10, 0x7e01)] {
+        let e = error(&damaged(&saved, scales, |s| s[at..at + 2].copy_from_slice(&bits.to_le_bytes())));
+        assert!(e.contains(scales) && e.contains("infinite or NaN"), "{bits:#x}: {e}");
+    }
 }
 
 /// The value of binary16 `bits`.
@@ -200,7 +213,7 @@ fn a_bert_int8_crate_saves_its_quantized_matrices_and_encodes_the_same() {
     assert_eq!(vectors(&dir), vectors(temp.path()));
 }
 
-/// A copy of `saved` (a directory saved by the int8 crate) in a new directory, with the
+/// A copy of `saved` (a directory saved by an int8 or int4 crate) in a new directory, with the
 /// bytes of tensor `name` rewritten by `edit`.
 fn damaged(saved: &Path, name: &str, edit: impl FnOnce(&mut [u8])) -> tempfile::TempDir {
     let out = tempfile::tempdir().unwrap();

@@ -6,11 +6,11 @@
 use super::shared::avx512_q4::Q4Product;
 use super::shared::team;
 
-/// Computes `out[r, n] = Σ_b dx[r, b] · dw[n, b] · Σ_{k in b} qx[r, k] · (q[n, k] − 8)` for
-/// `rows` rows.
+/// Computes `out[r, n] = Σ_b dx[r, b] · (d[n, b] · Σ_{k in b} qx[r, k] · q[n, k] + m[n, b] ·
+/// Σ_{k in b} qx[r, k])` for `rows` rows.
 ///
-/// `x`: `[rows, K]`, `w`: `[N, ⌈K/32⌉ · 16]` bytes of four-bit values and their
-/// `[N, ⌈K/32⌉]` binary16 scales, `out`: `[rows, N]`, all row-major.
+/// `x`: `[rows, K]`, `w`: `[N, ⌈K/32⌉ · 16]` bytes of four-bit values and each block's
+/// binary16 scale and minimum, `[N, ⌈K/32⌉, 2]`, `out`: `[rows, N]`, all row-major.
 #[inline]
 pub fn matmul<const N: usize, const K: usize>(out: &mut [f32], x: &[f32], w: (&[u8], &[u16]), rows: usize) {
     let (w, scales) = w;

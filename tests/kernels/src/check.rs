@@ -351,7 +351,7 @@ pub fn binary16(bits: u16) -> f32 {
     if bits & 0x8000 != 0 { -magnitude } else { magnitude }
 }
 
-/// The four-bit value of `[n, k]` weights in `matmul<q4>`'s layout (GGML's Q4_0): block b's
+/// The four-bit value of `[n, k]` weights in `matmul<q4>`'s layout (GGML's Q4_1): block b's
 /// byte i holds k = 32b + i in its low half and k = 32b + 16 + i in its high half.
 pub fn q4_value(w: &[u8], k_len: usize, n: usize, k: usize) -> u8 {
     let (b, i) = (k / 32, k % 32);
@@ -364,8 +364,8 @@ pub fn q4_value(w: &[u8], k_len: usize, n: usize, k: usize) -> u8 {
 /// f64) and the unquantized product of the dequantized weights within the error that
 /// quantizing the activations allows, for several row counts. The bytes span every four-bit
 /// value, a short last block's padding holds random bits (which the product must not read),
-/// the scales are binary16 values of both signs, tiny ones (subnormal) among them, and some
-/// activation blocks are all zeros.
+/// the scales and minimums are binary16 values of both signs, tiny ones (subnormal) among
+/// them, and some activation blocks are all zeros.
 pub fn matmul_q4<const N: usize, const K: usize>(
     candidate: impl Fn(&mut [f32], &[f32], (&[u8], &[u16]), usize),
     layout: impl Fn((&[u8], &[u16])) -> (Vec<u8>, Vec<u16>),
@@ -376,9 +376,10 @@ pub fn matmul_q4<const N: usize, const K: usize>(
     let blocks = K.div_ceil(32);
     let w: Vec<u8> =
         rng.vec(N * blocks * 16, 1.0).iter().map(|v| ((v + 1.0) * 128.0).clamp(0.0, 255.0) as u8).collect();
-    // binary16 bits of magnitude about 0.01 to 0.03, both signs, and every 7th one subnormal.
+    // Pairs of binary16 bits (a scale, then a minimum) of magnitude about 0.01 to 0.03, both
+    // signs, and every 7th one subnormal.
     let scales: Vec<u16> = rng
-        .vec(N * blocks, 1.0)
+        .vec(N * blocks * 2, 1.0)
         .iter()
         .enumerate()
         .map(|(i, v)| {
@@ -406,8 +407,9 @@ pub fn matmul_q4<const N: usize, const K: usize>(
             let (q, d) = &quantized[r];
             let (mut sum, mut unquantized, mut error) = (0f64, 0f64, 0f64);
             for k in 0..K {
-                let dw = f64::from(binary16(scales[n * blocks + k / 32]));
-                let weight = dw * (f64::from(q4_value(&w, K, n, k)) - 8.0);
+                let pair = 2 * (n * blocks + k / 32);
+                let (dw, mw) = (f64::from(binary16(scales[pair])), f64::from(binary16(scales[pair + 1])));
+                let weight = dw * f64::from(q4_value(&w, K, n, k)) + mw;
                 sum += f64::from(d[k / 32]) * f64::from(q[k]) * weight;
                 unquantized += f64::from(x[r * K + k]) * weight;
                 error += 0.5 * f64::from(d[k / 32]) * weight.abs();
