@@ -41,6 +41,9 @@ const COLUMNS: usize = 4;
 /// Activation rows per tile, when there are that many.
 const ROWS: usize = 4;
 
+/// How many weight rows ahead a tile prefetches the bytes it reads (at least a tile's).
+const AHEAD: usize = 4;
+
 thread_local! {
     /// The quantized activations of the calling thread's current product: the values
     /// (`[rows, blocks · 32]`), the scales (`[rows, blocks]`) and each lane's scaled sum
@@ -149,6 +152,13 @@ impl Q4Product {
     #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn columns(&self, cols: Range<usize>) {
         let mut j = cols.start;
+        // A lone row (a decode step) takes one weight row at a time: the thread then reads its
+        // share of the weights front to back, one stream that the prefetchers follow.
+        while self.rows == 1 && j < cols.end {
+            // SAFETY: the row and columns are in range (the caller's contract).
+            unsafe { self.tile::<1, 1>(0, j) };
+            j += 1;
+        }
         while j + COLUMNS <= cols.end {
             let mut r = 0;
             while r + ROWS <= self.rows {
@@ -187,6 +197,11 @@ impl Q4Product {
                 // of a scale and a minimum.
                 unsafe {
                     let at = (j + c) * blocks + b;
+                    // The same line AHEAD weight rows on (a prefetch never faults): a row of
+                    // a small model is a short stream, which the hardware prefetcher finds late.
+                    if b % 4 == 0 {
+                        _mm_prefetch::<_MM_HINT_T0>(self.w.wrapping_add((at + AHEAD.max(C) * blocks) * 16).cast());
+                    }
                     let bytes = _mm_loadu_si128(self.w.add(at * 16).cast());
                     let low = _mm_and_si128(bytes, nibble);
                     let high = _mm_and_si128(_mm_srli_epi16::<4>(bytes), nibble);

@@ -52,6 +52,9 @@ const COLUMNS: usize = 4;
 /// Activation rows per tile, when there are that many.
 const ROWS: usize = 4;
 
+/// How many weight rows ahead a tile prefetches the bytes it reads (at least a tile's).
+const AHEAD: usize = 4;
+
 thread_local! {
     /// The quantized activations of the calling thread's current product: the values
     /// (`[rows, steps · 64]`, each step's quarters in the weights' order), the spread scales
@@ -173,11 +176,11 @@ impl Q4Product {
     #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
     pub unsafe fn columns(&self, cols: Range<usize>) {
         let mut j = cols.start;
-        // A lone row (a decode step) takes 8 weight rows at a time.
-        while self.rows == 1 && j + 2 * COLUMNS <= cols.end {
+        // A lone row (a decode step) takes one weight row at a time.
+        while self.rows == 1 && j < cols.end {
             // SAFETY: the row and columns are in range (the caller's contract).
-            unsafe { self.tile::<1, { 2 * COLUMNS }>(0, j) };
-            j += 2 * COLUMNS;
+            unsafe { self.tile::<1, 1>(0, j) };
+            j += 1;
         }
         while j + COLUMNS <= cols.end {
             let mut r = 0;
@@ -214,7 +217,9 @@ impl Q4Product {
             let (a, b) = (4 * t as i32, 4 * t as i32 + 2);
             _mm512_setr_epi32(a, a, a, a, b, b, b, b, a, a, a, a, b, b, b, b)
         });
-        let mut acc = [[_mm512_setzero_ps(); C]; R];
+        // Even and odd steps add into accumulators of their own: two chains of additions, which a
+        // lone weight row (a decode step's tile) would otherwise wait on.
+        let mut acc = [[[_mm512_setzero_ps(); C]; R]; 2];
         for g in 0..groups {
             let mut pairs = [_mm512_setzero_ps(); C];
             for c in 0..C {
@@ -226,7 +231,7 @@ impl Q4Product {
                     let at = self.scales.add((row + g * GROUP) * 2);
                     // The next tile's pairs, as its weights below.
                     if g % 2 == 0 {
-                        _mm_prefetch::<_MM_HINT_T0>(at.wrapping_add(C * blocks * 2).cast());
+                        _mm_prefetch::<_MM_HINT_T0>(at.wrapping_add(AHEAD.max(C) * blocks * 2).cast());
                     }
                     let bits = if count == GROUP {
                         _mm256_loadu_si256(at.cast())
@@ -242,7 +247,7 @@ impl Q4Product {
                 // SAFETY: row r + i holds `groups` groups of pairs.
                 let sums = unsafe { _mm512_loadu_ps(self.sums.add(((r + i) * groups + g) * 16)) };
                 for c in 0..C {
-                    acc[i][c] = _mm512_fmadd_ps(pairs[c], sums, acc[i][c]);
+                    acc[1][i][c] = _mm512_fmadd_ps(pairs[c], sums, acc[1][i][c]);
                 }
             }
             for t in 0..4 {
@@ -252,8 +257,18 @@ impl Q4Product {
                 }
                 // A last step of one block, when the row has an odd number of blocks.
                 let both = 2 * s + 1 < blocks;
-                let mut weights = [_mm512_setzero_si512(); C];
-                let mut dw = [_mm512_setzero_ps(); C];
+                let mut x = [_mm512_setzero_si512(); R];
+                let mut dx = [_mm512_setzero_ps(); R];
+                for i in 0..R {
+                    // SAFETY: row r + i holds `steps` steps of values and scales.
+                    unsafe {
+                        let at = (r + i) * steps + s;
+                        x[i] = _mm512_loadu_si512(self.qx.add(at * STEP).cast());
+                        dx[i] = _mm512_loadu_ps(self.dx.add(at * 16));
+                    }
+                }
+                // One weight row at a time, each used as soon as it is unpacked: with the
+                // unpacked rows kept for a second loop, the 8 rows of a decode tile spilled.
                 for c in 0..C {
                     // SAFETY: weight row j + c holds `blocks` blocks of 16 bytes; step s reads
                     // blocks 2s and, where there is one, 2s + 1.
@@ -263,7 +278,7 @@ impl Q4Product {
                         // TinyLlama's is 1 KiB) the hardware prefetcher would find too late. A
                         // prefetch never faults, past the matrix's end either.
                         if s % 2 == 0 {
-                            _mm_prefetch::<_MM_HINT_T0>(at.wrapping_add(C * blocks * 16).cast());
+                            _mm_prefetch::<_MM_HINT_T0>(at.wrapping_add(AHEAD.max(C) * blocks * 16).cast());
                         }
                         if both {
                             _mm512_broadcast_i64x4(_mm256_loadu_si256(at.cast()))
@@ -271,18 +286,11 @@ impl Q4Product {
                             _mm512_broadcast_i64x4(_mm256_zextsi128_si256(_mm_loadu_si128(at.cast())))
                         }
                     };
-                    weights[c] = _mm512_and_si512(_mm512_srlv_epi16(bytes, shifts), nibble);
-                    dw[c] = _mm512_permutexvar_ps(spread[t], pairs[c]);
-                }
-                for i in 0..R {
-                    // SAFETY: row r + i holds `steps` steps of values and scales.
-                    let (x, dx) = unsafe {
-                        let at = (r + i) * steps + s;
-                        (_mm512_loadu_si512(self.qx.add(at * STEP).cast()), _mm512_loadu_ps(self.dx.add(at * 16)))
-                    };
-                    for c in 0..C {
-                        let exact = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), weights[c], x));
-                        acc[i][c] = _mm512_fmadd_ps(exact, _mm512_mul_ps(dx, dw[c]), acc[i][c]);
+                    let weights = _mm512_and_si512(_mm512_srlv_epi16(bytes, shifts), nibble);
+                    let dw = _mm512_permutexvar_ps(spread[t], pairs[c]);
+                    for i in 0..R {
+                        let exact = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), weights, x[i]));
+                        acc[t % 2][i][c] = _mm512_fmadd_ps(exact, _mm512_mul_ps(dx[i], dw), acc[t % 2][i][c]);
                     }
                 }
             }
@@ -291,7 +299,7 @@ impl Q4Product {
             for c in 0..C {
                 // SAFETY: row r + i is below `rows`, and column j + c is in range and in this
                 // thread's columns.
-                unsafe { *self.out.add((r + i) * self.n + j + c) = _mm512_reduce_add_ps(acc[i][c]) };
+                unsafe { *self.out.add((r + i) * self.n + j + c) = _mm512_reduce_add_ps(_mm512_add_ps(acc[0][i][c], acc[1][i][c])) };
             }
         }
     }
