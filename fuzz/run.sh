@@ -15,7 +15,7 @@ seconds="${1:-60}"
 shift || true
 targets=("$@")
 if [ "${#targets[@]}" -eq 0 ]; then
-    targets=(workload safetensors int8_weights bf16_weights packed_weights bert_weights tokenizer chat_template http)
+    targets=(workload safetensors int8_weights int4_weights bf16_weights packed_weights bert_weights tokenizer chat_template http)
 fi
 export RUSTC_BOOTSTRAP=1
 export CARGO_TARGET_DIR="$PWD/../target/fuzz"

@@ -1,9 +1,9 @@
 //! What fuzzing found stays found: every input of the committed corpus (`fuzz/corpus/<target>/`)
 //! and every regression input (`fuzz/regressions/<target>/`, where `fuzz/run.sh` copies each
 //! crash it finds) runs here through the code its fuzz target calls (the workload parser; the
-//! weight loaders of f32, int8, bf16, packing and BERT crates; the tokenizer.json readers; the
-//! chat template renderer; the server's handling of raw HTTP requests), as
-//! an ordinary test, and must return (a value or an error) without a panic. The workload
+//! weight loaders of f32, int8, int4, bf16, packing and BERT crates; the tokenizer.json
+//! readers; the chat template renderer; the server's handling of raw HTTP requests), as an
+//! ordinary test, and must return (a value or an error) without a panic. The workload
 //! corpus must use every key that docs/workload.md documents, so that the fuzzer starts from
 //! each table and key.
 
@@ -83,6 +83,9 @@ fn every_weights_input_loads_or_is_rejected_without_a_panic() {
     });
     replay("int8_weights", |_, data| {
         load_from_file(data, |f| drop(stories260k_cpu_int8::weights::Weights::load(f)))
+    });
+    replay("int4_weights", |_, data| {
+        load_from_file(data, |f| drop(stories260k_cpu_int4::weights::Weights::load(f)))
     });
     replay("bf16_weights", |_, data| {
         load_from_file(data, |f| drop(stories260k_cpu_bf16::weights::Weights::load(f)))
