@@ -7,8 +7,8 @@ holds it: with DTYPE int8 a matrix takes a byte per value and an f32 scale per 3
 f32), whatever the file holds (a directory that an int8 crate saved with `--save-model` holds
 them so already: its int8 matrices and their `_scale` tensors count as they are); with DTYPE
 int8-packed (a crate whose `matmul<q8>` packs its weights, `matmul/q8-avx512-vnni-packed-threads`), a byte
-per value and a binary16 scale per 32, as that kernel holds them; with DTYPE int4, 16 bytes and
-a binary16 scale per 32 values (a directory that an int4 crate saved holds its U8 matrices and F16
+per value and a binary16 scale per 32, as that kernel holds them; with DTYPE int4, 16 bytes, a
+binary16 scale and a binary16 minimum per 32 values (a directory that an int4 crate saved holds its U8 matrices and F16
 `_scale` tensors so already); otherwise as the file holds it. The operations: two per weight of the layers' matrices (the classifier runs
 for the last token only).
 
@@ -43,7 +43,7 @@ def weight_bytes(model_dir: str, dtype: str) -> tuple[int, int]:
         if dtype == "int4" and t["dtype"] != "U8" and not scale:
             shape = t["shape"]
             if len(shape) == 2:
-                size = shape[0] * ((shape[1] + 31) // 32) * 18
+                size = shape[0] * ((shape[1] + 31) // 32) * 20
             else:
                 size = shape[0] * 4
         if name.removesuffix("_scale") == "model.embed_tokens.weight" and not tied:

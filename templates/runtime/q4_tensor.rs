@@ -5,8 +5,9 @@
 //! value is the minimum `m` and the range over 15 the scale `d`, each rounded to the nearest
 //! binary16 value, and each value `v` becomes `round((v − m) / d)`, kept in 0..=15, in four
 //! bits. A block's 16 bytes hold its first 16 values in their low halves and its last 16 in
-//! their high halves, as `matmul<q4>` reads them. A checkpoint that was quantized this way
-//! (a Q4_1 GGUF, dequantized) comes back as it was.
+//! their high halves, as `matmul<q4>` reads them. A checkpoint that GGML's reference Q4_1
+//! quantizer made (a Q4_1 GGUF, dequantized), whose blocks span their whole range, comes back
+//! in the same blocks, up to the rounding of each block's range.
 
 use std::ops::Range;
 
@@ -56,6 +57,14 @@ impl Q4Tensor {
         let blocks = out.len().div_ceil(BLOCK);
         let bytes = &self.values()[row * blocks * BLOCK / 2..(row + 1) * blocks * BLOCK / 2];
         let pairs = &self.scales()[row * blocks * 2..(row + 1) * blocks * 2];
+        // The value of binary16 `bits`, exactly (finite, as every scale of a loaded matrix is).
+        let binary16_value = |bits: u16| {
+            let magnitude = match (bits >> 10) & 0x1f {
+                0 => f32::from(bits & 0x3ff) * SMALLEST,
+                e => f32::from_bits(((u32::from(e) + 127 - 15) << 23) | (u32::from(bits & 0x3ff) << 13)),
+            };
+            if bits & 0x8000 != 0 { -magnitude } else { magnitude }
+        };
         for ((out, bytes), pair) in out.chunks_mut(BLOCK).zip(bytes.chunks_exact(BLOCK / 2)).zip(pairs.chunks_exact(2)) {
             let (scale, minimum) = (binary16_value(pair[0]), binary16_value(pair[1]));
             for (i, o) in out.iter_mut().enumerate() {
@@ -288,14 +297,6 @@ fn binary16_nearest(v: f32) -> Option<(f32, u16)> {
     Some((if sign != 0 { -rounded } else { rounded }, sign | bits))
 }
 
-/// The value of binary16 `bits`, exactly (finite, as every scale of a loaded matrix is).
-fn binary16_value(bits: u16) -> f32 {
-    let magnitude = match (bits >> 10) & 0x1f {
-        0 => f32::from(bits & 0x3ff) * SMALLEST,
-        e => f32::from_bits(((u32::from(e) + 127 - 15) << 23) | (u32::from(bits & 0x3ff) << 13)),
-    };
-    if bits & 0x8000 != 0 { -magnitude } else { magnitude }
-}
 
 /// `v` rounded to the nearest integer, ties to even, for |v| ≤ 2²²: adding 1.5 · 2²³ leaves
 /// no fraction bits (the addition rounds as the FPU does by default) and puts the integer in

@@ -150,8 +150,7 @@ fn an_int4_crate_saves_its_four_bit_matrices_as_the_interface_lays_them_out() {
     }
     assert_faithful!(int4, &dir, &saved, &bytes, temp.path());
 
-    // A scale or a minimum that is infinite or NaN, and a matrix of the wrong size, are errors
-    // naming the tensor.
+    // A scale or a minimum that is infinite or NaN is an error naming the tensor.
     let error = |damaged: &tempfile::TempDir| {
         int4::Model::load(damaged.path()).err().expect("a damaged file is an error").to_string()
     };

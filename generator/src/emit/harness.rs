@@ -511,8 +511,8 @@ fn matmul_impl(imp: &Implementation, ty: &proc_macro2::Ident, m: &proc_macro2::I
         }
         Some("int4") => quote! {
             impl harness::Matmul for #ty {
-                /// The bytes of the four-bit values and the binary16 scale of each block of 32
-                /// of a row.
+                /// The bytes of the four-bit values and the binary16 scale and minimum of each
+                /// block of 32 of a row.
                 type Weights = (harness::Placed<u8>, harness::Placed<u16>);
                 /// Quantized per block of 32 of each row, as the crate quantizes at load.
                 fn weights(

@@ -434,7 +434,9 @@ macro_rules! conform_matmul_q4 {
     ($candidate:ident, $reference:ident) => {
         $crate::conform_matmul_q4!(@shapes $candidate, $reference,
             (1, 1) (1, 172) (5, 3) (5, 64) (9, 32) (32, 17) (33, 61) (64, 172) (172, 64) (512, 64)
-            (3, 7) (8, 96) (384, 384) (100, 1000) (16, 2048) (640, 5632));
+            (3, 7) (8, 96) (384, 384) (100, 1000) (16, 2048) (640, 5632)
+            // Odd block counts past the first group of 8 blocks' scales: 9, 25 and 19 blocks.
+            (3, 288) (9, 800) (13, 600));
     };
     (@shapes $candidate:ident, $reference:ident, $(($n:literal, $k:literal))*) => {
         $(
