@@ -17,7 +17,10 @@
 //! block's minimum m. At the end of K, the 8 lanes of each accumulator are added.
 //!
 //! A tile holds up to 4 activation rows × 4 weight rows; the 4 weight rows stay in L1 while
-//! every tile of rows passes over them, so each weight is read from memory once per call.
+//! every tile of rows passes over them, so each weight is read from memory once per call. A
+//! lone activation row (a decode step) takes one weight row at a time instead, so that each
+//! thread streams its share of the weights front to back, and prefetches the bytes it reads 4
+//! rows ahead: the hardware prefetcher alone finds a row's short stream too late.
 //!
 //! # Safety
 //!
@@ -152,14 +155,11 @@ impl Q4Product {
     #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn columns(&self, cols: Range<usize>) {
         let mut j = cols.start;
-        // A lone row (a decode step) takes one weight row at a time: the thread then reads its
-        // share of the weights front to back, one stream that the prefetchers follow.
-        while self.rows == 1 && j < cols.end {
-            // SAFETY: the row and columns are in range (the caller's contract).
-            unsafe { self.tile::<1, 1>(0, j) };
-            j += 1;
-        }
-        while j + COLUMNS <= cols.end {
+        // A lone row (a decode step) takes one weight row at a time, below: the thread then
+        // reads its share of the weights front to back, one stream that the prefetch keeps
+        // ahead of (in tiles of 4 rows, TinyLlama's int4 decode ran at 36.4 tok/s against 39.1,
+        // bench/RESULTS.md).
+        while self.rows > 1 && j + COLUMNS <= cols.end {
             let mut r = 0;
             while r + ROWS <= self.rows {
                 // SAFETY: the rows and columns are in range (the caller's contract).

@@ -89,8 +89,8 @@ impl Matrices {
         }
     }
 
-    /// The `mod` item of that runtime file for lib.rs, as (`bf16_tensor`, `packed` or
-    /// `q8_tensor`): lib.rs lists its modules in alphabetical order, the first before `cpu`,
+    /// The `mod` item of that runtime file for lib.rs, as (`bf16_tensor`, `packed`, `q4_tensor`
+    /// or `q8_tensor`): lib.rs lists its modules in alphabetical order, the first before `cpu`,
     /// the second after `model`.
     pub fn modules(self) -> (Option<TokenStream>, Option<TokenStream>) {
         let module = self.runtime_file().map(|file| {
@@ -101,8 +101,7 @@ impl Matrices {
         });
         match self {
             Matrices::Bf16 | Matrices::Bf16Packed => (module, None),
-            Matrices::Q8 | Matrices::Q8Packed | Matrices::Packed => (None, module),
-            Matrices::Q4 => (None, module),
+            Matrices::Q8 | Matrices::Q8Packed | Matrices::Packed | Matrices::Q4 => (None, module),
             Matrices::F32 => (None, None),
         }
     }
