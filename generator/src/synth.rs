@@ -2,7 +2,7 @@
 //! benchmarking shapes whose real weights are not at hand.
 //!
 //! It holds a Hugging Face style config.json, a model.safetensors of weights (f32, or BF16
-//! for a bf16 or int8 workload, as their checkpoints are) drawn
+//! for a bf16, int8 or int4 workload, as their checkpoints are) drawn
 //! uniformly with the standard deviation of a trained model's linear layers (0.02; norm
 //! weights are 1), written as it is generated so that multi-gigabyte shapes never sit in
 //! memory, and a tokenizer.json that works: for a LLaMA model a word-level vocabulary of
@@ -250,8 +250,8 @@ pub fn write_model_dir(w: &Workload, dir: &Path, seed: u64) -> Result<u64, Error
     };
 
     // The file holds what a checkpoint for the workload would: bfloat16 for a bf16 workload
-    // (its crate then maps the matrices in place) and for an int8 one (its crate quantizes
-    // them at load, as it would a published bfloat16 checkpoint), f32 otherwise.
+    // (its crate then maps the matrices in place) and for an int8 or int4 one (its crate
+    // quantizes them at load, as it would a published bfloat16 checkpoint), f32 otherwise.
     let bf16 = file_is_bf16(w);
     let (dtype, width) = if bf16 { ("BF16", 2) } else { ("F32", 4) };
     let mut header = serde_json::Map::new();
