@@ -281,7 +281,11 @@ impl Impact<'_> {
     fn implementation_changed(&mut self, interface: &str, name: &str, what: &str) {
         let known = self.known;
         for (i, k) in known.iter().enumerate() {
-            let uses = k.locked.get(interface).is_some_and(|n| n == name);
+            // Its lock names it for the interface, or for a role's own instance of it
+            // (`matmul_classifier`).
+            let role = format!("{interface}_");
+            let uses =
+                k.locked.iter().any(|(key, n)| n == name && (key == interface || key.starts_with(&role)));
             let could = k.workload.as_ref().is_some_and(|w| {
                 resolve::required_interfaces(w).contains(&interface)
                     && resolve::competitors(self.project.registry.implementations_of(interface), w)

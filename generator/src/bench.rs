@@ -554,7 +554,9 @@ pub fn bench(
     // a new slot, has nothing to rank).
     let workload_crate = options.crate_dir.clone().unwrap_or_else(|| project.default_out_dir(&w.name));
     let mut plan = project.plan_for(&here, path, &workload_crate)?;
-    plan.interfaces.retain(|i| options.only.is_empty() || options.only.contains(&i.interface));
+    // A role's own instance (the classifier's matmul) is chosen by declared priority, not timed.
+    plan.interfaces
+        .retain(|i| i.role.is_none() && (options.only.is_empty() || options.only.contains(&i.interface)));
     let timed = harness::timed(&plan, &project.templates)?;
     let untimed: Vec<String> =
         plan.interfaces.iter().map(|i| i.interface.clone()).filter(|i| !timed.contains(i)).collect();
@@ -986,7 +988,8 @@ fn changes(plan: &Plan, locked: &BTreeMap<String, String>) -> Vec<Change> {
     plan.interfaces
         .iter()
         .filter_map(|i| {
-            let old = locked.get(&i.interface)?;
+            // A role's own choice (the classifier's matmul) is made by declared priority.
+            let old = locked.get(&i.interface).filter(|_| i.role.is_none())?;
             (old != &i.chosen.name).then(|| Change {
                 interface: i.interface.clone(),
                 from: old.clone(),

@@ -48,23 +48,29 @@ pub fn reasons(
     }
     for i in &plan.interfaces {
         let c = &i.chosen;
-        match lock.choice.iter().find(|l| l.interface == i.interface) {
-            None => out.push(format!("{}: new interface, {} {} chosen", i.interface, c.name, c.version)),
+        let title = i.title();
+        match lock.choice.iter().find(|l| l.key() == i.module()) {
+            None => out.push(format!("{title}: new interface, {} {} chosen", c.name, c.version)),
             Some(old) if old.implementation != c.name => out.push(format!(
-                "{}: the choice changed from {} {} to {} {} ({})",
-                i.interface, old.implementation, old.version, c.name, c.version, c.reason
+                "{title}: the choice changed from {} {} to {} {} ({})",
+                old.implementation, old.version, c.name, c.version, c.reason
             )),
-            Some(old) if old.version != c.version => out
-                .push(format!("{}: {} changed version {} → {}", i.interface, c.name, old.version, c.version)),
+            Some(old) if old.version != c.version => {
+                out.push(format!("{title}: {} changed version {} → {}", c.name, old.version, c.version))
+            }
             Some(old) if old.source_sha256 != c.source_sha256 => {
-                out.push(format!("{}: the source of {} changed", i.interface, c.name))
+                out.push(format!("{title}: the source of {} changed", c.name))
             }
             Some(_) => {}
         }
     }
     for old in &lock.choice {
-        if !plan.interfaces.iter().any(|i| i.interface == old.interface) {
-            out.push(format!("{}: no longer used", old.interface));
+        if !plan.interfaces.iter().any(|i| i.module() == old.key()) {
+            let title = old
+                .role
+                .as_ref()
+                .map_or_else(|| old.interface.clone(), |r| format!("{} ({r})", old.interface));
+            out.push(format!("{title}: no longer used"));
         }
     }
     for module in &plan.shared_modules {

@@ -333,8 +333,8 @@ pub fn keep_what_clears_the_bar(
         .interfaces
         .iter()
         .filter_map(|i| {
-            let old = locked.get(&i.interface)?;
-            (old != &i.chosen.name).then(|| (i.interface.clone(), (old.clone(), i.chosen.name.clone())))
+            let old = locked.get(&i.module())?;
+            (old != &i.chosen.name).then(|| (i.module(), (old.clone(), i.chosen.name.clone())))
         })
         .collect();
     if !needs_eval(w) || changed.is_empty() {
@@ -411,7 +411,7 @@ fn twin(w: &Workload) -> Workload {
     let mut t = w.clone();
     t.name = format!("{}-f32-reference", w.name);
     t.description = None;
-    t.weights = Weights { dtype: Dtype::F32, activations: Activations::F32 };
+    t.weights = Weights { dtype: Dtype::F32, activations: Activations::F32, classifier_dtype: None };
     t.kv_cache = KvCache::default();
     t.target.hardware = None;
     t.serving = None;

@@ -175,15 +175,16 @@ fn header(plan: &Plan, path: &Path) -> String {
 fn interface(i: &InterfacePlan) -> String {
     let mut s = String::new();
     {
+        let role = i.role.as_ref().map_or_else(String::new, |r| format!(" ({r})"));
         match &i.element {
             Some(element) => {
-                s.push_str(&format!("\n{}<{element}>: {}\n", i.interface, i.summary));
+                s.push_str(&format!("\n{}<{element}>{role}: {}\n", i.interface, i.summary));
                 s.push_str(&format!(
                     "  element type {element}: takes {} (implementations of other element types do not compete)\n",
                     crate::registry::describe_takes(&i.takes)
                 ));
             }
-            None => s.push_str(&format!("\n{}: {}\n", i.interface, i.summary)),
+            None => s.push_str(&format!("\n{}{role}: {}\n", i.interface, i.summary)),
         }
         for cand in &i.candidates {
             let head = format!("  {} {} (priority {})", cand.name, cand.version, cand.priority);

@@ -55,9 +55,23 @@ pub struct Lock {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Choice {
     pub interface: String,
+    /// The part of the model this choice serves where the crate calls the interface twice
+    /// (`classifier`: the classifier's own `matmul`); absent for the interface's main choice.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub role: Option<String>,
     pub implementation: String,
     pub version: String,
     pub source_sha256: String,
+}
+
+impl Choice {
+    /// Its interface's name, with `_<role>` for a role's choice (`matmul_classifier`).
+    pub fn key(&self) -> String {
+        match &self.role {
+            None => self.interface.clone(),
+            Some(role) => format!("{}_{role}", self.interface),
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -110,9 +124,10 @@ impl Lock {
         self.workload.get("name").and_then(toml::Value::as_str)
     }
 
-    /// Interface → implementation.
+    /// Interface → implementation; a role's choice is keyed `<interface>_<role>`, as
+    /// [`crate::plan::InterfacePlan::module`] keys it.
     pub fn choices(&self) -> BTreeMap<String, String> {
-        self.choice.iter().map(|c| (c.interface.clone(), c.implementation.clone())).collect()
+        self.choice.iter().map(|c| (c.key(), c.implementation.clone())).collect()
     }
 
     /// The files the generation wrote, the lock file included; refuses a path outside the crate.
@@ -154,6 +169,7 @@ mod tests {
             speculation: Some("prompt-lookup, 4 drafts".into()),
             choice: vec![Choice {
                 interface: "matmul".into(),
+                role: None,
                 implementation: "scalar".into(),
                 version: "1.0.0".into(),
                 source_sha256: "cd".into(),

@@ -210,6 +210,10 @@ struct InitArgs {
     /// What the linear layers' products read their activations as: f32, or bf16 (rounded; needs --dtype bf16), one term per activation on AMX tiles.
     #[arg(long, default_value = "f32", value_parser = parse_activations, value_name = "DTYPE")]
     activations: Activations,
+    /// Decoders: the classifier's weight dtype where it differs from --dtype (the embedding's too
+    /// where they are tied), e.g. int8 beside --dtype int4.
+    #[arg(long, value_parser = parse_dtype, value_name = "DTYPE")]
+    classifier_dtype: Option<Dtype>,
     /// KV cache element type (decoders): f32, or bf16, which halves what attention reads per step.
     #[arg(long, default_value = "f32", value_parser = parse_kv_dtype, value_name = "DTYPE")]
     kv_cache: KvDtype,
@@ -511,6 +515,7 @@ fn init(root: Option<PathBuf>, args: InitArgs) -> Result<ExitCode, Error> {
         output,
         dtype,
         activations,
+        classifier_dtype,
         kv_cache,
         threads,
         cpu_features,
@@ -532,6 +537,7 @@ fn init(root: Option<PathBuf>, args: InitArgs) -> Result<ExitCode, Error> {
         name,
         dtype,
         activations,
+        classifier_dtype,
         kv_cache,
         threads,
         cpu_features: CpuFeatures::parse(&cpu_features).map_err(Error::Refused)?,

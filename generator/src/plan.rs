@@ -238,6 +238,10 @@ pub struct ServingPlan {
 #[derive(Debug, Clone, Serialize)]
 pub struct InterfacePlan {
     pub interface: String,
+    /// The part of the model this instance of the interface serves, where the crate calls two
+    /// of it: `classifier` for the classifier's own `matmul` (`weights.classifier_dtype`).
+    /// `None` for the interface every other call goes through.
+    pub role: Option<String>,
     pub summary: String,
     /// The element type of the interface that the workload's element types pick (`bf16` of
     /// `matmul<bf16>`); `None` for an interface without element types.
@@ -354,9 +358,39 @@ pub struct Footprint {
 }
 
 impl Plan {
-    /// The plan of interface `name`, if the forward pass calls it.
+    /// The plan of interface `name`, if the forward pass calls it (the one every call but a
+    /// role's goes through).
     pub fn interface(&self, name: &str) -> Option<&InterfacePlan> {
-        self.interfaces.iter().find(|i| i.interface == name)
+        self.interfaces.iter().find(|i| i.interface == name && i.role.is_none())
+    }
+
+    /// The classifier's own `matmul`, where `weights.classifier_dtype` gives it another
+    /// element type than the other matrices'.
+    pub fn classifier_matmul(&self) -> Option<&InterfacePlan> {
+        self.interfaces.iter().find(|i| i.interface == "matmul" && i.role.as_deref() == Some(CLASSIFIER))
+    }
+}
+
+/// The role of the classifier's own `matmul`.
+pub const CLASSIFIER: &str = "classifier";
+
+impl InterfacePlan {
+    /// The name of the crate's module that holds the chosen kernel (`kernels/<module>.rs`) and
+    /// the key of its choice: the interface's name, with `_<role>` for a role's instance
+    /// (`matmul_classifier`).
+    pub fn module(&self) -> String {
+        match &self.role {
+            None => self.interface.clone(),
+            Some(role) => format!("{}_{role}", self.interface),
+        }
+    }
+
+    /// How messages name it: `matmul`, or `matmul (classifier)`.
+    pub fn title(&self) -> String {
+        match &self.role {
+            None => self.interface.clone(),
+            Some(role) => format!("{} ({role})", self.interface),
+        }
     }
 }
 

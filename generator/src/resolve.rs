@@ -218,6 +218,7 @@ pub fn resolve(
         match choose(name, &imps, w, registry, selection) {
             Ok((chosen, candidates, unmeasured)) => interfaces.push(InterfacePlan {
                 interface: name.to_string(),
+                role: None,
                 summary: interface.summary.clone(),
                 element: element.map(|e| e.name.clone()),
                 takes: element.map(|e| e.takes.clone()).unwrap_or_default(),
@@ -249,6 +250,13 @@ pub fn resolve(
             }
         }
     }
+    if let (Some(dtype), Model::Llama(_)) = (w.weights.classifier(), &w.model) {
+        match classifier_matmul(w, dtype, registry, path) {
+            Ok(Some(plan)) => interfaces.push(plan),
+            Ok(None) => {}
+            Err(d) => problems.push(*d),
+        }
+    }
     if !problems.is_empty() {
         return Err(problems);
     }
@@ -269,6 +277,7 @@ pub fn resolve(
         // as from a copy (1.007x, 6 rounds), which cost 2.2 s of load (bench/RESULTS.md).
         let packed = crate::plan::matmul_packs_weights(&interfaces);
         c.resident_weights = !matches!(w.weights.dtype, Dtype::Int8 | Dtype::Int4)
+            && w.weights.classifier().is_none()
             && !packed
             && footprint.weight_bytes >= RESIDENT_WEIGHT_BYTES;
     }
@@ -302,6 +311,107 @@ pub fn resolve(
         shared_modules: shared_modules.into_iter().collect(),
         footprint,
     })
+}
+
+/// The classifier's own `matmul` where `weights.classifier_dtype` holds the classifier as
+/// `dtype`: the compatible kernels of that element type that read the matrix as it is loaded
+/// (a kernel that packs its weights would need the embedding rows kept apart, which the crate
+/// does not do), chosen by declared priority: `monogen bench` times the products of the
+/// workload's own `matmul`, not the classifier's apart. `None` where the registry has no
+/// `matmul` (the loop over the interfaces has said so).
+fn classifier_matmul(
+    w: &Workload,
+    dtype: Dtype,
+    registry: &Registry,
+    path: &Path,
+) -> Result<Option<InterfacePlan>, Box<Diagnostic>> {
+    let name = "matmul";
+    let Some(interface) = registry.interfaces.get(name) else { return Ok(None) };
+    // The workload as the classifier sees it: its matrix's element type, no hardware class.
+    let mut view = w.clone();
+    view.weights =
+        crate::workload::Weights { dtype, activations: w.weights.activations, classifier_dtype: None };
+    view.target.hardware = None;
+    let element = interface.element_for(&view.element_types()).map_err(|why| {
+        Box::new(
+            Diagnostic::new(format!(
+            "no element type of `matmul` fits the classifier of workload `{}` (weights.classifier_dtype = \"{}\"): {why}",
+            w.name,
+            dtype.as_str()
+        ))
+        .at_path(path)
+        .hint("name another weights.classifier_dtype, or remove it")
+        )
+    })?;
+    let element_name = element.map(|e| e.name.clone());
+    let (imps, packing): (Vec<Implementation>, Vec<Implementation>) = registry
+        .implementations_of(name)
+        .iter()
+        .filter(|i| i.element == element_name)
+        .cloned()
+        .partition(|i| !i.packs_weights);
+    let shown = element_name.as_deref().map_or_else(|| name.to_string(), |e| format!("{name}<{e}>"));
+    let (mut chosen, mut candidates, _) = match choose(name, &imps, &view, registry, &Selection::default()) {
+        Ok(choice) => choice,
+        Err(candidates) => {
+            let mut d = Diagnostic::new(format!(
+                "no implementation of `{shown}` fits the classifier of workload `{}`",
+                w.name
+            ))
+            .at_path(path);
+            for c in &candidates {
+                if let Verdict::Rejected { reasons } = &c.verdict {
+                    d = d.note(format!("{name}/{}: {}", c.name, reasons.join("; ")));
+                }
+            }
+            return Err(d
+                .hint("name another weights.classifier_dtype, or change the workload's target")
+                .into());
+        }
+    };
+    let module = format!("{name}_{}", crate::plan::CLASSIFIER);
+    let compatible = candidates.iter().filter(|c| !matches!(c.verdict, Verdict::Rejected { .. })).count();
+    let priority = imps.iter().find(|i| i.name == chosen.name).map_or(0, |i| i.priority);
+    chosen.reason = format!(
+        "highest declared priority ({priority}) among {compatible} compatible `{shown}` kernels that read the classifier as loaded: `monogen bench` times the other products' `matmul`, not the classifier's apart"
+    );
+    chosen.basis =
+        "highest declared priority for the classifier's product, which is not timed apart".to_string();
+    chosen.team_job = imps.iter().find(|i| i.name == chosen.name).and_then(|i| i.team_job_path(&module));
+    for c in &mut candidates {
+        match &mut c.verdict {
+            Verdict::Chosen { reason } => *reason = chosen.reason.clone(),
+            Verdict::Outranked { reason, basis, .. } => {
+                *reason = format!("declared priority {} below the chosen one's", c.priority);
+                *basis = reason.clone();
+            }
+            _ => {}
+        }
+    }
+    candidates.extend(packing.iter().map(|i| Candidate {
+        name: i.name.clone(),
+        version: i.version.clone(),
+        priority: i.priority,
+        verdict: Verdict::Rejected {
+            reasons: rejections(i, &view)
+                .into_iter()
+                .chain(["packs its weights at load, and the classifier's kernel reads its matrix as loaded (the embedding rows too, where they are tied)".to_string()])
+                .collect(),
+        },
+        evidence: None,
+    }));
+    Ok(Some(InterfacePlan {
+        interface: name.to_string(),
+        role: Some(crate::plan::CLASSIFIER.to_string()),
+        summary: interface.summary.clone(),
+        element: element_name,
+        takes: element.map(|e| e.takes.clone()).unwrap_or_default(),
+        reference: interface.reference_of(element).to_string(),
+        chosen,
+        candidates,
+        competitors: competitors(&imps, &view).into_iter().map(|i| i.name.clone()).collect(),
+        unmeasured: Vec::new(),
+    }))
 }
 
 /// The compatible implementations of an interface that compete for `w` (not shadowed by
@@ -864,9 +974,14 @@ fn footprint(w: &Workload, consts: &Consts) -> Footprint {
             // x, xb: [rows, HIDDEN_SIZE]; q, att: [rows, Q_DIM]; k, v: [rows, KV_DIM]; gate, up: [rows, INTERMEDIATE_SIZE];
             // scores: [MAX_SEQ_LEN]; logits: [MAX_BATCH, VOCAB_SIZE]
             let scratch = rows * (2 * d + 2 * q + 2 * kv + 2 * h) + c.max_seq_len as u64 + batch * v;
+            // A classifier of its own element type (the embedding too, where tied).
+            let weight_bytes = match w.weights.classifier() {
+                Some(dtype) => weight_bytes(matrices - v * d, parameters - v * d) + dtype.bytes(v * d),
+                None => weight_bytes(matrices, parameters),
+            };
             Footprint {
                 parameters,
-                weight_bytes: weight_bytes(matrices, parameters),
+                weight_bytes,
                 kv_cache_bytes,
                 kv_caches: c.serving.as_ref().map_or(batch, |s| s.kv_slots as u64),
                 scratch_bytes: scratch * f32_size,
@@ -963,6 +1078,52 @@ mod tests {
                 Some(element)
             );
         }
+    }
+
+    #[test]
+    fn a_classifier_dtype_gives_the_classifier_a_matmul_of_its_own_element_type() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let registry = Registry::load(&root).unwrap();
+        let path = root.join("workloads/stories260k-cpu-int4-q8-classifier.toml");
+        let w = WorkloadSource::read(&path).unwrap().parse().unwrap();
+        let plan = resolve(&w, &registry, &Selection::default(), &path).unwrap();
+        let main = plan.interface("matmul").unwrap();
+        assert_eq!(
+            (main.element.as_deref(), main.role.as_deref(), main.module()),
+            (Some("q4"), None, "matmul".into())
+        );
+        let own = plan.classifier_matmul().unwrap();
+        assert_eq!(own.element.as_deref(), Some("q8"));
+        assert_eq!((own.module(), own.title()), ("matmul_classifier".into(), "matmul (classifier)".into()));
+        // The q8 kernels that fit x86-64-v3 and read the matrix as loaded; the highest declared
+        // priority of them wins, whatever the rankings hold.
+        assert_eq!(own.chosen.name, "q8-avx2-threads");
+        assert!(own.chosen.reason.contains("not the classifier's apart"), "{}", own.chosen.reason);
+        assert!(!own.chosen.packs_weights && own.unmeasured.is_empty());
+        assert_eq!(own.chosen.team_job.as_deref(), Some("matmul_classifier::Shared"));
+        for c in &own.candidates {
+            let imp = registry.implementation("matmul", &c.name, Some("q8")).unwrap();
+            if imp.packs_weights {
+                assert!(
+                    matches!(&c.verdict, Verdict::Rejected { reasons } if reasons.iter().any(|r| r.contains("packs its weights"))),
+                    "{}: {:?}",
+                    c.name,
+                    c.verdict
+                );
+            }
+        }
+        // Its CPU features and shared modules are the crate's too.
+        assert!(plan.shared_modules.contains(&"avx2_q8".to_string()));
+        // The footprint counts the tied embedding at 1.125 bytes a weight, the rest at 0.625.
+        let int4_path = root.join("workloads/stories260k-cpu-int4.toml");
+        let int4 = WorkloadSource::read(&int4_path).unwrap().parse().unwrap();
+        let alone = resolve(&int4, &registry, &Selection::default(), &int4_path).unwrap();
+        let embedding = 512 * 64;
+        assert_eq!(
+            plan.footprint.weight_bytes - alone.footprint.weight_bytes,
+            Dtype::Int8.bytes(embedding) - Dtype::Int4.bytes(embedding)
+        );
+        assert!(alone.classifier_matmul().is_none());
     }
 
     #[test]

@@ -447,6 +447,19 @@ pub struct Weights {
     /// workload asks for bf16, which needs bf16 weights).
     #[serde(default, skip_serializing_if = "Activations::is_f32")]
     pub activations: Activations,
+    /// Optional: how a decoder holds its classifier (`lm_head`, or the embedding table where the
+    /// embeddings are tied, which then serves both) when not as `dtype`: an int4 model whose
+    /// classifier stays in int8, as GGML's quantized files often keep it. The classifier's
+    /// product then runs through a second `matmul` of that element type.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub classifier_dtype: Option<Dtype>,
+}
+
+impl Weights {
+    /// The classifier's element type where it differs from the other matrices'.
+    pub fn classifier(&self) -> Option<Dtype> {
+        self.classifier_dtype.filter(|d| *d != self.dtype)
+    }
 }
 
 /// How the products of the linear layers read their activations: `f32` (the default), or
@@ -997,6 +1010,33 @@ fn check(w: &Workload, span: &SpanOf, src: &WorkloadSource) -> Vec<Diagnostic> {
             "bfloat16 activations are read by the bf16 weights' products only",
             "set weights.dtype = \"bf16\", or remove weights.activations (f32 activations)".into(),
         ));
+    }
+
+    if let Some(classifier) = w.weights.classifier_dtype {
+        let problem = if matches!(w.model, Model::Bert(_)) {
+            Some((
+                format!("weights.classifier_dtype is for decoders, and `{}` is an encoder", w.name),
+                "a BERT encoder has no classifier",
+                "remove weights.classifier_dtype".to_string(),
+            ))
+        } else if classifier == w.weights.dtype {
+            Some((
+                format!("weights.classifier_dtype is \"{}\", as weights.dtype is", classifier.as_str()),
+                "the classifier is held as weights.dtype already",
+                "remove weights.classifier_dtype, or name another element type".to_string(),
+            ))
+        } else if w.weights.activations == Activations::Bf16 {
+            Some((
+                "weights.classifier_dtype with weights.activations = \"bf16\"".to_string(),
+                "bfloat16 activations are for bf16 products alone",
+                "remove one of the two".to_string(),
+            ))
+        } else {
+            None
+        };
+        if let Some((message, label, hint)) = problem {
+            out.push(mk(&["weights", "classifier_dtype"], message, label, hint));
+        }
     }
 
     if !is_crate_name(&w.name) {
@@ -2186,6 +2226,24 @@ mod tests {
         // the key existed keep their hashes (and their measurements).
         assert!(!parse(GOOD).unwrap().canonical_toml().contains("activations"));
         assert_eq!(parse(&with("f32", "f32")).unwrap(), parse(GOOD).unwrap());
+    }
+
+    #[test]
+    fn a_classifier_dtype_round_trips_and_is_refused_beside_bf16_activations() {
+        let with = |weights: &str| GOOD.replace("dtype = \"f32\"\n", weights);
+        let mixed = parse(&with("dtype = \"int4\"\nclassifier_dtype = \"int8\"\n")).unwrap();
+        assert_eq!(mixed.weights.classifier(), Some(Dtype::Int8));
+        assert_eq!(parse(&mixed.canonical_toml()).unwrap(), mixed);
+        // Absent, it stays out of the canonical form (the workloads' hashes do not move).
+        assert!(!parse(GOOD).unwrap().canonical_toml().contains("classifier_dtype"));
+        assert_eq!(parse(GOOD).unwrap().weights.classifier(), None);
+        let e = first_error(&with("dtype = \"bf16\"\nactivations = \"bf16\"\nclassifier_dtype = \"int8\"\n"));
+        assert!(
+            e.starts_with("w.toml:23:20:") && e.contains("weights.classifier_dtype with weights.activations"),
+            "{e}"
+        );
+        let e = first_error(&with("dtype = \"int4\"\nclassifier_dtype = \"int2\"\n"));
+        assert!(e.contains("unknown variant `int2`"), "{e}");
     }
 
     #[test]

@@ -2,7 +2,7 @@
 
 mod common;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use common::*;
@@ -1036,6 +1036,15 @@ fn eval_stale_picks_the_crates_check_asks_an_evaluation_of() {
     assert!(stderr(&out).contains("eval takes one --crate"), "{}", stderr(&out));
 }
 
+/// Folders `llama` and `bert` under `dir`, each with nothing but a config.json, for `init`.
+fn config_folders(dir: &Path) -> (PathBuf, PathBuf) {
+    for (model, config) in [("llama", LLAMA_CONFIG), ("bert", BERT_CONFIG)] {
+        std::fs::create_dir_all(dir.join(model)).unwrap();
+        std::fs::write(dir.join(model).join("config.json"), config).unwrap();
+    }
+    (dir.join("llama"), dir.join("bert"))
+}
+
 /// `init --serve --shared-prefix-len N` gives a decoder's server a prefix cache (a crate with
 /// `PREFIX_CACHE_MIN`, half of N); without `--serve`, the crate's sessions get `generate_anew`;
 /// for an encoder, it is refused.
@@ -1043,11 +1052,7 @@ fn eval_stale_picks_the_crates_check_asks_an_evaluation_of() {
 fn init_writes_the_shared_prefix_of_a_decoder_server() {
     let root = workspace_root();
     let temp = tempfile::tempdir().unwrap();
-    for (model, config) in [("llama", LLAMA_CONFIG), ("bert", BERT_CONFIG)] {
-        std::fs::create_dir_all(temp.path().join(model)).unwrap();
-        std::fs::write(temp.path().join(model).join("config.json"), config).unwrap();
-    }
-    let llama = temp.path().join("llama");
+    let (llama, bert) = config_folders(temp.path());
     let workload = temp.path().join("p.toml");
     let args = ["init", "--hf", llama.to_str().unwrap(), "--name", "p", "--hardware", "none"];
     let out = monogen(
@@ -1076,7 +1081,6 @@ fn init_writes_the_shared_prefix_of_a_decoder_server() {
         std::fs::read_to_string(krate.join("src/generate.rs")).unwrap().contains("pub fn generate_anew(")
     );
     assert!(!krate.join("src/engine.rs").exists());
-    let bert = temp.path().join("bert");
     let out = monogen(
         &root,
         &["init", "--hf", bert.to_str().unwrap(), "--name", "b", "--serve", "--shared-prefix-len", "8"],
@@ -1093,14 +1097,70 @@ fn init_writes_the_shared_prefix_of_a_decoder_server() {
 /// into a speculating crate; `--draft-tokens` needs `--speculate`, an encoder refuses it, and a
 /// draft too long for the prefill chunk is refused with the workload's line.
 #[test]
+fn init_writes_a_classifier_dtype_and_build_gives_the_classifier_its_own_matmul() {
+    let root = workspace_root();
+    let temp = tempfile::tempdir().unwrap();
+    let (llama, bert) = config_folders(temp.path());
+    let workload = temp.path().join("c.toml");
+    let args =
+        ["init", "--hf", llama.to_str().unwrap(), "--name", "c", "--hardware", "none", "--dtype", "int4"];
+    let out = monogen(
+        &root,
+        &[&args[..], &["--classifier-dtype", "int8", "-o", workload.to_str().unwrap()]].concat(),
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = std::fs::read_to_string(&workload).unwrap();
+    assert!(
+        text.contains("[weights]\ndtype = \"int4\"\n") && text.contains("\nclassifier_dtype = \"int8\"\n"),
+        "{text}"
+    );
+    let krate = temp.path().join("c-crate");
+    let out = monogen(&root, &["build", workload.to_str().unwrap(), "--out", krate.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let kernel = std::fs::read_to_string(krate.join("src/kernels/matmul_classifier.rs")).unwrap();
+    assert!(kernel.contains("\n// matmul (classifier): `q8-"), "{}", &kernel[..300]);
+    let lock = std::fs::read_to_string(krate.join("monogen.lock")).unwrap();
+    assert!(lock.contains("interface = \"matmul\"\nrole = \"classifier\"\nimplementation = \"q8-"), "{lock}");
+    let out = monogen(&root, &["explain", workload.to_str().unwrap()]);
+    assert!(String::from_utf8_lossy(&out.stdout).contains("matmul<q8> (classifier):"), "{}", stderr(&out));
+    // The crate is what build writes: check asks only for its evaluation.
+    let out = monogen(&root, &["check", workload.to_str().unwrap(), "--out", krate.to_str().unwrap()]);
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(said.contains("no evaluation record") && said.matches("because").count() == 1, "{said}");
+
+    // Refused: the classifier as --dtype, with bf16 activations, or for an encoder.
+    for (extra, said) in [
+        (&["--dtype", "int4", "--classifier-dtype", "int4"][..], "is --dtype already"),
+        (
+            &["--dtype", "bf16", "--activations", "bf16", "--classifier-dtype", "int8"][..],
+            "do not go together",
+        ),
+    ] {
+        let out = monogen(&root, &[&args[..5], &["--hardware", "none"], extra].concat());
+        assert!(!out.status.success() && stderr(&out).contains(said), "{extra:?}: {}", stderr(&out));
+    }
+    let out = monogen(
+        &root,
+        &[
+            "init",
+            "--hf",
+            bert.to_str().unwrap(),
+            "--name",
+            "b",
+            "--hardware",
+            "none",
+            "--classifier-dtype",
+            "int8",
+        ],
+    );
+    assert!(!out.status.success() && stderr(&out).contains("is for decoders"), "{}", stderr(&out));
+}
+
+#[test]
 fn init_writes_a_speculation_table() {
     let root = workspace_root();
     let temp = tempfile::tempdir().unwrap();
-    for (model, config) in [("llama", LLAMA_CONFIG), ("bert", BERT_CONFIG)] {
-        std::fs::create_dir_all(temp.path().join(model)).unwrap();
-        std::fs::write(temp.path().join(model).join("config.json"), config).unwrap();
-    }
-    let llama = temp.path().join("llama");
+    let (llama, bert) = config_folders(temp.path());
     let args = ["init", "--hf", llama.to_str().unwrap(), "--name", "s", "--hardware", "none"];
     let workload = temp.path().join("s.toml");
     let out = monogen(
@@ -1156,7 +1216,6 @@ fn init_writes_a_speculation_table() {
     let out = monogen(&root, &[&args[..], &["--speculate", "--draft-tokens", "99"]].concat());
     assert_ne!(out.status.code(), Some(0));
     assert!(stderr(&out).contains("speculation.draft_tokens is 99"), "{}", stderr(&out));
-    let bert = temp.path().join("bert");
     let out = monogen(&root, &["init", "--hf", bert.to_str().unwrap(), "--name", "b", "--speculate"]);
     assert_eq!(out.status.code(), Some(2));
     assert!(stderr(&out).contains("generates no tokens to draft"), "{}", stderr(&out));

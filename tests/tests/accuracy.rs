@@ -1,7 +1,9 @@
 //! Accuracy of reduced-precision weights, measured rather than assumed: the crates generated
 //! for `stories260k-cpu-bf16` (matrices converted to bfloat16 at load) and
 //! `stories260k-cpu-int8` (matrices quantized to blockwise int8 at load, activations quantized
-//! per block in every product) and `stories260k-cpu-int4` (matrices in four bits), all for x86-64-v3 (AVX2) so that they run on every machine
+//! per block in every product) and `stories260k-cpu-int4` (matrices in four bits), with
+//! its twins `stories260k-cpu-int4-q8-classifier` and `stories260k-untied-int4-q8-classifier`
+//! (the classifier in int8: `weights.classifier_dtype`), all for x86-64-v3 (AVX2) so that they run on every machine
 //! that runs the tests, against the f32 crate of the same model, teacher-forced over the
 //! 821 positions of sampled stories: the share of positions where both pick the same
 //! most likely next token, and the mean KL divergence of the reduced-precision next-token
@@ -25,7 +27,9 @@ use stories260k_cpu_bf16_bf16act_avx512bf16 as bf16act_dot;
 use stories260k_cpu_f32 as f32m;
 use stories260k_cpu_f32_kv_bf16 as kv_bf16;
 use stories260k_cpu_int4 as int4;
+use stories260k_cpu_int4_q8_classifier as int4_q8_classifier;
 use stories260k_cpu_int8 as int8;
+use stories260k_untied_int4_q8_classifier as untied_int4_q8_classifier;
 
 /// Positions scored: every position of the four sampled stories of [`sequences`], the count
 /// docs/workload.md gives beside the figures.
@@ -86,6 +90,12 @@ const INT8: Measured = Measured { top1: 0.9866, kl: 1.00e-3 };
 /// (bench/RESULTS.md has SmolLM2-135M's). Measured on intel-xeon-2c (2026-12-07, `cargo test
 /// -p monogen-tests --test accuracy int4 -- --nocapture`).
 const INT4: Measured = Measured { top1: 0.8039, kl: 1.19e-1 };
+/// int4 layers with the tied embedding (the classifier) in int8
+/// (`stories260k-cpu-int4-q8-classifier`), measured as [`INT4`] was.
+const INT4_Q8_CLASSIFIER: Measured = Measured { top1: 0.8417, kl: 8.66e-2 };
+/// int4 layers and embedding rows with an untied classifier (`lm_head`, a copy of the embedding)
+/// in int8 (`stories260k-untied-int4-q8-classifier`), measured as [`INT4`] was.
+const UNTIED_INT4_Q8_CLASSIFIER: Measured = Measured { top1: 0.8319, kl: 9.09e-2 };
 
 /// The largest gap between two logits of the f32 model at which a reduced-precision crate's
 /// greedy pick may differ from f32's: 3x the one such step of the reference's greedy runs
@@ -128,10 +138,10 @@ fn sequences(full: &f32m::Model, tokenizer: &f32m::Tokenizer) -> Vec<Vec<u32>> {
 
 /// Top-1 agreement and mean KL divergence of `got`'s next-token distributions from `want`'s
 /// over every position of the f32 model's sampled sequences; asserts the limits.
-fn assert_agreement(what: &str, got: impl Fn(&[u32]) -> Vec<f32>, measured: Measured) {
-    let Some(dir) = model_dir("stories260k") else { return };
+fn assert_agreement(what: &str, got: impl Fn(&[u32]) -> Vec<f32>, measured: Measured) -> Measured {
+    let Some(dir) = model_dir("stories260k") else { return measured };
     let full = f32m::Model::load(&dir).unwrap();
-    assert_agreement_with("f32", |ids| full.session().logits_all(ids).unwrap(), what, got, measured);
+    assert_agreement_with("f32", |ids| full.session().logits_all(ids).unwrap(), what, got, measured)
 }
 
 /// As [`assert_agreement`], against the logits of another crate (`want`, named `against`).
@@ -141,9 +151,9 @@ fn assert_agreement_with(
     what: &str,
     got: impl Fn(&[u32]) -> Vec<f32>,
     measured: Measured,
-) {
+) -> Measured {
     let (min_top1, max_kl) = (measured.min_top1(), measured.max_kl());
-    let Some(dir) = model_dir("stories260k") else { return };
+    let Some(dir) = model_dir("stories260k") else { return measured };
     let full = f32m::Model::load(&dir).unwrap();
     let tokenizer = f32m::Tokenizer::load(&dir).unwrap();
     let (mut positions, mut same, mut kl_sum) = (0usize, 0usize, 0f64);
@@ -167,6 +177,7 @@ fn assert_agreement_with(
     assert_eq!(positions, POSITIONS, "the sampled stories are not the documented ones");
     assert!(top1 >= min_top1, "{what}: top-1 agreement {top1} over {positions} positions");
     assert!(kl <= max_kl, "{what}: mean KL divergence {kl} over {positions} positions");
+    Measured { top1, kl }
 }
 
 /// The model of generated crate `$krate` from `$dir`, or a return from the test (with a note)
@@ -312,6 +323,37 @@ fn int4_weights_agree_with_f32_on_top1_and_kl() {
     let Some(dir) = model_dir("stories260k") else { return };
     let model = int4::Model::load(&dir).unwrap();
     assert_agreement("int4", |ids| model.session().logits_all(ids).unwrap(), INT4);
+}
+
+/// The classifier held in int8 beside int4 layers (`weights.classifier_dtype`) through its own
+/// matmul: within its measured bounds of f32, and closer to f32 than int4 throughout, on both
+/// sides of the tie: tied (the embedding rows are the int8 matrix's too) and untied (the
+/// embedding rows stay int4, `lm_head` is int8).
+#[test]
+fn an_int8_classifier_beside_int4_layers_agrees_with_f32_better_than_int4_alone() {
+    let (Some(dir), Some(untied)) = (model_dir("stories260k"), monogen_tests::untied_stories260k()) else {
+        return;
+    };
+    let int4 = int4::Model::load(&dir).unwrap();
+    let alone = assert_agreement("int4", |ids| int4.session().logits_all(ids).unwrap(), INT4);
+    let model = int4_q8_classifier::Model::load(&dir).unwrap();
+    let tied = assert_agreement(
+        "int4 with an int8 classifier",
+        |ids| model.session().logits_all(ids).unwrap(),
+        INT4_Q8_CLASSIFIER,
+    );
+    let untied_model = untied_int4_q8_classifier::Model::load(&untied).unwrap();
+    let untied = assert_agreement(
+        "int4 with an untied int8 classifier",
+        |ids| untied_model.session().logits_all(ids).unwrap(),
+        UNTIED_INT4_Q8_CLASSIFIER,
+    );
+    for measured in [tied, untied] {
+        assert!(
+            measured.top1 > alone.top1 && measured.kl < alone.kl,
+            "{measured:?} against int4's {alone:?}"
+        );
+    }
 }
 
 #[test]

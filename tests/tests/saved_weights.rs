@@ -15,6 +15,7 @@ use serde_json::Value;
 use stories260k_cpu_bf16 as bf16;
 use stories260k_cpu_bf16_bf16act as bf16act;
 use stories260k_cpu_int4 as int4;
+use stories260k_cpu_int4_q8_classifier as int4_q8_classifier;
 use stories260k_cpu_int8 as int8;
 
 /// The JSON header of a safetensors file and the offset of its data.
@@ -210,6 +211,27 @@ fn a_bert_int8_crate_saves_its_quantized_matrices_and_encodes_the_same() {
         model.encoder().embed(&ids).unwrap()
     };
     assert_eq!(vectors(&dir), vectors(temp.path()));
+}
+
+#[test]
+fn a_crate_with_an_int8_classifier_beside_int4_layers_saves_each_as_it_holds_it() {
+    let Some(dir) = model_dir("stories260k") else { return };
+    let temp = tempfile::tempdir().unwrap();
+    let saved = temp.path().join("saved");
+    let warnings = int4_q8_classifier::Model::save_model(&dir, &saved).unwrap();
+    assert!(warnings.is_empty(), "{warnings:?}");
+    let bytes = std::fs::read(saved.join("model.safetensors")).unwrap();
+    let (header, _) = header(&bytes);
+    assert_eq!(header["__metadata__"]["monogen.workload"], "stories260k-cpu-int4-q8-classifier");
+    // The layers' 35 matrices in four bits with binary16 scales and minimums; the tied
+    // embedding (the classifier) in int8 with f32 scales, one per 32 values.
+    assert_eq!(dtypes_ending(&header, "proj.weight"), vec!["U8"; 35]);
+    assert_eq!(dtypes_ending(&header, "proj.weight_scale"), vec!["F16"; 35]);
+    assert_eq!(header["model.embed_tokens.weight"]["dtype"], "I8");
+    assert_eq!(header["model.embed_tokens.weight"]["shape"], serde_json::json!([512, 64]));
+    assert_eq!(header["model.embed_tokens.weight_scale"]["dtype"], "F32");
+    assert_eq!(header["model.embed_tokens.weight_scale"]["shape"], serde_json::json!([512, 2]));
+    assert_faithful!(int4_q8_classifier, &dir, &saved, &bytes, temp.path());
 }
 
 /// A copy of `saved` (a directory saved by an int8 or int4 crate) in a new directory, with the

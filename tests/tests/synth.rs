@@ -13,6 +13,7 @@ fn init_options() -> InitOptions {
         name: "synth".into(),
         dtype: Dtype::F32,
         activations: monogen::workload::Activations::F32,
+        classifier_dtype: None,
         kv_cache: KvDtype::F32,
         threads: Some(2),
         cpu_features: CpuFeatures::parse("x86-64-v3").unwrap(),

@@ -49,6 +49,18 @@ impl Matrices {
         }
     }
 
+    /// How a decoder holds its classifier where `weights.classifier_dtype` gives it an element
+    /// type of its own (its kernel never packs: `resolve::classifier_matmul`); `None` where the
+    /// classifier is held as the other matrices are.
+    pub fn classifier(plan: &Plan) -> Option<Matrices> {
+        Some(match plan.weights.classifier()? {
+            Dtype::Bf16 => Matrices::Bf16,
+            Dtype::Int8 => Matrices::Q8,
+            Dtype::Int4 => Matrices::Q4,
+            Dtype::F32 | Dtype::F16 => Matrices::F32,
+        })
+    }
+
     /// The runtime file (templates/runtime/) that defines the matrix type, if it is not the
     /// f32 `Tensor` of tensor_file.rs.
     pub fn runtime_file(self) -> Option<&'static str> {
@@ -155,6 +167,20 @@ impl Matrices {
     /// type but int8 and int4, whose are a pair of the values and their scales).
     pub fn matmul_call(
         self,
+        shape: [&str; 2],
+        out: TokenStream,
+        x: TokenStream,
+        w: TokenStream,
+        rows: TokenStream,
+    ) -> TokenStream {
+        self.matmul_call_with(quote!(matmul), shape, out, x, w, rows)
+    }
+
+    /// [`Matrices::matmul_call`] through the matmul function at `function` (the classifier's
+    /// own: `crate::kernels::matmul_classifier::matmul`).
+    pub fn matmul_call_with(
+        self,
+        function: TokenStream,
         [n, k]: [&str; 2],
         out: TokenStream,
         x: TokenStream,
@@ -164,10 +190,10 @@ impl Matrices {
         let (n, k) = (format_ident!("{n}"), format_ident!("{k}"));
         match self {
             Matrices::F32 | Matrices::Packed | Matrices::Bf16 | Matrices::Bf16Packed => {
-                quote!(matmul::<#n, #k>(#out, #x, &#w, #rows);)
+                quote!(#function::<#n, #k>(#out, #x, &#w, #rows);)
             }
             Matrices::Q8 | Matrices::Q8Packed | Matrices::Q4 => {
-                quote!(matmul::<#n, #k>(#out, #x, (#w.values(), #w.scales()), #rows);)
+                quote!(#function::<#n, #k>(#out, #x, (#w.values(), #w.scales()), #rows);)
             }
         }
     }
@@ -194,7 +220,8 @@ pub fn target_guards(plan: &Plan) -> TokenStream {
     }
 }
 
-/// `src/kernels/<interface>.rs` for every chosen implementation and
+/// `src/kernels/<interface>.rs` for every chosen implementation (`<interface>_<role>.rs` for a
+/// role's own, such as the classifier's `matmul`) and
 /// `src/kernels/shared/<module>.rs` for the helpers they use, each with a provenance line.
 pub fn kernel_files(plan: &Plan, registry: &Registry) -> Result<Vec<(String, String)>, Error> {
     let mut files = Vec::new();
@@ -208,12 +235,12 @@ pub fn kernel_files(plan: &Plan, registry: &Registry) -> Result<Vec<(String, Str
         })?;
         let provenance = format!(
             "// {}: `{}` {}, from {}/kernel.rs\n",
-            i.interface,
+            i.title(),
             imp.name,
             imp.version,
             imp.dir.display().to_string().replace('\\', "/")
         );
-        files.push((format!("src/kernels/{}.rs", i.interface), provenance + &rust_source::print(&file)));
+        files.push((format!("src/kernels/{}.rs", i.module()), provenance + &rust_source::print(&file)));
     }
     for name in &plan.shared_modules {
         let module = &registry.shared[name];
@@ -355,7 +382,7 @@ pub fn kernels_mod_rs(plan: &Plan) -> TokenStream {
         format!(" The kernels chosen for `{name}`, one module per interface, each the source of the"),
         " implementation that resolution picked (README.md says which and why).".to_string(),
     ];
-    let mut interfaces: Vec<&str> = plan.interfaces.iter().map(|i| i.interface.as_str()).collect();
+    let mut interfaces: Vec<String> = plan.interfaces.iter().map(|i| i.module()).collect();
     interfaces.sort_unstable();
     let rope_scaled = matches!(&plan.consts, crate::plan::Consts::Llama(c) if c.rope_scaling.is_some());
     let modules = interfaces.iter().map(|i| {
@@ -373,7 +400,7 @@ pub fn kernels_mod_rs(plan: &Plan) -> TokenStream {
     let jobs: Vec<TeamJob> = plan
         .interfaces
         .iter()
-        .filter_map(|i| Some(TeamJob::new(camel_ident(&i.interface), i.chosen.team_job.as_ref()?)))
+        .filter_map(|i| Some(TeamJob::new(camel_ident(&i.module()), i.chosen.team_job.as_ref()?)))
         .collect();
     let team_job = team_job_enum(&jobs);
     let shared = (!plan.shared_modules.is_empty()).then(|| {

@@ -85,6 +85,7 @@ pub fn rust_files(
         ("src/kernels/mod.rs".to_string(), rust_source::print_tokens(common::kernels_mod_rs(plan))),
     ];
     let matrices = Matrices::of(plan);
+    let classifier = Matrices::classifier(plan);
     let serving = if c.serving.is_some() { SERVING_FILES } else { &[] };
     let prefix_cache = c.prefix_cache_min().is_some();
     let features =
@@ -94,7 +95,14 @@ pub fn rust_files(
         rust_source::select(&mut source, &features)
             .map_err(|message| Error::Template { name: format!("runtime/{file}"), message })?;
         if *file == "tensor_file.rs" {
-            rust_source::remove_methods(&mut source, matrices.unused_tensor_file_methods());
+            // The methods that neither the matrices nor a classifier of its own call.
+            let unused: Vec<&str> = matrices
+                .unused_tensor_file_methods()
+                .iter()
+                .copied()
+                .filter(|m| classifier.is_none_or(|c| c.unused_tensor_file_methods().contains(m)))
+                .collect();
+            rust_source::remove_methods(&mut source, &unused);
         }
         // Only a session's own f32 KV cache is copied into from the scratch (see `model_rs`).
         if *file == "scratch.rs" && (c.kv_dtype == KvDtype::Bf16 || c.batched()) {
@@ -110,9 +118,12 @@ pub fn rust_files(
         files.push((format!("src/{file}"), rust_source::print(&source)));
     }
     let resident: &[&str] = if c.resident_weights { &["huge_pages.rs", "resident.rs"] } else { &[] };
-    for file in matrices.runtime_file().into_iter().chain(resident.iter().copied()) {
+    // The matrices' runtime file, a classifier's of its own, and what resident weights need.
+    let held = [Some((matrices, false)), classifier.map(|m| (m, true))].into_iter().flatten();
+    let held = held.filter_map(|(m, own)| Some((m.runtime_file()?, held_unused(m, own, classifier, c))));
+    for (file, unused) in held.chain(resident.iter().map(|f| (*f, Vec::new()))) {
         let mut source = templates.runtime_with(file, &[("__crate", &krate)])?;
-        rust_source::remove_methods(&mut source, matrices.unused_methods());
+        rust_source::remove_methods(&mut source, &unused);
         files.push((format!("src/{file}"), rust_source::print(&source)));
     }
     if let Some(chat) = chat(c) {
@@ -120,6 +131,28 @@ pub fn rust_files(
     }
     files.extend(common::kernel_files(plan, registry)?);
     Ok(files)
+}
+
+/// The methods of the runtime file of matrices `m` that the crate never calls: those
+/// [`Matrices::unused_methods`] names, and where the classifier has an element type of its own
+/// (`classifier`), what only the other side calls: the row dequantization of the embedding
+/// (the classifier's where tied), and the other matrices' loader of one matrix (their loader of
+/// several stays, which it calls). `own` says that `m` is the classifier's.
+fn held_unused(m: Matrices, own: bool, classifier: Option<Matrices>, c: &LlamaConsts) -> Vec<&'static str> {
+    let mut unused = m.unused_methods().to_vec();
+    let single = match m {
+        Matrices::Q8 => Some("q8"),
+        Matrices::Q4 => Some("q4"),
+        _ => None,
+    };
+    if let (Some(single), Some(_)) = (single, classifier) {
+        match (own, c.tie_word_embeddings) {
+            (true, false) => unused.push("dequantize_row"),
+            (false, true) => unused.extend([single, "dequantize_row"]),
+            (true, true) | (false, false) => {}
+        }
+    }
+    unused
 }
 
 /// The chat template the server renders chat messages with, as the workload gives it: the
@@ -201,6 +234,9 @@ fn lib_rs(plan: &Plan, c: &LlamaConsts) -> TokenStream {
     let cpu_features = &plan.cpu_features;
     let n_features = usize_lit(cpu_features.len());
     let (bf16_mod, q8_mod) = Matrices::of(plan).modules();
+    // A classifier of its own element type has its matrix type's module too (after the others').
+    let (classifier_bf16_mod, classifier_q8_mod) =
+        Matrices::classifier(plan).map_or((None, None), Matrices::modules);
     let batch = c.batched().then(|| {
         let max_batch = usize_lit(c.request.max_batch);
         let step_rows = usize_lit(c.step_rows);
@@ -290,6 +326,7 @@ fn lib_rs(plan: &Plan, c: &LlamaConsts) -> TokenStream {
         #guards
 
         #bf16_mod
+        #classifier_bf16_mod
         pub mod cpu;
         mod detokenizer;
         pub mod error;
@@ -297,6 +334,7 @@ fn lib_rs(plan: &Plan, c: &LlamaConsts) -> TokenStream {
         mod kernels;
         pub mod model;
         #q8_mod
+        #classifier_q8_mod
         #resident_mod
         #serving_mods
         mod scratch;
@@ -361,12 +399,15 @@ fn lib_rs(plan: &Plan, c: &LlamaConsts) -> TokenStream {
 /// and `Session` in place of model.rs's `Session`, as has a crate that serves.
 fn model_rs(plan: &Plan, c: &LlamaConsts, templates: &Templates) -> Result<String, Error> {
     let matrices = Matrices::of(plan);
+    let classifier = Matrices::classifier(plan);
     let batched = c.batched();
     let (rope_use, rope_tables, inv_freq_fn) = rope_parts(c.rope_scaling);
     let mut slots =
         BTreeMap::from([("rope_use", rope_use), ("rope_tables", rope_tables), ("inv_freq_fn", inv_freq_fn)]);
-    slots.extend(embedding_slots(matrices));
-    slots.extend(product_slots(c, matrices, batched));
+    // Tied embeddings held as the classifier is, where it has an element type of its own.
+    let embedding = classifier.filter(|_| c.tie_word_embeddings).unwrap_or(matrices);
+    slots.extend(embedding_slots(embedding));
+    slots.extend(product_slots(c, matrices, classifier, batched));
     slots.extend(attention_slots(c));
     let n_layers = c.num_layers.to_string();
     let replacements = [("__workload_name", plan.name.as_str()), ("__n_layers", n_layers.as_str())];
@@ -452,7 +493,14 @@ fn embedding_slots(matrices: Matrices) -> [(&'static str, TokenStream); 2] {
 /// and v projections have them), and the classifier.
 /// With `batched`, the classifier runs the N rows of a batched step's last positions.
 /// A crate that speculates also classifies the T rows of a verification at once.
-fn product_slots(c: &LlamaConsts, matrices: Matrices, batched: bool) -> Vec<(&'static str, TokenStream)> {
+/// A classifier of its own element type (`own_classifier`) runs through its own matmul,
+/// `kernels::matmul_classifier`.
+fn product_slots(
+    c: &LlamaConsts,
+    matrices: Matrices,
+    own_classifier: Option<Matrices>,
+    batched: bool,
+) -> Vec<(&'static str, TokenStream)> {
     let mm = |shape: [&str; 2], out: TokenStream, x: TokenStream, w: TokenStream| {
         matrices.matmul_call(shape, out, x, w, quote!(t))
     };
@@ -464,7 +512,23 @@ fn product_slots(c: &LlamaConsts, matrices: Matrices, batched: bool) -> Vec<(&'s
     let mm_up = mm(["INTERMEDIATE_SIZE", "HIDDEN_SIZE"], quote!(up), quote!(xb), quote!(layer.up_proj));
     let mm_down = mm(["HIDDEN_SIZE", "INTERMEDIATE_SIZE"], quote!(xb), quote!(gate), quote!(layer.down_proj));
     let (rows, shape) = if batched { (quote!(n), "[N, VOCAB_SIZE]") } else { (quote!(1), "[VOCAB_SIZE]") };
-    let (classifier, classifier_comment) = if c.tie_word_embeddings && matrices.packed() {
+    let held = own_classifier.map_or(String::new(), |m| {
+        let dtype = match m {
+            Matrices::Bf16 | Matrices::Bf16Packed => "bfloat16",
+            Matrices::Q8 | Matrices::Q8Packed => "int8",
+            Matrices::Q4 => "int4",
+            Matrices::F32 | Matrices::Packed => "f32",
+        };
+        format!(", held in {dtype}")
+    });
+    let (classifier, classifier_comment) = if c.tie_word_embeddings && own_classifier.is_some() {
+        (
+            quote!(w.embed_tokens),
+            format!(
+                "logits = xb · embed_tokensᵀ (tied embeddings: the embedding matrix is the classifier{held}): {shape}"
+            ),
+        )
+    } else if c.tie_word_embeddings && matrices.packed() {
         (
             quote!(w.classifier),
             format!(
@@ -479,11 +543,16 @@ fn product_slots(c: &LlamaConsts, matrices: Matrices, batched: bool) -> Vec<(&'s
             ),
         )
     } else {
-        (quote!(w.lm_head), format!("logits = xb · lm_headᵀ: {shape}"))
+        (quote!(w.lm_head), format!("logits = xb · lm_headᵀ{held}: {shape}"))
     };
     let classifier_comment_text = classifier_comment.clone();
     let classifier_comment = comment(&classifier_comment);
-    let mm_classifier = matrices.matmul_call(
+    let (classifier_matrices, classifier_fn) = match own_classifier {
+        Some(m) => (m, quote!(crate::kernels::matmul_classifier::matmul)),
+        None => (matrices, quote!(matmul)),
+    };
+    let mm_classifier = classifier_matrices.matmul_call_with(
+        classifier_fn.clone(),
         ["VOCAB_SIZE", "HIDDEN_SIZE"],
         quote!(logits),
         quote!(xb),
@@ -493,7 +562,8 @@ fn product_slots(c: &LlamaConsts, matrices: Matrices, batched: bool) -> Vec<(&'s
     // A batched crate's Session verifies through `Batch::step_rows`, with the classifier above.
     let verify_slots = (c.speculation.is_some() && !batched).then(|| {
         let comment_rows = comment(&classifier_comment_text.replace(shape, "[T, VOCAB_SIZE]"));
-        let call = matrices.matmul_call(
+        let call = classifier_matrices.matmul_call_with(
+            classifier_fn,
             ["VOCAB_SIZE", "HIDDEN_SIZE"],
             quote!(logits),
             quote!(xb),
@@ -638,17 +708,29 @@ fn weights_rs(plan: &Plan, c: &LlamaConsts) -> TokenStream {
         quote!(.resident(safetensors::Dtype::#dtype)?)
     });
     let (matrix, load_matrix, matrix_use) = matrices.tensor();
+    // A classifier of its own element type: its type, loader and `use` (none where it is the
+    // matrices' type).
+    let own = Matrices::classifier(plan).map(|m| {
+        let (t, load, using) = m.tensor();
+        let using = (t.to_string() != matrix.to_string()).then_some(using);
+        (t, load, using)
+    });
+    let classifier_use = own.as_ref().and_then(|(_, _, using)| using.clone());
     // Packed matrices serve the products only: the embedding rows stay in the file's layout,
-    // and a tied classifier gets a packed copy of them.
-    let (embed_matrix, load_embed) = match matrices {
-        Matrices::Packed => (quote!(Tensor), format_ident!("f32")),
-        Matrices::Bf16Packed => (matrix.clone(), format_ident!("bf16")),
-        Matrices::Q8Packed => (matrix.clone(), format_ident!("q8")),
+    // and a tied classifier gets a packed copy of them. Tied embeddings held as a classifier of
+    // their own element type serve both.
+    let (embed_matrix, load_embed) = match (matrices, &own) {
+        (_, Some((t, load, _))) if c.tie_word_embeddings => (t.clone(), load.clone()),
+        (Matrices::Packed, _) => (quote!(Tensor), format_ident!("f32")),
+        (Matrices::Bf16Packed, _) => (matrix.clone(), format_ident!("bf16")),
+        (Matrices::Q8Packed, _) => (matrix.clone(), format_ident!("q8")),
         _ => (matrix.clone(), load_matrix.clone()),
     };
     let module_doc = weights_doc(plan, c);
+    let (classifier_matrix, load_classifier) =
+        own.as_ref().map_or((&matrix, &load_matrix), |(t, load, _)| (t, load));
     let (embed_doc, lm_head_field, lm_head_load, lm_head_init) =
-        classifier_parts(c, matrices, &matrix, &load_matrix);
+        classifier_parts(c, matrices.packed() && own.is_none(), classifier_matrix, load_classifier);
     let LayerParts { fields, loads, layer_matrices, bias_fields, bias_loads } =
         layer_parts(c, matrices, &matrix, &load_matrix);
 
@@ -658,6 +740,7 @@ fn weights_rs(plan: &Plan, c: &LlamaConsts) -> TokenStream {
         use std::path::Path;
 
         #matrix_use
+        #classifier_use
         use crate::tensor_file::{Storage, Tensor, TensorFile};
         use crate::{Error, HIDDEN_SIZE, INTERMEDIATE_SIZE, KV_DIM, NUM_LAYERS, Q_DIM, VOCAB_SIZE};
 
@@ -721,7 +804,7 @@ fn weights_rs(plan: &Plan, c: &LlamaConsts) -> TokenStream {
 }
 
 /// The module doc of weights.rs: where each tensor lives, and which are copies.
-fn weights_doc(plan: &Plan, c: &LlamaConsts) -> [String; 2] {
+fn weights_doc(plan: &Plan, c: &LlamaConsts) -> Vec<String> {
     let name = &plan.name;
     let source = if c.resident_weights {
         " is a slice of model.safetensors, which is copied into memory at load if it holds the matrices as this crate keeps them (resident.rs),"
@@ -751,21 +834,39 @@ fn weights_doc(plan: &Plan, c: &LlamaConsts) -> [String; 2] {
             " except the matrices, converted to bfloat16 if the file does not hold them as BF16 and packed at load into copies in the layout of the matmul kernel (bf16_tensor.rs), the embedding rows if the file does not hold them as BF16 (converted to a bfloat16 copy), and norms or biases it does not hold as F32 (widened to f32 copies)."
         }
     };
+    let own_classifier = Matrices::classifier(plan).map(|m| {
+        let what = if c.tie_word_embeddings {
+            "The classifier (the tied embedding matrix)"
+        } else {
+            "The classifier (`lm_head`)"
+        };
+        let how = match m {
+            Matrices::Q8 | Matrices::Q8Packed => "quantized at load to a blockwise int8 copy (q8_tensor.rs)",
+            Matrices::Q4 => "quantized at load to a blockwise int4 copy (q4_tensor.rs)",
+            Matrices::Bf16 | Matrices::Bf16Packed => "bfloat16 (bf16_tensor.rs)",
+            Matrices::F32 | Matrices::Packed => "f32",
+        };
+        format!(" {what} is held apart from the other matrices: {how}, for its own matmul.")
+    });
     [
         format!(" The weights of `{name}`, checked against the baked shapes as they load. Each tensor"),
         format!("{source}{copies}"),
     ]
+    .into_iter()
+    .chain(own_classifier)
+    .collect()
 }
 
 /// The embedding's doc, and the classifier's field, load and initializer: none with tied
-/// embeddings, a packed copy of the embedding where the matrices are packed, `lm_head` else.
+/// embeddings, a packed copy of the embedding where the classifier's matrix is `packed`,
+/// `lm_head` else. `matrix` and `load_matrix` are the classifier's type and loader.
 fn classifier_parts(
     c: &LlamaConsts,
-    matrices: Matrices,
+    packed: bool,
     matrix: &TokenStream,
     load_matrix: &proc_macro2::Ident,
 ) -> (TokenStream, TokenStream, TokenStream, TokenStream) {
-    let embed_doc = if c.tie_word_embeddings && matrices.packed() {
+    let embed_doc = if c.tie_word_embeddings && packed {
         doc(
             "`model.embed_tokens.weight`: [VOCAB_SIZE, HIDDEN_SIZE]; the classifier too (tied embeddings), packed apart.",
         )
@@ -774,7 +875,7 @@ fn classifier_parts(
     } else {
         doc("`model.embed_tokens.weight`: [VOCAB_SIZE, HIDDEN_SIZE]")
     };
-    let (lm_head_field, lm_head_load, lm_head_init) = if c.tie_word_embeddings && matrices.packed() {
+    let (lm_head_field, lm_head_load, lm_head_init) = if c.tie_word_embeddings && packed {
         (
             quote! {
                 /// `model.embed_tokens.weight` packed for the matmul kernel: the classifier.

@@ -212,6 +212,7 @@ pub fn emit(plan: &Plan, registry: &Registry, templates: &Templates) -> Result<O
             .iter()
             .map(|i| crate::lock::Choice {
                 interface: i.interface.clone(),
+                role: i.role.clone(),
                 implementation: i.chosen.name.clone(),
                 version: i.chosen.version.clone(),
                 source_sha256: i.chosen.source_sha256.clone(),

@@ -159,7 +159,14 @@ pub fn workload(
             pooling,
             normalize,
         }),
-        weights: opts.weights()?,
+        weights: match opts.classifier_dtype {
+            Some(_) => {
+                return Err(Error::Refused(
+                    "--classifier-dtype is for decoders: a BERT encoder has no classifier".into(),
+                ));
+            }
+            None => opts.weights()?,
+        },
         kv_cache: KvCache::default(),
         target: Target {
             device: Device::Cpu,

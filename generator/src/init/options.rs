@@ -69,6 +69,8 @@ pub struct InitOptions {
     pub dtype: Dtype,
     /// What the linear layers' products read their activations as (`bf16` needs bf16 weights).
     pub activations: Activations,
+    /// A decoder's classifier's weight dtype, where it differs from `dtype`.
+    pub classifier_dtype: Option<Dtype>,
     /// The KV cache's element type (decoders only).
     pub kv_cache: KvDtype,
     /// Default: this machine's available parallelism.
@@ -106,6 +108,7 @@ impl InitOptions {
             name: name.into(),
             dtype: Dtype::F32,
             activations: Activations::F32,
+            classifier_dtype: None,
             kv_cache: KvDtype::F32,
             threads: Some(2),
             cpu_features: CpuFeatures::parse("x86-64-v3").unwrap(),
@@ -148,15 +151,33 @@ impl InitOptions {
     }
 
     /// The `[weights]` table these options ask for, refused when `--activations bf16` comes
-    /// without `--dtype bf16`.
+    /// without `--dtype bf16`, or `--classifier-dtype` names `--dtype` or comes with `--activations bf16`.
     pub(crate) fn weights(&self) -> Result<Weights, Error> {
+        if let Some(classifier) = self.classifier_dtype {
+            if classifier == self.dtype {
+                return Err(Error::Refused(format!(
+                    "--classifier-dtype {} is --dtype already; leave it out",
+                    classifier.as_str()
+                )));
+            }
+            if self.activations == Activations::Bf16 {
+                return Err(Error::Refused(
+                    "--classifier-dtype and --activations bf16 do not go together: bfloat16 activations are for bf16 products alone"
+                        .into(),
+                ));
+            }
+        }
         if self.activations == Activations::Bf16 && self.dtype != Dtype::Bf16 {
             return Err(Error::Refused(format!(
                 "--activations bf16 rounds the activations of bf16 weights' products, and --dtype is {}; add --dtype bf16",
                 self.dtype.as_str()
             )));
         }
-        Ok(Weights { dtype: self.dtype, activations: self.activations })
+        Ok(Weights {
+            dtype: self.dtype,
+            activations: self.activations,
+            classifier_dtype: self.classifier_dtype,
+        })
     }
 }
 
