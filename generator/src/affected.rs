@@ -83,8 +83,16 @@ struct Known {
     path: String,
     name: String,
     workload: Option<Workload>,
-    /// interface → implementation, from its crate's monogen.lock.
+    /// interface → implementation, from its crate's monogen.lock (a role's instance keyed
+    /// `<interface>_<role>`, a draft model's choices `draft/<interface>`).
     locked: BTreeMap<String, String>,
+}
+
+/// Whether the lock key `key` is a choice for `interface`: the interface's own, a role's
+/// instance of it, or either of a draft model's.
+fn serves(key: &str, interface: &str) -> bool {
+    let key = key.strip_prefix(&format!("{}/", crate::emit::DRAFT_DIR)).unwrap_or(key);
+    key == interface || key == format!("{interface}_{}", crate::plan::CLASSIFIER)
 }
 
 /// What must be regenerated and re-measured after `changed` (paths relative to the root).
@@ -135,7 +143,11 @@ fn known_workloads(project: &Project) -> Result<Vec<Known>, Error> {
             || path.file_stem().unwrap_or_default().to_string_lossy().into_owned(),
             |w| w.name.clone(),
         );
-        let locked = check::locked_choices(&project.root.join("generated").join(&name));
+        let krate = project.root.join("generated").join(&name);
+        let mut locked = check::locked_choices(&krate);
+        // A draft model's crate inside it (draft/) has choices of its own.
+        let draft = check::locked_choices(&krate.join(crate::emit::DRAFT_DIR));
+        locked.extend(draft.into_iter().map(|(key, imp)| (format!("{}/{key}", crate::emit::DRAFT_DIR), imp)));
         known.push(Known { path: rel, name, workload, locked });
     }
     Ok(known)
@@ -250,7 +262,9 @@ impl Impact<'_> {
     fn interface_changed(&mut self, interface: &str) {
         let known = self.known;
         for (i, k) in known.iter().enumerate() {
-            if all_interfaces(k).iter().any(|x| x == interface) || k.locked.contains_key(interface) {
+            if all_interfaces(k).iter().any(|x| x == interface)
+                || k.locked.keys().any(|key| serves(key, interface))
+            {
                 self.regen(i, format!("interface {interface} changed"));
                 if measured(k) {
                     self.bench(i, vec![interface.to_string()], format!("interface {interface} changed"));
@@ -281,11 +295,9 @@ impl Impact<'_> {
     fn implementation_changed(&mut self, interface: &str, name: &str, what: &str) {
         let known = self.known;
         for (i, k) in known.iter().enumerate() {
-            // Its lock names it for the interface, or for a role's own instance of it
-            // (`matmul_classifier`).
-            let role = format!("{interface}_");
-            let uses =
-                k.locked.iter().any(|(key, n)| n == name && (key == interface || key.starts_with(&role)));
+            // Its lock names it for the interface, a role's own instance of it
+            // (`matmul_classifier`), or its draft model's.
+            let uses = k.locked.iter().any(|(key, n)| n == name && serves(key, interface));
             let could = k.workload.as_ref().is_some_and(|w| {
                 resolve::required_interfaces(w).contains(&interface)
                     && resolve::competitors(self.project.registry.implementations_of(interface), w)
@@ -386,5 +398,22 @@ impl Affected {
             s.push_str(&format!("  monogen build {}\n", list.join(" ")));
         }
         s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::serves;
+
+    #[test]
+    fn a_lock_key_serves_its_interface_its_roles_and_a_draft_models() {
+        for key in ["matmul", "matmul_classifier", "draft/matmul", "draft/matmul_classifier"] {
+            assert!(serves(key, "matmul"), "{key}");
+        }
+        for (key, interface) in
+            [("attention_decode", "attention"), ("rmsnorm", "matmul"), ("draft/rope", "matmul")]
+        {
+            assert!(!serves(key, interface), "{key} {interface}");
+        }
     }
 }

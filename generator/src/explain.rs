@@ -56,7 +56,36 @@ pub fn render(plan: &Plan, path: &Path, out_dir: &Path) -> String {
     for i in &plan.interfaces {
         s.push_str(&interface(i));
     }
+    if let Consts::Llama(c) = &plan.consts
+        && let Some(draft) = c.draft()
+    {
+        s.push_str(&draft_model(draft));
+    }
     s.push_str(&footer(plan, out_dir));
+    s
+}
+
+/// A draft model's crate (`draft/`): what it is and each of its choices, as its own `explain`
+/// gives them in full.
+fn draft_model(draft: &Plan) -> String {
+    let mut s = format!(
+        "
+draft model (speculator = \"draft-model\"): crate `{}` in {}/, {} weights ({} parameters), drafting greedily for this model to verify; the memory below counts it\n",
+        draft.name,
+        crate::emit::DRAFT_DIR,
+        draft.weights.dtype.as_str(),
+        draft.footprint.parameters
+    );
+    for i in &draft.interfaces {
+        let element = i.element.as_ref().map_or_else(String::new, |e| format!("<{e}>"));
+        s.push_str(&format!(
+            "  {}{element}: {} {}, {}\n",
+            i.title(),
+            i.chosen.name,
+            i.chosen.version,
+            i.chosen.reason
+        ));
+    }
     s
 }
 

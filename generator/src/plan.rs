@@ -52,6 +52,10 @@ pub struct Plan {
 /// The constants a generated crate bakes in, per architecture.
 #[derive(Debug, Clone, Serialize)]
 #[serde(untagged)]
+#[allow(
+    clippy::large_enum_variant,
+    reason = "one per plan, built once; a box would only add a hop to every read"
+)]
 pub enum Consts {
     Llama(LlamaConsts),
     Bert(BertConsts),
@@ -168,6 +172,9 @@ pub struct LlamaConsts {
     /// Where the workload leaves the speculator to measurement (`speculator = "measured"`):
     /// what was chosen and why.
     pub speculation_measured: Option<Box<MeasuredSpeculation>>,
+    /// This crate is another crate's draft model (`speculator = "draft-model"`), generated
+    /// into that crate's `draft/`: its sessions rewind, as the drafter needs them to.
+    pub drafts: bool,
 }
 
 /// The choice made for `speculator = "measured"`.
@@ -191,14 +198,22 @@ impl From<crate::speculation::Decision> for MeasuredSpeculation {
 /// its `speculator` kernel.
 #[derive(Debug, Clone, Serialize)]
 pub struct SpeculationPlan {
-    /// The `speculator` implementation that drafts.
+    /// The `speculator` implementation that drafts, or `draft-model`.
     pub speculator: String,
+    /// With `draft-model`: the draft model's plan, which the emitter makes a crate of in the
+    /// target crate's `draft/` (a path dependency, `draft_model`).
+    pub draft: Option<Box<Plan>>,
     pub draft_tokens: usize,
     pub lookup_max: usize,
     pub lookup_min: usize,
 }
 
 impl LlamaConsts {
+    /// The draft model's plan, where a draft model speculates.
+    pub fn draft(&self) -> Option<&Plan> {
+        self.speculation.as_ref()?.draft.as_deref()
+    }
+
     /// The prefix cache's least shared start (`PREFIX_CACHE_MIN`), where the workload sets
     /// `request.shared_prefix_len`: half of it. A server keeps finished requests' caches; a
     /// `Session` keeps its own positions for `generate_anew`.

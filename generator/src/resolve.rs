@@ -27,8 +27,12 @@ use crate::workload::{Dtype, Model, Pooling, Workload};
 /// ([`Workload::element_types`]).
 pub fn required_interfaces(w: &Workload) -> Vec<&'static str> {
     let mut list = architecture_interfaces(w);
-    // A speculator left to measurement may be chosen: its sources matter to the workload.
-    if w.speculation.as_ref().is_some_and(|s| s.speculates()) {
+    // A speculator left to measurement may be chosen: its sources matter to the workload. A
+    // draft model is a crate of its own, generated beside the target, not a kernel.
+    if w.speculation
+        .as_ref()
+        .is_some_and(|s| s.speculates() && s.speculator != crate::workload::Speculator::DraftModel)
+    {
         list.push("speculator");
     }
     list
@@ -268,7 +272,17 @@ pub fn resolve(
     let shared_modules: BTreeSet<String> =
         interfaces.iter().flat_map(|i| i.chosen.shared.iter().cloned()).collect();
     let mut consts = consts(w);
-    let footprint = footprint(w, &consts);
+    let mut footprint = footprint(w, &consts);
+    if let Consts::Llama(c) = &mut consts
+        && let Some(spec) = &mut c.speculation
+        && let Some(draft) = w.speculation.as_ref().and_then(|s| s.draft.as_deref())
+    {
+        let plan = draft_plan(w, draft, registry, selection, path)?;
+        footprint.weight_bytes += plan.footprint.weight_bytes;
+        footprint.kv_cache_bytes += plan.footprint.kv_cache_bytes;
+        footprint.scratch_bytes += plan.footprint.scratch_bytes;
+        spec.draft = Some(Box::new(plan));
+    }
     if let Consts::Llama(c) = &mut consts {
         c.speculation_measured = decision.map(|d| Box::new(d.into()));
         // Int8 and int4 matrices quantized at load are copies in anonymous memory already, and so are
@@ -311,6 +325,59 @@ pub fn resolve(
         shared_modules: shared_modules.into_iter().collect(),
         footprint,
     })
+}
+
+/// The workload of `w`'s draft model: `draft`'s model and weights on `w`'s target, one
+/// sequence at a time up to `w`'s longest, named `<name>-draft`.
+pub fn draft_workload(w: &Workload, draft: &crate::workload::Draft) -> Workload {
+    let request = match &w.request {
+        crate::workload::Request::Decoder(r) => {
+            crate::workload::Request::Decoder(crate::workload::DecoderRequest {
+                max_batch: 1,
+                shared_prefix_len: None,
+                ..r.clone()
+            })
+        }
+        other => other.clone(),
+    };
+    Workload {
+        name: format!("{}-draft", w.name),
+        description: Some(format!("the draft model of {}, which drafts the tokens it verifies", w.name)),
+        model: Model::Llama(draft.model.clone()),
+        weights: draft.weights.clone(),
+        request,
+        serving: None,
+        quality: None,
+        speculation: None,
+        source: Default::default(),
+        ..w.clone()
+    }
+}
+
+/// The plan of `w`'s draft model (see [`draft_workload`]), resolved as a crate of its own
+/// whose sessions rewind; its problems are the workload's, each saying it is the draft's.
+fn draft_plan(
+    w: &Workload,
+    draft: &crate::workload::Draft,
+    registry: &Registry,
+    selection: &Selection,
+    path: &Path,
+) -> Result<Plan, Vec<Diagnostic>> {
+    let dw = draft_workload(w, draft);
+    let selection = Selection { rankings: selection.rankings.clone(), ..Selection::default() };
+    let mut plan = resolve(&dw, registry, &selection, path).map_err(|problems| {
+        problems
+            .into_iter()
+            .map(|mut d| {
+                d.message = format!("the draft model ([speculation.draft]): {}", d.message);
+                d
+            })
+            .collect::<Vec<_>>()
+    })?;
+    if let Consts::Llama(c) = &mut plan.consts {
+        c.drafts = true;
+    }
+    Ok(plan)
 }
 
 /// The classifier's own `matmul` where `weights.classifier_dtype` holds the classifier as
@@ -909,9 +976,15 @@ fn consts(w: &Workload) -> Consts {
                     chat: s.chat.clone().map(Box::new),
                 }),
                 speculation_measured: None,
+                drafts: false,
                 speculation: w.speculation.as_ref().and_then(|s| {
+                    let speculator = match s.speculator {
+                        crate::workload::Speculator::DraftModel => "draft-model",
+                        other => other.implementation()?,
+                    };
                     Some(Box::new(crate::plan::SpeculationPlan {
-                        speculator: s.speculator.implementation()?.to_string(),
+                        speculator: speculator.to_string(),
+                        draft: None,
                         draft_tokens: s.draft_tokens,
                         lookup_max: s.lookup_max,
                         lookup_min: s.lookup_min,

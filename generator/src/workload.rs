@@ -190,6 +190,22 @@ pub struct Speculation {
     /// authority (`monogen bench --model DIR`) decodes with and without speculation.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub typical_text: Option<String>,
+    /// With `speculator = "draft-model"`: the draft model (`[speculation.draft]`), generated
+    /// into the crate beside the target.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub draft: Option<Box<Draft>>,
+}
+
+/// A draft model: a second, smaller LLaMA workload with the target's tokenizer, which drafts
+/// greedily for the target to verify. It runs on the target's `[target]` and `[request]`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Draft {
+    /// Its `[model]` table, as a workload's (`architecture = "llama"`).
+    pub model: Llama,
+    /// How it holds its weights: a quantized copy of the target's own checkpoint is a draft
+    /// model too (the crate reads the target's directory unless given another).
+    pub weights: Weights,
 }
 
 impl Speculation {
@@ -201,6 +217,7 @@ impl Speculation {
             lookup_max: Speculation::default_lookup_max(),
             lookup_min: Speculation::default_lookup_min(),
             typical_text: None,
+            draft: None,
         }
     }
 
@@ -249,6 +266,8 @@ pub enum Speculator {
     /// typical text fastest on the workload's hardware class, as `monogen bench --model DIR`
     /// measured it (none until it has).
     Measured,
+    /// A draft model (`[speculation.draft]`) generated into the crate drafts greedily.
+    DraftModel,
 }
 
 impl Speculator {
@@ -257,7 +276,7 @@ impl Speculator {
         match self {
             Speculator::None => None,
             Speculator::PromptLookup => Some("prompt-lookup"),
-            Speculator::Measured => None,
+            Speculator::Measured | Speculator::DraftModel => None,
         }
     }
 }
@@ -1083,8 +1102,103 @@ fn check(w: &Workload, span: &SpanOf, src: &WorkloadSource) -> Vec<Diagnostic> {
     }
     if let (Some(s), Request::Decoder(r)) = (&w.speculation, &w.request) {
         check_speculation(s, r, &mut out, &mk);
+        if let Model::Llama(m) = &w.model {
+            check_draft(s, m, r, w.serving.is_some(), span, src, &mut out, &mk);
+        }
     }
     out
+}
+
+/// A draft model (`speculator = "draft-model"` with `[speculation.draft]`): a LLaMA whose
+/// shapes pass a workload's checks, with the target's tokenizer (vocabulary size and special
+/// ids), for a crate that decodes one sequence at a time.
+#[allow(clippy::too_many_arguments)]
+fn check_draft(
+    s: &Speculation,
+    target: &Llama,
+    r: &DecoderRequest,
+    serving: bool,
+    span: &SpanOf,
+    src: &WorkloadSource,
+    out: &mut Vec<Diagnostic>,
+    mk: &MakeDiagnostic,
+) {
+    let draft = match (&s.speculator, &s.draft) {
+        (Speculator::DraftModel, None) => {
+            out.push(mk(
+                &["speculation", "speculator"],
+                "speculator = \"draft-model\" needs a [speculation.draft] table".into(),
+                "no draft model named",
+                "add [speculation.draft.model] (a LLaMA [model] table) and [speculation.draft.weights]"
+                    .into(),
+            ));
+            return;
+        }
+        (Speculator::DraftModel, Some(draft)) => draft,
+        (_, Some(_)) => {
+            out.push(mk(
+                &["speculation", "draft"],
+                "[speculation.draft] is read only with speculator = \"draft-model\"".into(),
+                "no draft model drafts here",
+                "set `speculator = \"draft-model\"`, or remove the [speculation.draft] table".into(),
+            ));
+            return;
+        }
+        (_, None) => return,
+    };
+    if serving || r.max_batch > 1 {
+        out.push(mk(
+            &["speculation", "speculator"],
+            "a draft model drafts for one sequence at a time".into(),
+            "this crate batches sequences or serves them",
+            "use speculator = \"prompt-lookup\" in a server or a batch, or request.max_batch = 1 without [serving]".into(),
+        ));
+    }
+    let at = |path: &[&str]| -> Vec<String> {
+        ["speculation", "draft"].iter().chain(path).map(|k| k.to_string()).collect()
+    };
+    let draft_span = |path: &[&str]| {
+        let path = at(path);
+        span(&path.iter().map(String::as_str).collect::<Vec<_>>())
+    };
+    let draft_mk = |path: &[&str], message: String, label: &str, hint: String| {
+        let path = at(path);
+        mk(
+            &path.iter().map(String::as_str).collect::<Vec<_>>(),
+            format!("the draft model: {message}"),
+            label,
+            hint,
+        )
+    };
+    if !check_llama(&draft.model, r.max_seq_len, &draft_span, src, out, &draft_mk) {
+        return;
+    }
+    let differs: Vec<(&str, String, String)> = [
+        ("vocab_size", draft.model.vocab_size.to_string(), target.vocab_size.to_string()),
+        ("bos_token_id", draft.model.bos_token_id.to_string(), target.bos_token_id.to_string()),
+        ("eos_token_ids", format!("{:?}", draft.model.eos_token_ids), format!("{:?}", target.eos_token_ids)),
+    ]
+    .into_iter()
+    .filter(|(_, a, b)| a != b)
+    .collect();
+    if let Some((key, _, _)) = differs.first() {
+        let list: Vec<String> =
+            differs.iter().map(|(k, a, b)| format!("{k} {a} where the target's is {b}")).collect();
+        out.push(draft_mk(
+            &["model", key],
+            format!("its tokenizer is not the target's: {}", list.join("; ")),
+            "a draft's tokens must mean what the target's mean",
+            "name a draft model with the target's tokenizer (the same vocabulary and special ids), such as a smaller model of its family or a quantized copy of its own checkpoint".into(),
+        ));
+    }
+    if draft.weights.activations == Activations::Bf16 && draft.weights.dtype != Dtype::Bf16 {
+        out.push(draft_mk(
+            &["weights", "activations"],
+            "weights.activations = \"bf16\" needs bf16 weights".into(),
+            "bfloat16 activations are read by the bf16 weights' products only",
+            "set its weights.dtype = \"bf16\", or remove its weights.activations".into(),
+        ));
+    }
 }
 
 /// The `[speculation]` table: drafts that fit one prefill chunk, n-gram lengths in order.

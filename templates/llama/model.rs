@@ -33,16 +33,33 @@ pub struct Model {
     rope_cos: Vec<f32>,
     /// sin of the rotary angles: [MAX_SEQ_LEN, HEAD_DIM / 2]
     rope_sin: Vec<f32>,
+    /// The draft model (the crate in draft/), which drafts the tokens a step verifies.
+    #[only_if(draft_model)]
+    pub(crate) draft: draft_model::Model,
 }
 
 impl Model {
     /// Checks the CPU, then maps `dir/model.safetensors` and checks every tensor's
     /// name, dtype and shape.
+    #[only_if(not(draft_model))]
     pub fn load(dir: impl AsRef<Path>) -> Result<Model, Error> {
         crate::cpu::check()?;
         let weights = Weights::load(&dir.as_ref().join("model.safetensors"))?;
         __slot!(rope_tables);
         Ok(Model { weights, rope_cos, rope_sin })
+    }
+
+    /// Checks the CPU, then maps `dir/model.safetensors` and checks every tensor's
+    /// name, dtype and shape; then loads the draft model: from `dir/draft/` where the
+    /// directory has one (whose tokenizer.json must be `dir`'s), else from `dir` itself (the
+    /// target's own checkpoint, which the draft model holds as its workload says).
+    #[only_if(draft_model)]
+    pub fn load(dir: impl AsRef<Path>) -> Result<Model, Error> {
+        crate::cpu::check()?;
+        let draft = crate::drafter::load(dir.as_ref())?;
+        let weights = Weights::load(&dir.as_ref().join("model.safetensors"))?;
+        __slot!(rope_tables);
+        Ok(Model { weights, rope_cos, rope_sin, draft })
     }
 
     /// Writes `out`, a model directory for this crate made from `dir`: its
@@ -106,6 +123,9 @@ pub struct Session<'m> {
     /// The tokens whose keys and values the cache holds, in order (for `generate_anew`).
     #[only_if(prefix_cache)]
     held: Vec<u32>,
+    /// A session of the draft model, which drafts after this one's tokens.
+    #[only_if(draft_model)]
+    pub(crate) drafter: crate::drafter::Drafter<'m>,
     /// The memory of the buffers above, in huge pages where the kernel grants them.
     _scratch: Scratch,
 }
@@ -143,6 +163,8 @@ impl<'m> Session<'m> {
             verified: vec![0.0; (DRAFT_TOKENS + 1) * VOCAB_SIZE],
             #[only_if(prefix_cache)]
             held: Vec::with_capacity(MAX_SEQ_LEN),
+            #[only_if(draft_model)]
+            drafter: crate::drafter::Drafter::new(&model.draft),
             _scratch: scratch,
         }
     }

@@ -6,12 +6,14 @@ use std::collections::VecDeque;
 use std::time::Instant;
 
 use crate::kernels::sampler::sample;
-#[only_if(speculation)]
+#[only_if(prompt_lookup)]
 use crate::kernels::speculator::draft;
 use crate::model::Session;
 use crate::{Error, EOS_TOKEN_IDS, MAX_SEQ_LEN, VOCAB_SIZE};
 #[only_if(speculation)]
-use crate::{DRAFT_TOKENS, LOOKUP_MAX, LOOKUP_MIN};
+use crate::DRAFT_TOKENS;
+#[only_if(prompt_lookup)]
+use crate::{LOOKUP_MAX, LOOKUP_MIN};
 #[only_if(prefix_cache)]
 use crate::PREFIX_CACHE_MIN;
 
@@ -263,7 +265,12 @@ impl Session<'_> {
         // rows = token, then the drafted tokens
         rows.clear();
         rows.push(token);
+        #[only_if(prompt_lookup)]
         draft::<LOOKUP_MAX, LOOKUP_MIN>(context, room.min(DRAFT_TOKENS), rows);
+        #[only_if(draft_model)]
+        {
+            self.drafter.draft(context, room.min(DRAFT_TOKENS), rows)?;
+        }
         let at = self.position();
         // logits = the model over rows: [rows.len(), VOCAB_SIZE]
         let logits = self.verify(rows)?;

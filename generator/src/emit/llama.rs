@@ -88,9 +88,16 @@ pub fn rust_files(
     let classifier = Matrices::classifier(plan);
     let serving = if c.serving.is_some() { SERVING_FILES } else { &[] };
     let prefix_cache = c.prefix_cache_min().is_some();
-    let features =
-        [("chat", chats(c)), ("prefix_cache", prefix_cache), ("speculation", c.speculation.is_some())];
-    for file in RUNTIME_FILES.iter().chain(serving) {
+    let draft_model = c.draft().is_some();
+    let features = [
+        ("chat", chats(c)),
+        ("prefix_cache", prefix_cache),
+        ("speculation", c.speculation.is_some()),
+        ("prompt_lookup", c.speculation.is_some() && !draft_model),
+        ("draft_model", draft_model),
+    ];
+    let drafter: &[&str] = if draft_model { &["drafter.rs"] } else { &[] };
+    for file in RUNTIME_FILES.iter().chain(serving).chain(drafter) {
         let mut source = templates.runtime(file, &krate)?;
         rust_source::select(&mut source, &features)
             .map_err(|message| Error::Template { name: format!("runtime/{file}"), message })?;
@@ -303,15 +310,25 @@ fn lib_rs(plan: &Plan, c: &LlamaConsts) -> TokenStream {
     });
     let speculation_consts = c.speculation.as_ref().map(|s| {
         let (draft, max, min) = (usize_lit(s.draft_tokens), usize_lit(s.lookup_max), usize_lit(s.lookup_min));
+        let lookup = s.draft.is_none().then(|| {
+            quote! {
+                /// The longest n-gram of the context's end that prompt lookup looks for earlier in it.
+                pub const LOOKUP_MAX: usize = #max;
+                /// The shortest.
+                pub const LOOKUP_MIN: usize = #min;
+            }
+        });
         quote! {
             /// Tokens a generation step drafts at most (`speculation.draft_tokens`): the model
             /// verifies them, with the last picked token, in one forward pass.
             pub const DRAFT_TOKENS: usize = #draft;
-            /// The longest n-gram of the context's end that prompt lookup looks for earlier in it.
-            pub const LOOKUP_MAX: usize = #max;
-            /// The shortest.
-            pub const LOOKUP_MIN: usize = #min;
+            #lookup
         }
+    });
+    let drafter_mod = c.draft().is_some().then(|| {
+        quote!(
+            mod drafter;
+        )
     });
     let resident_mod = c.resident_weights.then(|| {
         quote!(
@@ -329,6 +346,7 @@ fn lib_rs(plan: &Plan, c: &LlamaConsts) -> TokenStream {
         #classifier_bf16_mod
         pub mod cpu;
         mod detokenizer;
+        #drafter_mod
         pub mod error;
         pub mod generate;
         mod kernels;
@@ -457,9 +475,15 @@ fn model_rs(plan: &Plan, c: &LlamaConsts, templates: &Templates) -> Result<Strin
 
 /// The conditions of model.rs's `#[only_if(..)]` parts.
 /// `rewind` only where something rewinds a session: speculation, or the prefix cache.
-fn model_features(c: &LlamaConsts) -> [(&'static str, bool); 3] {
+/// `rewind` also in a draft model's crate, whose drafter rewinds it.
+fn model_features(c: &LlamaConsts) -> [(&'static str, bool); 4] {
     let (speculation, prefix_cache) = (c.speculation.is_some(), c.prefix_cache_min().is_some());
-    [("speculation", speculation), ("prefix_cache", prefix_cache), ("rewind", speculation || prefix_cache)]
+    [
+        ("speculation", speculation),
+        ("prefix_cache", prefix_cache),
+        ("rewind", speculation || prefix_cache || c.drafts),
+        ("draft_model", c.draft().is_some()),
+    ]
 }
 
 /// How a token's embedding row enters the residual stream: copied (f32), widened (bfloat16)

@@ -175,6 +175,9 @@ pub fn crate_ident(name: &str) -> String {
 /// The crate's copy of the workload it was generated from.
 pub const WORKLOAD_FILE: &str = "workload.toml";
 
+/// Where a crate whose draft model speculates holds the draft model's crate.
+pub const DRAFT_DIR: &str = "draft";
+
 /// Generates every file of the crate for `plan`.
 pub fn emit(plan: &Plan, registry: &Registry, templates: &Templates) -> Result<Output, Error> {
     let name = &plan.name;
@@ -198,6 +201,14 @@ pub fn emit(plan: &Plan, registry: &Registry, templates: &Templates) -> Result<O
     // The workload as its file says it, without a header: it is the crate's input, which
     // `monogen build --crate` reads back, and a person may edit it.
     files.insert(PathBuf::from(WORKLOAD_FILE), plan.workload_file.clone());
+    // A draft model's crate, generated whole into `draft/`.
+    if let Consts::Llama(c) = &plan.consts
+        && let Some(draft) = c.draft()
+    {
+        for (path, body) in emit(draft, registry, templates)?.files {
+            files.insert(Path::new(DRAFT_DIR).join(path), body);
+        }
+    }
 
     let lock = Lock {
         format: crate::lock::FORMAT,
@@ -263,6 +274,9 @@ struct ReadmeContext<'a> {
     /// Whether the chosen matmul packs its weights at load (and saves them packed).
     packed: bool,
     dependencies: Vec<Dependency>,
+    /// The crate is a draft model inside another crate (`draft/`): a member of that crate's
+    /// workspace, whose profiles are the other's.
+    nested: bool,
 }
 
 #[derive(Serialize)]
@@ -309,8 +323,23 @@ impl<'a> ReadmeContext<'a> {
                 }
                 names.sort_unstable();
                 names.dedup();
-                dependencies(&names, CLI_DEPENDENCIES, templates)?
+                let mut deps = dependencies(&names, CLI_DEPENDENCIES, templates)?;
+                // A draft model is a crate of its own in `draft/`, its library only.
+                if let Consts::Llama(c) = &plan.consts
+                    && let Some(draft) = c.draft()
+                {
+                    deps.push(Dependency {
+                        name: "draft_model".into(),
+                        spec: format!(
+                            "{{ package = \"{}\", path = \"{DRAFT_DIR}\", default-features = false }}",
+                            draft.name
+                        ),
+                    });
+                    deps.sort_by(|a, b| a.name.cmp(&b.name));
+                }
+                deps
             },
+            nested: matches!(&plan.consts, Consts::Llama(c) if c.drafts),
         })
     }
 }
