@@ -779,14 +779,18 @@ pub fn bench_speculation(
     let dir = bench_dir(project).join("speculation").join(&w.name);
     let target = crates_target_dir(project);
     let candidates = speculation::candidates(&spec);
-    let tag = |c: Option<usize>| c.map_or_else(|| "none".to_string(), |k| format!("{k} drafts"));
+    let tag = speculation::describe;
     let mut binaries = Vec::new();
     for &c in &candidates {
         progress(Progress::BuildingCandidate(&tag(c)));
         let mut candidate = here.clone();
-        candidate.speculation = c.map(|k| spec.concrete(crate::workload::Speculator::PromptLookup, k));
+        candidate.speculation = c.map(|(speculator, k)| spec.concrete(speculator, k));
         let mut plan = project.plan_for(&candidate, path, &workload_crate)?;
-        let suffix = c.map_or_else(|| "none".to_string(), |k| format!("k{k}"));
+        let suffix = match c {
+            None => "none".to_string(),
+            Some((crate::workload::Speculator::DraftModel, k)) => format!("draft-k{k}"),
+            Some((_, k)) => format!("k{k}"),
+        };
         // Several packages in one target folder need several names.
         plan.name = format!("{}-spec-{suffix}", w.name);
         let output = project.emit(&plan)?;
@@ -832,8 +836,9 @@ pub fn bench_speculation(
                 lookup_max: key.lookup_max,
                 lookup_min: key.lookup_min,
                 source_sha256: key.source_sha256.clone(),
-                speculator: if c.is_some() { "prompt-lookup" } else { "none" }.into(),
-                draft_tokens: c.unwrap_or(0),
+                draft_sha256: key.draft_sha256.clone(),
+                speculator: c.map_or(crate::workload::Speculator::None, |(s, _)| s).as_str().into(),
+                draft_tokens: c.map_or(0, |(_, k)| k),
                 weights_sha256: weights_sha256.clone(),
                 model: crate::shown(model),
                 cpu: host.cpu.clone(),
@@ -938,11 +943,8 @@ impl SpeculationReport {
             none.rounds_ns.len()
         );
         for r in &self.records {
-            let what = match r.candidate() {
-                None => "none".to_string(),
-                Some(k) => format!("prompt lookup, {k} drafts"),
-            };
-            let mut line = format!("  {what:<26} {:>10} decoding", human_ns(r.median_ns as f64));
+            let what = crate::speculation::describe(r.candidate());
+            let mut line = format!("  {what:<30} {:>10} decoding", human_ns(r.median_ns as f64));
             if r.candidate().is_some() {
                 let v = rankings::judge_rounds(&r.rounds_ns, &none.rounds_ns);
                 line.push_str(&format!(

@@ -174,7 +174,16 @@ fn header(plan: &Plan, path: &Path) -> String {
             "  prefix cache: a session's `generate_anew` keeps the positions it holds that a new prompt starts with, at least {min} of them, and runs only the rest\n"
         ));
     }
-    if let Consts::Llama(LlamaConsts { speculation: Some(spec), .. }) = &plan.consts {
+    if let Consts::Llama(LlamaConsts { speculation: Some(spec), .. }) = &plan.consts
+        && let Some(draft) = &spec.draft
+    {
+        s.push_str(&format!(
+            "  speculation: the draft model `{}` (below) drafts up to {} tokens greedily, verified in one pass of up to {} rows; output as without it\n",
+            draft.name,
+            spec.draft_tokens,
+            spec.draft_tokens + 1
+        ));
+    } else if let Consts::Llama(LlamaConsts { speculation: Some(spec), .. }) = &plan.consts {
         s.push_str(&format!(
             "  speculation: {} drafts up to {} tokens (n-grams of {} down to {}), verified in one pass of up to {} rows; output as without it\n",
             spec.speculator,

@@ -275,7 +275,11 @@ pub fn resolve(
     let mut footprint = footprint(w, &consts);
     if let Consts::Llama(c) = &mut consts
         && let Some(spec) = &mut c.speculation
-        && let Some(draft) = w.speculation.as_ref().and_then(|s| s.draft.as_deref())
+        && let Some(draft) = w
+            .speculation
+            .as_ref()
+            .filter(|s| s.speculator == crate::workload::Speculator::DraftModel)
+            .and_then(|s| s.draft.as_deref())
     {
         let plan = draft_plan(w, draft, registry, selection, path)?;
         footprint.weight_bytes += plan.footprint.weight_bytes;

@@ -3,7 +3,8 @@
 //! A workload whose `[speculation]` says `speculator = "measured"` leaves it to the authority
 //! whether its crate speculates, and how many tokens it drafts. `monogen bench --model DIR`
 //! builds the crate once per candidate (no speculation, prompt lookup with 2, 4, … up to
-//! `draft_tokens` drafts), decodes the workload's `typical_text` with each in interleaved
+//! `draft_tokens` drafts, and the same with the draft model of `[speculation.draft]` where the
+//! table has one), decodes the workload's `typical_text` with each in interleaved
 //! rounds, and keeps one [`Record`] per candidate in `rankings/<class>/speculation.toml`.
 //! [`decide`] reads them back: a speculating candidate is chosen only where it beats no
 //! speculation by the flip rule ([`rankings::judge_rounds`]), so text where drafts are rarely
@@ -35,7 +36,10 @@ pub struct Record {
     pub lookup_min: usize,
     /// [`rankings::measured_source_sha256`] of the prompt-lookup speculator.
     pub source_sha256: String,
-    /// `none` or `prompt-lookup`.
+    /// sha256 of the `[speculation.draft]` table's TOML, where it has one.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub draft_sha256: String,
+    /// `none`, `prompt-lookup` or `draft-model`.
     pub speculator: String,
     /// Tokens drafted at most per step (0 for none).
     pub draft_tokens: usize,
@@ -61,10 +65,27 @@ pub struct Record {
     pub rounds_ns: Vec<u64>,
 }
 
+/// A candidate of a measured `[speculation]`: `None` for no speculation, else the speculator
+/// and the drafts at most.
+pub type Candidate = Option<(Speculator, usize)>;
+
+/// A candidate in words: `none`, `prompt lookup with 4 drafts`, `the draft model with 4 drafts`.
+pub fn describe(c: Candidate) -> String {
+    match c {
+        None => "none".into(),
+        Some((Speculator::DraftModel, k)) => format!("the draft model with {k} drafts"),
+        Some((_, k)) => format!("prompt lookup with {k} drafts"),
+    }
+}
+
 impl Record {
-    /// The candidate it measured: `None` for no speculation, else the drafts at most.
-    pub fn candidate(&self) -> Option<usize> {
-        (self.speculator != "none").then_some(self.draft_tokens)
+    /// The candidate it measured.
+    pub fn candidate(&self) -> Candidate {
+        match self.speculator.as_str() {
+            "none" => None,
+            "draft-model" => Some((Speculator::DraftModel, self.draft_tokens)),
+            _ => Some((Speculator::PromptLookup, self.draft_tokens)),
+        }
     }
 
     /// The share of drafted tokens kept, in percent.
@@ -90,6 +111,7 @@ pub struct Key {
     pub lookup_max: usize,
     pub lookup_min: usize,
     pub source_sha256: String,
+    pub draft_sha256: String,
 }
 
 impl Key {
@@ -113,6 +135,9 @@ impl Key {
             lookup_max: s.lookup_max,
             lookup_min: s.lookup_min,
             source_sha256,
+            draft_sha256: s.draft.as_ref().map_or_else(String::new, |d| {
+                sha256_hex(toml::to_string(d).expect("a draft table always serializes").as_bytes())
+            }),
         })
     }
 
@@ -125,6 +150,7 @@ impl Key {
             && r.lookup_max == self.lookup_max
             && r.lookup_min == self.lookup_min
             && r.source_sha256 == self.source_sha256
+            && r.draft_sha256 == self.draft_sha256
     }
 
     /// What differs between the key and a record of the same workload, in words.
@@ -144,6 +170,9 @@ impl Key {
         if r.source_sha256 != self.source_sha256 {
             out.push("the speculator's source");
         }
+        if r.draft_sha256 != self.draft_sha256 {
+            out.push("the draft model");
+        }
         out
     }
 }
@@ -153,9 +182,13 @@ pub fn measured(w: &Workload) -> Option<&Speculation> {
     w.speculation.as_ref().filter(|s| s.speculator == Speculator::Measured)
 }
 
-/// The candidates of a measured table: none, then each draft length.
-pub fn candidates(s: &Speculation) -> Vec<Option<usize>> {
-    std::iter::once(None).chain(s.draft_candidates().into_iter().map(Some)).collect()
+/// The candidates of a measured table: none, then prompt lookup with each draft length, then
+/// the draft model with each, where the table has one.
+pub fn candidates(s: &Speculation) -> Vec<Candidate> {
+    let lengths = s.draft_candidates();
+    let with = |speculator: Speculator| lengths.iter().map(move |&k| Some((speculator, k)));
+    let draft = s.draft.is_some().then(|| with(Speculator::DraftModel)).into_iter().flatten();
+    std::iter::once(None).chain(with(Speculator::PromptLookup)).chain(draft).collect()
 }
 
 /// The choice made for a measured `[speculation]`, and why.
@@ -170,12 +203,10 @@ pub struct Decision {
 }
 
 impl Decision {
-    /// The choice in a few words: `none` or `prompt-lookup, N drafts`.
+    /// The choice in a few words: `none`, `prompt-lookup, N drafts` or `draft-model, N drafts`.
     pub fn summary(&self) -> String {
         match &self.chosen {
-            Some(s) => {
-                format!("{}, {} drafts", s.speculator.implementation().unwrap_or("none"), s.draft_tokens)
-            }
+            Some(s) => format!("{}, {} drafts", s.speculator.as_str(), s.draft_tokens),
             None => "none".into(),
         }
     }
@@ -206,7 +237,7 @@ pub fn decide(w: &Workload, rankings: &Rankings, registry: &Registry) -> Option<
     let missing: Vec<String> = candidates(s)
         .into_iter()
         .filter(|c| !mine.iter().any(|r| r.candidate() == *c))
-        .map(|c| c.map_or_else(|| "none".to_string(), |k| format!("{k} drafts")))
+        .map(describe)
         .collect();
     if !missing.is_empty() {
         let mut stale: Vec<String> = all
@@ -235,7 +266,9 @@ pub fn decide(w: &Workload, rankings: &Rankings, registry: &Registry) -> Option<
             unmeasured: Some(why),
         });
     }
-    let of = |c: Option<usize>| mine.iter().copied().find(|r| r.candidate() == c).expect("none is measured");
+    let of = |c: Candidate| {
+        mine.iter().copied().find(|r| r.candidate() == c).expect("every candidate is measured")
+    };
     let none = of(None);
     let mut lines = vec![format!(
         "measured on {class} ({}, {} rounds of {} decode steps after the typical text's {} tokens): none {}",
@@ -245,12 +278,13 @@ pub fn decide(w: &Workload, rankings: &Rankings, registry: &Registry) -> Option<
         none.prompt_tokens,
         crate::plan::human_ns(none.median_ns as f64)
     )];
-    let mut best: Option<(usize, rankings::Verdict)> = None;
-    for k in s.draft_candidates() {
-        let r = of(Some(k));
+    let mut best: Option<((Speculator, usize), rankings::Verdict)> = None;
+    for c in candidates(s).into_iter().flatten() {
+        let r = of(Some(c));
         let verdict = rankings::judge_rounds(&r.rounds_ns, &none.rounds_ns);
         lines.push(format!(
-            "prompt lookup with {k} drafts {} ({:.2}x none's speed, {:.0}% of {} drafts kept{})",
+            "{} {} ({:.2}x none's speed, {:.0}% of {} drafts kept{})",
+            describe(Some(c)),
             crate::plan::human_ns(r.median_ns as f64),
             1.0 / verdict.ratio,
             r.kept_percent(),
@@ -260,14 +294,15 @@ pub fn decide(w: &Workload, rankings: &Rankings, registry: &Registry) -> Option<
         // Only a candidate that decoded none's tokens competes (a difference is a tie of
         // logits broken the other way, or a defect).
         if r.same_output && verdict.beats && best.is_none_or(|(_, b)| verdict.ratio < b.ratio) {
-            best = Some((k, verdict));
+            best = Some((c, verdict));
         }
     }
     let (chosen, conclusion) = match best {
-        Some((k, v)) => (
-            Some(s.concrete(Speculator::PromptLookup, k)),
+        Some(((speculator, k), v)) => (
+            Some(s.concrete(speculator, k)),
             format!(
-                "prompt lookup with {k} drafts: {:.2}x none's speed, beyond the noise margin of {:.0}%",
+                "{}: {:.2}x none's speed, beyond the noise margin of {:.0}%",
+                describe(Some((speculator, k))),
                 1.0 / v.ratio,
                 v.margin * 100.0
             ),
@@ -321,6 +356,10 @@ mod tests {
     }
 
     fn record(w: &Workload, key: &Key, candidate: Option<usize>, rounds: &[u64]) -> Record {
+        record_of(w, key, candidate.map(|k| (Speculator::PromptLookup, k)), rounds)
+    }
+
+    fn record_of(w: &Workload, key: &Key, candidate: Candidate, rounds: &[u64]) -> Record {
         let mut sorted = rounds.to_vec();
         sorted.sort();
         Record {
@@ -331,8 +370,9 @@ mod tests {
             lookup_max: key.lookup_max,
             lookup_min: key.lookup_min,
             source_sha256: key.source_sha256.clone(),
-            speculator: if candidate.is_some() { "prompt-lookup" } else { "none" }.into(),
-            draft_tokens: candidate.unwrap_or(0),
+            draft_sha256: key.draft_sha256.clone(),
+            speculator: candidate.map_or(Speculator::None, |(s, _)| s).as_str().into(),
+            draft_tokens: candidate.map_or(0, |(_, k)| k),
             weights_sha256: "w".into(),
             model: "m".into(),
             cpu: "cpu".into(),
@@ -357,7 +397,8 @@ mod tests {
     fn candidates_are_powers_of_two_up_to_the_most_drafts() {
         let w = workload("once upon a time");
         let s = measured(&w).unwrap();
-        assert_eq!(candidates(s), vec![None, Some(2), Some(4)]);
+        let lookup = Speculator::PromptLookup;
+        assert_eq!(candidates(s), vec![None, Some((lookup, 2)), Some((lookup, 4))]);
         for (most, expected) in [(1, vec![1]), (2, vec![2]), (6, vec![2, 4, 6]), (8, vec![2, 4, 8])] {
             assert_eq!(s.concrete(Speculator::Measured, most).draft_candidates(), expected);
         }
@@ -433,6 +474,66 @@ mod tests {
         unclassed.target.hardware = None;
         let d = decide(&unclassed, &rankings, &registry).unwrap();
         assert_eq!((d.chosen, d.unmeasured), (None, None));
+    }
+
+    /// `workload(text)` with a draft model: the same model held in `dtype`.
+    fn with_draft(text: &str, dtype: &str) -> Workload {
+        let mut toml = toml::to_string(&workload(text)).unwrap();
+        let model = std::fs::read_to_string(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("../workloads/stories260k-cpu-f32-lookup.toml"),
+        )
+        .unwrap();
+        let start = model.find("[model]\n").unwrap() + "[model]\n".len();
+        let table = &model[start..start + model[start..].find("\n\n").unwrap()];
+        toml.push_str(&format!(
+            "\n[speculation.draft.model]\n{table}\n\n[speculation.draft.weights]\ndtype = \"{dtype}\"\n"
+        ));
+        crate::workload::WorkloadSource::from_text("w.toml", &toml).parse().unwrap()
+    }
+
+    #[test]
+    fn a_draft_model_is_one_more_candidate_and_may_be_chosen() {
+        let registry = registry();
+        let w = with_draft("once upon a time", "int4");
+        let s = measured(&w).unwrap();
+        let (lookup, draft) = (Speculator::PromptLookup, Speculator::DraftModel);
+        assert_eq!(
+            candidates(s),
+            vec![None, Some((lookup, 2)), Some((lookup, 4)), Some((draft, 2)), Some((draft, 4))]
+        );
+        let key = Key::of(&w, &registry).unwrap();
+        assert!(!key.draft_sha256.is_empty());
+        let mut rankings = Rankings::default();
+        let records = vec![
+            record_of(&w, &key, None, &[100, 102, 98, 101, 99]),
+            record_of(&w, &key, Some((lookup, 2)), &[99, 101, 100, 98, 100]),
+            record_of(&w, &key, Some((lookup, 4)), &[103, 104, 99, 100, 102]),
+            record_of(&w, &key, Some((draft, 2)), &[70, 71, 69, 70, 72]),
+            record_of(&w, &key, Some((draft, 4)), &[60, 61, 59, 60, 62]),
+        ];
+        replace(&mut rankings, "amd-epyc-2c", &w.name, records);
+        let d = decide(&w, &rankings, &registry).unwrap();
+        assert_eq!(d.summary(), "draft-model, 4 drafts", "{}", d.reason);
+        assert!(
+            d.reason.contains("chosen: the draft model with 4 drafts: 1.67x none's speed"),
+            "{}",
+            d.reason
+        );
+        assert!(d.chosen.as_ref().unwrap().draft.is_some());
+        // Prompt lookup's candidates have no draft model.
+        assert_eq!(s.concrete(lookup, 2).draft, None);
+        // `build` then generates the draft model's crate.
+        let selection = crate::resolve::Selection { rankings: rankings.clone(), ..Default::default() };
+        let plan =
+            crate::resolve::resolve(&w, &registry, &selection, std::path::Path::new("w.toml")).unwrap();
+        let crate::plan::Consts::Llama(c) = &plan.consts else { panic!("a decoder") };
+        assert_eq!(c.draft().map(|d| d.name.as_str()), Some("stories260k-cpu-f32-lookup-draft"));
+        assert_eq!(c.speculation.as_ref().unwrap().draft_tokens, 4);
+        // Another draft model stales the records.
+        let other = with_draft("once upon a time", "int8");
+        let d = decide(&other, &rankings, &registry).unwrap();
+        assert!(d.unmeasured.as_deref().unwrap().contains("the draft model changed"), "{d:?}");
     }
 
     #[test]

@@ -249,13 +249,15 @@ impl Speculation {
 
     /// This table with the speculator `speculator` drafting `draft_tokens` at most: one
     /// candidate of a measured choice, or the choice made.
+    /// Only a draft model's keeps the `[speculation.draft]` table.
     pub fn concrete(&self, speculator: Speculator, draft_tokens: usize) -> Speculation {
-        Speculation { speculator, draft_tokens, typical_text: None, ..self.clone() }
+        let draft = if speculator == Speculator::DraftModel { self.draft.clone() } else { None };
+        Speculation { speculator, draft_tokens, typical_text: None, draft, ..self.clone() }
     }
 }
 
 /// The implementations of the `speculator` interface a workload can name, and none.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Speculator {
     /// No speculation: every step runs one token.
@@ -271,6 +273,16 @@ pub enum Speculator {
 }
 
 impl Speculator {
+    /// Its name in a workload (`prompt-lookup`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Speculator::None => "none",
+            Speculator::PromptLookup => "prompt-lookup",
+            Speculator::Measured => "measured",
+            Speculator::DraftModel => "draft-model",
+        }
+    }
+
     /// The implementation of the `speculator` interface it names.
     pub fn implementation(self) -> Option<&'static str> {
         match self {
@@ -1134,11 +1146,12 @@ fn check_draft(
             ));
             return;
         }
-        (Speculator::DraftModel, Some(draft)) => draft,
+        // With `measured`, the draft model is one more candidate of the authority's.
+        (Speculator::DraftModel | Speculator::Measured, Some(draft)) => draft,
         (_, Some(_)) => {
             out.push(mk(
                 &["speculation", "draft"],
-                "[speculation.draft] is read only with speculator = \"draft-model\"".into(),
+                "[speculation.draft] is read only with speculator = \"draft-model\" or \"measured\"".into(),
                 "no draft model drafts here",
                 "set `speculator = \"draft-model\"`, or remove the [speculation.draft] table".into(),
             ));

@@ -951,7 +951,9 @@ fn speculation_left_to_measurement_is_timed_on_real_weights_and_chosen_by_the_fl
     assert!(!lib().contains("DRAFT_TOKENS") && lock().contains("speculation = \"none\""), "{}", lock());
     let explain = stdout(&monogen(repo.path(), &["explain", MEASURED]));
     assert!(
-        explain.contains(&format!("measured, but not measured on {class} (missing: none, 2 drafts)")),
+        explain.contains(&format!(
+            "measured, but not measured on {class} (missing: none, prompt lookup with 2 drafts)"
+        )),
         "{explain}"
     );
     let check = monogen(repo.path(), &["check", MEASURED]);
@@ -981,7 +983,7 @@ fn speculation_left_to_measurement_is_timed_on_real_weights_and_chosen_by_the_fl
     assert!(out.status.success(), "{}", stderr(&out));
     let report = stdout(&out);
     eprintln!("{report}");
-    assert!(report.contains("none ") && report.contains("prompt lookup, 2 drafts"), "{report}");
+    assert!(report.contains("none ") && report.contains("prompt lookup with 2 drafts"), "{report}");
     assert!(report.contains("build chooses: "), "{report}");
     let file = repo.path().join(format!("rankings/{class}/speculation.toml"));
     let db: toml::Table = toml::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
