@@ -20,6 +20,9 @@ use crate::workload::{Speculation, Speculator, Workload};
 /// The records' file name in a hardware class's folder.
 pub const SPECULATION_FILE: &str = "speculation.toml";
 
+/// The fewest tokens the typical text must decode for the rounds' times to choose.
+pub const MIN_DECODED: usize = 16;
+
 /// One candidate's measurement on the workload's typical text.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -270,6 +273,17 @@ pub fn decide(w: &Workload, rankings: &Rankings, registry: &Registry) -> Option<
         mine.iter().copied().find(|r| r.candidate() == c).expect("every candidate is measured")
     };
     let none = of(None);
+    // A text the model ends at once times nothing but noise.
+    if none.generated < MIN_DECODED {
+        return Some(Decision {
+            chosen: None,
+            reason: format!(
+                "measured on {class}, but the typical text decoded only {} token(s) before the model ended it, too few to time: no speculation; give a typical_text the model goes on from (the prompt of a typical request, as the crate receives it)",
+                none.generated
+            ),
+            unmeasured: None,
+        });
+    }
     let mut lines = vec![format!(
         "measured on {class} ({}, {} rounds of {} decode steps after the typical text's {} tokens): none {}",
         none.measured_at,
@@ -469,6 +483,14 @@ mod tests {
                 .contains("the toolchain (rust-toolchain.toml pins rustc 1.99.0) changed"),
             "{d:?}"
         );
+        // A text the model ends at once chooses nothing.
+        let mut short = rankings.clone();
+        for r in short.speculation.get_mut("amd-epyc-2c").unwrap() {
+            r.generated = 1;
+        }
+        let d = decide(&w, &short, &registry).unwrap();
+        assert_eq!((d.chosen.as_ref(), d.unmeasured.as_ref()), (None, None));
+        assert!(d.reason.contains("decoded only 1 token(s)"), "{}", d.reason);
         // Without a hardware class, none, and nothing to measure.
         let mut unclassed = w.clone();
         unclassed.target.hardware = None;
