@@ -1115,7 +1115,7 @@ fn check(w: &Workload, span: &SpanOf, src: &WorkloadSource) -> Vec<Diagnostic> {
     if let (Some(s), Request::Decoder(r)) = (&w.speculation, &w.request) {
         check_speculation(s, r, &mut out, &mk);
         if let Model::Llama(m) = &w.model {
-            check_draft(s, m, r, w.serving.is_some(), span, src, &mut out, &mk);
+            check_draft(s, m, r, span, src, &mut out, &mk);
         }
     }
     out
@@ -1123,13 +1123,11 @@ fn check(w: &Workload, span: &SpanOf, src: &WorkloadSource) -> Vec<Diagnostic> {
 
 /// A draft model (`speculator = "draft-model"` with `[speculation.draft]`): a LLaMA whose
 /// shapes pass a workload's checks, with the target's tokenizer (vocabulary size and special
-/// ids), for a crate that decodes one sequence at a time.
-#[allow(clippy::too_many_arguments)]
+/// ids).
 fn check_draft(
     s: &Speculation,
     target: &Llama,
     r: &DecoderRequest,
-    serving: bool,
     span: &SpanOf,
     src: &WorkloadSource,
     out: &mut Vec<Diagnostic>,
@@ -1159,14 +1157,6 @@ fn check_draft(
         }
         (_, None) => return,
     };
-    if serving || r.max_batch > 1 {
-        out.push(mk(
-            &["speculation", "speculator"],
-            "a draft model drafts for one sequence at a time".into(),
-            "this crate batches sequences or serves them",
-            "use speculator = \"prompt-lookup\" in a server or a batch, or request.max_batch = 1 without [serving]".into(),
-        ));
-    }
     let at = |path: &[&str]| -> Vec<String> {
         ["speculation", "draft"].iter().chain(path).map(|k| k.to_string()).collect()
     };

@@ -123,6 +123,9 @@ pub struct Batch<'m> {
     scores: Buffer,
     /// Logits of the rows of a step that pick a token: [LOGIT_ROWS, VOCAB_SIZE]
     logits: Buffer,
+    /// Sessions of the draft model, one for each place of a step that drafts, made as needed.
+    #[only_if(draft_model)]
+    drafters: Vec<crate::drafter::Drafter<'m>>,
     /// The memory of the buffers above, in huge pages where the kernel grants them.
     _scratch: Scratch,
 }
@@ -141,7 +144,18 @@ impl<'m> Batch<'m> {
             Room::new(MAX_SEQ_LEN),
             Room::new(LOGIT_ROWS * VOCAB_SIZE),
         ]);
-        Batch { model, x, xb, q, k, v, att, gate, up, scores, logits, _scratch: scratch }
+        Batch { model, x, xb, q, k, v, att, gate, up, scores, logits, #[only_if(draft_model)] drafters: Vec::new(), _scratch: scratch }
+    }
+
+    /// The draft model's session for place `i` of a step (below MAX_BATCH). It follows whatever
+    /// sequence drafts there: it keeps the positions it shares with that sequence and runs the
+    /// rest.
+    #[only_if(draft_model)]
+    pub(crate) fn drafter(&mut self, i: usize) -> &mut crate::drafter::Drafter<'m> {
+        while self.drafters.len() <= i {
+            self.drafters.push(crate::drafter::Drafter::new(&self.model.draft));
+        }
+        &mut self.drafters[i]
     }
 
     /// Runs each run's tokens at its sequence's next positions, all in one pass through the
@@ -388,6 +402,12 @@ impl<'m> Session<'m> {
         #[only_if(prefix_cache)]
         self.held.extend_from_slice(tokens);
         Ok(logits)
+    }
+
+    /// The draft model's session that drafts for this one.
+    #[only_if(draft_model)]
+    pub(crate) fn drafter(&mut self) -> &mut crate::drafter::Drafter<'m> {
+        self.batch.drafter(0)
     }
 
     /// Forgets every position from `pos` on: the next token runs at `pos`. The keys and values

@@ -125,7 +125,7 @@ pub struct Session<'m> {
     held: Vec<u32>,
     /// A session of the draft model, which drafts after this one's tokens.
     #[only_if(draft_model)]
-    pub(crate) drafter: crate::drafter::Drafter<'m>,
+    drafter: crate::drafter::Drafter<'m>,
     /// The memory of the buffers above, in huge pages where the kernel grants them.
     _scratch: Scratch,
 }
@@ -167,6 +167,12 @@ impl<'m> Session<'m> {
             drafter: crate::drafter::Drafter::new(&model.draft),
             _scratch: scratch,
         }
+    }
+
+    /// The draft model's session that drafts for this one.
+    #[only_if(draft_model)]
+    pub(crate) fn drafter(&mut self) -> &mut crate::drafter::Drafter<'m> {
+        &mut self.drafter
     }
 
     /// Positions the session holds.

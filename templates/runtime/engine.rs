@@ -15,7 +15,7 @@
 //! so a request's tokens are those of the same prompt and parameters run alone.
 //!
 //! With speculation, a decoding sequence's step runs its next token and the tokens prompt lookup
-//! drafts after it, and picks from each of those rows in turn, as long as each pick is the
+//! (or the draft model, a session of it for each place of the step) drafts after it, and picks from each of those rows in turn, as long as each pick is the
 //! drafted token; sequences of one step may draft different numbers of tokens.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -31,10 +31,12 @@ use crate::metrics::Metrics;
 use crate::model::{Batch, Run, Sequence, check_tokens};
 #[only_if(prefix_cache)]
 use crate::PREFIX_CACHE_MIN;
-#[only_if(speculation)]
+#[only_if(prompt_lookup)]
 use crate::kernels::speculator::draft;
 #[only_if(speculation)]
-use crate::{DRAFT_TOKENS, LOOKUP_MAX, LOOKUP_MIN, STEP_ROWS};
+use crate::{DRAFT_TOKENS, STEP_ROWS};
+#[only_if(prompt_lookup)]
+use crate::{LOOKUP_MAX, LOOKUP_MIN};
 use crate::{EOS_TOKEN_IDS, Error, GenerateParams, KV_SLOTS, MAX_BATCH, MAX_QUEUE, MAX_SEQ_LEN, Model, PREFILL_CHUNK, StopReason, VOCAB_SIZE};
 
 /// Prompt positions a step reads beside decode rows: a quarter of a prefill chunk, so that a
@@ -422,17 +424,42 @@ impl Scheduler {
         self.kept.push(Kept { tokens, sequence, used: self.arrivals });
     }
 
-    /// Drafts tokens for the decoding sequences among the first `running` holders, within the
-    /// rows the step has left (`ends[i]` is where holder i's run ends): a sequence's drafted
-    /// tokens join its tokens, and its run ends past them. Returns how many each one drafted.
-    #[only_if(speculation)]
+    /// [`Scheduler::draft_with`] prompt lookup.
+    #[only_if(prompt_lookup)]
     fn draft(&mut self, running: usize, ends: &mut [usize; MAX_BATCH]) -> [usize; MAX_BATCH] {
+        self.draft_with(running, ends, |_, tokens, room, out| draft::<LOOKUP_MAX, LOOKUP_MIN>(tokens, room, out))
+    }
+
+    /// [`Scheduler::draft_with`] the draft model's session for each place of the step. A draft
+    /// model that cannot run drafts nothing, and the sequence decodes one token.
+    #[only_if(draft_model)]
+    fn draft(&mut self, running: usize, ends: &mut [usize; MAX_BATCH], batch: &mut Batch<'_>) -> [usize; MAX_BATCH] {
+        self.draft_with(running, ends, |i, tokens, room, out| {
+            if batch.drafter(i).draft(tokens, room, out).is_err() {
+                out.clear();
+            }
+        })
+    }
+
+    /// Drafts tokens for the decoding sequences among the first `running` holders, within the
+    /// rows the step has left (`ends[i]` is where holder i's run ends), with `drafter(i, tokens,
+    /// room, out)` (holder i's): a sequence's drafted tokens join its tokens, and its run ends
+    /// past them. Returns how many each one drafted.
+    #[only_if(speculation)]
+    fn draft_with(
+        &mut self,
+        running: usize,
+        ends: &mut [usize; MAX_BATCH],
+        mut drafter: impl FnMut(usize, &[u32], usize, &mut Vec<u32>),
+    ) -> [usize; MAX_BATCH] {
         let mut drafts = [0; MAX_BATCH];
         let rows: usize =
             self.held[..running].iter().zip(ends.iter()).map(|((active, _), &end)| end.saturating_sub(active.fed)).sum();
         let mut spare = STEP_ROWS - rows;
         let mut drafted = Vec::with_capacity(DRAFT_TOKENS);
-        for (((active, sequence), end), count) in self.held[..running].iter_mut().zip(ends.iter_mut()).zip(drafts.iter_mut()) {
+        for (i, (((active, sequence), end), count)) in
+            self.held[..running].iter_mut().zip(ends.iter_mut()).zip(drafts.iter_mut()).enumerate()
+        {
             let decoding = active.tokens.len() - active.fed == 1 && *end == active.tokens.len();
             if !decoding || spare == 0 {
                 continue;
@@ -443,7 +470,7 @@ impl Scheduler {
                 .min(MAX_SEQ_LEN - sequence.position() - 1)
                 .min(active.request.params.max_tokens.saturating_sub(active.generated + 1));
             drafted.clear();
-            draft::<LOOKUP_MAX, LOOKUP_MIN>(&active.tokens, room, &mut drafted);
+            drafter(i, &active.tokens, room, &mut drafted);
             active.tokens.extend_from_slice(&drafted);
             *end = active.tokens.len();
             *count = drafted.len();
@@ -493,8 +520,10 @@ impl Scheduler {
                 *end = active.fed + piece;
             }
         }
-        #[only_if(speculation)]
+        #[only_if(prompt_lookup)]
         let drafts = self.draft(running, &mut ends);
+        #[only_if(draft_model)]
+        let drafts = self.draft(running, &mut ends, batch);
         let mut runs: Vec<Run<'_>> = Vec::with_capacity(running);
         let mut members = [0; MAX_BATCH];
         for (i, ((active, sequence), &end)) in self.held[..running].iter_mut().zip(ends.iter()).enumerate() {

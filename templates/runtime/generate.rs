@@ -269,7 +269,7 @@ impl Session<'_> {
         draft::<LOOKUP_MAX, LOOKUP_MIN>(context, room.min(DRAFT_TOKENS), rows);
         #[only_if(draft_model)]
         {
-            self.drafter.draft(context, room.min(DRAFT_TOKENS), rows)?;
+            self.drafter().draft(context, room.min(DRAFT_TOKENS), rows)?;
         }
         let at = self.position();
         // logits = the model over rows: [rows.len(), VOCAB_SIZE]

@@ -2,13 +2,18 @@
 //! f32, whose draft model, generated into the crate's draft/, is the same checkpoint held in
 //! int4) against plain decoding (`stories260k-cpu-f32`) on the real model: the same tokens,
 //! greedy and sampled, the same stop and the same session afterwards, over several turns;
-//! drafts kept; and a draft model directory of its own read only with the target's tokenizer.
+//! drafts kept; a server's engine (`stories260k-serve-cpu-f32-draft-int4`) drafting for each
+//! sequence of a batch, with the tokens each gives alone; and a draft model directory of its own
+//! read only with the target's tokenizer.
 
 use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use monogen_tests::{model_dir, workspace_root};
 use stories260k_cpu_f32 as plain;
 use stories260k_cpu_f32_draft_int4 as drafted;
+use stories260k_serve_cpu_f32_draft_int4 as served;
 
 /// Logits closer than this are a tie: a verification's rows and a decode step's row sum in
 /// different orders, so a tie may break either way.
@@ -192,4 +197,45 @@ fn the_draft_model_is_a_crate_of_its_own_in_the_targets() {
     assert!(draft_model.contains("pub fn rewind(") && !draft_model.contains("fn verify("));
     // A crate speculating by prompt lookup has no drafter.
     assert!(!workspace_root().join("generated/stories260k-cpu-f32-lookup/src/drafter.rs").exists());
+}
+
+/// Requests of several lengths handed to a served crate's engine at once: sequences of one step
+/// draft with the draft model's sessions of their places, verify beside each other, and give
+/// the tokens plain decoding gives each alone.
+#[test]
+fn a_server_drafts_for_each_sequence_of_a_batch_with_the_tokens_each_gives_alone() {
+    let Some(dir) = model_dir("stories260k") else { return };
+    let plain_model = plain::Model::load(&dir).unwrap();
+    let tokenizer = plain::Tokenizer::load_with_encoder(&dir).unwrap();
+    let model = Arc::new(served::Model::load(&dir).unwrap());
+    let engine = served::engine::Engine::start(model.clone(), Default::default());
+    let mut requests = Vec::new();
+    for (i, prompt) in prompts(&tokenizer).into_iter().cycle().take(7).enumerate() {
+        let max_tokens = [40, 120, 7, 80, 1, 60, 100][i];
+        let (events, receiver) = tokio::sync::mpsc::unbounded_channel();
+        let params = served::GenerateParams { max_tokens, temperature: 0.0, ..Default::default() };
+        engine
+            .submit(served::engine::Request { prompt: prompt.clone(), params, priority: 1, events })
+            .unwrap();
+        requests.push((prompt, max_tokens, receiver, Vec::new(), false));
+    }
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while requests.iter().any(|r| !r.4) {
+        assert!(Instant::now() < deadline, "the engine did not finish in time");
+        for (_, _, receiver, tokens, done) in requests.iter_mut().filter(|r| !r.4) {
+            while let Ok(event) = receiver.try_recv() {
+                match event {
+                    served::engine::Event::Token(t) => tokens.push(t),
+                    served::engine::Event::Done(_) => *done = true,
+                    served::engine::Event::Failed(e) => panic!("a request failed: {e}"),
+                }
+            }
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    for (i, (prompt, max_tokens, _, got, _)) in requests.iter().enumerate() {
+        let (params, _) = params(*max_tokens, 0.0, 0);
+        let want = plain_model.session().generate(prompt, &params, |_| true).unwrap();
+        same_or_tie(&plain_model, prompt, &want.generated_ids, got, &format!("request {i}"));
+    }
 }

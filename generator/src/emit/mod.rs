@@ -199,8 +199,16 @@ pub fn emit(plan: &Plan, registry: &Registry, templates: &Templates) -> Result<O
     add("README.md", templates.render(readme, &context)?);
     add(".gitignore", templates.render("gitignore.j2", &context)?);
     // The workload as its file says it, without a header: it is the crate's input, which
-    // `monogen build --crate` reads back, and a person may edit it.
-    files.insert(PathBuf::from(WORKLOAD_FILE), plan.workload_file.clone());
+    // `monogen build --crate` reads back, and a person may edit it. A draft model's crate's is
+    // made from the target's workload, generated as the rest of it is.
+    if matches!(&plan.consts, Consts::Llama(c) if c.drafts) {
+        files.insert(
+            PathBuf::from(WORKLOAD_FILE),
+            with_header(Path::new(WORKLOAD_FILE), &plan.workload_file, name),
+        );
+    } else {
+        files.insert(PathBuf::from(WORKLOAD_FILE), plan.workload_file.clone());
+    }
     // A draft model's crate, generated whole into `draft/`.
     if let Consts::Llama(c) = &plan.consts
         && let Some(draft) = c.draft()
