@@ -92,7 +92,7 @@ struct Known {
 /// instance of it, or either of a draft model's.
 fn serves(key: &str, interface: &str) -> bool {
     let key = key.strip_prefix(&format!("{}/", crate::emit::DRAFT_DIR)).unwrap_or(key);
-    key == interface || key == format!("{interface}_{}", crate::plan::CLASSIFIER)
+    key == interface || key == crate::plan::role_module(interface, Some(crate::plan::CLASSIFIER))
 }
 
 /// What must be regenerated and re-measured after `changed` (paths relative to the root).

@@ -66,10 +66,7 @@ pub fn reasons(
     }
     for old in &lock.choice {
         if !plan.interfaces.iter().any(|i| i.module() == old.key()) {
-            let title = old
-                .role
-                .as_ref()
-                .map_or_else(|| old.interface.clone(), |r| format!("{} ({r})", old.interface));
+            let title = crate::plan::role_title(&old.interface, old.role.as_deref());
             out.push(format!("{title}: no longer used"));
         }
     }

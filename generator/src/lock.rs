@@ -65,12 +65,10 @@ pub struct Choice {
 }
 
 impl Choice {
-    /// Its interface's name, with `_<role>` for a role's choice (`matmul_classifier`).
+    /// Its interface's name, with `_<role>` for a role's choice (`matmul_classifier`):
+    /// [`crate::plan::role_module`].
     pub fn key(&self) -> String {
-        match &self.role {
-            None => self.interface.clone(),
-            Some(role) => format!("{}_{role}", self.interface),
-        }
+        crate::plan::role_module(&self.interface, self.role.as_deref())
     }
 }
 

@@ -389,23 +389,33 @@ impl Plan {
 /// The role of the classifier's own `matmul`.
 pub const CLASSIFIER: &str = "classifier";
 
+/// The name of the crate's module that holds an instance's chosen kernel
+/// (`kernels/<module>.rs`), which also keys its choice in `monogen.lock`: the interface's name,
+/// with `_<role>` for a role's instance (`matmul_classifier`).
+pub fn role_module(interface: &str, role: Option<&str>) -> String {
+    match role {
+        None => interface.to_string(),
+        Some(role) => format!("{interface}_{role}"),
+    }
+}
+
+/// How messages name an instance: `matmul`, or `matmul (classifier)`.
+pub fn role_title(interface: &str, role: Option<&str>) -> String {
+    match role {
+        None => interface.to_string(),
+        Some(role) => format!("{interface} ({role})"),
+    }
+}
+
 impl InterfacePlan {
-    /// The name of the crate's module that holds the chosen kernel (`kernels/<module>.rs`) and
-    /// the key of its choice: the interface's name, with `_<role>` for a role's instance
-    /// (`matmul_classifier`).
+    /// [`role_module`] of this instance.
     pub fn module(&self) -> String {
-        match &self.role {
-            None => self.interface.clone(),
-            Some(role) => format!("{}_{role}", self.interface),
-        }
+        role_module(&self.interface, self.role.as_deref())
     }
 
-    /// How messages name it: `matmul`, or `matmul (classifier)`.
+    /// [`role_title`] of this instance.
     pub fn title(&self) -> String {
-        match &self.role {
-            None => self.interface.clone(),
-            Some(role) => format!("{} ({role})", self.interface),
-        }
+        role_title(&self.interface, self.role.as_deref())
     }
 }
 

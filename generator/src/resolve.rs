@@ -440,7 +440,7 @@ fn classifier_matmul(
                 .into());
         }
     };
-    let module = format!("{name}_{}", crate::plan::CLASSIFIER);
+    let module = crate::plan::role_module(name, Some(crate::plan::CLASSIFIER));
     let compatible = candidates.iter().filter(|c| !matches!(c.verdict, Verdict::Rejected { .. })).count();
     let priority = imps.iter().find(|i| i.name == chosen.name).map_or(0, |i| i.priority);
     chosen.reason = format!(

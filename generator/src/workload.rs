@@ -1031,44 +1031,8 @@ fn check(w: &Workload, span: &SpanOf, src: &WorkloadSource) -> Vec<Diagnostic> {
         src.diag(message).primary(at(path), label).hint(hint)
     };
 
-    if w.weights.activations == Activations::Bf16 && w.weights.dtype != Dtype::Bf16 {
-        out.push(mk(
-            &["weights", "activations"],
-            format!(
-                "weights.activations = \"bf16\" needs bf16 weights, and weights.dtype is \"{}\"",
-                w.weights.dtype.as_str()
-            ),
-            "bfloat16 activations are read by the bf16 weights' products only",
-            "set weights.dtype = \"bf16\", or remove weights.activations (f32 activations)".into(),
-        ));
-    }
-
-    if let Some(classifier) = w.weights.classifier_dtype {
-        let problem = if matches!(w.model, Model::Bert(_)) {
-            Some((
-                format!("weights.classifier_dtype is for decoders, and `{}` is an encoder", w.name),
-                "a BERT encoder has no classifier",
-                "remove weights.classifier_dtype".to_string(),
-            ))
-        } else if classifier == w.weights.dtype {
-            Some((
-                format!("weights.classifier_dtype is \"{}\", as weights.dtype is", classifier.as_str()),
-                "the classifier is held as weights.dtype already",
-                "remove weights.classifier_dtype, or name another element type".to_string(),
-            ))
-        } else if w.weights.activations == Activations::Bf16 {
-            Some((
-                "weights.classifier_dtype with weights.activations = \"bf16\"".to_string(),
-                "bfloat16 activations are for bf16 products alone",
-                "remove one of the two".to_string(),
-            ))
-        } else {
-            None
-        };
-        if let Some((message, label, hint)) = problem {
-            out.push(mk(&["weights", "classifier_dtype"], message, label, hint));
-        }
-    }
+    let encoder = matches!(w.model, Model::Bert(_)).then_some(w.name.as_str());
+    check_weights(&w.weights, encoder, &mut out, &mk);
 
     if !is_crate_name(&w.name) {
         out.push(mk(
@@ -1119,6 +1083,48 @@ fn check(w: &Workload, span: &SpanOf, src: &WorkloadSource) -> Vec<Diagnostic> {
         }
     }
     out
+}
+
+/// A `[weights]` table (the workload's, or a draft model's through a `mk` that says so):
+/// bfloat16 activations only with bf16 weights; a classifier dtype only for a decoder (`encoder`
+/// names the workload that is not one), other than `dtype`, and not beside bf16 activations.
+fn check_weights(weights: &Weights, encoder: Option<&str>, out: &mut Vec<Diagnostic>, mk: &MakeDiagnostic) {
+    if weights.activations == Activations::Bf16 && weights.dtype != Dtype::Bf16 {
+        out.push(mk(
+            &["weights", "activations"],
+            format!(
+                "weights.activations = \"bf16\" needs bf16 weights, and weights.dtype is \"{}\"",
+                weights.dtype.as_str()
+            ),
+            "bfloat16 activations are read by the bf16 weights' products only",
+            "set weights.dtype = \"bf16\", or remove weights.activations (f32 activations)".into(),
+        ));
+    }
+    let Some(classifier) = weights.classifier_dtype else { return };
+    let problem = if let Some(name) = encoder {
+        Some((
+            format!("weights.classifier_dtype is for decoders, and `{name}` is an encoder"),
+            "a BERT encoder has no classifier",
+            "remove weights.classifier_dtype".to_string(),
+        ))
+    } else if classifier == weights.dtype {
+        Some((
+            format!("weights.classifier_dtype is \"{}\", as weights.dtype is", classifier.as_str()),
+            "the classifier is held as weights.dtype already",
+            "remove weights.classifier_dtype, or name another element type".to_string(),
+        ))
+    } else if weights.activations == Activations::Bf16 {
+        Some((
+            "weights.classifier_dtype with weights.activations = \"bf16\"".to_string(),
+            "bfloat16 activations are for bf16 products alone",
+            "remove one of the two".to_string(),
+        ))
+    } else {
+        None
+    };
+    if let Some((message, label, hint)) = problem {
+        out.push(mk(&["weights", "classifier_dtype"], message, label, hint));
+    }
 }
 
 /// A draft model (`speculator = "draft-model"` with `[speculation.draft]`): a LLaMA whose
@@ -1194,14 +1200,7 @@ fn check_draft(
             "name a draft model with the target's tokenizer (the same vocabulary and special ids), such as a smaller model of its family or a quantized copy of its own checkpoint".into(),
         ));
     }
-    if draft.weights.activations == Activations::Bf16 && draft.weights.dtype != Dtype::Bf16 {
-        out.push(draft_mk(
-            &["weights", "activations"],
-            "weights.activations = \"bf16\" needs bf16 weights".into(),
-            "bfloat16 activations are read by the bf16 weights' products only",
-            "set its weights.dtype = \"bf16\", or remove its weights.activations".into(),
-        ));
-    }
+    check_weights(&draft.weights, None, out, &draft_mk);
 }
 
 /// The `[speculation]` table: drafts that fit one prefill chunk, n-gram lengths in order.
@@ -2361,6 +2360,22 @@ mod tests {
         );
         let e = first_error(&with("dtype = \"int4\"\nclassifier_dtype = \"int2\"\n"));
         assert!(e.contains("unknown variant `int2`"), "{e}");
+        // A draft model's [weights] are checked as the workload's, and say they are the draft's.
+        let draft = std::fs::read_to_string(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("../workloads/stories260k-cpu-f32-draft-int4.toml"),
+        )
+        .unwrap()
+        .replace(
+            "[speculation.draft.weights]\ndtype = \"int4\"\n",
+            "[speculation.draft.weights]\ndtype = \"int4\"\nclassifier_dtype = \"int4\"\n",
+        );
+        let e = WorkloadSource::from_text("w.toml", &draft).parse().expect_err("refused");
+        let e = e.iter().map(|d| d.to_string()).collect::<Vec<_>>().join("\n");
+        assert!(
+            e.contains("the draft model: weights.classifier_dtype is \"int4\", as weights.dtype is"),
+            "{e}"
+        );
     }
 
     #[test]

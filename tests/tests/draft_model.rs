@@ -238,4 +238,18 @@ fn a_server_drafts_for_each_sequence_of_a_batch_with_the_tokens_each_gives_alone
         let want = plain_model.session().generate(prompt, &params, |_| true).unwrap();
         same_or_tie(&plain_model, prompt, &want.generated_ids, got, &format!("request {i}"));
     }
+    // The served crate's own `Session` (one place of a batch) drafts with the draft model too,
+    // and keeps most of its drafts.
+    let params = served::GenerateParams { max_tokens: 100, temperature: 0.0, ..Default::default() };
+    let prompt = &requests[0].0;
+    let alone = model.session().generate(prompt, &params, |_| true).unwrap();
+    let (want_params, _) = self::params(100, 0.0, 0);
+    let want = plain_model.session().generate(prompt, &want_params, |_| true).unwrap();
+    same_or_tie(&plain_model, prompt, &want.generated_ids, &alone.generated_ids, "a session");
+    assert!(
+        alone.accepted * 2 > alone.drafted && alone.drafted > 0,
+        "{} of {} kept",
+        alone.accepted,
+        alone.drafted
+    );
 }

@@ -425,7 +425,7 @@ fn model_rs(plan: &Plan, c: &LlamaConsts, templates: &Templates) -> Result<Strin
     // Tied embeddings held as the classifier is, where it has an element type of its own.
     let embedding = classifier.filter(|_| c.tie_word_embeddings).unwrap_or(matrices);
     slots.extend(embedding_slots(embedding));
-    slots.extend(product_slots(c, matrices, classifier, batched));
+    slots.extend(product_slots(c, matrices, classifier.zip(plan.weights.classifier()), batched));
     slots.extend(attention_slots(c));
     let n_layers = c.num_layers.to_string();
     let replacements = [("__workload_name", plan.name.as_str()), ("__n_layers", n_layers.as_str())];
@@ -517,12 +517,12 @@ fn embedding_slots(matrices: Matrices) -> [(&'static str, TokenStream); 2] {
 /// and v projections have them), and the classifier.
 /// With `batched`, the classifier runs the N rows of a batched step's last positions.
 /// A crate that speculates also classifies the T rows of a verification at once.
-/// A classifier of its own element type (`own_classifier`) runs through its own matmul,
-/// `kernels::matmul_classifier`.
+/// A classifier of its own element type (`own_classifier`: how it is held, and its dtype) runs
+/// through its own matmul, `kernels::matmul_classifier`.
 fn product_slots(
     c: &LlamaConsts,
     matrices: Matrices,
-    own_classifier: Option<Matrices>,
+    own_classifier: Option<(Matrices, crate::workload::Dtype)>,
     batched: bool,
 ) -> Vec<(&'static str, TokenStream)> {
     let mm = |shape: [&str; 2], out: TokenStream, x: TokenStream, w: TokenStream| {
@@ -536,15 +536,7 @@ fn product_slots(
     let mm_up = mm(["INTERMEDIATE_SIZE", "HIDDEN_SIZE"], quote!(up), quote!(xb), quote!(layer.up_proj));
     let mm_down = mm(["HIDDEN_SIZE", "INTERMEDIATE_SIZE"], quote!(xb), quote!(gate), quote!(layer.down_proj));
     let (rows, shape) = if batched { (quote!(n), "[N, VOCAB_SIZE]") } else { (quote!(1), "[VOCAB_SIZE]") };
-    let held = own_classifier.map_or(String::new(), |m| {
-        let dtype = match m {
-            Matrices::Bf16 | Matrices::Bf16Packed => "bfloat16",
-            Matrices::Q8 | Matrices::Q8Packed => "int8",
-            Matrices::Q4 => "int4",
-            Matrices::F32 | Matrices::Packed => "f32",
-        };
-        format!(", held in {dtype}")
-    });
+    let held = own_classifier.map_or(String::new(), |(_, dtype)| format!(", held in {}", dtype.as_str()));
     let (classifier, classifier_comment) = if c.tie_word_embeddings && own_classifier.is_some() {
         (
             quote!(w.embed_tokens),
@@ -572,7 +564,7 @@ fn product_slots(
     let classifier_comment_text = classifier_comment.clone();
     let classifier_comment = comment(&classifier_comment);
     let (classifier_matrices, classifier_fn) = match own_classifier {
-        Some(m) => (m, quote!(crate::kernels::matmul_classifier::matmul)),
+        Some((m, _)) => (m, quote!(crate::kernels::matmul_classifier::matmul)),
         None => (matrices, quote!(matmul)),
     };
     let mm_classifier = classifier_matrices.matmul_call_with(
