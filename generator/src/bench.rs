@@ -504,9 +504,6 @@ pub struct Report {
     /// The flips this run checked end to end (written to the class's confirmations.toml).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub confirmations: Vec<rankings::Confirmation>,
-    /// Flips adopted without an end-to-end check, and why none could be made.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub not_confirmed: Vec<String>,
     pub dry_run: bool,
     /// Whether generated/ holds a crate of the workload to compare the choices with.
     #[serde(skip)]
@@ -646,7 +643,6 @@ pub fn bench(
     let mut choices_changed = changes(&new_plan, &locked);
     // Each flip away from a measured incumbent is checked end to end before `build` adopts it.
     let mut confirmations = Vec::new();
-    let mut not_confirmed = Vec::new();
     if options.confirm && !options.dry_run && !choices_changed.is_empty() {
         for change in &choices_changed {
             let incumbent_measured = here.target.hardware.as_deref().is_some_and(|class| {
@@ -657,10 +653,6 @@ pub fn bench(
                     .any(|r| r.shapes == shapes && r.implementation == change.from)
             });
             if !incumbent_measured {
-                continue;
-            }
-            if let Some(why) = unconfirmable(&here) {
-                not_confirmed.push(format!("{} → {} of {}: {why}", change.from, change.to, change.interface));
                 continue;
             }
             progress(Progress::Confirming(&change.interface));
@@ -704,7 +696,6 @@ pub fn bench(
         choices_changed,
         untimed,
         confirmations,
-        not_confirmed,
         dry_run: options.dry_run,
         has_crate: !locked.is_empty(),
         crate_dir: options.crate_dir.clone(),
@@ -905,7 +896,7 @@ struct Decoded {
 
 /// Runs the crate binary `exe` on `model` with the prompt `text`, `decode_len` tokens at most.
 fn decode_typical(exe: &Path, model: &Path, text: &str, decode_len: usize) -> Result<Decoded, Error> {
-    let report = run_json(exe, model, ["--prompt", text], decode_len, &crate::shown(model))?;
+    let report = run_json(exe, model, &["--prompt", text], decode_len, &crate::shown(model))?;
     let ids = |key: &str| -> Vec<u64> {
         report[key]
             .as_array()
@@ -1002,20 +993,6 @@ fn changes(plan: &Plan, locked: &BTreeMap<String, String>) -> Vec<Change> {
         .collect()
 }
 
-/// Why a flip of `w` cannot be checked end to end, if it cannot: the check runs the crate's
-/// binary on one sequence, which is a decoder's typical request only where it decodes one at a
-/// time (an encoder's binary takes its typical batch of sentences).
-fn unconfirmable(w: &Workload) -> Option<String> {
-    match &w.request {
-        crate::workload::Request::Encoder(_) => None,
-        crate::workload::Request::Decoder(r) if r.max_batch > 1 => Some(format!(
-            "the end-to-end check runs one sequence, and this workload decodes {} at once; adopted on the kernels' records",
-            r.max_batch
-        )),
-        crate::workload::Request::Decoder(_) => None,
-    }
-}
-
 /// Checks `change` end to end: builds the crate of `w` twice, with the incumbent and with the
 /// challenger for its interface (every other choice as `build` now makes it), runs both on
 /// synthetic weights at the workload's typical request in interleaved rounds (every other
@@ -1071,7 +1048,12 @@ fn confirm(
                 let ids: Vec<String> = (0..prompt_len)
                     .map(|i| (1 + (i * 7919) % vocab.saturating_sub(1).max(1)).to_string())
                     .collect();
-                time_request(exe, &model, &ids.join(","), request.typical_decode_len.max(1))
+                let decode_len = request.typical_decode_len.max(1);
+                if request.max_batch > 1 {
+                    time_batch(exe, &model, &ids.join(","), decode_len, request.max_batch)
+                } else {
+                    time_request(exe, &model, &ids.join(","), decode_len)
+                }
             }
             crate::workload::Request::Encoder(request) => {
                 let words = w.bert().vocab_size.saturating_sub(5).max(1);
@@ -1123,13 +1105,13 @@ fn confirm(
     })
 }
 
-/// The JSON report of the crate binary `exe` on `model`, given the prompt `prompt` (`--prompt`
-/// or `--prompt-ids` and its value) and `decode_len` tokens at most; `weights` names the
-/// weights in an error.
+/// The JSON report of the crate binary `exe` on `model`, given the prompt's arguments
+/// (`--prompt` or `--prompt-ids` and its value, and any others) and `decode_len` tokens at most;
+/// `weights` names the weights in an error.
 fn run_json(
     exe: &Path,
     model: &Path,
-    prompt: [&str; 2],
+    prompt: &[&str],
     decode_len: usize,
     weights: &str,
 ) -> Result<serde_json::Value, Error> {
@@ -1177,10 +1159,23 @@ fn time_encode(exe: &Path, model: &Path, sentences: &[String]) -> Result<u64, Er
 /// prompt `ids` plus `decode_len` decode steps at the time per step it reports (a synthetic
 /// model may stop early at its end-of-sequence token).
 fn time_request(exe: &Path, model: &Path, ids: &str, decode_len: usize) -> Result<u64, Error> {
-    let report = run_json(exe, model, ["--prompt-ids", ids], decode_len, "synthetic weights")?;
+    let report = run_json(exe, model, &["--prompt-ids", ids], decode_len, "synthetic weights")?;
     let ms = |key: &str| report[key].as_f64().unwrap_or(0.0);
     let generated = report["generated_ids"].as_array().map_or(0, Vec::len).max(1);
     let per_step = ms("decode_ms") / generated as f64;
+    Ok(((ms("prefill_ms") + per_step * decode_len as f64) * 1e6).round() as u64)
+}
+
+/// Nanoseconds of `batch` typical requests run together by the batched crate binary `exe` on
+/// `model` (`--batch`): their prefills one after another, plus `decode_len` decode steps of the
+/// whole batch at the time per step it reports.
+fn time_batch(exe: &Path, model: &Path, ids: &str, decode_len: usize, batch: usize) -> Result<u64, Error> {
+    let batch = batch.to_string();
+    let report =
+        run_json(exe, model, &["--prompt-ids", ids, "--batch", &batch], decode_len, "synthetic weights")?;
+    let ms = |key: &str| report[key].as_f64().unwrap_or(0.0);
+    let steps = report["decode_steps"].as_u64().unwrap_or(0).max(1) as f64;
+    let per_step = ms("decode_ms") / steps;
     Ok(((ms("prefill_ms") + per_step * decode_len as f64) * 1e6).round() as u64)
 }
 
@@ -1305,9 +1300,6 @@ impl Report {
                 c.kernel_ratio,
                 if c.confirmed { "confirmed" } else { "not confirmed, so the crate keeps its choice" }
             ));
-        }
-        for note in &self.not_confirmed {
-            s.push_str(&format!("not checked end to end: {note}\n"));
         }
         if !self.has_crate {
             let folder = match &self.crate_dir {

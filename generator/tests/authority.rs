@@ -7,7 +7,7 @@
 
 mod common;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use common::*;
@@ -824,6 +824,22 @@ fn scalar_five_times_faster(repo: &Path, class: &str, incumbent: &str) {
     std::fs::write(&file, toml::to_string(&db).unwrap()).unwrap();
 }
 
+/// Measures `INTERFACE` for workload `w` of `repo`, builds its crate `name`, and then makes the
+/// kernels' records say scalar is 5x faster than the crate's choice (not scalar), which it
+/// returns with the crate's folder.
+fn built_with_scalar_favoured(repo: &Path, w: &str, name: &str) -> (PathBuf, String) {
+    let mut args = vec!["bench", w, "--interface", INTERFACE];
+    args.extend_from_slice(QUICK);
+    let out = monogen(repo, &args);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(monogen(repo, &["build", w]).status.success());
+    let crate_dir = repo.join("generated").join(name);
+    let incumbent = monogen::check::locked_choices(&crate_dir)[INTERFACE].clone();
+    assert_ne!(incumbent, "scalar");
+    scalar_five_times_faster(repo, &monogen::host::this_class(), &incumbent);
+    (crate_dir, incumbent)
+}
+
 /// The stories15M decode-attention case (bench/history/2026-12-03_05.md): the kernels' records
 /// favoured a decode attention that the crate, built with it, did not run faster, and the flip
 /// had to be undone by hand. Here a record written by hand makes the scalar kernel of
@@ -835,18 +851,8 @@ fn a_flip_the_crate_does_not_confirm_end_to_end_is_not_adopted() {
     let repo = measured_repo();
     let w = "workloads/stories15m-bench-cpu-f32.toml";
     std::fs::write(repo.path().join(w), for_this_class(w)).unwrap();
+    let (crate_dir, incumbent) = built_with_scalar_favoured(repo.path(), w, "stories15m-bench-cpu-f32");
     let class = monogen::host::this_class();
-    let mut args = vec!["bench", w, "--interface", INTERFACE];
-    args.extend_from_slice(QUICK);
-    let out = monogen(repo.path(), &args);
-    assert!(out.status.success(), "{}", stderr(&out));
-    assert!(monogen(repo.path(), &["build", w]).status.success());
-    let crate_dir = repo.path().join("generated/stories15m-bench-cpu-f32");
-    let incumbent = monogen::check::locked_choices(&crate_dir)[INTERFACE].clone();
-    assert_ne!(incumbent, "scalar");
-
-    // The kernels' records now say scalar is 5x faster than the incumbent.
-    scalar_five_times_faster(repo.path(), &class, &incumbent);
     let check = stdout(&monogen(repo.path(), &["check", w]));
     assert!(
         check.contains(&format!("{INTERFACE}: the choice changed from {incumbent} ")),
@@ -888,6 +894,43 @@ fn a_flip_the_crate_does_not_confirm_end_to_end_is_not_adopted() {
     let explain = stdout(&monogen(repo.path(), &["explain", w]));
     let line = explain.lines().find(|l| l.contains("but the crate built with it was not faster end to end"));
     eprintln!("{}", line.unwrap_or_else(|| panic!("{explain}")));
+}
+
+/// A decoder that batches its sequences is checked end to end too: its crate's binary runs the
+/// typical request as a batch of `max_batch` copies (`--batch`), and the flip that the kernels'
+/// records ask for (scalar 5x faster, by hand) is not confirmed.
+#[test]
+fn a_batched_decoders_flip_is_checked_on_a_batch_end_to_end() {
+    let repo = measured_repo();
+    let w = "workloads/stories15m-batch4.toml";
+    let text = for_this_class("workloads/stories15m-bench-cpu-f32.toml")
+        .replace("name = \"stories15m-bench-cpu-f32\"", "name = \"stories15m-batch4\"")
+        .replace("max_batch = 1", "max_batch = 4")
+        .replace("typical_prompt_len = 128", "typical_prompt_len = 32")
+        .replace("typical_decode_len = 64", "typical_decode_len = 16");
+    assert!(text.contains("max_batch = 4") && text.contains("typical_decode_len = 16"), "{text}");
+    std::fs::write(repo.path().join(w), text).unwrap();
+    let (crate_dir, incumbent) = built_with_scalar_favoured(repo.path(), w, "stories15m-batch4");
+
+    let mut args =
+        vec!["bench", w, "--interface", "rope", "--samples", "5", "--confirm-rounds", "3", "--json"];
+    args.extend_from_slice(&["--warm-up", "1", "--min-sample-us", "300"]);
+    let out = monogen(repo.path(), &args);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let doc: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap();
+    let c = &doc["confirmations"][0];
+    assert_eq!(
+        (c["interface"].as_str(), c["from"].as_str(), c["to"].as_str(), c["confirmed"].as_bool()),
+        (Some(INTERFACE), Some(incumbent.as_str()), Some("scalar"), Some(false)),
+        "{doc}"
+    );
+    assert!(
+        c["crate_ratio"].as_f64().unwrap() > 1.0 && c["to_rounds_ns"].as_array().unwrap().len() == 3,
+        "{c}"
+    );
+    eprintln!("{c}");
+    assert!(monogen(repo.path(), &["build", w]).status.success());
+    assert_eq!(monogen::check::locked_choices(&crate_dir)[INTERFACE], incumbent);
 }
 
 /// The scratch copy of the prompt-lookup workload with its speculator left to measurement:

@@ -6,6 +6,8 @@ use std::collections::VecDeque;
 use std::time::Instant;
 
 use crate::kernels::sampler::sample;
+#[only_if(batched)]
+use crate::model::{Batch, Run, Sequence};
 #[only_if(prompt_lookup)]
 use crate::kernels::speculator::draft;
 use crate::model::Session;
@@ -16,6 +18,8 @@ use crate::DRAFT_TOKENS;
 use crate::{LOOKUP_MAX, LOOKUP_MIN};
 #[only_if(prefix_cache)]
 use crate::PREFIX_CACHE_MIN;
+#[only_if(batched)]
+use crate::{MAX_BATCH, PREFILL_CHUNK};
 
 /// How to pick tokens and when to stop.
 #[derive(Debug, Clone, PartialEq)]
@@ -289,6 +293,136 @@ impl Session<'_> {
         self.rewind(at + 1 + kept);
         Ok(())
     }
+}
+
+#[only_if(batched)]
+impl Batch<'_> {
+    /// Generates after each of `prompts` (1 to MAX_BATCH of them) as [`Session::generate`] does
+    /// after each alone, with the same parameters and each its own random numbers from
+    /// `params.seed`, so each gets the tokens it gets alone; but their decode steps run
+    /// together, every sequence still generating passing its next token as a row of one step.
+    /// The prompts run first, one after another, PREFILL_CHUNK positions a step. Each
+    /// generation's `decode_ms` runs from the first decode step to its own end; no tokens are
+    /// drafted here.
+    pub fn generate(&mut self, prompts: &[&[u32]], params: &GenerateParams) -> Result<Vec<Generation>, Error> {
+        params.validate()?;
+        if prompts.is_empty() || prompts.len() > MAX_BATCH {
+            return Err(Error::InvalidParameter {
+                name: "prompts",
+                reason: format!("a batch generates after 1 to {MAX_BATCH} prompts, not {}", prompts.len()),
+            });
+        }
+        let mut sequences: Vec<Sequence> = prompts.iter().map(|_| Sequence::new()).collect();
+        for (sequence, prompt) in sequences.iter().zip(prompts) {
+            sequence.check(prompt)?;
+        }
+        let mut scratch = Vec::with_capacity(VOCAB_SIZE);
+        let mut states = Vec::with_capacity(prompts.len());
+        for (sequence, prompt) in sequences.iter_mut().zip(prompts) {
+            let started = Instant::now();
+            let mut rng = Rng::new(params.seed);
+            let mut logits: &[f32] = &[];
+            for chunk in prompt.chunks(PREFILL_CHUNK) {
+                logits = self.step(&mut [Run { sequence: &mut *sequence, tokens: chunk }])?;
+            }
+            let token = sample::<VOCAB_SIZE>(logits, params.temperature, params.top_k, params.top_p, rng.next_f32(), &mut scratch);
+            states.push(BatchMember {
+                rng,
+                token,
+                generated: Vec::new(),
+                stop: None,
+                prefill_ms: started.elapsed().as_secs_f64() * 1000.0,
+                decode_ms: 0.0,
+                decode_steps: 0,
+            });
+        }
+
+        let decode_started = Instant::now();
+        let mut running = Vec::with_capacity(prompts.len());
+        let mut tokens = Vec::with_capacity(prompts.len());
+        loop {
+            // each running sequence hands out its token, and stops where `Session::generate` would
+            running.clear();
+            tokens.clear();
+            for (i, (state, sequence)) in states.iter_mut().zip(&sequences).enumerate() {
+                if state.stop.is_some() {
+                    continue;
+                }
+                let stop = if state.generated.len() == params.max_tokens {
+                    Some(StopReason::MaxTokens)
+                } else {
+                    state.generated.push(state.token);
+                    if EOS_TOKEN_IDS.contains(&state.token) {
+                        Some(StopReason::Eos)
+                    } else if state.generated.len() == params.max_tokens {
+                        Some(StopReason::MaxTokens)
+                    } else if sequence.position() == MAX_SEQ_LEN {
+                        Some(StopReason::ContextFull)
+                    } else {
+                        None
+                    }
+                };
+                match stop {
+                    Some(stop) => {
+                        state.stop = Some(stop);
+                        state.decode_ms = decode_started.elapsed().as_secs_f64() * 1000.0;
+                    }
+                    None => {
+                        running.push(i);
+                        tokens.push(state.token);
+                    }
+                }
+            }
+            if running.is_empty() {
+                break;
+            }
+            // logits = the model over each running sequence's token: [running.len(), VOCAB_SIZE]
+            let mut runs: Vec<Run<'_>> = sequences
+                .iter_mut()
+                .zip(&states)
+                .filter(|(_, state)| state.stop.is_none())
+                .zip(&tokens)
+                .map(|((sequence, _), token)| Run { sequence, tokens: std::slice::from_ref(token) })
+                .collect();
+            let logits = self.step(&mut runs)?;
+            for (&i, logits) in running.iter().zip(logits.chunks_exact(VOCAB_SIZE)) {
+                let state = &mut states[i];
+                state.token = sample::<VOCAB_SIZE>(logits, params.temperature, params.top_k, params.top_p, state.rng.next_f32(), &mut scratch);
+                state.decode_steps += 1;
+            }
+        }
+        Ok(states
+            .into_iter()
+            .zip(prompts)
+            .map(|(state, prompt)| Generation {
+                prompt_ids: prompt.to_vec(),
+                #[only_if(prefix_cache)]
+                reused: 0,
+                generated_ids: state.generated,
+                stop: state.stop.unwrap_or(StopReason::MaxTokens),
+                prefill_ms: state.prefill_ms,
+                decode_ms: state.decode_ms,
+                decode_steps: state.decode_steps,
+                #[only_if(speculation)]
+                drafted: 0,
+                #[only_if(speculation)]
+                accepted: 0,
+            })
+            .collect())
+    }
+}
+
+/// One sequence of [`Batch::generate`].
+#[only_if(batched)]
+struct BatchMember {
+    rng: Rng,
+    /// The token picked last, not handed out yet.
+    token: u32,
+    generated: Vec<u32>,
+    stop: Option<StopReason>,
+    prefill_ms: f64,
+    decode_ms: f64,
+    decode_steps: usize,
 }
 
 /// A speculative generation's state.

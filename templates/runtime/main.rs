@@ -13,6 +13,8 @@ use serde_json::{Map, Value, json};
 
 use __crate::tokenizer::TextStream;
 use __crate::{Error, GenerateParams, Model, Tokenizer, WORKLOAD};
+#[only_if(batched)]
+use __crate::MAX_BATCH;
 
 /// The options that say what to run: exactly one of them.
 #[only_if(not(prefix_cache))]
@@ -41,6 +43,13 @@ struct Args {
     #[only_if(prefix_cache)]
     #[arg(long, value_name = "FILE")]
     prompts: Option<PathBuf>,
+    /// Runs N copies of the prompt as one batch (1 to the crate's MAX_BATCH): their decode
+    /// steps run together, each copy's token a row of one step, and each copy gets the tokens
+    /// the prompt gets alone. Prints each copy's text, or with --json their ids under
+    /// "sequences" and the batch's timings.
+    #[only_if(batched)]
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    batch: usize,
     /// Number of new tokens to generate at most.
     #[arg(long, value_name = "N", default_value_t = 128)]
     max_tokens: usize,
@@ -119,6 +128,10 @@ fn run(args: &Args, started: Instant) -> Result<(), Error> {
         (None, None) => return Err(Error::EmptyPrompt),
     };
     let load_ms = started.elapsed().as_secs_f64() * 1000.0;
+    #[only_if(batched)]
+    if args.batch != 1 {
+        return run_batch(args, &model, &tokenizer, &params, &prompt_ids, load_ms);
+    }
     let mut session = model.session();
     session.check(&prompt_ids)?;
 
@@ -179,6 +192,76 @@ fn run(args: &Args, started: Instant) -> Result<(), Error> {
     );
     #[only_if(speculation)]
     eprintln!("[speculation: {} tokens drafted, {} kept]", generation.drafted, generation.accepted);
+    Ok(())
+}
+
+/// Runs `args.batch` copies of `prompt_ids` as one batch (`Batch::generate`); prints each
+/// copy's text and a line of figures for the batch, or with --json one object.
+#[only_if(batched)]
+fn run_batch(
+    args: &Args,
+    model: &Model,
+    tokenizer: &TokenizerThread,
+    params: &GenerateParams,
+    prompt_ids: &[u32],
+    load_ms: f64,
+) -> Result<(), Error> {
+    if args.batch == 0 || args.batch > MAX_BATCH {
+        return Err(Error::InvalidParameter {
+            name: "batch",
+            reason: format!("must be between 1 and {MAX_BATCH}, the most sequences this crate runs at once"),
+        });
+    }
+    let prompts = vec![prompt_ids; args.batch];
+    let generations = model.batch().generate(&prompts, params)?;
+    let tokenizer = tokenizer.get()?;
+    // the prompts ran one after another; the decode steps ran together until the last one ended
+    let prefill_ms: f64 = generations.iter().map(|g| g.prefill_ms).sum();
+    let decode_ms = generations.iter().map(|g| g.decode_ms).fold(0.0, f64::max);
+    let decode_tokens: usize = generations.iter().map(|g| g.decode_steps).sum();
+    let decode_steps = generations.iter().map(|g| g.decode_steps).max().unwrap_or(0);
+    let rate = |tokens: usize, ms: f64| if ms > 0.0 { tokens as f64 / (ms / 1000.0) } else { 0.0 };
+    let mut out = io::stdout().lock();
+    let written = if args.json {
+        let mut sequences = Vec::with_capacity(generations.len());
+        for g in &generations {
+            sequences.push(json!({
+                "generated_ids": g.generated_ids,
+                "text": tokenizer.decode(&g.generated_ids)?,
+                "stop": g.stop.as_str(),
+            }));
+        }
+        let report = json!({
+            "workload": WORKLOAD,
+            "batch": args.batch,
+            "prompt_ids": prompt_ids,
+            "sequences": sequences,
+            "load_ms": load_ms,
+            "prefill_ms": prefill_ms,
+            "prefill_tok_s": rate(prompt_ids.len() * args.batch, prefill_ms),
+            "decode_ms": decode_ms,
+            "decode_steps": decode_steps,
+            "decode_tok_s": rate(decode_tokens, decode_ms),
+        });
+        writeln!(out, "{report}")
+    } else {
+        let mut written = Ok(());
+        for g in &generations {
+            let whole = tokenizer.decode(&[prompt_ids, &g.generated_ids[..]].concat())?;
+            written = written.and_then(|()| writeln!(out, "{whole}"));
+        }
+        written.map(|()| {
+            eprintln!(
+                "[{} sequences of {} prompt tokens: prefill {:.1} tok/s; {decode_tokens} tokens in {decode_steps} decode steps: decode {:.1} tok/s in all]",
+                args.batch,
+                prompt_ids.len(),
+                rate(prompt_ids.len() * args.batch, prefill_ms),
+                rate(decode_tokens, decode_ms)
+            )
+        })
+    };
+    // A closed stdout (e.g. `| head`) is not an error worth reporting.
+    let _ = written;
     Ok(())
 }
 

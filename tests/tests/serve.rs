@@ -152,6 +152,117 @@ fn batched_steps_give_each_sequence_its_tokens_alone() {
     assert!(e.contains(&format!("a step runs 1 to {MAX_BATCH} sequences, not {}", MAX_BATCH + 1)), "{e}");
 }
 
+/// `Batch::generate` gives each prompt of a batch the tokens `Session::generate` gives it
+/// alone, greedy (up to a tie) and sampled, with each one's own stop; a batch beyond MAX_BATCH
+/// is refused.
+#[test]
+fn a_batch_generates_each_prompts_tokens_alone() {
+    let (Some(model), Some(dir)) = (model(), model_dir("stories260k")) else { return };
+    let all = prompts(&dir);
+    let prompts: Vec<&[u32]> = all[..MAX_BATCH].iter().map(Vec::as_slice).collect();
+    // the longer prompts fill the context first, so sequences leave the batch at different steps
+    let greedy = GenerateParams { max_tokens: 500, ..GenerateParams::default() };
+    let batched = model.batch().generate(&prompts, &greedy).unwrap();
+    for (i, (g, prompt)) in batched.iter().zip(&prompts).enumerate() {
+        let lone = alone(model, prompt, greedy.max_tokens);
+        assert_same_tokens(&g.generated_ids, &lone, &format!("greedy sequence {i}"));
+        assert_eq!(g.prompt_ids, *prompt);
+        assert_eq!(g.decode_steps, g.generated_ids.len() - 1, "sequence {i}");
+    }
+    let stops: Vec<StopReason> = batched.iter().map(|g| g.stop).collect();
+    assert!(stops.contains(&StopReason::ContextFull) && stops.contains(&StopReason::MaxTokens), "{stops:?}");
+
+    let sampled = GenerateParams {
+        max_tokens: 50,
+        temperature: 0.9,
+        top_p: 0.95,
+        seed: 11,
+        ..GenerateParams::default()
+    };
+    let batched = model.batch().generate(&prompts, &sampled).unwrap();
+    for (i, (g, prompt)) in batched.iter().zip(&prompts).enumerate() {
+        let lone = model.session().generate(prompt, &sampled, |_| true).unwrap();
+        assert_eq!((&g.generated_ids, g.stop), (&lone.generated_ids, lone.stop), "sampled sequence {i}");
+    }
+
+    // No new token at all, as alone.
+    let none = GenerateParams { max_tokens: 0, ..GenerateParams::default() };
+    let batched = model.batch().generate(&prompts[..2], &none).unwrap();
+    assert!(batched.iter().all(|g| g.generated_ids.is_empty() && g.stop == StopReason::MaxTokens));
+
+    let too_many: Vec<&[u32]> = (0..=MAX_BATCH).map(|_| prompts[0]).collect();
+    let e = model.batch().generate(&too_many, &greedy).expect_err("too many prompts").to_string();
+    assert!(
+        e.contains(&format!("a batch generates after 1 to {MAX_BATCH} prompts, not {}", MAX_BATCH + 1)),
+        "{e}"
+    );
+    let e = model.batch().generate(&[&[1], &[]], &greedy).expect_err("an empty prompt").to_string();
+    assert!(e.contains("empty"), "{e}");
+}
+
+/// The batched crate's binary runs `--batch N` copies of its prompt together (what `bench`
+/// times to check a flip of a batched decoder end to end): each copy's tokens are the prompt's
+/// alone, and a batch beyond MAX_BATCH is refused with the reason.
+#[test]
+fn the_binary_runs_a_batch_of_copies_of_its_prompt() {
+    let Some(dir) = model_dir("stories260k") else { return };
+    let binary = build_copy(WORKLOAD);
+    let run = |extra: &[&str]| {
+        let mut command = Command::new(&binary);
+        command.arg("--model").arg(&dir).args(["--prompt", "Lily and Ben went to", "--max-tokens", "30"]);
+        let out = command.args(extra).output().unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    for sampling in [&[][..], &["--temperature", "0.8", "--seed", "3"][..]] {
+        let (code, alone, stderr) = run(&[&["--json"][..], sampling].concat());
+        assert_eq!(code, Some(0), "{stderr}");
+        let alone: Value = serde_json::from_str(&alone).unwrap();
+        let (code, batch, stderr) = run(&[&["--json", "--batch", "3"][..], sampling].concat());
+        assert_eq!(code, Some(0), "{stderr}");
+        let batch: Value = serde_json::from_str(&batch).unwrap();
+        assert_eq!(batch["batch"], 3);
+        assert_eq!(batch["prompt_ids"], alone["prompt_ids"]);
+        let sequences = batch["sequences"].as_array().unwrap();
+        assert_eq!(sequences.len(), 3);
+        for s in sequences {
+            assert_eq!(
+                (&s["generated_ids"], &s["text"], &s["stop"]),
+                (&alone["generated_ids"], &alone["text"], &alone["stop"]),
+                "{sampling:?}"
+            );
+        }
+        let steps = batch["decode_steps"].as_u64().unwrap();
+        assert_eq!(steps as usize, alone["generated_ids"].as_array().unwrap().len() - 1);
+        assert!(
+            batch["decode_ms"].as_f64().unwrap() > 0.0 && batch["prefill_ms"].as_f64().unwrap() > 0.0,
+            "{batch}"
+        );
+    }
+    // As text: each copy's whole text, a line each, and the batch's figures.
+    let (code, text, stderr) = run(&["--batch", "2"]);
+    assert_eq!(code, Some(0), "{stderr}");
+    let lines: Vec<&str> = text.lines().collect();
+    assert!(
+        lines.len() == 2 && lines[0] == lines[1] && lines[0].starts_with("Lily and Ben went to"),
+        "{text}"
+    );
+    assert!(stderr.contains("[2 sequences of ") && stderr.contains("decode steps"), "{stderr}");
+    for bad in ["0", &(MAX_BATCH + 1).to_string()] {
+        let (code, _, stderr) = run(&["--batch", bad]);
+        assert_eq!(code, Some(2), "--batch {bad}: {stderr}");
+        assert!(
+            stderr.contains(&format!(
+                "invalid batch: must be between 1 and {MAX_BATCH}, the most sequences this crate runs at once"
+            )),
+            "{stderr}"
+        );
+    }
+}
+
 /// Hands `requests` (prompt, max_tokens, class) to a new engine at once; returns each one's
 /// tokens and stop, and the order in which they ended.
 fn serve_on_engine(

@@ -95,6 +95,7 @@ pub fn rust_files(
         ("speculation", c.speculation.is_some()),
         ("prompt_lookup", c.speculation.is_some() && !draft_model),
         ("draft_model", draft_model),
+        ("batched", c.batched()),
     ];
     let drafter: &[&str] = if draft_model { &["drafter.rs"] } else { &[] };
     for file in RUNTIME_FILES.iter().chain(serving).chain(drafter) {
