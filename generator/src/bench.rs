@@ -433,6 +433,8 @@ pub struct Options {
     /// Check each flip away from a measured incumbent end to end before `build` adopts it
     /// (`--no-confirm` turns it off).
     pub confirm: bool,
+    /// Then check each measured choice against its runner-up end to end (`--verify`).
+    pub verify: bool,
     /// Rounds of that check.
     pub confirm_rounds: usize,
     /// The crate whose choices the new ones are compared with, when it was named with
@@ -451,6 +453,8 @@ pub enum Progress<'a> {
     Round(&'a str),
     /// Building and timing the crate both ways for a flip of this interface.
     Confirming(&'a str),
+    /// Building and timing the crate with this interface's choice and with its runner-up.
+    Verifying(&'a str),
     /// Building the crate of one speculation candidate (`none`, `2 drafts`, ...).
     BuildingCandidate(&'a str),
     /// Timing the speculation candidates: this round of that many.
@@ -546,10 +550,14 @@ pub fn bench(
         Some(c) => Some(c.clone()),
     };
 
+    let workload_crate = options.crate_dir.clone().unwrap_or_else(|| project.default_out_dir(&w.name));
+    if options.verify {
+        return verify(project, &w, &here, path, &workload_crate, host, workload_hardware, options, progress);
+    }
+
     // The interfaces to measure, and the harness that measures them (and no others): those
     // that the benchmark template can time (an interface with one implementation and no pass,
     // a new slot, has nothing to rank).
-    let workload_crate = options.crate_dir.clone().unwrap_or_else(|| project.default_out_dir(&w.name));
     let mut plan = project.plan_for(&here, path, &workload_crate)?;
     // A role's own instance (the classifier's matmul) is chosen by declared priority, not timed.
     plan.interfaces
@@ -976,6 +984,89 @@ impl SpeculationReport {
     }
 }
 
+/// `monogen bench --verify`: measures no kernel, but checks each measured choice that `build`
+/// makes now for `here` (of `options.only`, or all) against its runner-up by the kernels'
+/// records end to end, as a flip is checked, and records the confirmations: a runner-up that
+/// the crate runs faster becomes the choice.
+#[allow(clippy::too_many_arguments)]
+fn verify(
+    project: &mut Project,
+    w: &Workload,
+    here: &Workload,
+    path: &Path,
+    workload_crate: &Path,
+    host: Host,
+    workload_hardware: Option<String>,
+    options: &Options,
+    mut progress: impl FnMut(Progress),
+) -> Result<Report, Error> {
+    let class = host.class.clone();
+    let plan = project.plan_for(here, path, workload_crate)?;
+    let locked = match workload_hardware {
+        None => crate::lock::locked_choices(workload_crate),
+        Some(_) => Default::default(),
+    };
+    let mut confirmations = Vec::new();
+    let mut written = Vec::new();
+    let checked = plan
+        .interfaces
+        .iter()
+        .filter(|i| i.role.is_none() && (options.only.is_empty() || options.only.contains(&i.interface)));
+    for i in checked {
+        let Some(runner_up) = runner_up(i) else { continue };
+        let change = Change {
+            interface: i.interface.clone(),
+            from: i.chosen.name.clone(),
+            to: runner_up,
+            reason: "the runner-up by the kernels' records".into(),
+        };
+        progress(Progress::Verifying(&i.interface));
+        let confirmation =
+            confirm(project, here, path, workload_crate, &change, &host, options.confirm_rounds.max(3))?;
+        project.rankings.replace_confirmation(&class, confirmation.clone());
+        confirmations.push(confirmation);
+    }
+    if !confirmations.is_empty() {
+        let (rel, text) = project.rankings.render_confirmations(&class);
+        let file = project.rankings_dir.join(&rel);
+        if crate::write::write_file(&file, text.as_bytes())? {
+            written.push(crate::shown(&file));
+        }
+    }
+    let new_plan = project.plan_for(here, path, workload_crate)?;
+    Ok(Report {
+        workload: w.name.clone(),
+        path: path.to_path_buf(),
+        hardware: host,
+        workload_hardware,
+        shapes: rankings::shapes_signature(w),
+        build_flags: BUILD_FLAGS,
+        measured_at: now_utc(),
+        request: w.request.clone(),
+        results: Vec::new(),
+        measurements: Vec::new(),
+        rankings_written: written,
+        choices_changed: changes(&new_plan, &locked),
+        untimed: Vec::new(),
+        confirmations,
+        dry_run: false,
+        has_crate: !locked.is_empty(),
+        crate_dir: options.crate_dir.clone(),
+        rankings_shown: crate::shown(&project.rankings_dir),
+    })
+}
+
+/// The fastest measured candidate of `i` by the kernels' records after its choice, if any
+/// (one that failed against the reference, was rejected or is shadowed never is).
+fn runner_up(i: &crate::plan::InterfacePlan) -> Option<String> {
+    i.candidates
+        .iter()
+        .filter(|c| c.name != i.chosen.name && matches!(c.verdict, crate::plan::Verdict::Outranked { .. }))
+        .filter_map(|c| Some((c.name.clone(), c.evidence.as_ref()?.fresh_distribution()?.median_ns)))
+        .min_by(|a, b| a.1.total_cmp(&b.1))
+        .map(|(name, _)| name)
+}
+
 /// The choices of `plan` that differ from the crate's (`locked`).
 fn changes(plan: &Plan, locked: &BTreeMap<String, String>) -> Vec<Change> {
     plan.interfaces
@@ -1010,7 +1101,7 @@ fn confirm(
     let target = crates_target_dir(project);
     let mut binaries = Vec::new();
     let mut imps = Vec::new();
-    for (side, name) in [("from", &change.from), ("to", &change.to)] {
+    for name in [&change.from, &change.to] {
         let forced = [(change.interface.clone(), name.clone())].into();
         let mut plan = project.plan_forced(w, path, crate_dir, forced)?;
         let chosen = plan.interface(&change.interface).map(|i| i.chosen.name.clone());
@@ -1026,10 +1117,12 @@ fn confirm(
             .implementation(&change.interface, name, element.as_deref())
             .ok_or_else(|| Error::Refused(format!("{} {name} is not in the registry", change.interface)))?;
         imps.push(imp.clone());
-        // Two packages in one target folder need two names.
-        plan.name = format!("{}-{side}", w.name);
+        // Packages in one target folder need names of their own. A crate's folder is named by
+        // the choice it was built for, so that a later check of the same choices (the way back,
+        // `--verify` after a flip's check) finds it built.
+        plan.name = format!("{}-{}-{name}", w.name, change.interface.replace('_', "-"));
         let output = project.emit(&plan)?;
-        let out = dir.join(side);
+        let out = dir.join(format!("{}-{name}", change.interface));
         crate::write::write(&out, &output, true)?;
         seed_lock(project, &out)?;
         binaries.push(build_release(&out, &target, &plan.name, "the crate", "")?);

@@ -103,6 +103,12 @@ enum Command {
         /// timing it end to end, which `bench` otherwise does for each choice it changes.
         #[arg(long)]
         no_confirm: bool,
+        /// Measure no kernel: check each measured choice of the crate (of the interfaces named
+        /// by --interface, or all) against its runner-up by the kernels' records end to end (the
+        /// crate built with each, timed as a flip's check is). A runner-up that the crate runs
+        /// faster becomes the choice, and `explain` says so.
+        #[arg(long, conflicts_with_all = ["dry_run", "no_confirm", "stale", "model", "build_only"])]
+        verify: bool,
         /// Interleaved rounds of that end-to-end check, and of the measurement of speculation.
         #[arg(long, default_value_t = 7, value_name = "N", value_parser = clap::value_parser!(u64).range(3..=1000))]
         confirm_rounds: u64,
@@ -409,6 +415,7 @@ fn run(cli: Cli) -> Result<ExitCode, Error> {
             min_sample_us,
             dry_run,
             no_confirm,
+            verify,
             confirm_rounds,
             interfaces,
             model,
@@ -423,6 +430,7 @@ fn run(cli: Cli) -> Result<ExitCode, Error> {
                 only: interfaces,
                 dry_run,
                 confirm: !no_confirm,
+                verify,
                 confirm_rounds: confirm_rounds as usize,
                 crate_dir: None,
             };
@@ -707,6 +715,10 @@ fn show_progress(bar: &indicatif::ProgressBar, path: &Path, p: Progress) {
         }
         Progress::Confirming(interface) => bar.set_message(format!(
             "{}: checking the flip of {interface} end to end (building the crate both ways)",
+            shown(path)
+        )),
+        Progress::Verifying(interface) => bar.set_message(format!(
+            "{}: checking the choice of {interface} against its runner-up end to end (building the crate both ways)",
             shown(path)
         )),
         Progress::BuildingCandidate(candidate) => {

@@ -723,8 +723,47 @@ impl<'a> Field<'a> {
     }
 
     /// The winner and its reason where several candidates are valid and some are measured: the
-    /// fastest, unless the incumbent of `selection` is within the noise of it.
+    /// fastest, unless the incumbent of `selection` is within the noise of it; but a measured
+    /// candidate that the crate, built with it and with that choice, ran faster end to end
+    /// (`bench --verify`'s confirmation) takes its place.
     fn fastest_measured(&self, selection: &Selection, registry: &Registry) -> (&'a Implementation, String) {
+        let (win, reason) = self.fastest_by_kernels(selection, registry);
+        let class = self.class.unwrap_or_default();
+        let confirmed = |from: &Implementation, to: &Implementation| {
+            selection
+                .rankings
+                .confirmation(class, self.interface, &self.shapes, from, to, registry)
+                .filter(|c| c.confirmed)
+        };
+        let faster = self.measured.iter().filter(|(i, _)| i.name != win.name).find_map(|(other, _)| {
+            let c = confirmed(win, other)?;
+            // unless a later check of the way back found the kernels' choice faster again
+            let back = confirmed(other, win).filter(|b| b.measured_at > c.measured_at);
+            back.is_none().then_some((*other, c))
+        });
+        match faster {
+            Some((other, c)) => {
+                let (from, to) = c.medians_ns();
+                (
+                    other,
+                    format!(
+                        "faster end to end on {class}: the crate built with it ran {} per request against {} with {} ({:.3}x round by round over {} rounds, margin {:.0}%, {}), which the kernels' records chose: {reason}",
+                        human_ns(to),
+                        human_ns(from),
+                        win.name,
+                        c.crate_ratio,
+                        c.to_rounds_ns.len(),
+                        100.0 * c.margin,
+                        c.measured_at
+                    ),
+                )
+            }
+            None => (win, reason),
+        }
+    }
+
+    /// [`Field::fastest_measured`] by the kernels' records and the flips' confirmations alone.
+    fn fastest_by_kernels(&self, selection: &Selection, registry: &Registry) -> (&'a Implementation, String) {
         let (measured, in_parentheses, failed_note) =
             (&self.measured, &self.in_parentheses, &self.failed_note);
         let fastest = measured

@@ -894,6 +894,54 @@ fn a_flip_the_crate_does_not_confirm_end_to_end_is_not_adopted() {
     let explain = stdout(&monogen(repo.path(), &["explain", w]));
     let line = explain.lines().find(|l| l.contains("but the crate built with it was not faster end to end"));
     eprintln!("{}", line.unwrap_or_else(|| panic!("{explain}")));
+
+    // `bench --verify` checks the choice against its runner-up by the records (scalar) end to
+    // end, measuring no kernel: not faster, so the choice stays. Both crates are built already.
+    let verify = || {
+        let args = ["bench", w, "--verify", "--interface", INTERFACE, "--confirm-rounds", "3", "--json"];
+        let out = monogen(repo.path(), &args);
+        assert!(out.status.success(), "{}", stderr(&out));
+        let doc: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap();
+        assert!(doc["results"].as_array().is_none_or(Vec::is_empty), "no kernel measured: {doc}");
+        doc
+    };
+    let doc = verify();
+    let c = &doc["confirmations"][0];
+    assert_eq!(
+        (c["from"].as_str(), c["to"].as_str(), c["confirmed"].as_bool()),
+        (Some(incumbent.as_str()), Some("scalar"), Some(false)),
+        "{doc}"
+    );
+    assert!(doc["choices_changed"].as_array().is_none_or(Vec::is_empty), "{doc}");
+
+    // A lock that holds the slower choice: with no confirmation on record, `build` adopts the
+    // records' scalar; `--verify` finds the runner-up faster end to end, and it becomes the
+    // choice again, `explain` saying why.
+    std::fs::remove_file(repo.path().join(format!("rankings/{class}/confirmations.toml"))).unwrap();
+    assert!(monogen(repo.path(), &["build", w]).status.success());
+    assert_eq!(monogen::check::locked_choices(&crate_dir)[INTERFACE], "scalar");
+    let doc = verify();
+    let c = &doc["confirmations"][0];
+    assert_eq!(
+        (c["from"].as_str(), c["to"].as_str(), c["confirmed"].as_bool()),
+        (Some("scalar"), Some(incumbent.as_str()), Some(true)),
+        "{doc}"
+    );
+    let change = &doc["choices_changed"][0];
+    assert_eq!(
+        (change["from"].as_str(), change["to"].as_str()),
+        (Some("scalar"), Some(incumbent.as_str())),
+        "{doc}"
+    );
+    assert!(monogen(repo.path(), &["build", w]).status.success());
+    assert_eq!(monogen::check::locked_choices(&crate_dir)[INTERFACE], incumbent);
+    let check = stdout(&monogen(repo.path(), &["check", w]));
+    assert!(!check.contains(&format!("{INTERFACE}: the choice changed")), "{check}");
+    let explain = stdout(&monogen(repo.path(), &["explain", w]));
+    let line = explain
+        .lines()
+        .find(|l| l.contains(&format!("faster end to end on {class}: the crate built with it ran")));
+    eprintln!("{}", line.unwrap_or_else(|| panic!("{explain}")));
 }
 
 /// A decoder that batches its sequences is checked end to end too: its crate's binary runs the
