@@ -670,11 +670,7 @@ pub fn bench(
             confirmations.push(confirmation);
         }
         if !confirmations.is_empty() {
-            let (rel, text) = project.rankings.render_confirmations(&class);
-            let file = project.rankings_dir.join(&rel);
-            if crate::write::write_file(&file, text.as_bytes())? {
-                written.push(crate::shown(&file));
-            }
+            written.extend(write_confirmations(project, &class)?);
             new_plan = project.plan_for(&here, path, &workload_crate)?;
             choices_changed = changes(&new_plan, &locked);
         }
@@ -1027,11 +1023,7 @@ fn verify(
         confirmations.push(confirmation);
     }
     if !confirmations.is_empty() {
-        let (rel, text) = project.rankings.render_confirmations(&class);
-        let file = project.rankings_dir.join(&rel);
-        if crate::write::write_file(&file, text.as_bytes())? {
-            written.push(crate::shown(&file));
-        }
+        written.extend(write_confirmations(project, &class)?);
     }
     let new_plan = project.plan_for(here, path, workload_crate)?;
     Ok(Report {
@@ -1054,6 +1046,13 @@ fn verify(
         crate_dir: options.crate_dir.clone(),
         rankings_shown: crate::shown(&project.rankings_dir),
     })
+}
+
+/// Writes `class`'s confirmations to its file, and returns the file as shown where it changed.
+fn write_confirmations(project: &Project, class: &str) -> Result<Option<String>, Error> {
+    let (rel, text) = project.rankings.render_confirmations(class);
+    let file = project.rankings_dir.join(&rel);
+    Ok(crate::write::write_file(&file, text.as_bytes())?.then(|| crate::shown(&file)))
 }
 
 /// The fastest measured candidate of `i` by the kernels' records after its choice, if any
