@@ -64,10 +64,10 @@ impl<'m> Drafter<'m> {
     /// `context` (the target's sequence so far): it keeps the positions its cache shares with
     /// `context` (the kept drafts of the last step among them), runs the rest of `context`
     /// (at least its last token, whose logits pick the first draft), then decodes each draft to
-    /// pick the next.
-    pub(crate) fn draft(&mut self, context: &[u32], max: usize, out: &mut Vec<u32>) -> Result<(), Error> {
+    /// pick the next. Returns the positions the draft model ran.
+    pub(crate) fn draft(&mut self, context: &[u32], max: usize, out: &mut Vec<u32>) -> Result<usize, Error> {
         if max == 0 || context.is_empty() {
-            return Ok(());
+            return Ok(0);
         }
         let keep = self.held.iter().zip(context).take_while(|(a, b)| a == b).count().min(context.len() - 1);
         self.session.rewind(keep);
@@ -81,7 +81,7 @@ impl<'m> Drafter<'m> {
             next = greedy(logits);
             out.push(next);
         }
-        Ok(())
+        Ok(context.len() - keep + max - 1)
     }
 }
 

@@ -15,8 +15,9 @@
 //! so a request's tokens are those of the same prompt and parameters run alone.
 //!
 //! With speculation, a decoding sequence's step runs its next token and the tokens prompt lookup
-//! (or the draft model, a session of it for each place of the step) drafts after it, and picks from each of those rows in turn, as long as each pick is the
-//! drafted token; sequences of one step may draft different numbers of tokens.
+//! (or the draft model, a session of it for each sequence) drafts after it, and picks from each
+//! of those rows in turn, as long as each pick is the drafted token; sequences of one step may
+//! draft different numbers of tokens.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, mpsc};
@@ -430,36 +431,38 @@ impl Scheduler {
         self.draft_with(running, ends, |_, tokens, room, out| draft::<LOOKUP_MAX, LOOKUP_MIN>(tokens, room, out))
     }
 
-    /// [`Scheduler::draft_with`] the draft model's session for each place of the step. A draft
-    /// model that cannot run drafts nothing, and the sequence decodes one token.
+    /// [`Scheduler::draft_with`] the draft model's session of each sequence (`Batch::drafter`,
+    /// by the request's arrival number, so that a sequence keeps its session when a more urgent
+    /// one takes its place in the step). A draft model that cannot run drafts nothing, and the
+    /// sequence decodes one token.
     #[only_if(draft_model)]
     fn draft(&mut self, running: usize, ends: &mut [usize; MAX_BATCH], batch: &mut Batch<'_>) -> [usize; MAX_BATCH] {
-        self.draft_with(running, ends, |i, tokens, room, out| {
-            if batch.drafter(i).draft(tokens, room, out).is_err() {
-                out.clear();
+        let metrics = self.metrics.clone();
+        self.draft_with(running, ends, |arrival, tokens, room, out| match batch.drafter(arrival).draft(tokens, room, out) {
+            Ok(positions) => {
+                metrics.draft_positions.fetch_add(positions as u64, Ordering::Relaxed);
             }
+            Err(_) => out.clear(),
         })
     }
 
     /// Drafts tokens for the decoding sequences among the first `running` holders, within the
-    /// rows the step has left (`ends[i]` is where holder i's run ends), with `drafter(i, tokens,
-    /// room, out)` (holder i's): a sequence's drafted tokens join its tokens, and its run ends
-    /// past them. Returns how many each one drafted.
+    /// rows the step has left (`ends[i]` is where holder i's run ends), with `drafter(arrival,
+    /// tokens, room, out)` (the request's arrival number, and its tokens): a sequence's drafted
+    /// tokens join its tokens, and its run ends past them. Returns how many each one drafted.
     #[only_if(speculation)]
     fn draft_with(
         &mut self,
         running: usize,
         ends: &mut [usize; MAX_BATCH],
-        mut drafter: impl FnMut(usize, &[u32], usize, &mut Vec<u32>),
+        mut drafter: impl FnMut(u64, &[u32], usize, &mut Vec<u32>),
     ) -> [usize; MAX_BATCH] {
         let mut drafts = [0; MAX_BATCH];
         let rows: usize =
             self.held[..running].iter().zip(ends.iter()).map(|((active, _), &end)| end.saturating_sub(active.fed)).sum();
         let mut spare = STEP_ROWS - rows;
         let mut drafted = Vec::with_capacity(DRAFT_TOKENS);
-        for (i, (((active, sequence), end), count)) in
-            self.held[..running].iter_mut().zip(ends.iter_mut()).zip(drafts.iter_mut()).enumerate()
-        {
+        for (((active, sequence), end), count) in self.held[..running].iter_mut().zip(ends.iter_mut()).zip(drafts.iter_mut()) {
             let decoding = active.tokens.len() - active.fed == 1 && *end == active.tokens.len();
             if !decoding || spare == 0 {
                 continue;
@@ -470,7 +473,7 @@ impl Scheduler {
                 .min(MAX_SEQ_LEN - sequence.position() - 1)
                 .min(active.request.params.max_tokens.saturating_sub(active.generated + 1));
             drafted.clear();
-            drafter(i, &active.tokens, room, &mut drafted);
+            drafter(active.arrival, &active.tokens, room, &mut drafted);
             active.tokens.extend_from_slice(&drafted);
             *end = active.tokens.len();
             *count = drafted.len();

@@ -40,6 +40,9 @@ pub struct Metrics {
     pub drafted_tokens: AtomicU64,
     #[only_if(speculation)]
     pub accepted_tokens: AtomicU64,
+    /// Positions the draft model ran: its sequences' tokens and its drafts.
+    #[only_if(draft_model)]
+    pub draft_positions: AtomicU64,
 }
 
 impl Default for Metrics {
@@ -73,6 +76,8 @@ impl Default for Metrics {
             drafted_tokens: AtomicU64::new(0),
             #[only_if(speculation)]
             accepted_tokens: AtomicU64::new(0),
+            #[only_if(draft_model)]
+            draft_positions: AtomicU64::new(0),
         }
     }
 }
@@ -166,7 +171,7 @@ impl Metrics {
         {
             counter(
                 "monogen_speculation_drafted_tokens_total",
-                "Tokens prompt lookup drafted for the model to verify.",
+                "Tokens the speculator drafted for the model to verify.",
                 self.drafted_tokens.load(Ordering::Relaxed),
             );
             counter(
@@ -175,6 +180,12 @@ impl Metrics {
                 self.accepted_tokens.load(Ordering::Relaxed),
             );
         }
+        #[only_if(draft_model)]
+        counter(
+            "monogen_draft_model_positions_total",
+            "Positions the draft model ran: its sequences' tokens and its drafts.",
+            self.draft_positions.load(Ordering::Relaxed),
+        );
         counter("monogen_steps_total", "Engine steps.", self.steps.load(Ordering::Relaxed));
         counter("monogen_step_positions_total", "Positions run by engine steps.", self.step_rows.load(Ordering::Relaxed));
         write_metric(

@@ -253,3 +253,87 @@ fn a_server_drafts_for_each_sequence_of_a_batch_with_the_tokens_each_gives_alone
         alone.drafted
     );
 }
+
+/// A sequence keeps its draft model session when more urgent requests take the first places of
+/// the step: two batch-class requests with long prompts decode, then two interactive ones arrive
+/// and run ahead of them. Were the sessions kept per place, each of the two would run its whole
+/// context again in the draft model; the positions the draft model ran stay within each
+/// request's tokens once plus its drafts, and every request gets its tokens alone.
+#[test]
+fn a_sequence_keeps_its_draft_session_when_a_more_urgent_one_takes_its_place() {
+    let (Some(dir), Some(plain_dir)) = (model_dir("stories260k"), model_dir("stories260k")) else { return };
+    let model = Arc::new(served::Model::load(&dir).unwrap());
+    let plain_model = plain::Model::load(&plain_dir).unwrap();
+    let tokenizer = plain::Tokenizer::load_with_encoder(&plain_dir).unwrap();
+    let story = "Once upon a time, there was a little girl named Lily. She loved to play outside in the \
+                 park with her friends. One day, she saw a big red ball under a tree. She ran to get it, but \
+                 a small dog took it first. Lily was sad, but then the dog brought the ball back to her.";
+    let long = tokenizer.encode(&format!("{story} {story} And they played")).unwrap();
+    assert!(long.len() > 150, "{} tokens", long.len());
+    let metrics: Arc<served::metrics::Metrics> = Default::default();
+    let engine = served::engine::Engine::start(model.clone(), metrics.clone());
+    let mut requests: Vec<Served> = Vec::new();
+    let batch_class = served::PRIORITIES.iter().position(|&p| p == "batch").unwrap() as u8;
+    let long_too: Vec<u32> = long.iter().copied().take(long.len() - 9).collect();
+    submit(&engine, &mut requests, long.clone(), 80, batch_class);
+    submit(&engine, &mut requests, long_too, 80, batch_class);
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while requests.iter().any(|r| r.tokens.len() < 10 && !r.done) {
+        poll(&mut requests, deadline);
+    }
+    assert!(requests.iter().all(|r| !r.done), "both still decode when the urgent ones arrive");
+    for prompt in prompts(&tokenizer).into_iter().take(2) {
+        submit(&engine, &mut requests, prompt, 40, 0);
+    }
+    while requests.iter().any(|r| !r.done) {
+        poll(&mut requests, deadline);
+    }
+    for (i, r) in requests.iter().enumerate() {
+        let (params, _) = params(r.max_tokens, 0.0, 0);
+        let want = plain_model.session().generate(&r.prompt, &params, |_| true).unwrap();
+        same_or_tie(&plain_model, &r.prompt, &want.generated_ids, &r.tokens, &format!("request {i}"));
+    }
+    let ran = metrics.draft_positions.load(std::sync::atomic::Ordering::Relaxed);
+    let drafted = metrics.drafted_tokens.load(std::sync::atomic::Ordering::Relaxed);
+    let tokens: usize = requests.iter().map(|r| r.prompt.len() + r.tokens.len()).sum();
+    let once = tokens as u64 + drafted;
+    eprintln!("the draft model ran {ran} positions; the requests' tokens once and the drafts: {once}");
+    assert!(drafted > 0 && ran <= once, "the draft model ran {ran} positions, more than {once}");
+}
+
+/// A request handed to an engine, and what it has answered so far.
+struct Served {
+    prompt: Vec<u32>,
+    max_tokens: usize,
+    receiver: tokio::sync::mpsc::UnboundedReceiver<served::engine::Event>,
+    tokens: Vec<u32>,
+    done: bool,
+}
+
+fn submit(
+    engine: &served::engine::Engine,
+    requests: &mut Vec<Served>,
+    prompt: Vec<u32>,
+    max_tokens: usize,
+    priority: u8,
+) {
+    let (events, receiver) = tokio::sync::mpsc::unbounded_channel();
+    let params = served::GenerateParams { max_tokens, temperature: 0.0, ..Default::default() };
+    engine.submit(served::engine::Request { prompt: prompt.clone(), params, priority, events }).unwrap();
+    requests.push(Served { prompt, max_tokens, receiver, tokens: Vec::new(), done: false });
+}
+
+/// Takes the events that have arrived; fails past `deadline`.
+fn poll(requests: &mut [Served], deadline: Instant) {
+    assert!(Instant::now() < deadline, "the engine did not finish in time");
+    for r in requests.iter_mut().filter(|r| !r.done) {
+        while let Ok(event) = r.receiver.try_recv() {
+            match event {
+                served::engine::Event::Token(t) => r.tokens.push(t),
+                served::engine::Event::Done(_) => r.done = true,
+                served::engine::Event::Failed(e) => panic!("a request failed: {e}"),
+            }
+        }
+    }
+    std::thread::sleep(Duration::from_millis(1));
+}

@@ -281,7 +281,7 @@ fn lib_rs(plan: &Plan, c: &LlamaConsts) -> TokenStream {
                     #chat_mod
                     pub mod engine;
                     mod http;
-                    mod metrics;
+                    pub mod metrics;
                     pub mod serve;
                 }),
                 Some(quote! {
