@@ -276,6 +276,13 @@ fn run_prompts(
     params: &GenerateParams,
     file: &PathBuf,
 ) -> Result<(), Error> {
+    #[only_if(batched)]
+    if args.batch != 1 {
+        return Err(Error::InvalidParameter {
+            name: "batch",
+            reason: "runs copies of one prompt (--prompt or --prompt-ids), not a file of prompts".to_string(),
+        });
+    }
     let text = std::fs::read_to_string(file).map_err(|source| Error::Io { path: file.clone(), source })?;
     let tokenizer = tokenizer.get()?;
     let mut session = model.session();

@@ -206,9 +206,8 @@ fn a_batch_generates_each_prompts_tokens_alone() {
 #[test]
 fn the_binary_runs_a_batch_of_copies_of_its_prompt() {
     let Some(dir) = model_dir("stories260k") else { return };
-    let binary = build_copy(WORKLOAD);
     let run = |extra: &[&str]| {
-        let mut command = Command::new(&binary);
+        let mut command = Command::new(binary());
         command.arg("--model").arg(&dir).args(["--prompt", "Lily and Ben went to", "--max-tokens", "30"]);
         let out = command.args(extra).output().unwrap();
         (
@@ -880,10 +879,15 @@ fn chat_templates_render_as_transformers_renders_them() {
 #[test]
 fn sigterm_and_sigint_let_running_requests_finish_then_exit() {
     let Some(dir) = model_dir("stories260k") else { return };
-    let binary = build_copy(WORKLOAD);
     for signal in ["TERM", "INT"] {
-        stops_gracefully_on(&binary, &dir, signal);
+        stops_gracefully_on(binary(), &dir, signal);
     }
+}
+
+/// The binary of a copy of the crate, built once for the tests that run it.
+fn binary() -> &'static Path {
+    static BINARY: OnceLock<PathBuf> = OnceLock::new();
+    BINARY.get_or_init(|| build_copy(WORKLOAD))
 }
 
 fn stops_gracefully_on(binary: &Path, dir: &Path, signal: &str) {
