@@ -644,10 +644,7 @@ pub fn bench(
         project.plan_for(&here, path, &workload_crate)?
     };
     // A crate built for another class is not chosen from these records.
-    let locked = match workload_hardware {
-        None => crate::lock::locked_choices(&workload_crate),
-        Some(_) => Default::default(),
-    };
+    let locked = locked_here(&workload_hardware, &workload_crate);
     let mut choices_changed = changes(&new_plan, &locked);
     // Each flip away from a measured incumbent is checked end to end before `build` adopts it.
     let mut confirmations = Vec::new();
@@ -998,10 +995,7 @@ fn verify(
 ) -> Result<Report, Error> {
     let class = host.class.clone();
     let plan = project.plan_for(here, path, workload_crate)?;
-    let locked = match workload_hardware {
-        None => crate::lock::locked_choices(workload_crate),
-        Some(_) => Default::default(),
-    };
+    let locked = locked_here(&workload_hardware, workload_crate);
     let mut confirmations = Vec::new();
     let mut written = Vec::new();
     let checked = plan
@@ -1046,6 +1040,15 @@ fn verify(
         crate_dir: options.crate_dir.clone(),
         rankings_shown: crate::shown(&project.rankings_dir),
     })
+}
+
+/// The choices of the crate in `dir` that this machine's records are compared with: none for a
+/// workload of another class (`workload_hardware`), whose records choose its crate.
+fn locked_here(workload_hardware: &Option<String>, dir: &Path) -> BTreeMap<String, String> {
+    match workload_hardware {
+        None => crate::lock::locked_choices(dir),
+        Some(_) => BTreeMap::new(),
+    }
 }
 
 /// Writes `class`'s confirmations to its file, and returns the file as shown where it changed.
@@ -1140,12 +1143,13 @@ fn confirm(
                 let ids: Vec<String> = (0..prompt_len)
                     .map(|i| (1 + (i * 7919) % vocab.saturating_sub(1).max(1)).to_string())
                     .collect();
-                let decode_len = request.typical_decode_len.max(1);
-                if request.max_batch > 1 {
-                    time_batch(exe, &model, &ids.join(","), decode_len, request.max_batch)
-                } else {
-                    time_request(exe, &model, &ids.join(","), decode_len)
-                }
+                time_request(
+                    exe,
+                    &model,
+                    &ids.join(","),
+                    request.typical_decode_len.max(1),
+                    request.max_batch,
+                )
             }
             crate::workload::Request::Encoder(request) => {
                 let words = w.bert().vocab_size.saturating_sub(5).max(1);
@@ -1247,27 +1251,25 @@ fn time_encode(exe: &Path, model: &Path, sentences: &[String]) -> Result<u64, Er
     }
 }
 
-/// Nanoseconds of one typical request of the crate binary `exe` on `model`: its prefill of the
+/// Nanoseconds of the typical request of the crate binary `exe` on `model`: its prefill of the
 /// prompt `ids` plus `decode_len` decode steps at the time per step it reports (a synthetic
-/// model may stop early at its end-of-sequence token).
-fn time_request(exe: &Path, model: &Path, ids: &str, decode_len: usize) -> Result<u64, Error> {
-    let report = run_json(exe, model, &["--prompt-ids", ids], decode_len, "synthetic weights")?;
-    let ms = |key: &str| report[key].as_f64().unwrap_or(0.0);
-    let generated = report["generated_ids"].as_array().map_or(0, Vec::len).max(1);
-    let per_step = ms("decode_ms") / generated as f64;
-    Ok(((ms("prefill_ms") + per_step * decode_len as f64) * 1e6).round() as u64)
-}
-
-/// Nanoseconds of `batch` typical requests run together by the batched crate binary `exe` on
-/// `model` (`--batch`): their prefills one after another, plus `decode_len` decode steps of the
-/// whole batch at the time per step it reports.
-fn time_batch(exe: &Path, model: &Path, ids: &str, decode_len: usize, batch: usize) -> Result<u64, Error> {
+/// model may stop early at its end-of-sequence token). A batched crate (`batch` above 1) runs
+/// `batch` copies of it as one batch (`--batch`): their prefills one after another, then the
+/// decode steps of the whole batch.
+fn time_request(exe: &Path, model: &Path, ids: &str, decode_len: usize, batch: usize) -> Result<u64, Error> {
     let batch = batch.to_string();
-    let report =
-        run_json(exe, model, &["--prompt-ids", ids, "--batch", &batch], decode_len, "synthetic weights")?;
+    let mut args = vec!["--prompt-ids", ids];
+    if batch != "1" {
+        args.extend(["--batch", &batch]);
+    }
+    let report = run_json(exe, model, &args, decode_len, "synthetic weights")?;
     let ms = |key: &str| report[key].as_f64().unwrap_or(0.0);
-    let steps = report["decode_steps"].as_u64().unwrap_or(0).max(1) as f64;
-    let per_step = ms("decode_ms") / steps;
+    // a batch reports its steps; one sequence, its tokens (one more than its steps)
+    let steps = report["decode_steps"]
+        .as_u64()
+        .map_or_else(|| report["generated_ids"].as_array().map_or(0, Vec::len), |s| s as usize)
+        .max(1);
+    let per_step = ms("decode_ms") / steps as f64;
     Ok(((ms("prefill_ms") + per_step * decode_len as f64) * 1e6).round() as u64)
 }
 

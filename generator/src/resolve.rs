@@ -742,22 +742,14 @@ impl<'a> Field<'a> {
             back.is_none().then_some((*other, c))
         });
         match faster {
-            Some((other, c)) => {
-                let (from, to) = c.medians_ns();
-                (
-                    other,
-                    format!(
-                        "faster end to end on {class}: the crate built with it ran {} per request against {} with {} ({:.3}x round by round over {} rounds, margin {:.0}%, {}), which the kernels' records chose: {reason}",
-                        human_ns(to),
-                        human_ns(from),
-                        win.name,
-                        c.crate_ratio,
-                        c.to_rounds_ns.len(),
-                        100.0 * c.margin,
-                        c.measured_at
-                    ),
-                )
-            }
+            Some((other, c)) => (
+                other,
+                format!(
+                    "faster end to end on {class} than {}, which the kernels' records chose ({reason}): the crate built with it ran {}",
+                    win.name,
+                    crate_figure(c)
+                ),
+            ),
             None => (win, reason),
         }
     }
@@ -793,18 +785,6 @@ impl<'a> Field<'a> {
         let confirmation = incumbent.filter(|inc| inc.0.name != fastest.0.name).and_then(|inc| {
             selection.rankings.confirmation(class, self.interface, &self.shapes, inc.0, fastest.0, registry)
         });
-        let crate_figure = |c: &rankings::Confirmation| {
-            let (from, to) = c.medians_ns();
-            format!(
-                "{} per request against {} ({:.3}x round by round over {} rounds, margin {:.0}%, {})",
-                human_ns(to),
-                human_ns(from),
-                c.crate_ratio,
-                c.to_rounds_ns.len(),
-                100.0 * c.margin,
-                c.measured_at
-            )
-        };
         let refuted = confirmation.filter(|c| !c.confirmed);
         match (incumbent, verdict) {
             (Some(inc), Some(v)) if inc.0.name != fastest.0.name && (!v.beats || refuted.is_some()) => {
@@ -933,6 +913,20 @@ impl<'a> Field<'a> {
         };
         Verdict::Outranked { by: win.name.clone(), reason: why, basis: loser_basis }
     }
+}
+
+/// A confirmation's crate figures: the challenger's time per request against the incumbent's.
+fn crate_figure(c: &rankings::Confirmation) -> String {
+    let (from, to) = c.medians_ns();
+    format!(
+        "{} per request against {} ({:.3}x round by round over {} rounds, margin {:.0}%, {})",
+        human_ns(to),
+        human_ns(from),
+        c.crate_ratio,
+        c.to_rounds_ns.len(),
+        100.0 * c.margin,
+        c.measured_at
+    )
 }
 
 /// The plan's record of `win`, the implementation chosen for `interface`, with why it won.

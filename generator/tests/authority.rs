@@ -947,9 +947,9 @@ fn a_flip_the_crate_does_not_confirm_end_to_end_is_not_adopted() {
     let check = stdout(&monogen(repo.path(), &["check", w]));
     assert!(!check.contains(&format!("{INTERFACE}: the choice changed")), "{check}");
     let explain = stdout(&monogen(repo.path(), &["explain", w]));
-    let line = explain
-        .lines()
-        .find(|l| l.contains(&format!("faster end to end on {class}: the crate built with it ran")));
+    let line = explain.lines().find(|l| {
+        l.contains(&format!("faster end to end on {class} than scalar, which the kernels' records chose ("))
+    });
     eprintln!("{}", line.unwrap_or_else(|| panic!("{explain}")));
 }
 

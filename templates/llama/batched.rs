@@ -123,12 +123,10 @@ pub struct Batch<'m> {
     scores: Buffer,
     /// Logits of the rows of a step that pick a token: [LOGIT_ROWS, VOCAB_SIZE]
     logits: Buffer,
-    /// Sessions of the draft model, at most MAX_BATCH, made as needed: each with the sequence it
-    /// drafted for last (its key) and when (a count of the calls to `drafter`).
+    /// Sessions of the draft model, at most MAX_BATCH, made as needed, each with the sequence it
+    /// drafted for last (its key); the one used last is last.
     #[only_if(draft_model)]
-    drafters: Vec<(u64, u64, crate::drafter::Drafter<'m>)>,
-    #[only_if(draft_model)]
-    drafter_calls: u64,
+    drafters: Vec<(u64, crate::drafter::Drafter<'m>)>,
     /// The memory of the buffers above, in huge pages where the kernel grants them.
     _scratch: Scratch,
 }
@@ -147,7 +145,7 @@ impl<'m> Batch<'m> {
             Room::new(MAX_SEQ_LEN),
             Room::new(LOGIT_ROWS * VOCAB_SIZE),
         ]);
-        Batch { model, x, xb, q, k, v, att, gate, up, scores, logits, #[only_if(draft_model)] drafters: Vec::new(), #[only_if(draft_model)] drafter_calls: 0, _scratch: scratch }
+        Batch { model, x, xb, q, k, v, att, gate, up, scores, logits, #[only_if(draft_model)] drafters: Vec::new(), _scratch: scratch }
     }
 
     /// The draft model's session for the sequence `key` (a server's request's arrival number):
@@ -156,23 +154,13 @@ impl<'m> Batch<'m> {
     /// session keeps the positions it shares with the sequence it drafts for and runs the rest.
     #[only_if(draft_model)]
     pub(crate) fn drafter(&mut self, key: u64) -> &mut crate::drafter::Drafter<'m> {
-        self.drafter_calls += 1;
-        let now = self.drafter_calls;
-        let at = match self.drafters.iter().position(|d| d.0 == key) {
-            Some(at) => at,
-            None if self.drafters.len() < MAX_BATCH => {
-                self.drafters.push((key, now, crate::drafter::Drafter::new(&self.model.draft)));
-                self.drafters.len() - 1
-            }
-            None => {
-                let oldest = self.drafters.iter().enumerate().min_by_key(|(_, d)| d.1).map(|(at, _)| at);
-                let at = oldest.expect("MAX_BATCH is at least 1");
-                self.drafters[at].0 = key;
-                at
-            }
+        let entry = match self.drafters.iter().position(|d| d.0 == key) {
+            Some(at) => self.drafters.remove(at),
+            None if self.drafters.len() < MAX_BATCH => (key, crate::drafter::Drafter::new(&self.model.draft)),
+            None => (key, self.drafters.remove(0).1),
         };
-        self.drafters[at].1 = now;
-        &mut self.drafters[at].2
+        self.drafters.push(entry);
+        &mut self.drafters.last_mut().expect("pushed above").1
     }
 
     /// Runs each run's tokens at its sequence's next positions, all in one pass through the

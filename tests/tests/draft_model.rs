@@ -211,37 +211,17 @@ fn a_server_drafts_for_each_sequence_of_a_batch_with_the_tokens_each_gives_alone
     let engine = served::engine::Engine::start(model.clone(), Default::default());
     let mut requests = Vec::new();
     for (i, prompt) in prompts(&tokenizer).into_iter().cycle().take(7).enumerate() {
-        let max_tokens = [40, 120, 7, 80, 1, 60, 100][i];
-        let (events, receiver) = tokio::sync::mpsc::unbounded_channel();
-        let params = served::GenerateParams { max_tokens, temperature: 0.0, ..Default::default() };
-        engine
-            .submit(served::engine::Request { prompt: prompt.clone(), params, priority: 1, events })
-            .unwrap();
-        requests.push((prompt, max_tokens, receiver, Vec::new(), false));
+        submit(&engine, &mut requests, prompt, [40, 120, 7, 80, 1, 60, 100][i], 1);
     }
     let deadline = Instant::now() + Duration::from_secs(120);
-    while requests.iter().any(|r| !r.4) {
-        assert!(Instant::now() < deadline, "the engine did not finish in time");
-        for (_, _, receiver, tokens, done) in requests.iter_mut().filter(|r| !r.4) {
-            while let Ok(event) = receiver.try_recv() {
-                match event {
-                    served::engine::Event::Token(t) => tokens.push(t),
-                    served::engine::Event::Done(_) => *done = true,
-                    served::engine::Event::Failed(e) => panic!("a request failed: {e}"),
-                }
-            }
-        }
-        std::thread::sleep(Duration::from_millis(2));
+    while requests.iter().any(|r| !r.done) {
+        poll(&mut requests, deadline);
     }
-    for (i, (prompt, max_tokens, _, got, _)) in requests.iter().enumerate() {
-        let (params, _) = params(*max_tokens, 0.0, 0);
-        let want = plain_model.session().generate(prompt, &params, |_| true).unwrap();
-        same_or_tie(&plain_model, prompt, &want.generated_ids, got, &format!("request {i}"));
-    }
+    assert_each_as_alone(&plain_model, &requests);
     // The served crate's own `Session` (one place of a batch) drafts with the draft model too,
     // and keeps most of its drafts.
     let params = served::GenerateParams { max_tokens: 100, temperature: 0.0, ..Default::default() };
-    let prompt = &requests[0].0;
+    let prompt = &requests[0].prompt;
     let alone = model.session().generate(prompt, &params, |_| true).unwrap();
     let (want_params, _) = self::params(100, 0.0, 0);
     let want = plain_model.session().generate(prompt, &want_params, |_| true).unwrap();
@@ -288,11 +268,7 @@ fn a_sequence_keeps_its_draft_session_when_a_more_urgent_one_takes_its_place() {
     while requests.iter().any(|r| !r.done) {
         poll(&mut requests, deadline);
     }
-    for (i, r) in requests.iter().enumerate() {
-        let (params, _) = params(r.max_tokens, 0.0, 0);
-        let want = plain_model.session().generate(&r.prompt, &params, |_| true).unwrap();
-        same_or_tie(&plain_model, &r.prompt, &want.generated_ids, &r.tokens, &format!("request {i}"));
-    }
+    assert_each_as_alone(&plain_model, &requests);
     let ran = metrics.draft_positions.load(std::sync::atomic::Ordering::Relaxed);
     let drafted = metrics.drafted_tokens.load(std::sync::atomic::Ordering::Relaxed);
     let tokens: usize = requests.iter().map(|r| r.prompt.len() + r.tokens.len()).sum();
@@ -336,4 +312,14 @@ fn poll(requests: &mut [Served], deadline: Instant) {
         }
     }
     std::thread::sleep(Duration::from_millis(1));
+}
+
+/// Each request's greedy tokens are those of its prompt decoded alone by plain decoding, or depart
+/// from them only at a tie.
+fn assert_each_as_alone(plain_model: &plain::Model, requests: &[Served]) {
+    for (i, r) in requests.iter().enumerate() {
+        let (params, _) = params(r.max_tokens, 0.0, 0);
+        let want = plain_model.session().generate(&r.prompt, &params, |_| true).unwrap();
+        same_or_tie(plain_model, &r.prompt, &want.generated_ids, &r.tokens, &format!("request {i}"));
+    }
 }
