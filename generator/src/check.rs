@@ -61,6 +61,12 @@ pub fn reasons(
             Some(old) if old.source_sha256 != c.source_sha256 => {
                 out.push(format!("{title}: the source of {} changed", c.name))
             }
+            Some(old) if old.candidates_sha256.is_empty() => out.push(format!(
+                "{title}: the lock records no registry revision for it (written before monogen recorded one)"
+            )),
+            Some(old) if old.candidates_sha256 != c.candidates_sha256 => out.push(format!(
+                "{title}: its candidates in the registry changed (an implementation of it was added, removed or edited; `monogen explain` lists them)"
+            )),
             Some(_) => {}
         }
     }

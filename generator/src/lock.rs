@@ -62,6 +62,11 @@ pub struct Choice {
     pub implementation: String,
     pub version: String,
     pub source_sha256: String,
+    /// The registry's revision as the choice saw it: sha256 of every implementation of the
+    /// interface that the workload's constraints admit (name, version, kernel and shared
+    /// sources). A competitor added, removed or edited changes it, and `check` says so.
+    #[serde(default)]
+    pub candidates_sha256: String,
 }
 
 impl Choice {
@@ -171,6 +176,7 @@ mod tests {
                 implementation: "scalar".into(),
                 version: "1.0.0".into(),
                 source_sha256: "cd".into(),
+                candidates_sha256: "12".into(),
             }],
             shared: vec![Shared { module: "team".into(), source_sha256: "ef".into() }],
             file: vec![File { path: "src/lib.rs".into(), sha256: "01".into() }],

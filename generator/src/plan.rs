@@ -288,6 +288,10 @@ pub struct Chosen {
     pub name: String,
     pub version: String,
     pub source_sha256: String,
+    /// The registry's revision as the choice saw it: a hash of every compatible
+    /// implementation of the interface (name, version, kernel and shared sources), which the
+    /// lock records.
+    pub candidates_sha256: String,
     pub cpu_features: Vec<String>,
     pub shared: Vec<String>,
     /// Crates its kernel uses, which the generated crate then depends on.

@@ -540,8 +540,11 @@ fn choose(
         .zip(reasons)
         .map(|(imp, reasons)| field.candidate(imp, reasons, winner, &reason))
         .collect();
+    let candidates_sha256 = field.candidates_sha256(registry);
     match winner {
-        Some(win) => Ok((chosen(win, interface, registry, reason, basis), candidates, unmeasured)),
+        Some(win) => {
+            Ok((chosen(win, interface, registry, reason, basis, candidates_sha256), candidates, unmeasured))
+        }
         None => Err(candidates),
     }
 }
@@ -577,6 +580,22 @@ struct Field<'a> {
 }
 
 impl<'a> Field<'a> {
+    /// The registry's revision as this choice saw it: sha256 of the name, version and sources
+    /// (kernel and shared modules, as a ranking record keys them) of every compatible
+    /// implementation, by name. An implementation added, removed or edited changes it; one that
+    /// the workload's constraints reject does not.
+    fn candidates_sha256(&self, registry: &Registry) -> String {
+        let mut lines: Vec<String> = self
+            .compatible
+            .iter()
+            .map(|i| {
+                format!("{} {} {}\n", i.name, i.version, crate::rankings::measured_source_sha256(i, registry))
+            })
+            .collect();
+        lines.sort();
+        sha256_hex(lines.concat().as_bytes())
+    }
+
     /// The field of `imps` for `w`; `reasons` holds each implementation's rejections.
     fn new(
         interface: &'a str,
@@ -936,11 +955,13 @@ fn chosen(
     registry: &Registry,
     reason: String,
     basis: String,
+    candidates_sha256: String,
 ) -> Chosen {
     Chosen {
         name: win.name.clone(),
         version: win.version.clone(),
         source_sha256: win.source_sha256.clone(),
+        candidates_sha256,
         cpu_features: win.constraints.cpu_features.clone(),
         shared: win.shared.clone(),
         dependencies: win.dependencies.clone(),
@@ -1328,6 +1349,46 @@ mod tests {
             &Selection::default(),
         );
         assert!(err.is_err());
+    }
+
+    #[test]
+    fn the_registry_revision_of_a_choice_moves_with_its_compatible_candidates_only() {
+        let w = workload();
+        let hash = |imps: &[Implementation]| {
+            choose("matmul", imps, &w, &Registry::default(), &Selection::default())
+                .unwrap()
+                .0
+                .candidates_sha256
+        };
+        let imps = vec![
+            imp("fast", 1, needs(&["avx2"]), &[]),
+            imp("generic", 0, Constraints::default(), &[]),
+            imp("wide", 2, needs(&["avx512f"]), &[]),
+        ];
+        let before = hash(&imps);
+        // A competitor that did not win, edited: the choice is the same, its revision is not.
+        let mut edited = imps.clone();
+        edited[1].source_sha256 = "edited".into();
+        assert_eq!(
+            choose("matmul", &edited, &w, &Registry::default(), &Selection::default()).unwrap().0.name,
+            "fast"
+        );
+        assert_ne!(hash(&edited), before, "an edited competitor");
+        let mut bumped = imps.clone();
+        bumped[1].version = "2.0.0".into();
+        assert_ne!(hash(&bumped), before, "a competitor's new version");
+        let mut added = imps.clone();
+        added.push(imp("newer", 0, Constraints::default(), &[]));
+        assert_ne!(hash(&added), before, "a competitor added");
+        assert_ne!(hash(&imps[..2]), hash(&[imps[0].clone()]), "a competitor removed");
+        // One the workload's CPU rejects, edited or removed: nothing this crate chose from.
+        let mut rejected = imps.clone();
+        rejected[2].source_sha256 = "edited".into();
+        assert_eq!(hash(&rejected), before);
+        assert_eq!(hash(&imps[..2]), before);
+        // The order the registry lists them in is no input.
+        let reversed: Vec<Implementation> = imps.iter().rev().cloned().collect();
+        assert_eq!(hash(&reversed), before);
     }
 
     /// A fresh record of `imp` for `w` on class `c-2c`.

@@ -332,7 +332,23 @@ fn the_workflow_keeps_a_deployment_repository_fresh_through_an_upstream_kernel_e
     assert!(dependencies.len() > 1, "the kernel's dependencies and theirs: {dependencies:?}");
     let gemm_version =
         dependencies.iter().find_map(|d| d.strip_prefix("gemm ")).expect("gemm is among them").to_string();
-    let changes: [(&str, PathBuf, Edit, String); 3] = [
+    // A competitor of the chosen matmul, edited upstream: the registry's revision for matmul,
+    // which the lock records, and the competitor's record both change.
+    let rival = records["record"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|r| r["implementation"].as_str())
+        .find(|name| *name != matmul)
+        .expect("matmul has a measured competitor")
+        .to_string();
+    let changes: [(&str, PathBuf, Edit, String); 4] = [
+        (
+            "a competitor's kernel",
+            d.monogen_root.join("implementations/matmul").join(&rival).join("kernel.rs"),
+            Box::new(|t: &str| format!("{t}\n// An edit.\n")),
+            "matmul: its candidates in the registry changed (an implementation of it was added, removed or edited".to_string(),
+        ),
         (
             "the benchmark harness",
             d.monogen_root.join("templates/bench/harness.rs"),

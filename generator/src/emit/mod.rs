@@ -235,6 +235,7 @@ pub fn emit(plan: &Plan, registry: &Registry, templates: &Templates) -> Result<O
                 implementation: i.chosen.name.clone(),
                 version: i.chosen.version.clone(),
                 source_sha256: i.chosen.source_sha256.clone(),
+                candidates_sha256: i.chosen.candidates_sha256.clone(),
             })
             .collect(),
         shared: plan
