@@ -435,6 +435,9 @@ pub struct Options {
     pub confirm: bool,
     /// Then check each measured choice against its runner-up end to end (`--verify`).
     pub verify: bool,
+    /// With `verify`: check again the choices whose check is on record for their current
+    /// sources at these shapes (`--recheck`), which are otherwise not timed again.
+    pub recheck: bool,
     /// Rounds of that check.
     pub confirm_rounds: usize,
     /// The crate whose choices the new ones are compared with, when it was named with
@@ -508,6 +511,9 @@ pub struct Report {
     /// The flips this run checked end to end (written to the class's confirmations.toml).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub confirmations: Vec<rankings::Confirmation>,
+    /// `--verify`'s checks already on record for the choices' current sources, not timed again.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub on_record: Vec<rankings::Confirmation>,
     pub dry_run: bool,
     /// Whether generated/ holds a crate of the workload to compare the choices with.
     #[serde(skip)]
@@ -697,6 +703,7 @@ pub fn bench(
         choices_changed,
         untimed,
         confirmations,
+        on_record: Vec::new(),
         dry_run: options.dry_run,
         has_crate: !locked.is_empty(),
         crate_dir: options.crate_dir.clone(),
@@ -996,7 +1003,9 @@ fn verify(
     let class = host.class.clone();
     let plan = project.plan_for(here, path, workload_crate)?;
     let locked = locked_here(&workload_hardware, workload_crate);
+    let shapes = rankings::shapes_signature(here);
     let mut confirmations = Vec::new();
+    let mut on_record = Vec::new();
     let mut written = Vec::new();
     let checked = plan
         .interfaces
@@ -1004,6 +1013,17 @@ fn verify(
         .filter(|i| i.role.is_none() && (options.only.is_empty() || options.only.contains(&i.interface)));
     for i in checked {
         let Some(runner_up) = runner_up(i) else { continue };
+        // A check on record for both sources at these shapes stands until one of them changes.
+        let recorded = || {
+            let element = i.element.as_deref();
+            let from = project.registry.implementation(&i.interface, &i.chosen.name, element)?;
+            let to = project.registry.implementation(&i.interface, &runner_up, element)?;
+            project.rankings.confirmation(&class, &i.interface, &shapes, from, to, &project.registry).cloned()
+        };
+        if let Some(c) = recorded().filter(|_| !options.recheck) {
+            on_record.push(c);
+            continue;
+        }
         let change = Change {
             interface: i.interface.clone(),
             from: i.chosen.name.clone(),
@@ -1035,6 +1055,7 @@ fn verify(
         choices_changed: changes(&new_plan, &locked),
         untimed: Vec::new(),
         confirmations,
+        on_record,
         dry_run: false,
         has_crate: !locked.is_empty(),
         crate_dir: options.crate_dir.clone(),
@@ -1379,10 +1400,10 @@ impl Report {
             ));
             return s;
         }
-        for c in &self.confirmations {
+        let checked = |c: &rankings::Confirmation, when: String| {
             let (from, to) = c.medians_ns();
-            s.push_str(&format!(
-                "{}: {} → {} checked end to end (the crate built both ways, {} rounds on synthetic weights): {} per request against {} ({:.3}x round by round, margin {:.0}%; the kernels {:.3}x): {}\n",
+            format!(
+                "{}: {} → {} checked end to end{when} (the crate built both ways, {} rounds on synthetic weights): {} per request against {} ({:.3}x round by round, margin {:.0}%; the kernels {:.3}x)",
                 c.interface,
                 c.from,
                 c.to,
@@ -1392,7 +1413,17 @@ impl Report {
                 c.crate_ratio,
                 100.0 * c.margin,
                 c.kernel_ratio,
-                if c.confirmed { "confirmed" } else { "not confirmed, so the crate keeps its choice" }
+            )
+        };
+        for c in &self.confirmations {
+            let verdict =
+                if c.confirmed { "confirmed" } else { "not confirmed, so the crate keeps its choice" };
+            s.push_str(&format!("{}: {verdict}\n", checked(c, String::new())));
+        }
+        for c in &self.on_record {
+            s.push_str(&format!(
+                "{}: on record for these sources, not timed again (`--recheck` times it again)\n",
+                checked(c, format!(" on {}", c.measured_at))
             ));
         }
         if !self.has_crate {

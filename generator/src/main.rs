@@ -109,6 +109,11 @@ enum Command {
         /// faster becomes the choice, and `explain` says so.
         #[arg(long, conflicts_with_all = ["dry_run", "no_confirm", "stale", "model", "build_only"])]
         verify: bool,
+        /// With --verify: time again the choices whose check is on record for the current
+        /// sources of the choice and its runner-up at the workload's shapes, which it otherwise
+        /// reports without timing them again.
+        #[arg(long, requires = "verify")]
+        recheck: bool,
         /// Interleaved rounds of that end-to-end check, and of the measurement of speculation.
         #[arg(long, default_value_t = 7, value_name = "N", value_parser = clap::value_parser!(u64).range(3..=1000))]
         confirm_rounds: u64,
@@ -416,6 +421,7 @@ fn run(cli: Cli) -> Result<ExitCode, Error> {
             dry_run,
             no_confirm,
             verify,
+            recheck,
             confirm_rounds,
             interfaces,
             model,
@@ -431,6 +437,7 @@ fn run(cli: Cli) -> Result<ExitCode, Error> {
                 dry_run,
                 confirm: !no_confirm,
                 verify,
+                recheck,
                 confirm_rounds: confirm_rounds as usize,
                 crate_dir: None,
             };

@@ -905,16 +905,36 @@ fn a_flip_the_crate_does_not_confirm_end_to_end_is_not_adopted() {
     eprintln!("{}", line.unwrap_or_else(|| panic!("{explain}")));
 
     // `bench --verify` checks the choice against its runner-up by the records (scalar) end to
-    // end, measuring no kernel: not faster, so the choice stays. Both crates are built already.
-    let verify = || {
-        let args = ["bench", w, "--verify", "--interface", INTERFACE, "--confirm-rounds", "3", "--json"];
+    // end, measuring no kernel. The flip's check above is that check, on record for both
+    // sources: reported, not timed again.
+    let verify = |again: bool| {
+        let mut args =
+            vec!["bench", w, "--verify", "--interface", INTERFACE, "--confirm-rounds", "3", "--json"];
+        if again {
+            args.push("--recheck");
+        }
         let out = monogen(repo.path(), &args);
         assert!(out.status.success(), "{}", stderr(&out));
         let doc: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap();
         assert!(doc["results"].as_array().is_none_or(Vec::is_empty), "no kernel measured: {doc}");
         doc
     };
-    let doc = verify();
+    let doc = verify(false);
+    assert!(doc["confirmations"].as_array().is_none_or(Vec::is_empty), "{doc}");
+    let c = &doc["on_record"][0];
+    assert_eq!(
+        (c["from"].as_str(), c["to"].as_str(), c["confirmed"].as_bool()),
+        (Some(incumbent.as_str()), Some("scalar"), Some(false)),
+        "{doc}"
+    );
+    let text = stdout(&monogen(repo.path(), &["bench", w, "--verify", "--interface", INTERFACE]));
+    assert!(
+        text.contains(&format!("{INTERFACE}: {incumbent} → scalar checked end to end on "))
+            && text.contains("on record for these sources, not timed again (`--recheck` times it again)"),
+        "{text}"
+    );
+    // `--recheck` times it again: not faster, so the choice stays. Both crates are built already.
+    let doc = verify(true);
     let c = &doc["confirmations"][0];
     assert_eq!(
         (c["from"].as_str(), c["to"].as_str(), c["confirmed"].as_bool()),
@@ -929,7 +949,7 @@ fn a_flip_the_crate_does_not_confirm_end_to_end_is_not_adopted() {
     std::fs::remove_file(repo.path().join(format!("rankings/{class}/confirmations.toml"))).unwrap();
     assert!(monogen(repo.path(), &["build", w]).status.success());
     assert_eq!(monogen::check::locked_choices(&crate_dir)[INTERFACE], "scalar");
-    let doc = verify();
+    let doc = verify(false);
     let c = &doc["confirmations"][0];
     assert_eq!(
         (c["from"].as_str(), c["to"].as_str(), c["confirmed"].as_bool()),
