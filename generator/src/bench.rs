@@ -1013,12 +1013,14 @@ fn verify(
         .filter(|i| i.role.is_none() && (options.only.is_empty() || options.only.contains(&i.interface)));
     for i in checked {
         let Some(runner_up) = runner_up(i) else { continue };
-        // A check on record for both sources at these shapes stands until one of them changes.
+        // A check on record for both sources at these shapes, made on this CPU with this
+        // toolchain, stands until one of them changes.
         let recorded = || {
             let element = i.element.as_deref();
             let from = project.registry.implementation(&i.interface, &i.chosen.name, element)?;
             let to = project.registry.implementation(&i.interface, &runner_up, element)?;
-            project.rankings.confirmation(&class, &i.interface, &shapes, from, to, &project.registry).cloned()
+            let c = project.rankings.confirmation(&class, &i.interface, &shapes, from, to, &project.registry)?;
+            (c.cpu == host.cpu && c.cores == host.cores && c.rustc == host.rustc).then(|| c.clone())
         };
         if let Some(c) = recorded().filter(|_| !options.recheck) {
             on_record.push(c);
