@@ -1019,7 +1019,8 @@ fn verify(
             let element = i.element.as_deref();
             let from = project.registry.implementation(&i.interface, &i.chosen.name, element)?;
             let to = project.registry.implementation(&i.interface, &runner_up, element)?;
-            let c = project.rankings.confirmation(&class, &i.interface, &shapes, from, to, &project.registry)?;
+            let c =
+                project.rankings.confirmation(&class, &i.interface, &shapes, from, to, &project.registry)?;
             (c.cpu == host.cpu && c.cores == host.cores && c.rustc == host.rustc).then(|| c.clone())
         };
         if let Some(c) = recorded().filter(|_| !options.recheck) {
