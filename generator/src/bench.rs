@@ -1023,7 +1023,9 @@ fn verify(
                 project.rankings.confirmation(&class, &i.interface, &shapes, from, to, &project.registry)?;
             (c.cpu == host.cpu && c.cores == host.cores && c.rustc == host.rustc).then(|| c.clone())
         };
-        if let Some(c) = recorded().filter(|_| !options.recheck) {
+        if !options.recheck
+            && let Some(c) = recorded()
+        {
             on_record.push(c);
             continue;
         }
@@ -1281,10 +1283,10 @@ fn time_encode(exe: &Path, model: &Path, sentences: &[String]) -> Result<u64, Er
 /// `batch` copies of it as one batch (`--batch`): their prefills one after another, then the
 /// decode steps of the whole batch.
 fn time_request(exe: &Path, model: &Path, ids: &str, decode_len: usize, batch: usize) -> Result<u64, Error> {
-    let batch = batch.to_string();
+    let copies = batch.to_string();
     let mut args = vec!["--prompt-ids", ids];
-    if batch != "1" {
-        args.extend(["--batch", &batch]);
+    if batch > 1 {
+        args.extend(["--batch", &copies]);
     }
     let report = run_json(exe, model, &args, decode_len, "synthetic weights")?;
     let ms = |key: &str| report[key].as_f64().unwrap_or(0.0);

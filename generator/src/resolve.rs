@@ -540,9 +540,9 @@ fn choose(
         .zip(reasons)
         .map(|(imp, reasons)| field.candidate(imp, reasons, winner, &reason))
         .collect();
-    let candidates_sha256 = field.candidates_sha256(registry);
     match winner {
         Some(win) => {
+            let candidates_sha256 = field.candidates_sha256(registry);
             Ok((chosen(win, interface, registry, reason, basis, candidates_sha256), candidates, unmeasured))
         }
         None => Err(candidates),
