@@ -537,6 +537,13 @@ pub fn bench(
     mut progress: impl FnMut(Progress),
 ) -> Result<Report, Error> {
     let w = project.read_workload(path)?;
+    if w.target.device == crate::workload::Device::Cuda {
+        return Err(Error::Refused(format!(
+            "{} targets a CUDA GPU: the authority does not time CUDA kernels yet (its harness runs on \
+             the CPU), so a CUDA workload's kernels are chosen by declared priority",
+            crate::shown(path)
+        )));
+    }
     let required = crate::resolve::required_interfaces(&w);
     if let Some(unknown) = options.only.iter().find(|name| !required.contains(&name.as_str())) {
         return Err(Error::Refused(format!(

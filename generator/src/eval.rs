@@ -432,6 +432,12 @@ pub fn eval(
     mut progress: impl FnMut(usize, usize),
 ) -> Result<EvalRun, Error> {
     let w = project.read_workload(path)?;
+    if w.target.device == crate::workload::Device::Cuda {
+        return Err(Error::Refused(format!(
+            "{} targets a CUDA GPU: its evaluation runs on the GPU, in the device check (bench/gpu_check.sh)",
+            shown(path)
+        )));
+    }
     if !model.join("config.json").is_file() {
         return Err(Error::Refused(format!(
             "{} is not a model folder (it has no config.json); --model takes the Hugging Face folder of the workload's model",

@@ -228,10 +228,18 @@ struct InitArgs {
     /// KV cache element type (decoders): f32, or bf16, which halves what attention reads per step.
     #[arg(long, default_value = "f32", value_parser = parse_kv_dtype, value_name = "DTYPE")]
     kv_cache: KvDtype,
-    /// Worker threads (default: this machine's cores).
+    /// Where the model runs: cpu, or cuda (an NVIDIA GPU; needs --cuda-arch).
+    #[arg(long, default_value = "cpu", value_parser = ["cpu", "cuda"])]
+    device: String,
+    /// With --device cuda: the GPU architecture the kernels are compiled for: sm_80 (A100),
+    /// sm_86, sm_89, sm_90 (H100, H200).
+    #[arg(long, value_name = "ARCH")]
+    cuda_arch: Option<String>,
+    /// Worker threads (default: this machine's cores; 1 with --device cuda, whose host thread
+    /// only launches kernels).
     #[arg(long)]
     threads: Option<usize>,
-    /// CPU features the code may use: native (this machine's), none, x86-64-v2/v3/v4, or a comma-separated list.
+    /// CPU features the code may use: native (this machine's; none with --device cuda), none, x86-64-v2/v3/v4, or a comma-separated list.
     #[arg(long, default_value = "native", value_name = "SPEC")]
     cpu_features: String,
     /// Longest sequence (default: the model's max positions, at most 4096).
@@ -532,6 +540,8 @@ fn init(root: Option<PathBuf>, args: InitArgs) -> Result<ExitCode, Error> {
         activations,
         classifier_dtype,
         kv_cache,
+        device,
+        cuda_arch,
         threads,
         cpu_features,
         max_seq_len,
@@ -548,6 +558,25 @@ fn init(root: Option<PathBuf>, args: InitArgs) -> Result<ExitCode, Error> {
         force,
     } = args;
     let templates = monogen::emit::Templates::load(&find_root(root)?)?;
+    let cuda = device == "cuda";
+    let cuda_arch = match (cuda, cuda_arch) {
+        (true, Some(arch)) => Some(arch),
+        (true, None) => {
+            return Err(Error::Refused(format!(
+                "--device cuda needs --cuda-arch, the GPU architecture to compile for: one of {}",
+                monogen::workload::CUDA_ARCHES.join(", ")
+            )));
+        }
+        (false, Some(_)) => return Err(Error::Refused("--cuda-arch is only for --device cuda".into())),
+        (false, None) => None,
+    };
+    // A GPU is no hardware class of this machine's CPU: a CUDA workload names one (`nvidia-h100`)
+    // or is chosen for by declared priority.
+    let hardware = if cuda && hardware == "this" { "none".to_string() } else { hardware };
+    let threads = threads.or(cuda.then_some(1));
+    // A CUDA crate's host code only loads, launches and samples: it asks nothing of the CPU, so
+    // that it runs on whichever host the GPU is in.
+    let cpu_features = if cuda && cpu_features == "native" { "none".to_string() } else { cpu_features };
     let opts = InitOptions {
         name,
         dtype,
@@ -566,6 +595,7 @@ fn init(root: Option<PathBuf>, args: InitArgs) -> Result<ExitCode, Error> {
         typical_text,
         requests_per_load,
         shared_prefix_len,
+        cuda_arch,
     };
     let label = output.clone().unwrap_or_else(|| PathBuf::from("<standard output>"));
     let text = init::workload_file(&hf, &opts, &templates, &label)?;

@@ -32,6 +32,17 @@ pub const TEAM_MODULE: &str = "team";
 /// The file of an implementation that holds its Rust source.
 pub const KERNEL_FILE: &str = "kernel.rs";
 
+/// The file of a CUDA implementation that holds the CUDA C its kernel.rs launches.
+pub const CUDA_KERNEL_FILE: &str = "kernel.cu";
+
+/// The device a kernel with constraints `c` runs on (see [`Implementation::device`]).
+fn device_of(c: &Constraints) -> Device {
+    match c.devices.as_deref() {
+        Some([only]) => *only,
+        _ => Device::Cpu,
+    }
+}
+
 /// Target arches a manifest may name.
 pub const ARCHES: &[&str] = &["x86_64", "aarch64"];
 
@@ -75,6 +86,10 @@ pub struct FnDecl {
     /// The element types (by name) whose implementations expose it; absent means all.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub elements: Option<Vec<String>>,
+    /// The device whose implementations expose it (`device = "cuda"`: a launcher of kernels on
+    /// GPU buffers); absent means the CPU.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device: Option<Device>,
 }
 
 /// One element type of an interface: the types its implementations take, as one
@@ -150,6 +165,23 @@ impl Interface {
         })
     }
 
+    /// The interface as an implementation on `device` exposes it: the functions and types it
+    /// declares for that device. An interface that declares none for a device other than the CPU
+    /// (the sampler, which runs on the host from logits it is handed) is host code there too, and
+    /// exposes its CPU items.
+    pub fn for_device(&self, device: Device) -> Interface {
+        let on = |d: Option<Device>| d.unwrap_or(Device::Cpu) == device;
+        let declares = self.functions.iter().any(|f| on(f.device)) || self.types.iter().any(|t| on(t.device));
+        let device = if declares { device } else { Device::Cpu };
+        let on = |d: Option<Device>| d.unwrap_or(Device::Cpu) == device;
+        Interface {
+            functions: self.functions.iter().filter(|f| on(f.device)).cloned().collect(),
+            types: self.types.iter().filter(|t| on(t.device)).cloned().collect(),
+            packing: self.packing.iter().filter(|f| on(f.device)).cloned().collect(),
+            ..self.clone()
+        }
+    }
+
     /// The element type `imp` (an implementation of this interface) takes; `None` for an
     /// interface without element types.
     pub fn element_of(&self, imp: &Implementation) -> Option<&Element> {
@@ -178,7 +210,12 @@ impl Interface {
             decls
                 .iter()
                 .filter(|d| d.elements.as_ref().is_none_or(|names| names.contains(&element.name)))
-                .map(|d| FnDecl { signature: fill(&d.signature), doc: fill(&d.doc), elements: None })
+                .map(|d| FnDecl {
+                    signature: fill(&d.signature),
+                    doc: fill(&d.doc),
+                    elements: None,
+                    device: d.device,
+                })
                 .collect()
         };
         Interface {
@@ -195,6 +232,7 @@ impl Interface {
                     declaration: fill(&t.declaration),
                     doc: fill(&t.doc),
                     methods: t.methods.iter().map(|m| fill(m)).collect(),
+                    device: t.device,
                 })
                 .collect(),
             packing: specialize(&self.packing),
@@ -215,6 +253,9 @@ pub struct TypeDecl {
     pub doc: String,
     #[serde(default)]
     pub methods: Vec<String>,
+    /// The device whose implementations define it; absent means the CPU.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device: Option<Device>,
 }
 
 #[derive(Deserialize)]
@@ -277,11 +318,21 @@ pub struct Implementation {
     pub dir: PathBuf,
     #[serde(skip)]
     pub source: Arc<str>,
-    /// sha256 of kernel.rs, hex.
+    /// A CUDA implementation's kernels (`kernel.cu`, CUDA C), which its kernel.rs launches:
+    /// copied into a crate as `src/kernels/<interface>.cu` after the workload's constants.
+    #[serde(skip)]
+    pub cuda_source: Option<Arc<str>>,
+    /// sha256 of kernel.rs (followed by kernel.cu where there is one), hex.
     pub source_sha256: String,
 }
 
 impl Implementation {
+    /// The device its kernel runs on: the one its constraints name where they name one device,
+    /// else the CPU (host code, as the sampler's, which any crate runs on its CPU).
+    pub fn device(&self) -> Device {
+        device_of(&self.constraints)
+    }
+
     /// The type it hands to the crate's thread team (`team_job`), as a path from the crate's
     /// `kernels` module where its kernel is module `module`: `matmul::Shared`, or
     /// `shared::avx512_matmul::Product<u16>` (its placeholders filled at its element type).
@@ -314,6 +365,7 @@ impl Implementation {
             constraints: Constraints::default(),
             dir: format!("implementations/{interface}/{name}").into(),
             source: Arc::from(""),
+            cuda_source: None,
             source_sha256: String::new(),
         }
     }
@@ -741,7 +793,32 @@ fn load_implementation(
     let kernel_path = dir.join(KERNEL_FILE);
     let rel_kernel = rel_dir.join(KERNEL_FILE);
     let source = read_text(root, &kernel_path, problems)?;
-    let interface = interfaces.get(&m.interface)?;
+    let device = device_of(&m.constraints);
+    let cuda_path = dir.join(CUDA_KERNEL_FILE);
+    let cuda_source = if cuda_path.exists() {
+        let text = read_text(root, &cuda_path, problems)?;
+        if device != Device::Cuda {
+            problems.push(
+                diag(
+                    format!(
+                        "{} is CUDA C, but the implementation does not run on `cuda` alone",
+                        CUDA_KERNEL_FILE
+                    ),
+                    &["constraints", "devices"],
+                )
+                .hint("a CUDA implementation's manifest says `devices = [\"cuda\"]`"),
+            );
+        } else if !text.contains("extern \"C\" __global__") {
+            problems.push(
+                Diagnostic::new(format!("{} defines no kernel", rel_dir.join(CUDA_KERNEL_FILE).display()))
+                    .hint("its kernels are `extern \"C\" __global__` functions, which its kernel.rs launches by name"),
+            );
+        }
+        Some(text)
+    } else {
+        None
+    };
+    let interface = &interfaces.get(&m.interface)?.for_device(device);
     let several = m.elements.several();
     check_element_list(&m, interface, &diag, problems);
     let mut out = Vec::new();
@@ -805,7 +882,11 @@ fn load_implementation(
             constraints: at.constraints,
             dir: rel_dir.clone(),
             source: compiled,
-            source_sha256: sha256_hex(source.as_bytes()),
+            cuda_source: cuda_source.clone(),
+            source_sha256: match &cuda_source {
+                Some(cu) => sha256_hex(format!("{source}\n// {CUDA_KERNEL_FILE}\n{cu}").as_bytes()),
+                None => sha256_hex(source.as_bytes()),
+            },
         });
     }
     if problems.len() > before {
@@ -1511,6 +1592,7 @@ mod tests {
                 signature: "pub fn matmul<const N: usize, const K: usize>(out: &mut [f32], x: &[f32], w: &[f32], rows: usize)".into(),
                 doc: String::new(),
                 elements: None,
+                device: None,
             }],
             types: vec![],
             packing: Vec::new(),
@@ -1525,6 +1607,34 @@ mod tests {
             .iter()
             .map(|d| d.render())
             .collect()
+    }
+
+    #[test]
+    fn a_device_sees_its_own_functions_and_the_host_ones_where_it_declares_none() {
+        let mut interface = matmul_interface();
+        let cuda = "pub fn matmul<const N: usize, const K: usize>(gpu: &Gpu, out: &mut CudaSlice<f32>, x: &CudaSlice<f32>, w: &CudaSlice<f32>, rows: usize) -> Result<(), GpuError>";
+        let cpu = interface.functions[0].signature.clone();
+        assert_eq!(
+            interface.for_device(Device::Cuda).functions[0].signature,
+            cpu,
+            "no CUDA functions: host code"
+        );
+        interface.functions.push(FnDecl {
+            signature: cuda.into(),
+            doc: String::new(),
+            elements: None,
+            device: Some(Device::Cuda),
+        });
+        let on =
+            |d| interface.for_device(d).functions.iter().map(|f| f.signature.clone()).collect::<Vec<_>>();
+        assert_eq!(on(Device::Cuda), [cuda]);
+        assert_eq!(on(Device::Cpu), [cpu]);
+        // A CUDA kernel is checked against the CUDA signature.
+        let source: Arc<str> = format!("{cuda} {{ Ok(()) }}\n").into();
+        let file = syn::parse_file(&source).unwrap();
+        let check = |d| check_against_interface(&file, &interface.for_device(d), Path::new("k.rs"), &source);
+        assert!(check(Device::Cuda).is_empty());
+        assert!(!check(Device::Cpu).is_empty());
     }
 
     #[test]
@@ -1587,6 +1697,7 @@ mod tests {
             signature: signature.into(),
             doc: String::new(),
             elements,
+            device: None,
         };
         Interface {
             elements: vec![element("f32", "f32", "w: &[f32]"), element("q8", "int8", "w: (&[i8], &[f32])")],

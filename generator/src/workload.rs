@@ -608,6 +608,11 @@ impl KvDtype {
 #[serde(deny_unknown_fields)]
 pub struct Target {
     pub device: Device,
+    /// The GPU architecture a CUDA crate's kernels are compiled for (`sm_80`, `sm_90`):
+    /// required with `device = "cuda"`, refused with `"cpu"`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cuda_arch: Option<String>,
+    /// `target_arch` of the CPU (a CUDA crate's host).
     /// `target_arch` of the CPU.
     pub arch: String,
     /// The CPU features the generated code may use (Rust target_feature names).
@@ -1053,6 +1058,9 @@ fn check(w: &Workload, span: &SpanOf, src: &WorkloadSource) -> Vec<Diagnostic> {
         return out;
     }
     check_target(&w.target, span, src, &mut out, &mk);
+    if w.target.device == Device::Cuda {
+        check_cuda(w, &mut out, &mk);
+    }
     check_request(&w.request, &mut out, &mk);
     match (&w.serving, &w.request) {
         (Some(serving), Request::Decoder(r)) => check_serving(serving, r, &mut out, &mk),
@@ -1618,6 +1626,33 @@ fn check_target(
             ));
         }
     }
+    match (t.device, &t.cuda_arch) {
+        (Device::Cuda, None) => out.push(mk(
+            &["target", "device"],
+            "a CUDA target needs target.cuda_arch".into(),
+            "no GPU architecture",
+            format!(
+                "add `cuda_arch = \"sm_90\"` (H100, H200) or `\"sm_80\"` (A100) under [target]; one of {}",
+                CUDA_ARCHES.join(", ")
+            ),
+        )),
+        (Device::Cuda, Some(arch)) if !CUDA_ARCHES.contains(&arch.as_str()) => out.push(mk(
+            &["target", "cuda_arch"],
+            format!("unsupported CUDA architecture `{arch}`"),
+            "not an architecture monogen compiles for",
+            match nearest(arch, CUDA_ARCHES.iter().copied()) {
+                Some(near) => format!("did you mean `{near}`?"),
+                None => format!("use one of {} (bfloat16 needs sm_80 or later)", CUDA_ARCHES.join(", ")),
+            },
+        )),
+        (Device::Cpu, Some(_)) => out.push(mk(
+            &["target", "cuda_arch"],
+            "target.cuda_arch is only for `device = \"cuda\"`".into(),
+            "a CPU target",
+            "remove `cuda_arch`, or set `device = \"cuda\"`".into(),
+        )),
+        _ => {}
+    }
     if let Some(class) = &t.hardware
         && !is_hardware_class(class)
     {
@@ -1642,6 +1677,78 @@ fn check_target(
             "too many",
             "use the number of cores to run on".into(),
         ));
+    }
+}
+
+/// The GPU architectures CUDA crates are generated for: bfloat16 arithmetic needs sm_80 or later.
+pub const CUDA_ARCHES: &[&str] = &["sm_80", "sm_86", "sm_89", "sm_90"];
+
+/// What a CUDA crate can be today: a LLaMA decoder with f32 or bf16 weights, an f32 KV cache,
+/// one sequence at a time, without a server, speculation, a sliding window or q/k/v biases. Each
+/// other choice is refused by name rather than generated wrong.
+fn check_cuda(w: &Workload, out: &mut Vec<Diagnostic>, mk: &MakeDiagnostic) {
+    let cuda_only = |what: &str| format!("CUDA crates do not support {what} yet");
+    let mut refuse = |path: &[&str], message: String, hint: &str| {
+        out.push(mk(path, message, "not for CUDA yet", hint.into()));
+    };
+    match &w.model {
+        Model::Bert(_) => refuse(
+            &["model", "architecture"],
+            "CUDA crates are generated for LLaMA decoders only, for now".into(),
+            "use `device = \"cpu\"` for an encoder",
+        ),
+        Model::Llama(m) => {
+            if m.qkv_bias {
+                refuse(
+                    &["model", "qkv_bias"],
+                    cuda_only("q/k/v projection biases (Qwen2)"),
+                    "use `device = \"cpu\"`",
+                );
+            }
+            if m.sliding_window.is_some() {
+                refuse(
+                    &["model", "sliding_window"],
+                    cuda_only("a sliding attention window"),
+                    "use `device = \"cpu\"`",
+                );
+            }
+            if m.rope_scaling.is_some() {
+                refuse(
+                    &["model", "rope_scaling"],
+                    cuda_only("scaled rotary frequencies"),
+                    "use `device = \"cpu\"`",
+                );
+            }
+        }
+    }
+    if !matches!(w.weights.dtype, Dtype::F32 | Dtype::Bf16) {
+        refuse(
+            &["weights", "dtype"],
+            format!("CUDA crates hold their weights in f32 or bf16, not {}", w.weights.dtype.as_str()),
+            "use `dtype = \"bf16\"` (or \"f32\")",
+        );
+    }
+    if w.weights.activations != Activations::F32 {
+        refuse(&["weights", "activations"], cuda_only("bfloat16 activations"), "leave `activations` out");
+    }
+    if w.weights.classifier_dtype.is_some() {
+        refuse(
+            &["weights", "classifier_dtype"],
+            cuda_only("a classifier dtype of its own"),
+            "leave `classifier_dtype` out",
+        );
+    }
+    if w.kv_cache.dtype != KvDtype::F32 {
+        refuse(&["kv_cache", "dtype"], cuda_only("a bf16 KV cache"), "use `dtype = \"f32\"`");
+    }
+    if w.request.max_batch() != 1 {
+        refuse(&["request", "max_batch"], cuda_only("batched decoding"), "use `max_batch = 1`");
+    }
+    if w.serving.is_some() {
+        refuse(&["serving"], cuda_only("a server (`[serving]`)"), "remove `[serving]`");
+    }
+    if w.speculation.is_some() {
+        refuse(&["speculation"], cuda_only("speculation"), "remove `[speculation]`");
     }
 }
 
@@ -2181,6 +2288,29 @@ mod tests {
         assert_eq!(w.name, "tiny-cpu-f32");
         assert_eq!(w.llama().num_kv_heads, 4);
         assert_eq!(w.target.cpu_features, ["avx2", "fma"]);
+    }
+
+    #[test]
+    fn a_cuda_target_needs_its_architecture_and_refuses_what_cuda_crates_cannot_be() {
+        let cuda = GOOD.replace("device = \"cpu\"", "device = \"cuda\"\ncuda_arch = \"sm_90\"");
+        let w = parse(&cuda).unwrap();
+        assert_eq!((w.target.device, w.target.cuda_arch.as_deref()), (Device::Cuda, Some("sm_90")));
+
+        let e = first_error(&GOOD.replace("device = \"cpu\"", "device = \"cuda\""));
+        assert!(e.contains("a CUDA target needs target.cuda_arch"), "{e}");
+        assert!(e.contains("cuda_arch = \"sm_90\""), "{e}");
+        let e = first_error(&cuda.replace("sm_90", "sm_9O"));
+        assert!(
+            e.contains("unsupported CUDA architecture `sm_9O`") && e.contains("did you mean `sm_90`?"),
+            "{e}"
+        );
+        let e = first_error(&GOOD.replace("device = \"cpu\"", "device = \"cpu\"\ncuda_arch = \"sm_90\""));
+        assert!(e.contains("target.cuda_arch is only for `device = \"cuda\"`"), "{e}");
+        let e = first_error(&cuda.replace("max_batch = 1", "max_batch = 4"));
+        assert!(e.contains("CUDA crates do not support batched decoding yet"), "{e}");
+        assert!(e.contains("w.toml:"), "points into the file: {e}");
+        let e = first_error(&cuda.replace("dtype = \"f32\"", "dtype = \"int8\""));
+        assert!(e.contains("CUDA crates hold their weights in f32 or bf16, not int8"), "{e}");
     }
 
     #[test]

@@ -69,6 +69,27 @@ pub enum Error {
     /// A sampling parameter is out of range.
     #[error("invalid {name}: {reason}")]
     InvalidParameter { name: &'static str, reason: String },
+    /// No GPU to run on: no NVIDIA driver, no device, or no NVRTC to compile the kernels with.
+    #[only_if(cuda)]
+    #[error("no GPU to run crate {} on: {reason}", crate::WORKLOAD)]
+    NoGpu { reason: String },
+    /// The GPU is of another architecture than the one the crate was generated for.
+    #[only_if(cuda)]
+    #[error(
+        "this GPU is {found}, but crate {workload} was generated for {expected} (target.cuda_arch of its workload); generate a crate for it with `monogen init --device cuda --cuda-arch {found}` and `monogen build`"
+    )]
+    WrongGpu { found: String, expected: &'static str, workload: &'static str },
+    /// A call to the GPU failed: memory ran out, a kernel did not compile or launch.
+    #[only_if(cuda)]
+    #[error("GPU: {reason}")]
+    Gpu { reason: String },
+}
+
+#[only_if(cuda)]
+impl From<cudarc::driver::DriverError> for Error {
+    fn from(e: cudarc::driver::DriverError) -> Error {
+        Error::Gpu { reason: e.to_string() }
+    }
 }
 
 impl Error {
@@ -76,6 +97,10 @@ impl Error {
     pub fn exit_code(&self) -> u8 {
         match self {
             Error::UnsupportedCpu { .. } => 4,
+            #[only_if(cuda)]
+            Error::NoGpu { .. } | Error::WrongGpu { .. } => 5,
+            #[only_if(cuda)]
+            Error::Gpu { .. } => 6,
             Error::Io { .. }
             | Error::InvalidWeights { .. }
             | Error::InvalidCheckpoint { .. }

@@ -27,6 +27,7 @@ fn init_options() -> InitOptions {
         typical_text: None,
         requests_per_load: None,
         shared_prefix_len: None,
+        cuda_arch: None,
     }
 }
 

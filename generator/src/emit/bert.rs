@@ -56,6 +56,8 @@ pub fn rust_files(
     let matrices = Matrices::of(plan);
     for file in ["error.rs", "tensor_file.rs", "tokenizer_file.rs"] {
         let mut source = templates.runtime(file, &krate)?;
+        rust_source::select(&mut source, &[("cuda", false)])
+            .map_err(|message| Error::Template { name: format!("runtime/{file}"), message })?;
         if file == "tensor_file.rs" {
             rust_source::remove_methods(&mut source, matrices.unused_tensor_file_methods());
         }

@@ -96,6 +96,7 @@ pub fn rust_files(
         ("prompt_lookup", c.speculation.is_some() && !draft_model),
         ("draft_model", draft_model),
         ("batched", c.batched()),
+        ("cuda", false),
     ];
     let drafter: &[&str] = if draft_model { &["drafter.rs"] } else { &[] };
     for file in RUNTIME_FILES.iter().chain(serving).chain(drafter) {

@@ -11,6 +11,7 @@
 
 mod bert;
 mod common;
+mod cuda;
 pub mod harness;
 mod header;
 mod llama;
@@ -187,6 +188,9 @@ pub fn emit(plan: &Plan, registry: &Registry, templates: &Templates) -> Result<O
     };
 
     let (rust_files, readme) = match &plan.consts {
+        Consts::Llama(c) if plan.target.device == crate::workload::Device::Cuda => {
+            (cuda::files(plan, c, registry, templates)?, "README.md.j2")
+        }
         Consts::Llama(c) => (llama::rust_files(plan, c, registry, templates)?, "README.md.j2"),
         Consts::Bert(c) => (bert::rust_files(plan, c, registry, templates)?, "bert/README.md.j2"),
     };
@@ -324,6 +328,9 @@ impl<'a> ReadmeContext<'a> {
             dependencies: {
                 // The runtime's crates, and those of the chosen kernels.
                 let mut names: Vec<&str> = match &plan.consts {
+                    Consts::Llama(_) if plan.target.device == crate::workload::Device::Cuda => {
+                        cuda::DEPENDENCIES.to_vec()
+                    }
                     Consts::Llama(c) => llama::dependencies(c),
                     Consts::Bert(c) => bert::dependencies(c),
                 };

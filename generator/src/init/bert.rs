@@ -169,7 +169,8 @@ pub fn workload(
         },
         kv_cache: KvCache::default(),
         target: Target {
-            device: Device::Cpu,
+            device: if opts.cuda_arch.is_some() { Device::Cuda } else { Device::Cpu },
+            cuda_arch: opts.cuda_arch.clone(),
             arch: cpu::host_arch().to_string(),
             cpu_features: opts.cpu_features.resolve(),
             threads: opts

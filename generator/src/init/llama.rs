@@ -354,16 +354,19 @@ fn build(
     Ok(Workload {
         name: opts.name.clone(),
         description: Some(format!(
-            "{model_dir} (Hugging Face {class}) with {} weights on {} {}",
+            "{model_dir} (Hugging Face {class}) with {} weights on {}",
             opts.dtype.as_str(),
-            cpu::host_arch(),
-            Device::Cpu.as_str()
+            match &opts.cuda_arch {
+                Some(arch) => format!("a CUDA GPU ({arch})"),
+                None => format!("{} {}", cpu::host_arch(), Device::Cpu.as_str()),
+            }
         )),
         model: Model::Llama(model),
         weights: opts.weights()?,
         kv_cache: KvCache { dtype: opts.kv_cache },
         target: Target {
-            device: Device::Cpu,
+            device: if opts.cuda_arch.is_some() { Device::Cuda } else { Device::Cpu },
+            cuda_arch: opts.cuda_arch.clone(),
             arch: cpu::host_arch().to_string(),
             cpu_features,
             threads,

@@ -1,0 +1,91 @@
+//! What CI checks of the CUDA crates without a GPU: every kernel file of every committed CUDA
+//! crate compiles with NVRTC for sm_80 and sm_90 (PyPI's nvidia-cuda-nvrtc-cu12 ships NVRTC,
+//! which needs no GPU; `.ci/run` installs it), and a CUDA crate's binary on a machine without a
+//! GPU says so and exits 5. Their generation, determinism and standalone build are the
+//! freshness, no-dispatch and lint tests' as for every committed crate; their parity with the
+//! references runs on a GPU, in bench/gpu_check.sh.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use monogen_tests::{build_copy, model_dir, workspace_root};
+
+/// The committed crates generated for a CUDA GPU.
+fn cuda_crates() -> Vec<PathBuf> {
+    let mut crates: Vec<PathBuf> = std::fs::read_dir(workspace_root().join("generated"))
+        .expect("generated/ reads")
+        .map(|e| e.expect("an entry of generated/").path())
+        .filter(|dir| {
+            std::fs::read_to_string(dir.join("workload.toml"))
+                .is_ok_and(|w| w.contains("\ndevice = \"cuda\"\n"))
+        })
+        .collect();
+    crates.sort();
+    crates
+}
+
+#[test]
+fn every_kernel_of_every_cuda_crate_compiles_with_nvrtc_for_sm80_and_sm90() {
+    let crates = cuda_crates();
+    assert!(crates.len() >= 2, "the repository commits CUDA crates in f32 and bf16: {crates:?}");
+    let mut files: Vec<PathBuf> = Vec::new();
+    for dir in &crates {
+        let kernels = dir.join("src/kernels");
+        let mut cu: Vec<PathBuf> = std::fs::read_dir(&kernels)
+            .expect("src/kernels reads")
+            .map(|e| e.expect("an entry").path())
+            .filter(|p| p.extension().is_some_and(|e| e == "cu"))
+            .collect();
+        assert!(
+            cu.len() >= 8,
+            "{}: a kernel file per CUDA interface and model.cu: {cu:?}",
+            kernels.display()
+        );
+        cu.sort();
+        files.extend(cu);
+    }
+    let out = Command::new("python3")
+        .arg(workspace_root().join("tools/nvrtc_compile.py"))
+        .args(["--arch", "sm_80", "--arch", "sm_90"])
+        .args(&files)
+        .output()
+        .expect("python3 runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    if out.status.code() == Some(2) {
+        monogen_tests::skip::tool(
+            "every_kernel_of_every_cuda_crate_compiles_with_nvrtc_for_sm80_and_sm90",
+            "NVRTC (pip install nvidia-cuda-nvrtc-cu12)",
+        );
+        return;
+    }
+    assert!(out.status.success(), "a kernel does not compile:\n{stdout}\n{stderr}");
+    let summary = format!("{} files x 2 architectures, 0 failed", files.len());
+    assert!(stdout.contains(&summary), "expected `{summary}`:\n{stdout}");
+    assert_eq!(stdout.lines().filter(|l| l.starts_with("ok ")).count(), files.len() * 2, "{stdout}");
+}
+
+#[test]
+fn a_cuda_crate_without_a_gpu_says_so_and_exits_5() {
+    let Some(model) = model_dir("stories260k") else { return };
+    let gpu_here = ["/dev/nvidiactl", "/dev/nvidia0"].iter().any(|p| std::path::Path::new(p).exists());
+    if gpu_here {
+        monogen_tests::skip::because(
+            "a_cuda_crate_without_a_gpu_says_so_and_exits_5",
+            "this machine has an NVIDIA GPU; bench/gpu_check.sh runs the crates there",
+        );
+        return;
+    }
+    let binary = build_copy("stories260k-cuda-bf16");
+    let out = Command::new(&binary)
+        .args(["--model"])
+        .arg(&model)
+        .args(["--prompt", "Once upon a time", "--max-tokens", "4"])
+        .output()
+        .expect("the binary runs");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(5), "exit code 5 without a GPU; stderr:\n{stderr}");
+    assert!(stderr.contains("no GPU to run crate stories260k-cuda-bf16 on:"), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert!(out.stdout.is_empty(), "nothing generated: {}", String::from_utf8_lossy(&out.stdout));
+}
