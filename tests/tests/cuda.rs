@@ -1,9 +1,12 @@
-//! What CI checks of the CUDA crates without a GPU: every kernel file of every committed CUDA
-//! crate compiles with NVRTC for sm_80 and sm_90 (PyPI's nvidia-cuda-nvrtc-cu12 ships NVRTC,
-//! which needs no GPU; `.ci/run` installs it), and a CUDA crate's binary on a machine without a
-//! GPU says so and exits 5. Their generation, determinism and standalone build are the
-//! freshness, no-dispatch and lint tests' as for every committed crate; their parity with the
-//! references runs on a GPU, in bench/gpu_check.sh.
+//! What CI checks of the CUDA crates without a GPU: their kernels and their forward pass run on
+//! the CPU under emulation (tools/cuda_emulate.py: the CUDA C compiled with g++, a block's
+//! threads as fibers) against numpy and against transformers' logits and greedy tokens; every
+//! kernel file of every committed CUDA crate compiles with NVRTC for sm_80 and sm_90 (PyPI's
+//! nvidia-cuda-nvrtc-cu12 ships NVRTC, which needs no GPU; `.ci/run` installs it); and a CUDA
+//! crate's binary on a machine without a GPU says so and exits 5. Their generation, determinism
+//! and standalone build are the freshness, no-dispatch and lint tests' as for every committed
+//! crate. What only a GPU shows (races, the launchers' device buffers, speed) is the device
+//! check's, bench/gpu_check.sh.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -88,4 +91,59 @@ fn a_cuda_crate_without_a_gpu_says_so_and_exits_5() {
     assert!(stderr.contains("no GPU to run crate stories260k-cuda-bf16 on:"), "{stderr}");
     assert!(!stderr.contains("panicked"), "{stderr}");
     assert!(out.stdout.is_empty(), "nothing generated: {}", String::from_utf8_lossy(&out.stdout));
+}
+
+/// Runs `tools/cuda_emulate.py` on the committed crate `name`: its kernels on the CPU (compiled
+/// with g++ after tools/cuda_emu/emu.h), each against numpy, then its forward pass over
+/// stories260k against transformers' logits and greedy tokens.
+fn emulate(test: &str, name: &str) {
+    let Some(model) = model_dir("stories260k") else { return };
+    let gxx = Command::new("g++").arg("--version").output().is_ok_and(|o| o.status.success());
+    let numpy =
+        Command::new("python3").args(["-c", "import numpy, safetensors"]).status().is_ok_and(|s| s.success());
+    if !gxx || !numpy {
+        monogen_tests::skip::tool(test, "g++, or Python's numpy and safetensors");
+        return;
+    }
+    let out = Command::new("python3")
+        .arg(workspace_root().join("tools/cuda_emulate.py"))
+        .arg(workspace_root().join("generated").join(name))
+        .arg("--model")
+        .arg(&model)
+        .output()
+        .expect("python3 runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{name} under emulation:\n{stdout}\n{stderr}");
+    assert!(stdout.contains(": every check passed"), "{stdout}");
+    // Every kernel was checked, the forward pass against the logits, and greedy decoding.
+    for check in [
+        "ok rmsnorm",
+        "ok matmul_",
+        "ok rope (q)",
+        "ok kv_store",
+        "ok attention_prefill",
+        "ok attention_decode",
+        "ok swiglu",
+        "ok greedy",
+    ] {
+        assert!(stdout.contains(check), "`{check}` missing:\n{stdout}");
+    }
+    assert!(!stdout.contains("FAIL"), "{stdout}");
+}
+
+#[test]
+fn the_f32_cuda_crate_under_emulation_matches_the_reference_logits_within_1e3() {
+    emulate(
+        "the_f32_cuda_crate_under_emulation_matches_the_reference_logits_within_1e3",
+        "stories260k-cuda-f32",
+    );
+}
+
+#[test]
+fn the_bf16_cuda_crate_under_emulation_stays_within_kl_1e3_of_the_reference() {
+    emulate(
+        "the_bf16_cuda_crate_under_emulation_stays_within_kl_1e3_of_the_reference",
+        "stories260k-cuda-bf16",
+    );
 }

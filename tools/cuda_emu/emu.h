@@ -1,0 +1,135 @@
+// Runs the CUDA C of monogen's kernels on the CPU, to check what they compute where there is no
+// GPU (tools/cuda_emulate.py includes this before each kernel file and compiles it with g++).
+//
+// A launch runs its blocks one after another; a block's threads are fibers on the calling
+// thread (each started on a stack of its own with makecontext, then switched with _setjmp and
+// _longjmp, which unlike swapcontext make no system call), scheduled round by round: each round runs every live thread until it yields.
+// __syncthreads yields once, so every thread of the block has reached it before any goes on;
+// a warp shuffle writes the lane's value, yields, reads its partner's and yields again. That is
+// CUDA's semantics for code whose warps are converged at each shuffle and whose threads all
+// reach each __syncthreads, which CUDA requires anyway. __shared__ variables are static: one
+// block runs at a time. Float arithmetic is the host's (no fused multiply-adds unless the
+// compiler makes them, which -ffp-contract=off forbids), so results match a GPU's to rounding.
+#pragma once
+#include <setjmp.h>
+#include <ucontext.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <vector>
+
+struct dim3 {
+    unsigned x = 1, y = 1, z = 1;
+};
+
+inline dim3 threadIdx, blockIdx, blockDim, gridDim;
+
+#define __global__
+#define __device__
+#define __forceinline__ inline
+#define __shared__ static
+
+namespace emu {
+
+struct Fiber {
+    ucontext_t context;
+    jmp_buf jump;
+    dim3 thread;
+    bool started = false;
+    bool done = false;
+    std::vector<char> stack;
+};
+
+inline jmp_buf scheduler;
+inline Fiber* current = nullptr;
+inline std::function<void()> body;
+inline float lanes[1024];
+
+inline void yield() {
+    if (!_setjmp(current->jump)) _longjmp(scheduler, 1);
+}
+
+// A fiber runs the kernel for one block after another: the scheduler moves blockIdx on when
+// every fiber is done with the current block.
+inline void trampoline() {
+    for (;;) {
+        body();
+        current->done = true;
+        yield();
+    }
+}
+
+// Runs `kernel` over `grid` blocks of `block` threads.
+inline void launch(dim3 grid, dim3 block, std::function<void()> kernel) {
+    gridDim = grid;
+    blockDim = block;
+    body = std::move(kernel);
+    const unsigned n = block.x * block.y * block.z;
+    // The fibers and their stacks (64 KiB each) outlive a launch: the next one reuses them.
+    static std::vector<Fiber> pool(1024);
+    if (n > pool.size()) std::abort();  // CUDA's limit of 1024 threads a block
+    Fiber* fibers = pool.data();
+    for (unsigned i = 0; i < n; i++) {
+        if (fibers[i].stack.empty()) fibers[i].stack.resize(64 * 1024);
+        fibers[i].started = false;
+    }
+    for (unsigned i = 0; i < n; i++) {
+        Fiber& f = fibers[i];
+        f.thread = {i % block.x, (i / block.x) % block.y, i / (block.x * block.y)};
+        getcontext(&f.context);
+        f.context.uc_stack.ss_sp = f.stack.data();
+        f.context.uc_stack.ss_size = f.stack.size();
+        f.context.uc_link = nullptr;
+        makecontext(&f.context, trampoline, 0);
+    }
+    for (unsigned bz = 0; bz < grid.z; bz++)
+        for (unsigned by = 0; by < grid.y; by++)
+            for (unsigned bx = 0; bx < grid.x; bx++) {
+                blockIdx = {bx, by, bz};
+                for (unsigned i = 0; i < n; i++) fibers[i].done = false;
+                for (bool live = true; live;) {
+                    live = false;
+                    for (unsigned i = 0; i < n; i++) {
+                        Fiber& f = fibers[i];
+                        if (f.done) continue;
+                        live = true;
+                        current = &f;
+                        threadIdx = f.thread;
+                        if (!_setjmp(scheduler)) {
+                            if (f.started) _longjmp(f.jump, 1);
+                            f.started = true;
+                            setcontext(&f.context);
+                        }
+                    }
+                }
+            }
+    // The fibers wait in their last yield; the next launch starts them afresh.
+}
+
+}  // namespace emu
+
+inline void __syncthreads() { emu::yield(); }
+
+inline float __shfl_xor_sync(unsigned, float value, int mask) {
+    const unsigned lane = threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
+    emu::lanes[lane] = value;
+    emu::yield();
+    const float other = emu::lanes[lane ^ mask];
+    emu::yield();
+    return other;
+}
+
+inline float __uint_as_float(unsigned int bits) {
+    float f;
+    std::memcpy(&f, &bits, 4);
+    return f;
+}
+
+inline float __int_as_float(int bits) {
+    float f;
+    std::memcpy(&f, &bits, 4);
+    return f;
+}
