@@ -73,6 +73,12 @@ struct Args {
     /// load without converting them.
     #[arg(long, value_name = "DIR")]
     save_model: Option<PathBuf>,
+    /// Instead of generating, write the logits of every position of the prompt to FILE:
+    /// little-endian f32, [prompt length, VOCAB_SIZE] (what the device check compares with the
+    /// reference outputs).
+    #[only_if(cuda)]
+    #[arg(long, value_name = "FILE")]
+    logits: Option<PathBuf>,
 }
 
 fn main() -> ExitCode {
@@ -128,6 +134,13 @@ fn run(args: &Args, started: Instant) -> Result<(), Error> {
         (None, None) => return Err(Error::EmptyPrompt),
     };
     let load_ms = started.elapsed().as_secs_f64() * 1000.0;
+    #[only_if(cuda)]
+    if let Some(file) = &args.logits {
+        let logits = model.session().logits_all(&prompt_ids)?;
+        let bytes: Vec<u8> = logits.iter().flat_map(|v| v.to_le_bytes()).collect();
+        std::fs::write(file, bytes).map_err(|source| Error::Io { path: file.clone(), source })?;
+        return Ok(());
+    }
     #[only_if(batched)]
     if args.batch != 1 {
         return run_batch(args, &model, &tokenizer, &params, &prompt_ids, load_ms);

@@ -94,10 +94,10 @@ fn a_cuda_crate_without_a_gpu_says_so_and_exits_5() {
 }
 
 /// Runs `tools/cuda_emulate.py` on the committed crate `name`: its kernels on the CPU (compiled
-/// with g++ after tools/cuda_emu/emu.h), each against numpy, then its forward pass over
-/// stories260k against transformers' logits and greedy tokens.
-fn emulate(test: &str, name: &str) {
-    let Some(model) = model_dir("stories260k") else { return };
+/// with g++ after tools/cuda_emu/emu.h), each against numpy, then its forward pass over the real
+/// model `model` against transformers' logits and greedy tokens.
+fn emulate(test: &str, name: &str, model: &str) {
+    let Some(model) = model_dir(model) else { return };
     let gxx = Command::new("g++").arg("--version").output().is_ok_and(|o| o.status.success());
     let numpy =
         Command::new("python3").args(["-c", "import numpy, safetensors"]).status().is_ok_and(|s| s.success());
@@ -133,11 +133,10 @@ fn emulate(test: &str, name: &str) {
 }
 
 #[test]
-fn the_f32_cuda_crate_under_emulation_matches_the_reference_logits_within_1e3() {
-    emulate(
-        "the_f32_cuda_crate_under_emulation_matches_the_reference_logits_within_1e3",
-        "stories260k-cuda-f32",
-    );
+fn the_f32_cuda_crates_under_emulation_match_the_reference_logits_within_1e3() {
+    let test = "the_f32_cuda_crates_under_emulation_match_the_reference_logits_within_1e3";
+    emulate(test, "stories260k-cuda-f32", "stories260k");
+    emulate(test, "aidreams260k-cuda-f32", "aidreams260k");
 }
 
 #[test]
@@ -145,5 +144,6 @@ fn the_bf16_cuda_crate_under_emulation_stays_within_kl_1e3_of_the_reference() {
     emulate(
         "the_bf16_cuda_crate_under_emulation_stays_within_kl_1e3_of_the_reference",
         "stories260k-cuda-bf16",
+        "stories260k",
     );
 }
