@@ -27,6 +27,11 @@ struct dim3 {
 
 inline dim3 threadIdx, blockIdx, blockDim, gridDim;
 
+// CUDA's vector types that the kernels load through.
+struct alignas(16) uint4 {
+    unsigned int x, y, z, w;
+};
+
 #define __global__
 #define __device__
 #define __forceinline__ inline
