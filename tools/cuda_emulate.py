@@ -42,7 +42,10 @@ KERNELS = {
         "attention_prefill",
         "float* out, const float* q, const KV* keys, const KV* values, int start, int rows",
     ),
-    "attention_decode": ("attention_decode", "float* out, const float* q, const KV* keys, const KV* values, int len_"),
+    "attention_decode": [
+        ("attention_decode_spans", "float* partials, const float* q, const KV* keys, const KV* values, int len"),
+        ("attention_decode_combine", "float* out, const float* partials, int len"),
+    ],
     "swiglu": ("swiglu", "float* gate, const float* up, int rows"),
 }
 
@@ -77,6 +80,8 @@ def compile_kernels(crate, build):
                 ("embed", "float* x, const W* table, const unsigned int* ids, int rows"),
                 ("add", "float* x, const float* y, int n"),
             ]
+        elif isinstance(KERNELS[module], list):
+            wrappers += KERNELS[module]
         else:
             wrappers.append(KERNELS[module])
         code = [f'#include "{os.path.join(kernels, file)}"']
@@ -140,10 +145,13 @@ class Gpu:
         self.call("kv_cache", "kv_store", (-(-n // 256), 1), 256, keys, values, k, v, start, rows)
 
     def attention_prefill(self, out, q, keys, values, start, rows):
-        self.call("attention_prefill", "attention_prefill", (rows, self.c["NUM_HEADS"]), 128, out, q, keys, values, start, rows)
+        self.call("attention_prefill", "attention_prefill", (-(-rows // 16), self.c["NUM_HEADS"]), 128, out, q, keys, values, start, rows)
 
     def attention_decode(self, out, q, keys, values, length):
-        self.call("attention_decode", "attention_decode", (1, self.c["NUM_HEADS"]), 128, out, q, keys, values, length)
+        c = self.c
+        scratch = np.zeros(c["NUM_HEADS"] * (c["MAX_SEQ_LEN"] + c["HEAD_DIM"] + 2), np.float32)
+        self.call("attention_decode", "attention_decode_spans", (-(-length // 256), c["NUM_HEADS"]), 128, scratch, q, keys, values, length)
+        self.call("attention_decode", "attention_decode_combine", (c["NUM_HEADS"], 1), 64, out, scratch, length)
 
     def swiglu(self, gate, up, rows):
         n = rows * self.c["INTERMEDIATE_SIZE"]
@@ -240,10 +248,20 @@ def check_kernels(gpu, c, failures):
     out = np.zeros((rows, Q), np.float32)
     gpu.attention_prefill(out, q, keys, values, start, rows)
     close("attention_prefill", out, attention_reference(q, keys, values, start, rows, c), 1e-5)
+    # Several tiles of rows and of positions, the chunk starting inside a tile of positions.
+    many, at = min(40, S // 2), min(37, S // 4)
+    full_k, full_v, qm = f32(S, KV), f32(S, KV), f32(many, Q)
+    out = np.zeros((many, Q), np.float32)
+    gpu.attention_prefill(out, qm, full_k, full_v, at, many)
+    close(f"attention_prefill of {many} rows from position {at}", out, attention_reference(qm, full_k, full_v, at, many, c), 1e-5)
     q1 = f32(1, Q)
     out = np.zeros((1, Q), np.float32)
     gpu.attention_decode(out, q1, keys, values, start + rows)
     close("attention_decode", out, attention_reference(q1, keys, values, start + rows - 1, 1, c), 1e-5)
+    # Over every position the cache holds: several spans where MAX_SEQ_LEN has them.
+    full_k, full_v = f32(S, KV), f32(S, KV)
+    gpu.attention_decode(out, q1, full_k, full_v, S)
+    close(f"attention_decode over {S} positions", out, attention_reference(q1, full_k, full_v, S - 1, 1, c), 1e-5)
 
     gate, up = f32(rows, I), f32(rows, I)
     want = gate.astype(np.float64) / (1 + np.exp(-gate.astype(np.float64))) * up

@@ -21,7 +21,7 @@ use crate::kernels::rope::{rope, rope_table};
 use crate::kernels::swiglu::swiglu;
 use crate::weights::Weights;
 use crate::{
-    Error, HIDDEN_SIZE, HEAD_DIM, INTERMEDIATE_SIZE, KV_DIM, MAX_SEQ_LEN, NUM_LAYERS, PREFILL_CHUNK, Q_DIM, ROPE_THETA,
+    Error, HIDDEN_SIZE, HEAD_DIM, INTERMEDIATE_SIZE, KV_DIM, MAX_SEQ_LEN, NUM_HEADS, NUM_LAYERS, PREFILL_CHUNK, Q_DIM, ROPE_THETA,
     VOCAB_SIZE, Weight,
 };
 
@@ -111,6 +111,8 @@ struct Buffers {
     normed: CudaSlice<f32>,
     /// Its logits: [VOCAB_SIZE]
     logits: CudaSlice<f32>,
+    /// Decode attention's own: [NUM_HEADS, MAX_SEQ_LEN + HEAD_DIM + 2]
+    scratch: CudaSlice<f32>,
 }
 
 impl Buffers {
@@ -131,6 +133,7 @@ impl Buffers {
             last: gpu.zeros(HIDDEN_SIZE)?,
             normed: gpu.zeros(HIDDEN_SIZE)?,
             logits: gpu.zeros(VOCAB_SIZE)?,
+            scratch: gpu.zeros(NUM_HEADS * (MAX_SEQ_LEN + HEAD_DIM + 2))?,
         })
     }
 }
@@ -222,7 +225,7 @@ impl<'m> Session<'m> {
             kv_store(gpu, keys, values, &b.k, &b.v, start, t)?;
             // att = softmax(q · kᵀ / √HEAD_DIM) · v, each row over the positions up to its own: [T, Q_DIM]
             if t == 1 {
-                attention_decode(gpu, &mut b.att, &b.q, keys, values, start + 1)?;
+                attention_decode(gpu, &mut b.att, &b.q, keys, values, &mut b.scratch, start + 1)?;
             } else {
                 attention_prefill(gpu, &mut b.att, &b.q, keys, values, start, t)?;
             }

@@ -4,9 +4,10 @@
 // A launch runs its blocks one after another; a block's threads are fibers on the calling
 // thread (each started on a stack of its own with makecontext, then switched with _setjmp and
 // _longjmp, which unlike swapcontext make no system call), scheduled round by round: each round runs every live thread until it yields.
-// __syncthreads yields once, so every thread of the block has reached it before any goes on;
-// a warp shuffle writes the lane's value, yields, reads its partner's and yields again. That is
-// CUDA's semantics for code whose warps are converged at each shuffle and whose threads all
+// __syncthreads is a barrier of the block's live threads (a thread that returned no longer
+// counts, as on a GPU): each yields until the last one arrives. A warp shuffle writes the lane's
+// value, waits at a barrier of the warp's live lanes, reads its partner's and waits again. That
+// is CUDA's semantics for code whose warps are converged at each shuffle and whose threads all
 // reach each __syncthreads, which CUDA requires anyway. __shared__ variables are static: one
 // block runs at a time. Float arithmetic is the host's (no fused multiply-adds unless the
 // compiler makes them, which -ffp-contract=off forbids), so results match a GPU's to rounding.
@@ -14,6 +15,7 @@
 #include <setjmp.h>
 #include <ucontext.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -57,12 +59,49 @@ inline void yield() {
     if (!_setjmp(current->jump)) _longjmp(scheduler, 1);
 }
 
+// A barrier of `live` threads: the block's, or one warp's.
+struct Barrier {
+    unsigned arrived = 0;
+    unsigned generation = 0;
+    unsigned live = 0;
+
+    void wait() {
+        const unsigned generation_now = generation;
+        if (++arrived == live) {
+            release();
+            return;
+        }
+        while (generation == generation_now) yield();
+    }
+
+    void release() {
+        arrived = 0;
+        generation++;
+    }
+
+    // A member returned: the others no longer wait for it.
+    void leave() {
+        live--;
+        if (arrived > 0 && arrived == live) release();
+    }
+};
+
+inline Barrier block_barrier;
+inline Barrier warp_barriers[32];
+
+inline Barrier& warp_barrier() {
+    const unsigned lane = threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
+    return warp_barriers[lane / 32];
+}
+
 // A fiber runs the kernel for one block after another: the scheduler moves blockIdx on when
 // every fiber is done with the current block.
 inline void trampoline() {
     for (;;) {
         body();
         current->done = true;
+        block_barrier.leave();
+        warp_barrier().leave();
         yield();
     }
 }
@@ -95,6 +134,8 @@ inline void launch(dim3 grid, dim3 block, std::function<void()> kernel) {
             for (unsigned bx = 0; bx < grid.x; bx++) {
                 blockIdx = {bx, by, bz};
                 for (unsigned i = 0; i < n; i++) fibers[i].done = false;
+                block_barrier = Barrier{0, 0, n};
+                for (unsigned w = 0; w < 32; w++) warp_barriers[w] = Barrier{0, 0, std::min(32u, n > 32 * w ? n - 32 * w : 0u)};
                 for (bool live = true; live;) {
                     live = false;
                     for (unsigned i = 0; i < n; i++) {
@@ -116,14 +157,26 @@ inline void launch(dim3 grid, dim3 block, std::function<void()> kernel) {
 
 }  // namespace emu
 
-inline void __syncthreads() { emu::yield(); }
+using std::max;
+using std::min;
+
+inline void __syncthreads() { emu::block_barrier.wait(); }
+
+inline float __shfl_sync(unsigned, float value, int source) {
+    const unsigned lane = threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
+    emu::lanes[lane] = value;
+    emu::warp_barrier().wait();
+    const float other = emu::lanes[(lane & ~31u) + (source & 31)];
+    emu::warp_barrier().wait();
+    return other;
+}
 
 inline float __shfl_xor_sync(unsigned, float value, int mask) {
     const unsigned lane = threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
     emu::lanes[lane] = value;
-    emu::yield();
+    emu::warp_barrier().wait();
     const float other = emu::lanes[lane ^ mask];
-    emu::yield();
+    emu::warp_barrier().wait();
     return other;
 }
 

@@ -378,7 +378,8 @@ fn forwarding_impl(
     ty: &proc_macro2::Ident,
     m: &proc_macro2::Ident,
 ) -> TokenStream {
-    let interface = &registry.interfaces[&imp.interface];
+    // The harness runs on the CPU: the functions of the implementation's own device.
+    let interface = &registry.interfaces[&imp.interface].for_device(imp.device());
     let at = interface.at(interface.element_of(imp));
     let trait_name = super::common::camel_ident(&imp.interface);
     let kv = imp.elements.contains_key("kv").then(|| {

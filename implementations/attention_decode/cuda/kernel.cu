@@ -1,10 +1,18 @@
-// Causal attention of one decoded token on the GPU, over one layer's cache. One block per (query row,
-// head): the block's threads score the positions the row sees (q · k / sqrt(HEAD_DIM), a
-// strided share each) into shared memory, find the largest score and the sum of exponentials
-// by block reductions, and each thread then sums its share of the output's HEAD_DIM values
-// over the positions. A query head reads key/value head `head / (NUM_HEADS / NUM_KV_HEADS)`.
+// Attention of one decoded token on the GPU, split over the KV length: the positions 0..len
+// are cut into spans of ATTENTION_SPAN, and one block of 128 threads per (span, head) scores its
+// span (q · k / sqrt(HEAD_DIM), two positions a thread for the default span), takes the span's
+// largest score m and the sum l of e^(score − m), and the sum of the values weighted by those
+// exponentials, acc[HEAD_DIM]: (m, l, acc) go to `partials`. A second kernel, one block per
+// head, combines the spans: out = Σ e^(m_s − m) acc_s / Σ e^(m_s − m) l_s, m the largest m_s.
+// A query head reads key/value head `head / (NUM_HEADS / NUM_KV_HEADS)`.
 
 #define ATT_THREADS 128
+#define ATTENTION_SPAN 256
+#define PARTIAL (HEAD_DIM + 2)
+#define ATTENTION_SPANS ((MAX_SEQ_LEN + ATTENTION_SPAN - 1) / ATTENTION_SPAN)
+// A head's share of the scratch buffer, as the interface sizes it: [MAX_SEQ_LEN + HEAD_DIM + 2].
+#define HEAD_SCRATCH (MAX_SEQ_LEN + HEAD_DIM + 2)
+static_assert(ATTENTION_SPANS * PARTIAL <= HEAD_SCRATCH, "a head's partials fit its scratch");
 
 __device__ float block_max(float value, float* shared) {
     for (int offset = 16; offset > 0; offset /= 2) value = fmaxf(value, __shfl_xor_sync(0xffffffffu, value, offset));
@@ -26,35 +34,60 @@ __device__ float block_sum(float value, float* shared) {
     return out;
 }
 
-extern "C" __global__ void attention_decode(float* out, const float* q, const KV* keys, const KV* values, int len_) {
-    __shared__ float scores[MAX_SEQ_LEN];
+// partials[head][span] = (m, l, acc[HEAD_DIM]) of the span's positions.
+extern "C" __global__ void attention_decode_spans(float* partials, const float* q, const KV* keys, const KV* values, int len) {
+    __shared__ float scores[ATTENTION_SPAN];
+    __shared__ float qs[HEAD_DIM];
     __shared__ float reduce[ATT_THREADS / 32];
-    const int r = blockIdx.x;
+    const int span = blockIdx.x;
     const int head = blockIdx.y;
-    const int len = len_;
+    const int first = span * ATTENTION_SPAN;
+    const int count = min(ATTENTION_SPAN, len - first);
+    if (count <= 0) return;
     const int kv_head = head / (NUM_HEADS / NUM_KV_HEADS);
-    const float* qh = q + (size_t)r * Q_DIM + head * HEAD_DIM;
+    for (int d = threadIdx.x; d < HEAD_DIM; d += ATT_THREADS) qs[d] = q[head * HEAD_DIM + d];
+    __syncthreads();
     const float scale = 1.0f / sqrtf((float)HEAD_DIM);
     float largest = -__int_as_float(0x7f800000);  // −∞
-    for (int p = threadIdx.x; p < len; p += ATT_THREADS) {
-        const KV* kp = keys + (size_t)p * KV_DIM + kv_head * HEAD_DIM;
+    for (int i = threadIdx.x; i < count; i += ATT_THREADS) {
+        const KV* kp = keys + (size_t)(first + i) * KV_DIM + kv_head * HEAD_DIM;
         float dot = 0.0f;
-        for (int d = 0; d < HEAD_DIM; d++) dot += qh[d] * kp[d];
-        scores[p] = dot * scale;
-        largest = fmaxf(largest, scores[p]);
+        for (int d = 0; d < HEAD_DIM; d++) dot += qs[d] * kp[d];
+        scores[i] = dot * scale;
+        largest = fmaxf(largest, scores[i]);
     }
     largest = block_max(largest, reduce);
     float sum = 0.0f;
-    for (int p = threadIdx.x; p < len; p += ATT_THREADS) {
-        scores[p] = expf(scores[p] - largest);
-        sum += scores[p];
+    for (int i = threadIdx.x; i < count; i += ATT_THREADS) {
+        scores[i] = expf(scores[i] - largest);
+        sum += scores[i];
     }
     sum = block_sum(sum, reduce);
-    const float inv = 1.0f / sum;
-    float* oh = out + (size_t)r * Q_DIM + head * HEAD_DIM;
+    float* partial = partials + (size_t)head * HEAD_SCRATCH + span * PARTIAL;
     for (int d = threadIdx.x; d < HEAD_DIM; d += ATT_THREADS) {
         float acc = 0.0f;
-        for (int p = 0; p < len; p++) acc += scores[p] * values[(size_t)p * KV_DIM + kv_head * HEAD_DIM + d];
-        oh[d] = acc * inv;
+        for (int i = 0; i < count; i++) acc += scores[i] * values[(size_t)(first + i) * KV_DIM + kv_head * HEAD_DIM + d];
+        partial[2 + d] = acc;
+    }
+    if (threadIdx.x == 0) {
+        partial[0] = largest;
+        partial[1] = sum;
+    }
+}
+
+// out[head] from the spans' partials.
+extern "C" __global__ void attention_decode_combine(float* out, const float* partials, int len) {
+    const int head = blockIdx.x;
+    const int spans = (len + ATTENTION_SPAN - 1) / ATTENTION_SPAN;
+    const float* partial = partials + (size_t)head * HEAD_SCRATCH;
+    float largest = partial[0];
+    for (int s = 1; s < spans; s++) largest = fmaxf(largest, partial[s * PARTIAL]);
+    float total = 0.0f;
+    for (int s = 0; s < spans; s++) total += expf(partial[s * PARTIAL] - largest) * partial[s * PARTIAL + 1];
+    const float inv = 1.0f / total;
+    for (int d = threadIdx.x; d < HEAD_DIM; d += blockDim.x) {
+        float acc = 0.0f;
+        for (int s = 0; s < spans; s++) acc += expf(partial[s * PARTIAL] - largest) * partial[s * PARTIAL + 2 + d];
+        out[head * HEAD_DIM + d] = acc * inv;
     }
 }

@@ -1,5 +1,5 @@
-//! Causal attention of a chunk of prompt rows on a CUDA GPU: launches `attention_prefill` of
-//! kernel.cu, one block of 128 threads per (row, head).
+//! Causal attention of a chunk of prompt rows on a CUDA GPU, in the flash style: launches
+//! `attention_prefill` of kernel.cu, one block of 4 warps per (tile of 16 rows, head).
 
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 
@@ -19,7 +19,7 @@ pub fn attention_prefill(
 ) -> Result<(), GpuError> {
     let function = gpu.function("attention_prefill", "attention_prefill")?;
     let config = LaunchConfig {
-        grid_dim: (rows as u32, crate::NUM_HEADS as u32, 1),
+        grid_dim: (rows.div_ceil(16) as u32, crate::NUM_HEADS as u32, 1),
         block_dim: (128, 1, 1),
         shared_mem_bytes: 0,
     };
