@@ -79,6 +79,7 @@ def compile_kernels(crate, build):
             wrappers += [
                 ("embed", "float* x, const W* table, const unsigned int* ids, int rows"),
                 ("add", "float* x, const float* y, int n"),
+                ("argmax", "unsigned int* picked, const float* logits"),
             ]
         elif isinstance(KERNELS[module], list):
             wrappers += KERNELS[module]
@@ -163,6 +164,11 @@ class Gpu:
 
     def add(self, x, y, n):
         self.call("model", "add", (-(-n // 256), 1), 256, x, y, n)
+
+    def argmax(self, logits):
+        picked = np.zeros(1, np.uint32)
+        self.call("model", "argmax", (1, 1), 1024, picked, np.ascontiguousarray(logits, np.float32))
+        return int(picked[0])
 
 
 def rope_table(theta, head_dim, positions):
@@ -262,6 +268,18 @@ def check_kernels(gpu, c, failures):
     full_k, full_v = f32(S, KV), f32(S, KV)
     gpu.attention_decode(out, q1, full_k, full_v, S)
     close(f"attention_decode over {S} positions", out, attention_reference(q1, full_k, full_v, S - 1, 1, c), 1e-5)
+
+    V = c["VOCAB_SIZE"]
+    for name, logits in [
+        ("random", f32(V)),
+        ("a tie: the first index", np.concatenate([np.zeros(V - 3, np.float32), np.full(3, 5.0, np.float32)])),
+        ("all equal", np.full(V, -np.inf, np.float32)),
+    ]:
+        logits = np.ascontiguousarray(logits)
+        got, want = gpu.argmax(logits), int(np.argmax(logits))
+        print(f"{'ok' if got == want else 'FAIL'} argmax ({name}): {got}, numpy {want}")
+        if got != want:
+            failures.append(f"argmax ({name})")
 
     gate, up = f32(rows, I), f32(rows, I)
     want = gate.astype(np.float64) / (1 + np.exp(-gate.astype(np.float64))) * up
@@ -370,7 +388,7 @@ def check_model(gpu, c, model_dir, failures):
     logits = model.classify(x, len(case["prompt_ids"]) - 1)
     new = []
     for _ in range(min(12, len(case["new_ids"]))):
-        token = int(np.argmax(logits))
+        token = gpu.argmax(logits)
         new.append(token)
         x = model.forward([token])
         logits = model.classify(x, 0)

@@ -18,6 +18,7 @@ use crate::kernels::kv_cache::kv_store;
 use crate::kernels::matmul::matmul;
 use crate::kernels::rmsnorm::rmsnorm;
 use crate::kernels::rope::{rope, rope_table};
+use crate::kernels::sampler::sample;
 use crate::kernels::swiglu::swiglu;
 use crate::weights::Weights;
 use crate::{
@@ -111,6 +112,8 @@ struct Buffers {
     normed: CudaSlice<f32>,
     /// Its logits: [VOCAB_SIZE]
     logits: CudaSlice<f32>,
+    /// The token a greedy pick chose: [1]
+    picked: CudaSlice<u32>,
     /// Decode attention's own: [NUM_HEADS, MAX_SEQ_LEN + HEAD_DIM + 2]
     scratch: CudaSlice<f32>,
 }
@@ -133,6 +136,7 @@ impl Buffers {
             last: gpu.zeros(HIDDEN_SIZE)?,
             normed: gpu.zeros(HIDDEN_SIZE)?,
             logits: gpu.zeros(VOCAB_SIZE)?,
+            picked: gpu.zeros(1)?,
             scratch: gpu.zeros(NUM_HEADS * (MAX_SEQ_LEN + HEAD_DIM + 2))?,
         })
     }
@@ -164,6 +168,40 @@ impl<'m> Session<'m> {
     /// Runs one token at the next position and returns its logits: [VOCAB_SIZE].
     pub fn decode(&mut self, token: u32) -> Result<&[f32], Error> {
         self.prefill(std::slice::from_ref(&token))
+    }
+
+    /// Runs `tokens` at the next positions and picks the token after the last one as
+    /// [`crate::kernels::sampler::sample`] does with these parameters and `coin`: at temperature
+    /// 0 on the GPU (the first index of the largest logit), so that only the id comes back;
+    /// otherwise from the logits, copied back, on the host.
+    pub fn prefill_pick(
+        &mut self,
+        tokens: &[u32],
+        params: &crate::GenerateParams,
+        coin: f32,
+        scratch: &mut Vec<(f32, u32)>,
+    ) -> Result<u32, Error> {
+        self.check(tokens)?;
+        for chunk in tokens.chunks(PREFILL_CHUNK) {
+            self.forward(chunk)?;
+        }
+        let row = (tokens.len() - 1) % PREFILL_CHUNK;
+        if params.temperature <= 0.0 {
+            return self.greedy(row);
+        }
+        self.classify(row)?;
+        Ok(sample::<VOCAB_SIZE>(&self.logits, params.temperature, params.top_k, params.top_p, coin, scratch))
+    }
+
+    /// [`Session::prefill_pick`] of one token.
+    pub fn decode_pick(
+        &mut self,
+        token: u32,
+        params: &crate::GenerateParams,
+        coin: f32,
+        scratch: &mut Vec<(f32, u32)>,
+    ) -> Result<u32, Error> {
+        self.prefill_pick(std::slice::from_ref(&token), params, coin, scratch)
     }
 
     /// Runs `tokens` at the next positions and returns the logits of every one of
@@ -249,10 +287,36 @@ impl<'m> Session<'m> {
         Ok(())
     }
 
+    /// The final norm and the classifier for row `row` of the last chunk, on the GPU, then the
+    /// first index of the largest logit: only that id comes back.
+    fn greedy(&mut self, row: usize) -> Result<u32, Error> {
+        self.logits_on_gpu(row)?;
+        let Session { model, buffers, .. } = self;
+        let Some(b) = buffers.as_mut() else { unreachable!("greedy runs after forward") };
+        let gpu = &model.gpu;
+        argmax(gpu, &mut b.picked, &b.logits)?;
+        let mut picked = [0u32];
+        gpu.stream().memcpy_dtoh(&b.picked, &mut picked)?;
+        gpu.stream().synchronize()?;
+        Ok(picked[0])
+    }
+
     /// The final norm and the classifier for row `row` of the last chunk: fills `logits`.
     fn classify(&mut self, row: usize) -> Result<(), Error> {
+        self.logits_on_gpu(row)?;
         let Session { model, buffers, logits, .. } = self;
         let Some(b) = buffers.as_mut() else { unreachable!("classify runs after forward") };
+        let gpu = &model.gpu;
+        gpu.stream().memcpy_dtoh(&b.logits, logits.as_mut_slice())?;
+        gpu.stream().synchronize()?;
+        Ok(())
+    }
+
+    /// The final norm and the classifier for row `row` of the last chunk, into the GPU's
+    /// `logits`.
+    fn logits_on_gpu(&mut self, row: usize) -> Result<(), Error> {
+        let Session { model, buffers, .. } = self;
+        let Some(b) = buffers.as_mut() else { unreachable!("the logits follow forward") };
         let (gpu, w) = (&model.gpu, &model.weights);
         // last = x[row]: [1, HIDDEN_SIZE]
         gpu.stream().memcpy_dtod(&b.x.slice(row * HIDDEN_SIZE..(row + 1) * HIDDEN_SIZE), &mut b.last)?;
@@ -260,8 +324,6 @@ impl<'m> Session<'m> {
         rmsnorm(gpu, &mut b.normed, &b.last, &w.norm, 1)?;
         // logits = normed · classifierᵀ: [1, VOCAB_SIZE]
         __slot!(classifier);
-        gpu.stream().memcpy_dtoh(&b.logits, logits.as_mut_slice())?;
-        gpu.stream().synchronize()?;
         Ok(())
     }
 }
@@ -276,6 +338,19 @@ fn embed(gpu: &Gpu, x: &mut CudaSlice<f32>, table: &CudaSlice<Weight>, ids: &Cud
     launch.arg(x).arg(table).arg(ids).arg(&rows);
     // SAFETY: the arguments are those of `embed` in model.cu, in order; every id is below
     // VOCAB_SIZE (Session::check), the rows of the table.
+    unsafe { launch.launch(config) }?;
+    Ok(())
+}
+
+/// picked[0] = the first index of the largest of the VOCAB_SIZE logits: `model.cu`'s `argmax`,
+/// one block of 1024 threads.
+fn argmax(gpu: &Gpu, picked: &mut CudaSlice<u32>, logits: &CudaSlice<f32>) -> Result<(), GpuError> {
+    let function = gpu.function("model", "argmax")?;
+    let config = LaunchConfig { grid_dim: (1, 1, 1), block_dim: (1024, 1, 1), shared_mem_bytes: 0 };
+    let mut launch = gpu.stream().launch_builder(&function);
+    launch.arg(picked).arg(logits);
+    // SAFETY: the arguments are those of `argmax` in model.cu, in order; logits holds
+    // VOCAB_SIZE values and picked one.
     unsafe { launch.launch(config) }?;
     Ok(())
 }

@@ -5,6 +5,7 @@
 use std::collections::VecDeque;
 use std::time::Instant;
 
+#[only_if(not(cuda))]
 use crate::kernels::sampler::sample;
 #[only_if(batched)]
 use crate::model::{Batch, Run, Sequence};
@@ -145,8 +146,13 @@ impl Session<'_> {
         let start = self.position();
 
         let started = Instant::now();
+        #[only_if(not(cuda))]
         let logits = self.prefill(prompt)?;
+        #[only_if(not(cuda))]
         let mut token = sample::<VOCAB_SIZE>(logits, params.temperature, params.top_k, params.top_p, rng.next_f32(), &mut scratch);
+        // a greedy pick runs on the GPU, whose logits then stay there
+        #[only_if(cuda)]
+        let mut token = self.prefill_pick(prompt, params, rng.next_f32(), &mut scratch)?;
         let prefill_ms = started.elapsed().as_secs_f64() * 1000.0;
         #[only_if(speculation)]
         #[only_if(not(prefix_cache))]
@@ -182,9 +188,15 @@ impl Session<'_> {
                 break;
             }
             #[only_if(not(speculation))]
+            #[only_if(not(cuda))]
             {
                 let logits = self.decode(token)?;
                 token = sample::<VOCAB_SIZE>(logits, params.temperature, params.top_k, params.top_p, rng.next_f32(), &mut scratch);
+                decode_steps += 1;
+            }
+            #[only_if(cuda)]
+            {
+                token = self.decode_pick(token, params, rng.next_f32(), &mut scratch)?;
                 decode_steps += 1;
             }
             // drafts fit beside `token` in the cache, and among the tokens still to pick after it

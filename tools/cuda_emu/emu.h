@@ -54,6 +54,7 @@ inline jmp_buf scheduler;
 inline Fiber* current = nullptr;
 inline std::function<void()> body;
 inline float lanes[1024];
+inline int int_lanes[1024];
 
 inline void yield() {
     if (!_setjmp(current->jump)) _longjmp(scheduler, 1);
@@ -161,6 +162,15 @@ using std::max;
 using std::min;
 
 inline void __syncthreads() { emu::block_barrier.wait(); }
+
+inline int __shfl_xor_sync(unsigned, int value, int mask) {
+    const unsigned lane = threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
+    emu::int_lanes[lane] = value;
+    emu::warp_barrier().wait();
+    const int other = emu::int_lanes[lane ^ mask];
+    emu::warp_barrier().wait();
+    return other;
+}
 
 inline float __shfl_sync(unsigned, float value, int source) {
     const unsigned lane = threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
