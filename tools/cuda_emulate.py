@@ -75,6 +75,7 @@ def compile_kernels(crate, build):
             shapes = re.search(r"#define MATMUL_SHAPES\(X\) (.*)", source).group(1)
             for n, k in re.findall(r"X\((\d+), (\d+)\)", shapes):
                 wrappers.append((f"matmul_{n}_{k}", "float* out, const float* x, const W* w, int rows"))
+                wrappers.append((f"matmul_tiles_{n}_{k}", "float* out, const float* x, const W* w, int rows"))
         elif module == "model":
             wrappers += [
                 ("embed", "float* x, const W* table, const unsigned int* ids, int rows"),
@@ -136,7 +137,10 @@ class Gpu:
         self.call("rmsnorm", "rmsnorm", (rows, 1), 256, out, x, weight, rows)
 
     def matmul(self, n, k, out, x, w, rows):
-        self.call("matmul", f"matmul_{n}_{k}", (-(-n // 8), rows), 256, out, x, w, rows)
+        if rows < 8:
+            self.call("matmul", f"matmul_{n}_{k}", (-(-n // 8), rows), 256, out, x, w, rows)
+        else:
+            self.call("matmul", f"matmul_tiles_{n}_{k}", (-(-n // 64), -(-rows // 64)), 256, out, x, w, rows)
 
     def rope(self, q, k, cos, sin, start, rows):
         self.call("rope", "rope", (rows, 1), 128, q, k, cos, sin, start, rows)
@@ -218,12 +222,14 @@ def check_kernels(gpu, c, failures):
     text = open(os.path.join(gpu.crate, "src/kernels/matmul.cu")).read()
     for n, k in re.findall(r"X\((\d+), (\d+)\)", re.search(r"#define MATMUL_SHAPES\(X\) (.*)", text).group(1)):
         n, k = int(n), int(k)
-        xs, w = f32(rows, k), f32(n, k)
-        held = bf16_bits(w) if c["bf16"] else w
-        wf = widen(held) if c["bf16"] else w
-        out = np.zeros((rows, n), np.float32)
-        gpu.matmul(n, k, out, xs, held, rows)
-        close(f"matmul_{n}_{k}", out, xs.astype(np.float64) @ wf.astype(np.float64).T, 1e-5)
+        # a decode step's few rows (a warp per output), and prefill's many (tiles, two of rows)
+        for m in (rows, 70):
+            xs, w = f32(m, k), f32(n, k)
+            held = bf16_bits(w) if c["bf16"] else w
+            wf = widen(held) if c["bf16"] else w
+            out = np.zeros((m, n), np.float32)
+            gpu.matmul(n, k, out, xs, held, m)
+            close(f"matmul_{n}_{k} ({m} rows)", out, xs.astype(np.float64) @ wf.astype(np.float64).T, 1e-5)
 
     cos, sin = rope_table(c["ROPE_THETA"], c["HEAD_DIM"], S)
     q, k = f32(rows, Q), f32(rows, KV)
