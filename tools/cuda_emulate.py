@@ -58,6 +58,7 @@ def consts(crate):
     values["RMS_NORM_EPS"] = float(re.search(r"pub const RMS_NORM_EPS: f32 = ([^;]+);", text).group(1))
     values["ROPE_THETA"] = float(re.search(r"pub const ROPE_THETA: f32 = ([^;]+);", text).group(1))
     values["bf16"] = "pub type Weight = u16;" in text
+    values["kv_bf16"] = "pub type Kv = u16;" in text
     return values
 
 
@@ -246,34 +247,42 @@ def check_kernels(gpu, c, failures):
     close("rope (q)", q, want_q, 1e-5)
     close("rope (k)", k, want_k, 1e-5)
 
-    keys, values = np.zeros((S, KV), np.float32), np.zeros((S, KV), np.float32)
+    # The cache as the crate holds it (f32, or bfloat16 bits), and as f32 for the references.
+    kv_dtype = np.uint16 if c["kv_bf16"] else np.float32
+    held = (lambda a: bf16_bits(a)) if c["kv_bf16"] else (lambda a: np.ascontiguousarray(a, np.float32))
+    as_f32 = (lambda h: widen(h)) if c["kv_bf16"] else (lambda h: h)
+    keys, values = np.zeros((S, KV), kv_dtype), np.zeros((S, KV), kv_dtype)
     old_k, old_v = f32(start, KV), f32(start, KV)
-    keys[:start], values[:start] = old_k, old_v
+    keys[:start], values[:start] = held(old_k), held(old_v)
     new_k, new_v = f32(rows, KV), f32(rows, KV)
     gpu.kv_store(keys, values, new_k, new_v, start, rows)
-    stored = np.concatenate([old_k, new_k])
-    close("kv_store", keys[:start + rows], stored.astype(np.float64), 0.0)
-    close("kv_store (values)", values[:start + rows], np.concatenate([old_v, new_v]).astype(np.float64), 0.0)
-    close("kv_store (untouched rows)", keys[start + rows:], np.zeros_like(keys[start + rows:], np.float64), 0.0)
+    for name, got, want in [
+        ("kv_store", keys[:start + rows], held(np.concatenate([old_k, new_k]))),
+        ("kv_store (values)", values[:start + rows], held(np.concatenate([old_v, new_v]))),
+        ("kv_store (untouched rows)", keys[start + rows:], np.zeros_like(keys[start + rows:])),
+    ]:
+        same = np.array_equal(got, want)
+        print(f"{'ok' if same else 'FAIL'} {name}: {'bit for bit' if same else 'differs'} ({np.dtype(kv_dtype).name})")
+        if not same:
+            failures.append(name)
 
     q = f32(rows, Q)
     out = np.zeros((rows, Q), np.float32)
     gpu.attention_prefill(out, q, keys, values, start, rows)
-    close("attention_prefill", out, attention_reference(q, keys, values, start, rows, c), 1e-5)
+    close("attention_prefill", out, attention_reference(q, as_f32(keys), as_f32(values), start, rows, c), 1e-5)
     # Several tiles of rows and of positions, the chunk starting inside a tile of positions.
     many, at = min(40, S // 2), min(37, S // 4)
-    full_k, full_v, qm = f32(S, KV), f32(S, KV), f32(many, Q)
+    full_k, full_v, qm = held(f32(S, KV)), held(f32(S, KV)), f32(many, Q)
     out = np.zeros((many, Q), np.float32)
     gpu.attention_prefill(out, qm, full_k, full_v, at, many)
-    close(f"attention_prefill of {many} rows from position {at}", out, attention_reference(qm, full_k, full_v, at, many, c), 1e-5)
+    close(f"attention_prefill of {many} rows from position {at}", out, attention_reference(qm, as_f32(full_k), as_f32(full_v), at, many, c), 1e-5)
     q1 = f32(1, Q)
     out = np.zeros((1, Q), np.float32)
     gpu.attention_decode(out, q1, keys, values, start + rows)
-    close("attention_decode", out, attention_reference(q1, keys, values, start + rows - 1, 1, c), 1e-5)
+    close("attention_decode", out, attention_reference(q1, as_f32(keys), as_f32(values), start + rows - 1, 1, c), 1e-5)
     # Over every position the cache holds: several spans where MAX_SEQ_LEN has them.
-    full_k, full_v = f32(S, KV), f32(S, KV)
     gpu.attention_decode(out, q1, full_k, full_v, S)
-    close(f"attention_decode over {S} positions", out, attention_reference(q1, full_k, full_v, S - 1, 1, c), 1e-5)
+    close(f"attention_decode over {S} positions", out, attention_reference(q1, as_f32(full_k), as_f32(full_v), S - 1, 1, c), 1e-5)
 
     V = c["VOCAB_SIZE"]
     for name, logits in [
@@ -318,8 +327,9 @@ class Model:
             })
         self.cos, self.sin = rope_table(c["ROPE_THETA"], c["HEAD_DIM"], c["MAX_SEQ_LEN"])
         S, KV = c["MAX_SEQ_LEN"], c["KV_DIM"]
-        self.keys = [np.zeros((S, KV), np.float32) for _ in self.layers]
-        self.values = [np.zeros((S, KV), np.float32) for _ in self.layers]
+        kv_dtype = np.uint16 if c["kv_bf16"] else np.float32
+        self.keys = [np.zeros((S, KV), kv_dtype) for _ in self.layers]
+        self.values = [np.zeros((S, KV), kv_dtype) for _ in self.layers]
         self.pos = 0
 
     def forward(self, tokens):

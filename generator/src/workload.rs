@@ -1683,7 +1683,7 @@ fn check_target(
 /// The GPU architectures CUDA crates are generated for: bfloat16 arithmetic needs sm_80 or later.
 pub const CUDA_ARCHES: &[&str] = &["sm_80", "sm_86", "sm_89", "sm_90"];
 
-/// What a CUDA crate can be today: a LLaMA decoder with f32 or bf16 weights, an f32 KV cache,
+/// What a CUDA crate can be today: a LLaMA decoder with f32 or bf16 weights, an f32 or bf16 KV cache,
 /// one sequence at a time, without a server, speculation, a sliding window or q/k/v biases. Each
 /// other choice is refused by name rather than generated wrong.
 fn check_cuda(w: &Workload, out: &mut Vec<Diagnostic>, mk: &MakeDiagnostic) {
@@ -1737,9 +1737,6 @@ fn check_cuda(w: &Workload, out: &mut Vec<Diagnostic>, mk: &MakeDiagnostic) {
             cuda_only("a classifier dtype of its own"),
             "leave `classifier_dtype` out",
         );
-    }
-    if w.kv_cache.dtype != KvDtype::F32 {
-        refuse(&["kv_cache", "dtype"], cuda_only("a bf16 KV cache"), "use `dtype = \"f32\"`");
     }
     if w.request.max_batch() != 1 {
         refuse(&["request", "max_batch"], cuda_only("batched decoding"), "use `max_batch = 1`");

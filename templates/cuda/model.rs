@@ -22,7 +22,7 @@ use crate::kernels::sampler::sample;
 use crate::kernels::swiglu::swiglu;
 use crate::weights::Weights;
 use crate::{
-    Error, HIDDEN_SIZE, HEAD_DIM, INTERMEDIATE_SIZE, KV_DIM, MAX_SEQ_LEN, NUM_HEADS, NUM_LAYERS, PREFILL_CHUNK, Q_DIM, ROPE_THETA,
+    Error, HIDDEN_SIZE, HEAD_DIM, INTERMEDIATE_SIZE, KV_DIM, Kv, MAX_SEQ_LEN, NUM_HEADS, NUM_LAYERS, PREFILL_CHUNK, Q_DIM, ROPE_THETA,
     VOCAB_SIZE, Weight,
 };
 
@@ -85,9 +85,9 @@ pub struct Session<'m> {
 /// A session's memory on the GPU.
 struct Buffers {
     /// Keys of each layer: NUM_LAYERS × [MAX_SEQ_LEN, KV_DIM]
-    keys: Vec<CudaSlice<f32>>,
+    keys: Vec<CudaSlice<Kv>>,
     /// Values of each layer: NUM_LAYERS × [MAX_SEQ_LEN, KV_DIM]
-    values: Vec<CudaSlice<f32>>,
+    values: Vec<CudaSlice<Kv>>,
     /// The token ids of a chunk: [PREFILL_CHUNK]
     ids: CudaSlice<u32>,
     /// The residual stream: [PREFILL_CHUNK, HIDDEN_SIZE]

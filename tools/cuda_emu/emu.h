@@ -196,6 +196,12 @@ inline float __uint_as_float(unsigned int bits) {
     return f;
 }
 
+inline unsigned int __float_as_uint(float value) {
+    unsigned int bits;
+    std::memcpy(&bits, &value, 4);
+    return bits;
+}
+
 inline float __int_as_float(int bits) {
     float f;
     std::memcpy(&f, &bits, 4);

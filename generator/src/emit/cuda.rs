@@ -15,7 +15,7 @@ use crate::Error;
 use crate::plan::{LlamaConsts, Plan};
 use crate::registry::Registry;
 use crate::rust_source;
-use crate::workload::Dtype;
+use crate::workload::{Dtype, KvDtype};
 
 /// The crates a CUDA LLaMA crate depends on (versions in templates/dependencies.toml).
 pub const DEPENDENCIES: &[&str] =
@@ -140,9 +140,27 @@ fn cuda_file(plan: &Plan, c: &LlamaConsts, source: &str, products: bool) -> Stri
     for (name, value) in defines {
         out.push_str(&format!("#define {name} {value}\n"));
     }
+    let kv = match c.kv_dtype {
+        KvDtype::Bf16 => concat!(
+            "typedef unsigned short KV;\n",
+            "__device__ __forceinline__ float widen_kv(KV v) { return __uint_as_float((unsigned int)v << 16); }\n",
+            "// The nearest bfloat16, ties to even; a NaN stays a NaN.\n",
+            "__device__ __forceinline__ KV to_kv(float v) {\n",
+            "    const unsigned int bits = __float_as_uint(v);\n",
+            "    if ((bits & 0x7fffffffu) > 0x7f800000u) return (KV)((bits >> 16) | 0x40u);\n",
+            "    return (KV)((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);\n",
+            "}\n"
+        ),
+        KvDtype::F32 => concat!(
+            "typedef float KV;\n",
+            "__device__ __forceinline__ float widen_kv(KV v) { return v; }\n",
+            "__device__ __forceinline__ KV to_kv(float v) { return v; }\n"
+        ),
+    };
     out.push_str(&format!(
-        "\n// How the weights are held ({}), and the KV cache (f32).\ntypedef {weight} W;\ntypedef float KV;\n{widen}\n",
-        plan.weights.dtype.as_str()
+        "\n// How the weights are held ({}).\ntypedef {weight} W;\n{widen}\n\n// How the KV cache holds keys and values ({}).\n{kv}",
+        plan.weights.dtype.as_str(),
+        c.kv_dtype.as_str()
     ));
     if products {
         let list: Vec<String> = matmul_shapes(c).iter().map(|(n, k)| format!("X({n}, {k})")).collect();
@@ -231,6 +249,16 @@ fn lib_rs(plan: &Plan, c: &LlamaConsts) -> TokenStream {
             pub type Weight = f32;
         ),
     };
+    let kv = match c.kv_dtype {
+        KvDtype::Bf16 => quote!(
+            /// How the KV cache holds keys and values on the GPU: bfloat16 bits.
+            pub type Kv = u16;
+        ),
+        KvDtype::F32 => quote!(
+            /// How the KV cache holds keys and values on the GPU: f32.
+            pub type Kv = f32;
+        ),
+    };
     quote! {
         #![doc = #doc]
         #guards
@@ -271,5 +299,6 @@ fn lib_rs(plan: &Plan, c: &LlamaConsts) -> TokenStream {
         pub const BOS_TOKEN_ID: u32 = #bos_id;
         pub const EOS_TOKEN_IDS: [u32; #n_eos] = [#(#eos_ids),*];
         #weight
+        #kv
     }
 }

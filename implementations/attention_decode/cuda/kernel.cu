@@ -52,7 +52,7 @@ extern "C" __global__ void attention_decode_spans(float* partials, const float* 
     for (int i = threadIdx.x; i < count; i += ATT_THREADS) {
         const KV* kp = keys + (size_t)(first + i) * KV_DIM + kv_head * HEAD_DIM;
         float dot = 0.0f;
-        for (int d = 0; d < HEAD_DIM; d++) dot += qs[d] * kp[d];
+        for (int d = 0; d < HEAD_DIM; d++) dot += qs[d] * widen_kv(kp[d]);
         scores[i] = dot * scale;
         largest = fmaxf(largest, scores[i]);
     }
@@ -66,7 +66,7 @@ extern "C" __global__ void attention_decode_spans(float* partials, const float* 
     float* partial = partials + (size_t)head * HEAD_SCRATCH + span * PARTIAL;
     for (int d = threadIdx.x; d < HEAD_DIM; d += ATT_THREADS) {
         float acc = 0.0f;
-        for (int i = 0; i < count; i++) acc += scores[i] * values[(size_t)(first + i) * KV_DIM + kv_head * HEAD_DIM + d];
+        for (int i = 0; i < count; i++) acc += scores[i] * widen_kv(values[(size_t)(first + i) * KV_DIM + kv_head * HEAD_DIM + d]);
         partial[2 + d] = acc;
     }
     if (threadIdx.x == 0) {

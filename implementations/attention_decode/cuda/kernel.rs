@@ -17,8 +17,8 @@ pub fn attention_decode(
     gpu: &Gpu,
     out: &mut CudaSlice<f32>,
     q: &CudaSlice<f32>,
-    keys: &CudaSlice<f32>,
-    values: &CudaSlice<f32>,
+    keys: &CudaSlice<KV>,
+    values: &CudaSlice<KV>,
     scratch: &mut CudaSlice<f32>,
     len: usize,
 ) -> Result<(), GpuError> {

@@ -47,8 +47,8 @@ extern "C" __global__ void attention_prefill(float* out, const float* q, const K
             const int d = i % HEAD_DIM;
             const bool seen = t0 + p < end;
             const size_t at = (size_t)(t0 + p) * KV_DIM + kv_head * HEAD_DIM + d;
-            ks[p][d] = seen ? keys[at] : 0.0f;
-            vs[p][d] = seen ? values[at] : 0.0f;
+            ks[p][d] = seen ? widen_kv(keys[at]) : 0.0f;
+            vs[p][d] = seen ? widen_kv(values[at]) : 0.0f;
         }
         __syncthreads();
         for (int j = 0; j < FA_ROWS_PER_WARP; j++) {

@@ -12,8 +12,8 @@ pub fn attention_prefill(
     gpu: &Gpu,
     out: &mut CudaSlice<f32>,
     q: &CudaSlice<f32>,
-    keys: &CudaSlice<f32>,
-    values: &CudaSlice<f32>,
+    keys: &CudaSlice<KV>,
+    values: &CudaSlice<KV>,
     start: usize,
     rows: usize,
 ) -> Result<(), GpuError> {

@@ -9,8 +9,8 @@ use crate::gpu::{CudaSlice, Gpu, GpuError};
 /// `start..start + rows` of a layer's cache (`keys`, `values`: `[MAX_SEQ_LEN, KV_DIM]`).
 pub fn kv_store(
     gpu: &Gpu,
-    keys: &mut CudaSlice<f32>,
-    values: &mut CudaSlice<f32>,
+    keys: &mut CudaSlice<KV>,
+    values: &mut CudaSlice<KV>,
     k: &CudaSlice<f32>,
     v: &CudaSlice<f32>,
     start: usize,
