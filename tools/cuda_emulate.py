@@ -230,7 +230,11 @@ def check_kernels(gpu, c, failures):
             wf = widen(held) if c["bf16"] else w
             out = np.zeros((m, n), np.float32)
             gpu.matmul(n, k, out, xs, held, m)
-            close(f"matmul_{n}_{k} ({m} rows)", out, xs.astype(np.float64) @ wf.astype(np.float64).T, 1e-5)
+            # bfloat16 weights from 8 rows: the tensor cores, on activations rounded to bfloat16
+            tensor_cores = c["bf16"] and m >= 8
+            xr = widen(bf16_bits(xs)) if tensor_cores else xs
+            what = " on tensor cores" if tensor_cores else ""
+            close(f"matmul_{n}_{k} ({m} rows{what})", out, xr.astype(np.float64) @ wf.astype(np.float64).T, 1e-5)
 
     cos, sin = rope_table(c["ROPE_THETA"], c["HEAD_DIM"], S)
     q, k = f32(rows, Q), f32(rows, KV)

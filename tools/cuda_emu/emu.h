@@ -12,6 +12,9 @@
 // block runs at a time. Float arithmetic is the host's (no fused multiply-adds unless the
 // compiler makes them, which -ffp-contract=off forbids), so results match a GPU's to rounding.
 #pragma once
+// Kernels that use an instruction of the GPU's own (a tensor-core mma) take its emulation below.
+#define MONOGEN_EMULATED 1
+
 #include <setjmp.h>
 #include <ucontext.h>
 
@@ -55,6 +58,8 @@ inline Fiber* current = nullptr;
 inline std::function<void()> body;
 inline float lanes[1024];
 inline int int_lanes[1024];
+inline unsigned int mma_a[1024][4];
+inline unsigned int mma_b[1024][2];
 
 inline void yield() {
     if (!_setjmp(current->jump)) _longjmp(scheduler, 1);
@@ -206,4 +211,45 @@ inline float __int_as_float(int bits) {
     float f;
     std::memcpy(&f, &bits, 4);
     return f;
+}
+
+// mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 for the calling thread's warp, d += a · b,
+// from the fragments' layout in the PTX ISA: lane l (group g = l / 4, t = l % 4) holds a's rows g
+// and g + 8 at columns 2t, 2t + 1 (a[0]: row g, a[1]: row g + 8) and 2t + 8, 2t + 9 (a[2], a[3]);
+// b's column g at rows 2t, 2t + 1 (b[0]) and 2t + 8, 2t + 9 (b[1]); d's rows g (d[0], d[1]) and
+// g + 8 (d[2], d[3]) at columns 2t, 2t + 1. The lower half of a register holds the lower index.
+inline void mma_bf16_16816(float* d, const unsigned int* a, const unsigned int* b) {
+    const unsigned linear = threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
+    const unsigned base = linear & ~31u;
+    for (int i = 0; i < 4; i++) emu::mma_a[linear][i] = a[i];
+    for (int i = 0; i < 2; i++) emu::mma_b[linear][i] = b[i];
+    emu::warp_barrier().wait();
+    auto bf16 = [](unsigned int bits) { return __uint_as_float(bits << 16); };
+    float A[16][16];
+    float B[16][8];
+    for (unsigned j = 0; j < 32; j++) {
+        const unsigned g = j / 4, t = j % 4;
+        const unsigned* ra = emu::mma_a[base + j];
+        const unsigned* rb = emu::mma_b[base + j];
+        A[g][2 * t] = bf16(ra[0] & 0xffff);
+        A[g][2 * t + 1] = bf16(ra[0] >> 16);
+        A[g + 8][2 * t] = bf16(ra[1] & 0xffff);
+        A[g + 8][2 * t + 1] = bf16(ra[1] >> 16);
+        A[g][2 * t + 8] = bf16(ra[2] & 0xffff);
+        A[g][2 * t + 9] = bf16(ra[2] >> 16);
+        A[g + 8][2 * t + 8] = bf16(ra[3] & 0xffff);
+        A[g + 8][2 * t + 9] = bf16(ra[3] >> 16);
+        B[2 * t][g] = bf16(rb[0] & 0xffff);
+        B[2 * t + 1][g] = bf16(rb[0] >> 16);
+        B[2 * t + 8][g] = bf16(rb[1] & 0xffff);
+        B[2 * t + 9][g] = bf16(rb[1] >> 16);
+    }
+    const unsigned lane = linear & 31u, g = lane / 4, t = lane % 4;
+    for (int e = 0; e < 4; e++) {
+        const unsigned row = g + 8 * (e / 2), col = 2 * t + e % 2;
+        float sum = 0.0f;
+        for (int k = 0; k < 16; k++) sum += A[row][k] * B[k][col];
+        d[e] += sum;
+    }
+    emu::warp_barrier().wait();
 }
