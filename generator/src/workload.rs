@@ -1684,7 +1684,7 @@ fn check_target(
 pub const CUDA_ARCHES: &[&str] = &["sm_80", "sm_86", "sm_89", "sm_90"];
 
 /// What a CUDA crate can be today: a LLaMA decoder with f32 or bf16 weights, an f32 or bf16 KV cache,
-/// one sequence at a time, without a server, speculation, a sliding window or q/k/v biases. Each
+/// one sequence at a time, without a server, speculation, a sliding window or rope scaling. Each
 /// other choice is refused by name rather than generated wrong.
 fn check_cuda(w: &Workload, out: &mut Vec<Diagnostic>, mk: &MakeDiagnostic) {
     let cuda_only = |what: &str| format!("CUDA crates do not support {what} yet");
@@ -1698,13 +1698,6 @@ fn check_cuda(w: &Workload, out: &mut Vec<Diagnostic>, mk: &MakeDiagnostic) {
             "use `device = \"cpu\"` for an encoder",
         ),
         Model::Llama(m) => {
-            if m.qkv_bias {
-                refuse(
-                    &["model", "qkv_bias"],
-                    cuda_only("q/k/v projection biases (Qwen2)"),
-                    "use `device = \"cpu\"`",
-                );
-            }
             if m.sliding_window.is_some() {
                 refuse(
                     &["model", "sliding_window"],

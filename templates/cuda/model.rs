@@ -257,6 +257,13 @@ impl<'m> Session<'m> {
             // k = xb · k_projᵀ, v = xb · v_projᵀ: [T, KV_DIM]
             matmul::<KV_DIM, HIDDEN_SIZE>(gpu, &mut b.k, &b.xb, &layer.k_proj, t)?;
             matmul::<KV_DIM, HIDDEN_SIZE>(gpu, &mut b.v, &b.xb, &layer.v_proj, t)?;
+            // q += q_bias, k += k_bias, v += v_bias, row by row
+            #[only_if(qkv_bias)]
+            {
+                add_bias(gpu, &mut b.q, &layer.q_bias, t, Q_DIM)?;
+                add_bias(gpu, &mut b.k, &layer.k_bias, t, KV_DIM)?;
+                add_bias(gpu, &mut b.v, &layer.v_bias, t, KV_DIM)?;
+            }
             // rotate q and k by their positions start..start + T
             rope(gpu, &mut b.q, &mut b.k, &model.rope_cos, &model.rope_sin, start, t)?;
             // the layer's cache holds k and v at positions start..start + T
@@ -351,6 +358,21 @@ fn argmax(gpu: &Gpu, picked: &mut CudaSlice<u32>, logits: &CudaSlice<f32>) -> Re
     launch.arg(picked).arg(logits);
     // SAFETY: the arguments are those of `argmax` in model.cu, in order; logits holds
     // VOCAB_SIZE values and picked one.
+    unsafe { launch.launch(config) }?;
+    Ok(())
+}
+
+/// x[r] += bias for `rows` rows of `dim` values: `model.cu`'s `add_bias`, one thread per value.
+#[only_if(qkv_bias)]
+fn add_bias(gpu: &Gpu, x: &mut CudaSlice<f32>, bias: &CudaSlice<f32>, rows: usize, dim: usize) -> Result<(), GpuError> {
+    let function = gpu.function("model", "add_bias")?;
+    let n = rows * dim;
+    let config = LaunchConfig { grid_dim: (n.div_ceil(256) as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+    let (rows, dim) = (rows as i32, dim as i32);
+    let mut launch = gpu.stream().launch_builder(&function);
+    launch.arg(x).arg(bias).arg(&rows).arg(&dim);
+    // SAFETY: the arguments are those of `add_bias` in model.cu, in order; x holds `rows` rows
+    // of `dim` values and bias `dim`.
     unsafe { launch.launch(config) }?;
     Ok(())
 }

@@ -11,7 +11,9 @@
 use std::path::PathBuf;
 use std::process::Command;
 
-use monogen_tests::{build_copy, model_dir, workspace_root};
+use monogen::init::{CpuFeatures, InitOptions};
+use monogen::workload::{Activations, Dtype, KvDtype};
+use monogen_tests::{build_copy, build_crate, model_dir, workspace_root};
 
 /// The committed crates generated for a CUDA GPU.
 fn cuda_crates() -> Vec<PathBuf> {
@@ -97,23 +99,36 @@ fn a_cuda_crate_without_a_gpu_says_so_and_exits_5() {
     assert!(out.stdout.is_empty(), "nothing generated: {}", String::from_utf8_lossy(&out.stdout));
 }
 
-/// Runs `tools/cuda_emulate.py` on the committed crate `name`: its kernels on the CPU (compiled
-/// with g++ after tools/cuda_emu/emu.h), each against numpy, then its forward pass over the real
-/// model `model` against transformers' logits and greedy tokens.
-fn emulate(test: &str, name: &str, model: &str) {
-    let Some(model) = model_dir(model) else { return };
+/// Whether the emulator's tools are here (g++, Python's numpy and safetensors); skips `test`
+/// when not, which fails it under CI.
+fn emulator_here(test: &str) -> bool {
     let gxx = Command::new("g++").arg("--version").output().is_ok_and(|o| o.status.success());
     let numpy =
         Command::new("python3").args(["-c", "import numpy, safetensors"]).status().is_ok_and(|s| s.success());
     if !gxx || !numpy {
         monogen_tests::skip::tool(test, "g++, or Python's numpy and safetensors");
-        return;
     }
+    gxx && numpy
+}
+
+/// Runs `tools/cuda_emulate.py` on the committed crate `name`: its kernels on the CPU (compiled
+/// with g++ after tools/cuda_emu/emu.h), each against numpy, then its forward pass over the real
+/// model `model` against transformers' logits and greedy tokens.
+fn emulate(test: &str, name: &str, model: &str) {
+    let Some(model) = model_dir(model) else { return };
+    if emulator_here(test) {
+        emulate_crate(&workspace_root().join("generated").join(name), &model);
+    }
+}
+
+/// `tools/cuda_emulate.py` on the crate in `dir`, against the references of the model in `model`.
+fn emulate_crate(dir: &std::path::Path, model: &std::path::Path) {
+    let name = dir.display();
     let out = Command::new("python3")
         .arg(workspace_root().join("tools/cuda_emulate.py"))
-        .arg(workspace_root().join("generated").join(name))
+        .arg(dir)
         .arg("--model")
-        .arg(&model)
+        .arg(model)
         .output()
         .expect("python3 runs");
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -150,4 +165,75 @@ fn the_bf16_cuda_crate_under_emulation_stays_within_kl_1e3_of_the_reference() {
         "stories260k-cuda-bf16",
         "stories260k",
     );
+}
+
+/// `monogen init --device cuda --cuda-arch sm_90` of the model at `dir` (f32, no hardware class),
+/// which refuses what a CUDA crate cannot be.
+fn cuda_workload(dir: &std::path::Path, name: &str) -> Result<String, monogen::Error> {
+    let options = InitOptions {
+        name: name.into(),
+        dtype: Dtype::F32,
+        activations: Activations::F32,
+        classifier_dtype: None,
+        kv_cache: KvDtype::F32,
+        threads: Some(1),
+        cpu_features: CpuFeatures::parse("none").unwrap(),
+        max_seq_len: None,
+        typical_prompt_len: None,
+        typical_decode_len: None,
+        hardware: None,
+        max_batch: None,
+        serve: false,
+        speculation: None,
+        typical_text: None,
+        requests_per_load: None,
+        shared_prefix_len: None,
+        cuda_arch: Some("sm_90".into()),
+    };
+    let templates = monogen::emit::Templates::load(&workspace_root()).unwrap();
+    monogen::init::workload_file(dir, &options, &templates, &dir.join("workload.toml"))
+}
+
+/// The LLaMA variants of tests/fixtures as CUDA crates: those a CUDA crate can be (SmolLM's 9
+/// query and 3 key/value heads, Qwen2's q/k/v biases and untied classifier) generated, built,
+/// and run under emulation against transformers' logits and greedy ids; the others (Mistral's
+/// sliding window, Llama 3.1's scaled rotary frequencies) refused by name.
+#[test]
+fn the_llama_variants_as_cuda_crates_match_transformers_or_are_refused_by_name() {
+    let test = "the_llama_variants_as_cuda_crates_match_transformers_or_are_refused_by_name";
+    if !emulator_here(test) {
+        return;
+    }
+    let root = workspace_root();
+    let project = monogen::Project::load(&root).unwrap();
+    let scratch = root.join("target/cuda-variants");
+    std::fs::create_dir_all(&scratch).unwrap();
+    for (fixture, refused) in [
+        ("smollm-tiny", None),
+        ("qwen2-tiny", None),
+        ("mistral-tiny", Some("CUDA crates do not support a sliding attention window yet")),
+        ("llama31-rope-tiny", Some("CUDA crates do not support scaled rotary frequencies yet")),
+    ] {
+        let dir = root.join("tests/fixtures").join(fixture);
+        let name = format!("{fixture}-cuda-f32");
+        let text = match (cuda_workload(&dir, &name), refused) {
+            (Ok(text), None) => text,
+            (Err(e), Some(why)) => {
+                let text = e.to_string();
+                assert!(text.contains(why), "{fixture}: {text}");
+                assert!(text.contains("workload.toml"), "{fixture}: names the file: {text}");
+                continue;
+            }
+            (Ok(_), Some(why)) => panic!("{fixture}: written, though {why}"),
+            (Err(e), None) => panic!("{fixture}: {e}"),
+        };
+        let path = scratch.join(format!("{name}.toml"));
+        std::fs::write(&path, text).unwrap();
+        let out = scratch.join(&name);
+        let (_, output) = project.generate_into(&path, Some(&out)).unwrap();
+        monogen::write::write(&out, &output, false).unwrap();
+        // the launchers and the forward pass compile
+        build_crate(&out, &name);
+        emulate_crate(&out, &dir);
+    }
 }

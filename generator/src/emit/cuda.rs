@@ -52,6 +52,7 @@ pub fn files(
         ("cuda", true),
         ("tied", tied),
         ("bf16", bf16),
+        ("qkv_bias", c.qkv_bias),
     ];
     let mut files = vec![
         ("src/lib.rs".to_string(), rust_source::print_tokens(lib_rs(plan, c))),
@@ -182,7 +183,11 @@ fn model_rs(plan: &Plan, c: &LlamaConsts, templates: &Templates) -> Result<Strin
     };
     let n_layers = c.num_layers.to_string();
     let slots = BTreeMap::from([("classifier", classifier)]);
-    templates.fill("cuda/model.rs", &[("__workload_name", &plan.name), ("__n_layers", &n_layers)], &slots)
+    let mut file =
+        templates.rust("cuda/model.rs", &[("__workload_name", &plan.name), ("__n_layers", &n_layers)])?;
+    rust_source::select(&mut file, &[("qkv_bias", c.qkv_bias)])
+        .map_err(|message| Error::Template { name: "cuda/model.rs".into(), message })?;
+    Templates::fill_file("cuda/model.rs", file, &slots)
 }
 
 fn kernels_mod_rs(plan: &Plan) -> TokenStream {

@@ -14,6 +14,13 @@ pub struct LayerWeights {
     pub(crate) q_proj: CudaSlice<Weight>,
     pub(crate) k_proj: CudaSlice<Weight>,
     pub(crate) v_proj: CudaSlice<Weight>,
+    /// The projections' biases: [Q_DIM], [KV_DIM], [KV_DIM]
+    #[only_if(qkv_bias)]
+    pub(crate) q_bias: CudaSlice<f32>,
+    #[only_if(qkv_bias)]
+    pub(crate) k_bias: CudaSlice<f32>,
+    #[only_if(qkv_bias)]
+    pub(crate) v_bias: CudaSlice<f32>,
     pub(crate) o_proj: CudaSlice<Weight>,
     pub(crate) post_attention_layernorm: CudaSlice<f32>,
     pub(crate) gate_proj: CudaSlice<Weight>,
@@ -47,6 +54,10 @@ impl Weights {
         let vector = |reader: &mut TensorFile, name: &str| -> Result<CudaSlice<f32>, Error> {
             Ok(gpu.upload(&reader.read_f32(name, &[HIDDEN_SIZE])?)?)
         };
+        #[only_if(qkv_bias)]
+        let bias = |reader: &mut TensorFile, name: &str, len: usize| -> Result<CudaSlice<f32>, Error> {
+            Ok(gpu.upload(&reader.read_f32(name, &[len])?)?)
+        };
         let embed_tokens = matrix(&mut reader, "model.embed_tokens.weight", &[VOCAB_SIZE, HIDDEN_SIZE])?;
         let mut layers = Vec::with_capacity(NUM_LAYERS);
         for l in 0..NUM_LAYERS {
@@ -56,6 +67,12 @@ impl Weights {
                 q_proj: matrix(&mut reader, &format!("{p}.self_attn.q_proj.weight"), &[Q_DIM, HIDDEN_SIZE])?,
                 k_proj: matrix(&mut reader, &format!("{p}.self_attn.k_proj.weight"), &[KV_DIM, HIDDEN_SIZE])?,
                 v_proj: matrix(&mut reader, &format!("{p}.self_attn.v_proj.weight"), &[KV_DIM, HIDDEN_SIZE])?,
+                #[only_if(qkv_bias)]
+                q_bias: bias(&mut reader, &format!("{p}.self_attn.q_proj.bias"), Q_DIM)?,
+                #[only_if(qkv_bias)]
+                k_bias: bias(&mut reader, &format!("{p}.self_attn.k_proj.bias"), KV_DIM)?,
+                #[only_if(qkv_bias)]
+                v_bias: bias(&mut reader, &format!("{p}.self_attn.v_proj.bias"), KV_DIM)?,
                 o_proj: matrix(&mut reader, &format!("{p}.self_attn.o_proj.weight"), &[HIDDEN_SIZE, Q_DIM])?,
                 post_attention_layernorm: vector(&mut reader, &format!("{p}.post_attention_layernorm.weight"))?,
                 gate_proj: matrix(&mut reader, &format!("{p}.mlp.gate_proj.weight"), &[INTERMEDIATE_SIZE, HIDDEN_SIZE])?,
@@ -95,6 +112,15 @@ impl Weights {
                 (format!("{p}.mlp.gate_proj.weight"), vec![INTERMEDIATE_SIZE, HIDDEN_SIZE]),
                 (format!("{p}.mlp.up_proj.weight"), vec![INTERMEDIATE_SIZE, HIDDEN_SIZE]),
                 (format!("{p}.mlp.down_proj.weight"), vec![HIDDEN_SIZE, INTERMEDIATE_SIZE]),
+            ]);
+        }
+        #[only_if(qkv_bias)]
+        for l in 0..NUM_LAYERS {
+            let p = format!("model.layers.{l}.self_attn");
+            names.extend([
+                (format!("{p}.q_proj.bias"), vec![Q_DIM]),
+                (format!("{p}.k_proj.bias"), vec![KV_DIM]),
+                (format!("{p}.v_proj.bias"), vec![KV_DIM]),
             ]);
         }
         names.push(("model.norm.weight".to_string(), vec![HIDDEN_SIZE]));
