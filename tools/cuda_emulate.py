@@ -82,8 +82,9 @@ def compile_kernels(crate, build):
                 ("embed", "float* x, const W* table, const unsigned int* ids, int rows"),
                 ("add", "float* x, const float* y, int n"),
                 ("argmax", "unsigned int* picked, const float* logits"),
-                ("add_bias", "float* x, const float* bias, int rows, int dim"),
             ]
+            if "void add_bias(" in source:
+                wrappers.append(("add_bias", "float* x, const float* bias, int rows, int dim"))
         elif isinstance(KERNELS[module], list):
             wrappers += KERNELS[module]
         else:

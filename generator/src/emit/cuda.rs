@@ -60,7 +60,7 @@ pub fn files(
         ("src/kernels/mod.rs".to_string(), rust_source::print_tokens(kernels_mod_rs(plan))),
         (
             "src/kernels/model.cu".to_string(),
-            cuda_file(plan, c, templates.get("runtime/cuda/model.cu")?, false),
+            cuda_file(plan, c, &model_cu(c, templates)?, false),
         ),
     ];
     let runtime = RUNTIME_FILES.iter().map(|f| (f.to_string(), format!("src/{f}")));
@@ -101,6 +101,17 @@ pub fn files(
         }
     }
     Ok(files)
+}
+
+/// The forward pass's own kernels (`templates/runtime/cuda/model.cu`), and the adding of the
+/// q/k/v projections' biases (`bias.cu`) where the model has them.
+fn model_cu(c: &LlamaConsts, templates: &Templates) -> Result<String, Error> {
+    let mut source = templates.get("runtime/cuda/model.cu")?.to_string();
+    if c.qkv_bias {
+        source.push('\n');
+        source.push_str(templates.get("runtime/cuda/bias.cu")?);
+    }
+    Ok(source)
 }
 
 /// The (N, K) of every matrix product of the forward pass, in order of first use, each once.

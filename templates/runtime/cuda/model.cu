@@ -9,12 +9,6 @@ extern "C" __global__ void embed(float* x, const W* table, const unsigned int* i
     x[i] = widen(table[(size_t)ids[r] * HIDDEN_SIZE + i % HIDDEN_SIZE]);
 }
 
-// x[r] += bias, rows of `dim` values (q/k/v projections' biases), one thread per value.
-extern "C" __global__ void add_bias(float* x, const float* bias, int rows, int dim) {
-    const int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < rows * dim) x[i] += bias[i % dim];
-}
-
 // x += y, one thread per value.
 extern "C" __global__ void add(float* x, const float* y, int n) {
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
