@@ -58,10 +58,7 @@ pub fn files(
         ("src/lib.rs".to_string(), rust_source::print_tokens(lib_rs(plan, c))),
         ("src/model.rs".to_string(), model_rs(plan, c, templates)?),
         ("src/kernels/mod.rs".to_string(), rust_source::print_tokens(kernels_mod_rs(plan))),
-        (
-            "src/kernels/model.cu".to_string(),
-            cuda_file(plan, c, &model_cu(c, templates)?, false),
-        ),
+        ("src/kernels/model.cu".to_string(), cuda_file(plan, c, &model_cu(c, templates)?, false)),
     ];
     let runtime = RUNTIME_FILES.iter().map(|f| (f.to_string(), format!("src/{f}")));
     let gpu = ["gpu.rs", "weights.rs"].into_iter().map(|f| (format!("cuda/{f}"), format!("src/{f}")));
