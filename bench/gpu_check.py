@@ -168,7 +168,11 @@ def speed(binary, model_dir, rounds=3):
     except ImportError:
         record("torch", None, "PyTorch + transformers: not measured (transformers is missing)")
         return
-    model = AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=torch.bfloat16).to(dev).eval()
+    try:
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16)
+    except TypeError:  # transformers before 4.56 names it torch_dtype
+        model = AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=torch.bfloat16)
+    model = model.to(dev).eval()
     ids = torch.tensor([prompt], device=dev)
     with torch.no_grad():
         prefill_t = timed(lambda: model(ids), rounds)
