@@ -181,9 +181,30 @@ class Gpu:
         return int(picked[0])
 
 
-def rope_table(theta, head_dim, positions):
-    half = head_dim // 2
-    inv = np.array([1.0 / np.float32(theta) ** (np.float32(2 * i) / np.float32(head_dim)) for i in range(half)], dtype=np.float32)
+def inv_freq(theta, head_dim, scaling=None):
+    """The rotary inverse frequencies in f32, scaled as the crate's rope_inv_freq scales them."""
+    f32 = np.float32
+    inv = [f32(1.0) / f32(theta) ** (f32(2 * i) / f32(head_dim)) for i in range(head_dim // 2)]
+    if scaling and scaling.get("type") == "linear":
+        inv = [f / f32(scaling["factor"]) for f in inv]
+    elif scaling and scaling.get("type") == "llama3":
+        factor, low, high = f32(scaling["factor"]), f32(scaling["low_freq_factor"]), f32(scaling["high_freq_factor"])
+        original = f32(scaling["original_max_position_embeddings"])
+        scaled = []
+        for f in inv:
+            wavelen = f32(2.0) * f32(np.pi) / f
+            if wavelen > original / low:
+                f = f / factor
+            elif wavelen >= original / high:
+                smooth = (original / wavelen - low) / (high - low)
+                f = (f32(1.0) - smooth) * f / factor + smooth * f
+            scaled.append(f32(f))
+        inv = scaled
+    return np.array(inv, dtype=np.float32)
+
+
+def rope_table(theta, head_dim, positions, scaling=None):
+    inv = inv_freq(theta, head_dim, scaling)
     angles = (np.arange(positions, dtype=np.float32)[:, None] * inv[None, :]).astype(np.float64)
     return np.ascontiguousarray(np.cos(angles).astype(np.float32)), np.ascontiguousarray(np.sin(angles).astype(np.float32))
 
@@ -339,7 +360,11 @@ class Model:
             for l, w in enumerate(self.layers):
                 for name in ("q", "k", "v"):
                     w[name + "_bias"] = np.ascontiguousarray(t[f"model.layers.{l}.self_attn.{name}_proj.bias"], np.float32)
-        self.cos, self.sin = rope_table(c["ROPE_THETA"], c["HEAD_DIM"], c["MAX_SEQ_LEN"])
+        import tomllib
+
+        workload = tomllib.load(open(os.path.join(gpu.crate, "workload.toml"), "rb"))
+        scaling = workload["model"].get("rope_scaling")
+        self.cos, self.sin = rope_table(c["ROPE_THETA"], c["HEAD_DIM"], c["MAX_SEQ_LEN"], scaling)
         S, KV = c["MAX_SEQ_LEN"], c["KV_DIM"]
         kv_dtype = np.uint16 if c["kv_bf16"] else np.float32
         self.keys = [np.zeros((S, KV), kv_dtype) for _ in self.layers]

@@ -1684,7 +1684,7 @@ fn check_target(
 pub const CUDA_ARCHES: &[&str] = &["sm_80", "sm_86", "sm_89", "sm_90"];
 
 /// What a CUDA crate can be today: a LLaMA decoder with f32 or bf16 weights, an f32 or bf16 KV cache,
-/// one sequence at a time, without a server, speculation, a sliding window or rope scaling. Each
+/// one sequence at a time, without a server, speculation or a sliding window. Each
 /// other choice is refused by name rather than generated wrong.
 fn check_cuda(w: &Workload, out: &mut Vec<Diagnostic>, mk: &MakeDiagnostic) {
     let cuda_only = |what: &str| format!("CUDA crates do not support {what} yet");
@@ -1702,13 +1702,6 @@ fn check_cuda(w: &Workload, out: &mut Vec<Diagnostic>, mk: &MakeDiagnostic) {
                 refuse(
                     &["model", "sliding_window"],
                     cuda_only("a sliding attention window"),
-                    "use `device = \"cpu\"`",
-                );
-            }
-            if m.rope_scaling.is_some() {
-                refuse(
-                    &["model", "rope_scaling"],
-                    cuda_only("scaled rotary frequencies"),
                     "use `device = \"cpu\"`",
                 );
             }

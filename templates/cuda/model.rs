@@ -17,7 +17,7 @@ use crate::kernels::attention_prefill::attention_prefill;
 use crate::kernels::kv_cache::kv_store;
 use crate::kernels::matmul::matmul;
 use crate::kernels::rmsnorm::rmsnorm;
-use crate::kernels::rope::{rope, rope_table};
+__slot!(rope_use);
 use crate::kernels::sampler::sample;
 use crate::kernels::swiglu::swiglu;
 use crate::weights::Weights;
@@ -43,8 +43,8 @@ impl Model {
     pub fn load(dir: impl AsRef<Path>) -> Result<Model, Error> {
         let gpu = Gpu::open()?;
         let weights = Weights::load(&gpu, &dir.as_ref().join("model.safetensors"))?;
-        let (cos, sin) = rope_table::<HEAD_DIM>(ROPE_THETA, MAX_SEQ_LEN);
-        let (rope_cos, rope_sin) = (gpu.upload(&cos)?, gpu.upload(&sin)?);
+        __slot!(rope_tables);
+        let (rope_cos, rope_sin) = (gpu.upload(&rope_cos)?, gpu.upload(&rope_sin)?);
         Ok(Model { gpu, weights, rope_cos, rope_sin })
     }
 
@@ -389,3 +389,5 @@ fn add(gpu: &Gpu, x: &mut CudaSlice<f32>, y: &CudaSlice<f32>, n: usize) -> Resul
     unsafe { launch.launch(config) }?;
     Ok(())
 }
+
+__slot!(inv_freq_fn);

@@ -195,9 +195,9 @@ fn cuda_workload(dir: &std::path::Path, name: &str) -> Result<String, monogen::E
 }
 
 /// The LLaMA variants of tests/fixtures as CUDA crates: those a CUDA crate can be (SmolLM's 9
-/// query and 3 key/value heads, Qwen2's q/k/v biases and untied classifier) generated, built,
-/// and run under emulation against transformers' logits and greedy ids; the others (Mistral's
-/// sliding window, Llama 3.1's scaled rotary frequencies) refused by name.
+/// query and 3 key/value heads, Qwen2's q/k/v biases and untied classifier, Llama 3.1's and
+/// linear scaled rotary frequencies) generated, built, and run under emulation against
+/// transformers' logits and greedy ids; Mistral's sliding window refused by name.
 #[test]
 fn the_llama_variants_as_cuda_crates_match_transformers_or_are_refused_by_name() {
     let test = "the_llama_variants_as_cuda_crates_match_transformers_or_are_refused_by_name";
@@ -211,8 +211,9 @@ fn the_llama_variants_as_cuda_crates_match_transformers_or_are_refused_by_name()
     for (fixture, refused) in [
         ("smollm-tiny", None),
         ("qwen2-tiny", None),
+        ("llama31-rope-tiny", None),
+        ("linear-rope-tiny", None),
         ("mistral-tiny", Some("CUDA crates do not support a sliding attention window yet")),
-        ("llama31-rope-tiny", Some("CUDA crates do not support scaled rotary frequencies yet")),
     ] {
         let dir = root.join("tests/fixtures").join(fixture);
         let name = format!("{fixture}-cuda-f32");

@@ -190,7 +190,13 @@ fn model_rs(plan: &Plan, c: &LlamaConsts, templates: &Templates) -> Result<Strin
         quote!(matmul::<VOCAB_SIZE, HIDDEN_SIZE>(gpu, &mut b.logits, &b.normed, &w.lm_head, 1)?;)
     };
     let n_layers = c.num_layers.to_string();
-    let slots = BTreeMap::from([("classifier", classifier)]);
+    let (rope_use, rope_tables, inv_freq_fn) = super::llama::rope_parts(c.rope_scaling);
+    let slots = BTreeMap::from([
+        ("classifier", classifier),
+        ("rope_use", rope_use),
+        ("rope_tables", rope_tables),
+        ("inv_freq_fn", inv_freq_fn),
+    ]);
     let mut file =
         templates.rust("cuda/model.rs", &[("__workload_name", &plan.name), ("__n_layers", &n_layers)])?;
     rust_source::select(&mut file, &[("qkv_bias", c.qkv_bias)])

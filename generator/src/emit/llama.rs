@@ -1038,7 +1038,7 @@ fn layer_parts(
 /// How `Model::load` builds the rotary tables: from `ROPE_THETA` alone, or, with rope scaling,
 /// from inverse frequencies that a generated `rope_inv_freq` scales with the workload's
 /// constants. Returns the `use` line, the statement and the function (if any).
-fn rope_parts(scaling: Option<RopeScaling>) -> (TokenStream, TokenStream, TokenStream) {
+pub(super) fn rope_parts(scaling: Option<RopeScaling>) -> (TokenStream, TokenStream, TokenStream) {
     let Some(scaling) = scaling else {
         return (
             quote!(

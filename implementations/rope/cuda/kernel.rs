@@ -8,12 +8,20 @@ use crate::gpu::{CudaSlice, Gpu, GpuError};
 
 /// Builds the cos and sin tables, each `[positions, HEAD_DIM / 2]`, for base `theta`, on the host.
 pub fn rope_table<const HEAD_DIM: usize>(theta: f32, positions: usize) -> (Vec<f32>, Vec<f32>) {
+    let inv_freq: Vec<f32> =
+        (0..HEAD_DIM / 2).map(|i| 1.0 / theta.powf((2 * i) as f32 / HEAD_DIM as f32)).collect();
+    rope_table_from::<HEAD_DIM>(&inv_freq, positions)
+}
+
+/// Builds the cos and sin tables, each `[positions, HEAD_DIM / 2]`, for the given inverse
+/// frequencies (`HEAD_DIM / 2` of them), on the host: the angle `p · f` in f32, its cos and sin
+/// in f64, rounded to f32.
+pub fn rope_table_from<const HEAD_DIM: usize>(inv_freq: &[f32], positions: usize) -> (Vec<f32>, Vec<f32>) {
     let half = HEAD_DIM / 2;
-    let inv_freq: Vec<f32> = (0..half).map(|i| 1.0 / theta.powf((2 * i) as f32 / HEAD_DIM as f32)).collect();
     let mut cos = Vec::with_capacity(positions * half);
     let mut sin = Vec::with_capacity(positions * half);
     for p in 0..positions {
-        for &f in &inv_freq {
+        for &f in &inv_freq[..half] {
             let angle = f64::from(p as f32 * f);
             cos.push(angle.cos() as f32);
             sin.push(angle.sin() as f32);
