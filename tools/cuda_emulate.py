@@ -59,6 +59,10 @@ def consts(crate):
     values["ROPE_THETA"] = float(re.search(r"pub const ROPE_THETA: f32 = ([^;]+);", text).group(1))
     values["bf16"] = "pub type Weight = u16;" in text
     values["kv_bf16"] = "pub type Kv = u16;" in text
+    import tomllib
+
+    workload = tomllib.load(open(os.path.join(crate, "workload.toml"), "rb"))
+    values["WINDOW"] = workload["model"].get("sliding_window") or values["MAX_SEQ_LEN"]
     return values
 
 
@@ -214,14 +218,15 @@ def attention_reference(q, keys, values, start, rows, c):
     out = np.zeros((rows, nh * hd), dtype=np.float64)
     for r in range(rows):
         length = start + r + 1
+        first = max(0, length - c["WINDOW"])  # the sliding window's first position
         for h in range(nh):
             g = h // (nh // nkv)
             qh = q[r, h * hd:(h + 1) * hd].astype(np.float64)
-            kh = keys[:length, g * hd:(g + 1) * hd].astype(np.float64)
+            kh = keys[first:length, g * hd:(g + 1) * hd].astype(np.float64)
             s = kh @ qh / np.sqrt(hd)
             p = np.exp(s - s.max())
             p /= p.sum()
-            out[r, h * hd:(h + 1) * hd] = p @ values[:length, g * hd:(g + 1) * hd].astype(np.float64)
+            out[r, h * hd:(h + 1) * hd] = p @ values[first:length, g * hd:(g + 1) * hd].astype(np.float64)
     return out
 
 

@@ -41,9 +41,10 @@ pub fn required_interfaces(w: &Workload) -> Vec<&'static str> {
 /// The interfaces of the workload's architecture and its options.
 fn architecture_interfaces(w: &Workload) -> Vec<&'static str> {
     match &w.model {
-        // With a sliding window, every row attends through attention_decode over its own
-        // window of the cache, and no prefill attention is generated.
-        Model::Llama(m) if m.sliding_window.is_some() => {
+        // With a sliding window, every row of a CPU crate attends through attention_decode over
+        // its own window of the cache, and no prefill attention is generated (a CUDA crate's
+        // attentions take the window as a constant of their source).
+        Model::Llama(m) if m.sliding_window.is_some() && w.target.device == crate::workload::Device::Cpu => {
             vec!["rmsnorm", "matmul", "rope", "kv_cache", "attention_decode", "swiglu", "sampler"]
         }
         Model::Llama(_) => vec![

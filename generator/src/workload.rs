@@ -1683,29 +1683,20 @@ fn check_target(
 /// The GPU architectures CUDA crates are generated for: bfloat16 arithmetic needs sm_80 or later.
 pub const CUDA_ARCHES: &[&str] = &["sm_80", "sm_86", "sm_89", "sm_90"];
 
-/// What a CUDA crate can be today: a LLaMA decoder with f32 or bf16 weights, an f32 or bf16 KV cache,
-/// one sequence at a time, without a server, speculation or a sliding window. Each
-/// other choice is refused by name rather than generated wrong.
+/// What a CUDA crate can be today: a LLaMA decoder with f32 or bf16 weights and an f32 or bf16 KV
+/// cache, one sequence at a time, without a server or speculation. Each other choice is refused
+/// by name rather than generated wrong.
 fn check_cuda(w: &Workload, out: &mut Vec<Diagnostic>, mk: &MakeDiagnostic) {
     let cuda_only = |what: &str| format!("CUDA crates do not support {what} yet");
     let mut refuse = |path: &[&str], message: String, hint: &str| {
         out.push(mk(path, message, "not for CUDA yet", hint.into()));
     };
-    match &w.model {
-        Model::Bert(_) => refuse(
+    if let Model::Bert(_) = &w.model {
+        refuse(
             &["model", "architecture"],
             "CUDA crates are generated for LLaMA decoders only, for now".into(),
             "use `device = \"cpu\"` for an encoder",
-        ),
-        Model::Llama(m) => {
-            if m.sliding_window.is_some() {
-                refuse(
-                    &["model", "sliding_window"],
-                    cuda_only("a sliding attention window"),
-                    "use `device = \"cpu\"`",
-                );
-            }
-        }
+        );
     }
     if !matches!(w.weights.dtype, Dtype::F32 | Dtype::Bf16) {
         refuse(

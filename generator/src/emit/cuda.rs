@@ -145,6 +145,8 @@ fn cuda_file(plan: &Plan, c: &LlamaConsts, source: &str, products: bool) -> Stri
         ("VOCAB_SIZE", c.vocab_size.to_string()),
         ("MAX_SEQ_LEN", c.max_seq_len.to_string()),
         ("RMS_NORM_EPS", format!("{:?}f", c.rms_norm_eps)),
+        // positions a query attends to, itself included: all of them without a sliding window
+        ("WINDOW", c.sliding_window.map_or_else(|| "MAX_SEQ_LEN".to_string(), |w| w.to_string())),
     ];
     for (name, value) in defines {
         out.push_str(&format!("#define {name} {value}\n"));

@@ -1,5 +1,6 @@
-// Attention of one decoded token on the GPU, split over the KV length: the positions 0..len
-// are cut into spans of ATTENTION_SPAN, and one block of 128 threads per (span, head) scores its
+// Attention of one decoded token on the GPU, split over the KV length: the positions the query
+// sees (the last WINDOW of 0..len; all of them without a sliding window) are cut into spans of
+// ATTENTION_SPAN, and one block of 128 threads per (span, head) scores its
 // span (q · k / sqrt(HEAD_DIM), two positions a thread for the default span), takes the span's
 // largest score m and the sum l of e^(score − m), and the sum of the values weighted by those
 // exponentials, acc[HEAD_DIM]: (m, l, acc) go to `partials`. A second kernel, one block per
@@ -41,9 +42,18 @@ extern "C" __global__ void attention_decode_spans(float* partials, const float* 
     __shared__ float reduce[ATT_THREADS / 32];
     const int span = blockIdx.x;
     const int head = blockIdx.y;
-    const int first = span * ATTENTION_SPAN;
-    const int count = min(ATTENTION_SPAN, len - first);
-    if (count <= 0) return;
+    // the span's positions that the query sees: the last WINDOW ones of 0..len
+    const int first = max(span * ATTENTION_SPAN, len - WINDOW);
+    const int count = min((span + 1) * ATTENTION_SPAN, len) - first;
+    float* partial = partials + (size_t)head * HEAD_SCRATCH + span * PARTIAL;
+    if (count <= 0) {  // a span wholly before the window adds nothing: e^(−∞) · 0
+        for (int d = threadIdx.x; d < HEAD_DIM; d += ATT_THREADS) partial[2 + d] = 0.0f;
+        if (threadIdx.x == 0) {
+            partial[0] = -__int_as_float(0x7f800000);
+            partial[1] = 0.0f;
+        }
+        return;
+    }
     const int kv_head = head / (NUM_HEADS / NUM_KV_HEADS);
     for (int d = threadIdx.x; d < HEAD_DIM; d += ATT_THREADS) qs[d] = q[head * HEAD_DIM + d];
     __syncthreads();
@@ -63,7 +73,6 @@ extern "C" __global__ void attention_decode_spans(float* partials, const float* 
         sum += scores[i];
     }
     sum = block_sum(sum, reduce);
-    float* partial = partials + (size_t)head * HEAD_SCRATCH + span * PARTIAL;
     for (int d = threadIdx.x; d < HEAD_DIM; d += ATT_THREADS) {
         float acc = 0.0f;
         for (int i = 0; i < count; i++) acc += scores[i] * widen_kv(values[(size_t)(first + i) * KV_DIM + kv_head * HEAD_DIM + d]);

@@ -56,8 +56,10 @@ extern "C" __global__ void attention_prefill(float* out, const float* q, const K
             if (first_row + r >= rows) continue;  // the whole warp's row
             const int position = start + first_row + r;
             const int p = t0 + lane;
+            // the positions the row sees: the last WINDOW up to its own (all without a window)
+            const bool seen = p <= position && p > position - WINDOW;
             float score = minus_infinity;
-            if (p <= position) {
+            if (seen) {
                 float dot = 0.0f;
                 for (int d = 0; d < HEAD_DIM; d++) dot += qs[r][d] * ks[lane][d];
                 score = dot * scale;
@@ -66,7 +68,7 @@ extern "C" __global__ void attention_prefill(float* out, const float* q, const K
             for (int offset = 16; offset > 0; offset /= 2) tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, offset));
             const float m_new = fmaxf(m[j], tile_max);
             if (m_new == minus_infinity) continue;  // the row sees none of these positions yet
-            const float e = p <= position ? expf(score - m_new) : 0.0f;
+            const float e = seen ? expf(score - m_new) : 0.0f;
             const float correction = expf(m[j] - m_new);
             float e_sum = e;
             for (int offset = 16; offset > 0; offset /= 2) e_sum += __shfl_xor_sync(0xffffffffu, e_sum, offset);
