@@ -156,13 +156,19 @@ impl<'m> Session<'m> {
     /// Runs `tokens` at the next positions and returns the logits of the last one:
     /// [VOCAB_SIZE].
     pub fn prefill(&mut self, tokens: &[u32]) -> Result<&[f32], Error> {
+        let row = self.run(tokens)?;
+        self.classify(row)?;
+        Ok(&self.logits)
+    }
+
+    /// Runs `tokens` at the next positions, PREFILL_CHUNK at a time, and returns the row of
+    /// the last chunk that holds the last token: only that position needs logits.
+    fn run(&mut self, tokens: &[u32]) -> Result<usize, Error> {
         self.check(tokens)?;
-        // the layers run PREFILL_CHUNK positions at a time; only the last position needs logits
         for chunk in tokens.chunks(PREFILL_CHUNK) {
             self.forward(chunk)?;
         }
-        self.classify((tokens.len() - 1) % PREFILL_CHUNK)?;
-        Ok(&self.logits)
+        Ok((tokens.len() - 1) % PREFILL_CHUNK)
     }
 
     /// Runs one token at the next position and returns its logits: [VOCAB_SIZE].
@@ -181,11 +187,7 @@ impl<'m> Session<'m> {
         coin: f32,
         scratch: &mut Vec<(f32, u32)>,
     ) -> Result<u32, Error> {
-        self.check(tokens)?;
-        for chunk in tokens.chunks(PREFILL_CHUNK) {
-            self.forward(chunk)?;
-        }
-        let row = (tokens.len() - 1) % PREFILL_CHUNK;
+        let row = self.run(tokens)?;
         if params.temperature <= 0.0 {
             return self.greedy(row);
         }

@@ -6,10 +6,9 @@
 
 use std::collections::BTreeMap;
 
-use proc_macro2::{Literal, TokenStream};
+use proc_macro2::TokenStream;
 use quote::quote;
 
-use super::common::{f32_lit, usize_lit};
 use super::{Templates, common, crate_ident};
 use crate::Error;
 use crate::plan::{LlamaConsts, Plan};
@@ -243,23 +242,7 @@ fn lib_rs(plan: &Plan, c: &LlamaConsts) -> TokenStream {
         c.max_seq_len
     );
     let guards = common::target_guards(plan);
-    let lit = |v: usize| usize_lit(v);
-    let (dim, hidden, layers, heads, kv_heads, head_dim, vocab, max_seq, chunk) = (
-        lit(c.hidden_size),
-        lit(c.intermediate_size),
-        lit(c.num_layers),
-        lit(c.num_heads),
-        lit(c.num_kv_heads),
-        lit(c.head_dim),
-        lit(c.vocab_size),
-        lit(c.max_seq_len),
-        lit(c.prefill_chunk),
-    );
-    let rope_theta = f32_lit(c.rope_theta);
-    let rms_norm_eps = f32_lit(c.rms_norm_eps);
-    let bos_id = Literal::u32_unsuffixed(c.bos_token_id);
-    let eos_ids = c.eos_token_ids.iter().map(|&id| Literal::u32_unsuffixed(id));
-    let n_eos = usize_lit(c.eos_token_ids.len());
+    let (shapes, tokens) = (super::llama::shape_consts(name, c), super::llama::token_consts(c));
     let weight = match plan.weights.dtype {
         Dtype::Bf16 => quote!(
             /// How the GPU holds the weight matrices: bfloat16 bits (the high half of an f32).
@@ -299,26 +282,10 @@ fn lib_rs(plan: &Plan, c: &LlamaConsts) -> TokenStream {
         pub use model::{Model, Session};
         pub use tokenizer::Tokenizer;
 
-        /// The workload this crate was generated from.
-        pub const WORKLOAD: &str = #name;
+        #shapes
         /// The GPU architecture the kernels are compiled for (`target.cuda_arch`).
         pub const CUDA_ARCH: &str = #arch;
-        pub const HIDDEN_SIZE: usize = #dim;
-        pub const INTERMEDIATE_SIZE: usize = #hidden;
-        pub const NUM_LAYERS: usize = #layers;
-        pub const NUM_HEADS: usize = #heads;
-        pub const NUM_KV_HEADS: usize = #kv_heads;
-        pub const HEAD_DIM: usize = #head_dim;
-        pub const Q_DIM: usize = NUM_HEADS * HEAD_DIM;
-        pub const KV_DIM: usize = NUM_KV_HEADS * HEAD_DIM;
-        pub const VOCAB_SIZE: usize = #vocab;
-        pub const MAX_SEQ_LEN: usize = #max_seq;
-        /// Positions one step of prefill runs at most.
-        pub const PREFILL_CHUNK: usize = #chunk;
-        pub const ROPE_THETA: f32 = #rope_theta;
-        pub const RMS_NORM_EPS: f32 = #rms_norm_eps;
-        pub const BOS_TOKEN_ID: u32 = #bos_id;
-        pub const EOS_TOKEN_IDS: [u32; #n_eos] = [#(#eos_ids),*];
+        #tokens
         #weight
         #kv
     }

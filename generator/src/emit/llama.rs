@@ -218,15 +218,7 @@ fn lib_rs(plan: &Plan, c: &LlamaConsts) -> TokenStream {
 
     let guards = common::target_guards(plan);
 
-    let dim = usize_lit(c.hidden_size);
-    let hidden_dim = usize_lit(c.intermediate_size);
-    let n_layers = usize_lit(c.num_layers);
-    let n_heads = usize_lit(c.num_heads);
-    let n_kv_heads = usize_lit(c.num_kv_heads);
-    let head_dim = usize_lit(c.head_dim);
-    let vocab_size = usize_lit(c.vocab_size);
-    let max_seq_len = usize_lit(c.max_seq_len);
-    let prefill_chunk = usize_lit(c.prefill_chunk);
+    let (shapes, tokens) = (shape_consts(&plan.name, c), token_consts(c));
     let window_const = c.sliding_window.map(|w| {
         let w = usize_lit(w);
         quote! {
@@ -235,11 +227,6 @@ fn lib_rs(plan: &Plan, c: &LlamaConsts) -> TokenStream {
         }
     });
     let threads = usize_lit(c.threads);
-    let rope_theta = f32_lit(c.rope_theta);
-    let rms_norm_eps = f32_lit(c.rms_norm_eps);
-    let bos_id = Literal::u32_unsuffixed(c.bos_token_id);
-    let eos_ids = c.eos_token_ids.iter().map(|&id| Literal::u32_unsuffixed(id));
-    let n_eos = usize_lit(c.eos_token_ids.len());
     let cpu_features = &plan.cpu_features;
     let n_features = usize_lit(cpu_features.len());
     let (bf16_mod, q8_mod) = Matrices::of(plan).modules();
@@ -369,42 +356,12 @@ fn lib_rs(plan: &Plan, c: &LlamaConsts) -> TokenStream {
         #batch_use
         pub use tokenizer::Tokenizer;
 
-        /// The workload this crate was generated from.
-        pub const WORKLOAD: &str = #name;
-        /// Width of the residual stream (`hidden_size`).
-        pub const HIDDEN_SIZE: usize = #dim;
-        /// Width of the MLP's gate and up projections (`intermediate_size`).
-        pub const INTERMEDIATE_SIZE: usize = #hidden_dim;
-        /// Decoder layers.
-        pub const NUM_LAYERS: usize = #n_layers;
-        /// Query heads.
-        pub const NUM_HEADS: usize = #n_heads;
-        /// Key/value heads; NUM_HEADS / NUM_KV_HEADS query heads share each one.
-        pub const NUM_KV_HEADS: usize = #n_kv_heads;
-        /// Width of one attention head.
-        pub const HEAD_DIM: usize = #head_dim;
-        /// Width of all query heads together.
-        pub const Q_DIM: usize = NUM_HEADS * HEAD_DIM;
-        /// Width of all key (or value) heads together.
-        pub const KV_DIM: usize = NUM_KV_HEADS * HEAD_DIM;
-        /// Rows of the embedding and of the classifier.
-        pub const VOCAB_SIZE: usize = #vocab_size;
-        /// Positions one session holds: prompt and generated tokens together (`request.max_seq_len`).
-        pub const MAX_SEQ_LEN: usize = #max_seq_len;
-        /// Positions run through the layers at once during prefill (`request.typical_prompt_len`).
-        pub const PREFILL_CHUNK: usize = #prefill_chunk;
+        #shapes
         #batch
         #prefix_const
         #speculation_consts
         #window_const
-        /// Base of the rotary embedding's frequencies.
-        pub const ROPE_THETA: f32 = #rope_theta;
-        /// Epsilon of every RMSNorm.
-        pub const RMS_NORM_EPS: f32 = #rms_norm_eps;
-        /// The token that starts a sequence.
-        pub const BOS_TOKEN_ID: u32 = #bos_id;
-        /// The tokens that end generation.
-        pub const EOS_TOKEN_IDS: [u32; #n_eos] = [#(#eos_ids),*];
+        #tokens
         /// Threads the workload allows the kernels (`target.threads`): a multi-threaded kernel
         /// splits each product into this many equal shares.
         pub const THREADS: usize = #threads;
@@ -417,6 +374,66 @@ fn lib_rs(plan: &Plan, c: &LlamaConsts) -> TokenStream {
 /// src/model.rs: `templates/llama/model.rs` with its slots filled from the plan. A crate that
 /// batches (request.max_batch above 1) has `templates/llama/batched.rs`'s `Sequence`, `Batch`
 /// and `Session` in place of model.rs's `Session`, as has a crate that serves.
+/// The constants of a LLaMA crate's shapes, WORKLOAD to PREFILL_CHUNK, as every LLaMA crate
+/// declares them (a CPU crate's and a CUDA crate's `lib.rs`).
+pub(super) fn shape_consts(name: &str, c: &LlamaConsts) -> TokenStream {
+    let dim = usize_lit(c.hidden_size);
+    let hidden_dim = usize_lit(c.intermediate_size);
+    let n_layers = usize_lit(c.num_layers);
+    let n_heads = usize_lit(c.num_heads);
+    let n_kv_heads = usize_lit(c.num_kv_heads);
+    let head_dim = usize_lit(c.head_dim);
+    let vocab_size = usize_lit(c.vocab_size);
+    let max_seq_len = usize_lit(c.max_seq_len);
+    let prefill_chunk = usize_lit(c.prefill_chunk);
+    quote! {
+    /// The workload this crate was generated from.
+    pub const WORKLOAD: &str = #name;
+    /// Width of the residual stream (`hidden_size`).
+    pub const HIDDEN_SIZE: usize = #dim;
+    /// Width of the MLP's gate and up projections (`intermediate_size`).
+    pub const INTERMEDIATE_SIZE: usize = #hidden_dim;
+    /// Decoder layers.
+    pub const NUM_LAYERS: usize = #n_layers;
+    /// Query heads.
+    pub const NUM_HEADS: usize = #n_heads;
+    /// Key/value heads; NUM_HEADS / NUM_KV_HEADS query heads share each one.
+    pub const NUM_KV_HEADS: usize = #n_kv_heads;
+    /// Width of one attention head.
+    pub const HEAD_DIM: usize = #head_dim;
+    /// Width of all query heads together.
+    pub const Q_DIM: usize = NUM_HEADS * HEAD_DIM;
+    /// Width of all key (or value) heads together.
+    pub const KV_DIM: usize = NUM_KV_HEADS * HEAD_DIM;
+    /// Rows of the embedding and of the classifier.
+    pub const VOCAB_SIZE: usize = #vocab_size;
+    /// Positions one session holds: prompt and generated tokens together (`request.max_seq_len`).
+    pub const MAX_SEQ_LEN: usize = #max_seq_len;
+    /// Positions run through the layers at once during prefill (`request.typical_prompt_len`).
+    pub const PREFILL_CHUNK: usize = #prefill_chunk;
+    }
+}
+
+/// The constants of the rotary embedding, the norms and the special tokens, ROPE_THETA to
+/// EOS_TOKEN_IDS, as every LLaMA crate declares them.
+pub(super) fn token_consts(c: &LlamaConsts) -> TokenStream {
+    let rope_theta = f32_lit(c.rope_theta);
+    let rms_norm_eps = f32_lit(c.rms_norm_eps);
+    let bos_id = Literal::u32_unsuffixed(c.bos_token_id);
+    let eos_ids = c.eos_token_ids.iter().map(|&id| Literal::u32_unsuffixed(id));
+    let n_eos = usize_lit(c.eos_token_ids.len());
+    quote! {
+    /// Base of the rotary embedding's frequencies.
+    pub const ROPE_THETA: f32 = #rope_theta;
+    /// Epsilon of every RMSNorm.
+    pub const RMS_NORM_EPS: f32 = #rms_norm_eps;
+    /// The token that starts a sequence.
+    pub const BOS_TOKEN_ID: u32 = #bos_id;
+    /// The tokens that end generation.
+    pub const EOS_TOKEN_IDS: [u32; #n_eos] = [#(#eos_ids),*];
+    }
+}
+
 fn model_rs(plan: &Plan, c: &LlamaConsts, templates: &Templates) -> Result<String, Error> {
     let matrices = Matrices::of(plan);
     let classifier = Matrices::classifier(plan);

@@ -23,8 +23,9 @@ pub struct Gpu {
     stream: Arc<CudaStream>,
     /// The compiled kernel files, by module name (`matmul` for src/kernels/matmul.cu).
     modules: BTreeMap<&'static str, Arc<CudaModule>>,
-    /// The functions launched so far, by module and name: found once, then launched directly.
-    functions: Mutex<BTreeMap<(&'static str, String), CudaFunction>>,
+    /// The functions launched so far, by module, then name: found once, then looked up without
+    /// allocating at every launch.
+    functions: Mutex<BTreeMap<&'static str, BTreeMap<String, CudaFunction>>>,
 }
 
 impl Gpu {
@@ -68,11 +69,12 @@ impl Gpu {
     /// The kernel `name` of kernel file `module`.
     pub fn function(&self, module: &'static str, name: &str) -> Result<CudaFunction, GpuError> {
         let mut functions = self.functions.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        if let Some(function) = functions.get(&(module, name.to_string())) {
+        let loaded = functions.entry(module).or_default();
+        if let Some(function) = loaded.get(name) {
             return Ok(function.clone());
         }
         let function = self.modules[module].load_function(name)?;
-        functions.insert((module, name.to_string()), function.clone());
+        loaded.insert(name.to_string(), function.clone());
         Ok(function)
     }
 
