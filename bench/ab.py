@@ -22,7 +22,10 @@ The binaries must be release builds of crates generated for the same model shape
 share a target folder only under different package names: rename one in its Cargo.toml and
 its src/main.rs). Keep the machine otherwise idle while it runs.
 
-Usage: bench/ab.py [--rounds R] [--prompt-len N] [--max-tokens M] MODEL_DIR BINARY...
+With `--batch N`, each run decodes N copies of the prompt as one batch (a batching crate's
+`--batch`): the decode speed is then the batch's, every copy's tokens together.
+
+Usage: bench/ab.py [--rounds R] [--prompt-len N] [--max-tokens M] [--batch N] MODEL_DIR BINARY...
 """
 
 import argparse
@@ -42,6 +45,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--prompt-len", type=int, default=128)
     parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument(
+        "--batch", type=int, default=1, help="copies of the prompt decoded as one batch (a batching crate's --batch)"
+    )
     parser.add_argument("model")
     parser.add_argument("binaries", nargs="+")
     args = parser.parse_args()
@@ -50,7 +56,8 @@ def main() -> None:
     results = {b: {"decode": [], "prefill": [], "load": [], "wall": [], "ids": set()} for b in args.binaries}
 
     def command(binary: str) -> list[str]:
-        return [binary, "--model", args.model, "--prompt-ids", ids, "--max-tokens", str(args.max_tokens), "--json"]
+        batch = ["--batch", str(args.batch)] if args.batch != 1 else []
+        return [binary, "--model", args.model, "--prompt-ids", ids, "--max-tokens", str(args.max_tokens), "--json"] + batch
 
     map_as_crates(args.model, lambda: subprocess.run(command(args.binaries[0]), capture_output=True, check=True))
     for round in range(args.rounds):
@@ -64,9 +71,11 @@ def main() -> None:
             results[binary]["prefill"].append(out["prefill_tok_s"])
             results[binary]["load"].append(out["load_ms"])
             results[binary]["wall"].append(wall)
-            results[binary]["ids"].add(tuple(out["generated_ids"]))
+            for sequence in out.get("sequences", [out]):
+                results[binary]["ids"].add(tuple(sequence["generated_ids"]))
 
-    print(f"{args.rounds} alternating rounds, {args.prompt_len} prompt ids, {args.max_tokens} new tokens")
+    batch = f", batches of {args.batch}" if args.batch != 1 else ""
+    print(f"{args.rounds} alternating rounds, {args.prompt_len} prompt ids, {args.max_tokens} new tokens{batch}")
     for binary, r in results.items():
         name = binary.rsplit("/", 1)[-1]
         d, p, l, w = r["decode"], r["prefill"], r["load"], r["wall"]

@@ -5,7 +5,8 @@
 #
 # Usage: bench/ab_revisions.sh OLD_REV ROUNDS WORKLOAD_NAME...
 #   e.g. bench/ab_revisions.sh 229c29f0 6 stories110m-bench-cpu-f32 stories110m-bench-cpu-bf16
-# Scratch files go to ${AB_DIR:-/tmp/monogen-ab}.
+# Scratch files go to ${AB_DIR:-/tmp/monogen-ab}. BATCH=N decodes N copies of the prompt as one
+# batch (a batching crate's `--batch`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 old_rev=$1
@@ -28,6 +29,6 @@ for name in "$@"; do
   done
   [ -d "$dir/model-$name" ] || target/debug/monogen synth-weights "workloads/$name.toml" --out "$dir/model-$name"
   echo "== $name: $old_rev against the working tree"
-  python3 bench/ab.py --rounds "$rounds" --max-tokens 32 "$dir/model-$name" \
+  python3 bench/ab.py --rounds "$rounds" --max-tokens 32 --batch "${BATCH:-1}" "$dir/model-$name" \
     "$dir/target/release/$name-old" "$dir/target/release/$name"
 done

@@ -13,7 +13,7 @@ use std::process::Command;
 
 use monogen::init::{CpuFeatures, InitOptions};
 use monogen::workload::{Activations, Dtype, KvDtype};
-use monogen_tests::{build_copy, build_crate, model_dir, workspace_root};
+use monogen_tests::{build_copy, model_dir, workspace_root};
 
 /// The committed crates generated for a CUDA GPU.
 fn cuda_crates() -> Vec<PathBuf> {
@@ -169,6 +169,20 @@ fn the_bf16_cuda_crate_under_emulation_stays_within_kl_1e3_of_the_reference() {
 
 /// `monogen init --device cuda --cuda-arch sm_90` of the model at `dir` (f32, no hardware class),
 /// which refuses what a CUDA crate cannot be.
+/// Checks the crate in `dir` with clippy, all targets, every warning an error.
+fn lint_crate(dir: &std::path::Path) {
+    let out = Command::new(env!("CARGO"))
+        .args(["clippy", "--quiet", "--all-targets", "--manifest-path"])
+        .arg(dir.join("Cargo.toml"))
+        .args(["--", "-D", "warnings"])
+        .env("CARGO_TARGET_DIR", monogen_tests::generated_target_dir())
+        .env_remove("RUSTFLAGS")
+        .env_remove("CARGO_ENCODED_RUSTFLAGS")
+        .output()
+        .expect("cargo runs");
+    assert!(out.status.success(), "clippy of {}:\n{}", dir.display(), String::from_utf8_lossy(&out.stderr));
+}
+
 fn cuda_workload(dir: &std::path::Path, name: &str) -> Result<String, monogen::Error> {
     let options = InitOptions {
         name: name.into(),
@@ -217,8 +231,9 @@ fn the_llama_variants_as_cuda_crates_match_transformers_and_an_encoder_is_refuse
         let out = scratch.join(&name);
         let (_, output) = project.generate_into(&path, Some(&out)).unwrap();
         monogen::write::write(&out, &output, false).unwrap();
-        // the launchers and the forward pass compile
-        build_crate(&out, &name);
+        // the launchers and the forward pass compile, with no warning of rustc or clippy, as
+        // a committed crate (tests/tests/lints.rs)
+        lint_crate(&out);
         emulate_crate(&out, &dir);
     }
     if let Some(bert) = model_dir("all-minilm-l6-v2") {

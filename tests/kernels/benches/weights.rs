@@ -11,8 +11,9 @@
 //! of the rounds. Each round also reads the f32 weights' bytes as a plain stream (`read`), and
 //! each decode row is given as a share of that: how close the product comes to its floor.
 //!
-//! `cargo bench -p monogen-kernel-tests --bench weights [-- [--tinyllama] WORD...]` (only the
-//! rows whose names hold one of the words); without `--bench` (as `cargo test --benches` runs
+//! `cargo bench -p monogen-kernel-tests --bench weights [-- [--tinyllama] [--rows 1,16] WORD...]`
+//! (only the rows whose names hold one of the words; `--rows` the activation rows of each pass,
+//! 1 and 128 unless given); without `--bench` (as `cargo test --benches` runs
 //! it) it does a quick smoke run over one layer.
 
 use std::alloc::{GlobalAlloc, Layout, System};
@@ -285,7 +286,13 @@ fn main() {
     }
     // `cargo bench --bench weights -- bf16 int8` measures only the rows whose names hold one of
     // the words.
-    let words: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with("--")).collect();
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let words: Vec<String> = args
+        .iter()
+        .enumerate()
+        .filter(|(i, a)| !a.starts_with("--") && (*i == 0 || args[i - 1] != "--rows"))
+        .map(|(_, a)| a.clone())
+        .collect();
     if !words.is_empty() {
         runs.retain(|(name, _, _)| words.iter().any(|w| name.contains(w.as_str())));
     }
@@ -297,7 +304,15 @@ fn main() {
         t[t.len() / 2]
     };
     // At TinyLlama's shapes a 128-row pass takes seconds a candidate: the decode only.
-    let passes: &[usize] = if tinyllama { &[1] } else { &[1, 128] };
+    // `--rows 1,16,32` measures those rows instead (a batched decode step's few rows).
+    let chosen: Option<Vec<usize>> = std::env::args().skip_while(|a| a != "--rows").nth(1).map(|list| {
+        list.split(',').map(|r| r.parse().expect("--rows takes numbers separated by commas")).collect()
+    });
+    let passes: &[usize] = match &chosen {
+        Some(rows) => rows,
+        None if tinyllama => &[1],
+        None => &[1, 128],
+    };
     for &rows in passes {
         let x = rng.vec(rows * width, 1.0);
         let mut out = vec![0f32; rows * width];
@@ -341,9 +356,10 @@ fn main() {
                 println!("  decode  {name:<56} {:>8.3} ms   {gb_s:>6.1} GB/s{share}", s * 1e3);
             } else {
                 println!(
-                    "  prefill {name:<56} {:>8.3} ms   {:>6.1} GFLOP/s",
+                    "  {rows:>3} rows {name:<54} {:>8.3} ms   {:>6.1} GFLOP/s   {:>6.1} GB/s",
                     s * 1e3,
-                    2.0 * (params * rows) as f64 / s / 1e9
+                    2.0 * (params * rows) as f64 / s / 1e9,
+                    *bytes as f64 / s / 1e9
                 );
             }
         }
