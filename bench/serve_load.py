@@ -14,6 +14,7 @@ greedy. For each level it prints, and writes as one JSON line to `--out`:
   token),
 - inter-token latency (ITL) at p50 and p99 (between two streamed tokens of one request),
 - the requests answered, refused (429) or failed,
+- the load generator's own CPU time (`client_cpu_s`): the servers compute on the same cores,
 - with `--probe CLASS` (and the load in `--priority` another class): the TTFT of requests of
   CLASS sent one at a time into the loaded server.
 
@@ -171,8 +172,12 @@ def run(args):
     print(f"{'label':<16} {'mode':<6} {'level':>6} {'req':>4} {'429':>4} {'tok/s':>8} "
           f"{'ttft p50':>9} {'ttft p99':>9} {'itl p50':>8} {'itl p99':>8}")
     for mode, level in levels:
+        cpu = time.process_time()
         results, wall = closed_loop(args, prompts, level) if mode == "closed" else open_loop(args, prompts, level)
         s = summarize(args.label, mode, level, results, wall)
+        # This process's own CPU time over the level: what the load generator took from the
+        # cores that the server computes on (both share the machine).
+        s["client_cpu_s"] = time.process_time() - cpu
         probes = getattr(closed_loop, "probes", []) if mode == "closed" else []
         if args.probe:
             ttfts = [r[0] for r in probes if r[3] == 200 and r[0] is not None]
@@ -181,7 +186,8 @@ def run(args):
             s["probe_ttft_p50_ms"] = percentile(ttfts, 50) * 1e3
             s["probe_ttft_max_ms"] = max(ttfts) * 1e3 if ttfts else float("nan")
         print(f"{s['label']:<16} {mode:<6} {level:>6} {s['requests']:>4} {s['refused']:>4} {s['tok_s']:>8.1f} "
-              f"{s['ttft_p50_ms']:>8.1f}ms {s['ttft_p99_ms']:>8.1f}ms {s['itl_p50_ms']:>7.1f}ms {s['itl_p99_ms']:>7.1f}ms",
+              f"{s['ttft_p50_ms']:>8.1f}ms {s['ttft_p99_ms']:>8.1f}ms {s['itl_p50_ms']:>7.1f}ms {s['itl_p99_ms']:>7.1f}ms"
+              f"   client cpu {s['client_cpu_s'] / wall:.0%} of a core",
               flush=True)
         if args.probe:
             print(f"{'':<16} probes of class {args.probe}: {s['probe_requests']}, ttft p50 {s['probe_ttft_p50_ms']:.1f}ms, "

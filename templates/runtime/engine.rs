@@ -498,8 +498,10 @@ impl Scheduler {
         let started = Instant::now();
         let running = self.held.len().min(MAX_BATCH);
         // Decoding sequences first, whole; then pieces of prompts, most urgent first. A prompt
-        // of a more urgent class runs without the decode rows of less urgent ones, so that its
-        // first token comes as soon as on an idle server; they wait one step.
+        // of a more urgent class runs without the decode rows and the prompts of less urgent
+        // ones, so that its first token comes as soon as on an idle server; they wait a step.
+        // (With the prompts of less urgent classes beside it, a 64-position interactive prompt
+        // shared a whole chunk's step with a batch-class one, twice as long as its own.)
         let urgent = self.held[..running]
             .iter()
             .filter(|(active, _)| active.tokens.len() - active.fed > 1)
@@ -517,7 +519,7 @@ impl Scheduler {
         let mut budget = if decoding { PREFILL_BESIDE_DECODE } else { PREFILL_CHUNK };
         for ((active, _), end) in self.held[..running].iter().zip(ends.iter_mut()) {
             let left = active.tokens.len() - active.fed;
-            if left > 1 && budget > 0 {
+            if left > 1 && budget > 0 && urgent.is_none_or(|u| active.request.priority <= u) {
                 let piece = left.min(budget);
                 budget -= piece;
                 *end = active.fed + piece;
