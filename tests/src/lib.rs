@@ -130,6 +130,21 @@ pub fn generated_target_dir() -> PathBuf {
     workspace_root().join("target/generated-crates")
 }
 
+/// `cargo clippy --workspace --all-targets -- -D warnings` of the manifest at `manifest` (a
+/// crate, or a workspace of crates) into the shared target directory, as a user's build would
+/// run it (without this process's RUSTFLAGS).
+pub fn clippy(manifest: &Path) -> std::process::Output {
+    Command::new(env!("CARGO"))
+        .args(["clippy", "--quiet", "--workspace", "--all-targets", "--manifest-path"])
+        .arg(manifest)
+        .args(["--", "-D", "warnings"])
+        .env("CARGO_TARGET_DIR", generated_target_dir())
+        .env_remove("RUSTFLAGS")
+        .env_remove("CARGO_ENCODED_RUSTFLAGS")
+        .output()
+        .expect("cargo runs")
+}
+
 /// `cargo build` of the crate at `dir` into the shared target directory; returns the binary.
 pub fn build_crate(dir: &Path, name: &str) -> PathBuf {
     let target = generated_target_dir();

@@ -171,15 +171,7 @@ fn the_bf16_cuda_crate_under_emulation_stays_within_kl_1e3_of_the_reference() {
 /// which refuses what a CUDA crate cannot be.
 /// Checks the crate in `dir` with clippy, all targets, every warning an error.
 fn lint_crate(dir: &std::path::Path) {
-    let out = Command::new(env!("CARGO"))
-        .args(["clippy", "--quiet", "--all-targets", "--manifest-path"])
-        .arg(dir.join("Cargo.toml"))
-        .args(["--", "-D", "warnings"])
-        .env("CARGO_TARGET_DIR", monogen_tests::generated_target_dir())
-        .env_remove("RUSTFLAGS")
-        .env_remove("CARGO_ENCODED_RUSTFLAGS")
-        .output()
-        .expect("cargo runs");
+    let out = monogen_tests::clippy(&dir.join("Cargo.toml"));
     assert!(out.status.success(), "clippy of {}:\n{}", dir.display(), String::from_utf8_lossy(&out.stderr));
 }
 

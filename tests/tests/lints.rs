@@ -15,7 +15,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use monogen_tests::{generated_target_dir, workspace_root};
+use monogen_tests::{clippy, workspace_root};
 
 #[test]
 fn committed_crates_pass_clippy() {
@@ -54,15 +54,7 @@ fn committed_crates_pass_clippy() {
         };
         // Into the target directory that the other tests' generated crates share, so that
         // the dependencies are checked once.
-        let out = Command::new(env!("CARGO"))
-            .args(["clippy", "--quiet", "--workspace", "--all-targets", "--manifest-path"])
-            .arg(&manifest)
-            .args(["--", "-D", "warnings"])
-            .env("CARGO_TARGET_DIR", generated_target_dir())
-            .env_remove("RUSTFLAGS")
-            .env_remove("CARGO_ENCODED_RUSTFLAGS")
-            .output()
-            .expect("cargo runs");
+        let out = clippy(&manifest);
         if !out.status.success() {
             failures.push(format!(
                 "{what} ({}):\n{}",

@@ -376,6 +376,21 @@ pub fn amx_fn() -> TokenStream {
     }
 }
 
+/// `pub mod <module>;` for a chosen kernel's module in src/kernels/mod.rs (CPU or CUDA crate).
+pub fn kernel_module(plan: &Plan, module: &str) -> TokenStream {
+    let ident = format_ident!("{module}");
+    let rope_scaled = matches!(&plan.consts, crate::plan::Consts::Llama(c) if c.rope_scaling.is_some());
+    if module == "rope" && rope_scaled {
+        // This model builds its rotary tables from scaled frequencies (rope_table_from).
+        quote! {
+            #[allow(dead_code, reason = "rope_table is for unscaled frequencies")]
+            pub mod #ident;
+        }
+    } else {
+        quote!(pub mod #ident;)
+    }
+}
+
 pub fn kernels_mod_rs(plan: &Plan) -> TokenStream {
     let name = &plan.name;
     let module_doc = [
@@ -384,19 +399,7 @@ pub fn kernels_mod_rs(plan: &Plan) -> TokenStream {
     ];
     let mut interfaces: Vec<String> = plan.interfaces.iter().map(|i| i.module()).collect();
     interfaces.sort_unstable();
-    let rope_scaled = matches!(&plan.consts, crate::plan::Consts::Llama(c) if c.rope_scaling.is_some());
-    let modules = interfaces.iter().map(|i| {
-        let module = format_ident!("{i}");
-        if *i == "rope" && rope_scaled {
-            // This model builds its rotary tables from scaled frequencies (rope_table_from).
-            quote! {
-                #[allow(dead_code, reason = "rope_table is for unscaled frequencies")]
-                pub mod #module;
-            }
-        } else {
-            quote!(pub mod #module;)
-        }
-    });
+    let modules = interfaces.iter().map(|i| kernel_module(plan, i));
     let jobs: Vec<TeamJob> = plan
         .interfaces
         .iter()

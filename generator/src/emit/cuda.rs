@@ -208,19 +208,7 @@ fn model_rs(plan: &Plan, c: &LlamaConsts, templates: &Templates) -> Result<Strin
 fn kernels_mod_rs(plan: &Plan) -> TokenStream {
     let mut modules: Vec<String> = plan.interfaces.iter().map(|i| i.module()).collect();
     modules.sort();
-    let rope_scaled = matches!(&plan.consts, crate::plan::Consts::Llama(c) if c.rope_scaling.is_some());
-    let mods = modules.iter().map(|m| {
-        let ident = proc_macro2::Ident::new(m, proc_macro2::Span::call_site());
-        if m == "rope" && rope_scaled {
-            // This model builds its rotary tables from scaled frequencies (rope_table_from).
-            quote! {
-                #[allow(dead_code, reason = "rope_table is for unscaled frequencies")]
-                pub mod #ident;
-            }
-        } else {
-            quote!(pub mod #ident;)
-        }
-    });
+    let mods = modules.iter().map(|m| common::kernel_module(plan, m));
     let cuda: Vec<&String> = modules.iter().filter(|m| m.as_str() != "sampler").collect();
     let sources = cuda.iter().map(|m| {
         let file = format!("{m}.cu");
